@@ -1,0 +1,206 @@
+"""Hardware profile (SPEC §3): a YAML file with unit-suffixed keys, SI values via properties.
+
+``*_gbps`` = 1e9 bytes/s, ``*_gib`` = 2^30 bytes, ``*_tflops`` = 1e12 FLOP/s. A profile
+without a ``gpu`` section describes a CPU-only host: the device tier is then emulated on
+the CPU and both tiers share one compute unit and one memory bus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import HRMError, pydantic_message
+from .units import GB, GIB, TFLOPS
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+Positive = Field(gt=0)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the numbers come from. ``methods`` maps a field to how it was measured."""
+
+    kind: Literal["datasheet", "measured"] = "datasheet"
+    date: Optional[str] = None
+    tool_version: Optional[str] = None
+    host: Optional[str] = None
+    notes: Optional[str] = None
+    methods: dict[str, str] = Field(default_factory=dict)
+
+
+class Flops(_Strict):
+    """Peak dense FLOP/s per dtype in TFLOP/s; a missing dtype falls back to fp32."""
+
+    fp32: float = Field(gt=0)
+    fp16: Optional[float] = Field(default=None, gt=0)
+    bf16: Optional[float] = Field(default=None, gt=0)
+    int8: Optional[float] = Field(default=None, gt=0)
+
+    def flops(self, dtype: str) -> float:
+        """FLOP/s for ``dtype`` (int4 computes at the int8 rate or below; we use fp16)."""
+        key = {"int4": "fp16"}.get(dtype, dtype)
+        value = getattr(self, key, None)
+        return (value if value is not None else self.fp32) * TFLOPS
+
+
+class CurvePoint(_Strict):
+    x: float = Field(gt=0)
+    y: float = Field(gt=0)
+
+
+class Efficiency(_Strict):
+    """Measured curves that refine the peaks (SPEC §3): achieved TFLOP/s vs matmul rows M
+    per dtype, achieved GB/s vs transfer bytes. Interpolated in log-x, clamped at the ends."""
+
+    gpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
+    cpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
+    h2d_gbps_vs_bytes: list[CurvePoint] = Field(default_factory=list)
+    cpu_copy_gbps_vs_bytes: list[CurvePoint] = Field(default_factory=list)
+
+
+def interpolate_curve(points: list[CurvePoint], x) -> np.ndarray:
+    """Piecewise-linear in log(x), clamped outside the measured range."""
+    xs = np.log([p.x for p in points])
+    ys = np.array([p.y for p in points])
+    order = np.argsort(xs)
+    return np.interp(np.log(np.maximum(x, 1e-30)), xs[order], ys[order])
+
+
+class GPU(_Strict):
+    name: str
+    count: int = Field(default=1, ge=1)
+    memory_gib: float = Positive
+    memory_bandwidth_gbps: float = Positive
+    tflops: Flops
+    gpu_to_gpu_gbps: Optional[float] = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _multi_gpu_needs_link(self):
+        if self.count > 1 and self.gpu_to_gpu_gbps is None:
+            raise ValueError("gpu_to_gpu_gbps is required when count > 1")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        """Per-GPU memory capacity in bytes."""
+        return self.memory_gib * GIB
+
+    @property
+    def memory_bandwidth_bytes_s(self) -> float:
+        return self.memory_bandwidth_gbps * GB
+
+
+class CPU(_Strict):
+    name: str
+    cores: int = Field(ge=1)
+    memory_gib: float = Positive
+    memory_bandwidth_gbps: float = Positive
+    tflops: Flops
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def memory_bandwidth_bytes_s(self) -> float:
+        return self.memory_bandwidth_gbps * GB
+
+
+class Link(_Strict):
+    """CPU<->GPU link per GPU (pinned memory unless said otherwise)."""
+
+    h2d_gbps: float = Positive
+    d2h_gbps: float = Positive
+    h2d_pageable_gbps: Optional[float] = Field(default=None, gt=0)
+
+
+class Disk(_Strict):
+    read_gbps: float = Positive
+
+
+class HardwareProfile(_Strict):
+    name: str
+    description: str = ""
+    source: Source = Field(default_factory=Source)
+    gpu: Optional[GPU] = None
+    cpu: CPU
+    link: Optional[Link] = None
+    disk: Optional[Disk] = None
+    efficiency: Optional[Efficiency] = None
+
+    @model_validator(mode="after")
+    def _gpu_needs_link(self):
+        if self.gpu is not None and self.link is None:
+            raise ValueError("a profile with a gpu section needs a link section (h2d_gbps, d2h_gbps)")
+        return self
+
+    # --- derived quantities (SI) -------------------------------------------------
+    @property
+    def cpu_only(self) -> bool:
+        """No GPU: the device tier is emulated on the CPU (shared compute and memory bus)."""
+        return self.gpu is None
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpu.count if self.gpu else 1
+
+    def sha256(self) -> str:
+        """Hash of the canonical JSON of the profile (the plan records it)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """A path that exists, or a bare name (``l4`` / ``l4.yaml``) in ``hardware_profiles/``."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    stem = path.name[:-5] if path.name.endswith(".yaml") else path.name[:-4] if path.name.endswith(".yml") else path.name
+    for candidate in (PROFILES_DIR / f"{stem}.yaml", PROFILES_DIR / f"{stem}.yml"):
+        if candidate.exists():
+            return candidate
+    known = ", ".join(list_profiles())
+    raise HRMError(f"hardware profile '{name_or_path}' not found (not a file; shipped profiles: {known})")
+
+
+def list_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """Load and validate a hardware profile; raises HRMError with a one-line reason."""
+    path = resolve_profile_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise HRMError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except OSError as exc:
+        raise HRMError(f"{path}: cannot read ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise HRMError(f"{path}: expected a mapping of profile fields, got {type(data).__name__}")
+    return parse_hardware(data, str(path))
+
+
+def parse_hardware(data: dict, source: str = "hardware profile") -> HardwareProfile:
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise HRMError(pydantic_message(source, exc)) from None
+
+
+def dump_hardware_yaml(profile: HardwareProfile) -> str:
+    """YAML text of a profile (None fields dropped) that load_hardware reads back."""
+    return yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)

@@ -1,0 +1,21 @@
+"""Unit constants and dtype sizes. Human units in files, SI inside (bytes, seconds, FLOP/s)."""
+
+GB = 1e9  # *_gbps keys: 1e9 bytes/s
+GIB = 2**30  # *_gib keys: 2^30 bytes
+TFLOPS = 1e12  # *_tflops keys: 1e12 FLOP/s
+
+# Bytes per element. int4 counts the packed payload only; quantisation scales
+# (about 2 bytes per group of 128) are ignored, < 2% of the weight bytes.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "fp16": 2.0,
+    "bf16": 2.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+DTYPES = tuple(DTYPE_BYTES)
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of ``dtype`` (one of fp32, fp16, bf16, int8, int4)."""
+    return DTYPE_BYTES[dtype]

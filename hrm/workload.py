@@ -1,0 +1,78 @@
+"""Workload (SPEC §3) and the MoE-Lightning paper's workload presets."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import HRMError
+
+
+class Workload(BaseModel):
+    """Average and maximum prompt length, tokens generated per request, and whether prompts
+    are padded to the maximum (FlexGen) or batched by length (MoE-Lightning Algorithm 2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_len: int = Field(gt=0)
+    max_prompt_len: int = Field(gt=0)
+    gen_len: int = Field(gt=0)
+    padding: bool = False
+
+    @model_validator(mode="after")
+    def _max_at_least_avg(self):
+        if self.max_prompt_len < self.prompt_len:
+            raise ValueError(f"max_prompt_len ({self.max_prompt_len}) < prompt_len ({self.prompt_len})")
+        return self
+
+    @property
+    def effective_prompt_len(self) -> int:
+        """Tokens per prompt the machine actually processes: the max when padding."""
+        return self.max_prompt_len if self.padding else self.prompt_len
+
+    @property
+    def max_context_len(self) -> int:
+        """KV-cache tokens one sequence may hold at the end of generation (memory sizing)."""
+        return (self.max_prompt_len if self.padding else self.effective_prompt_len) + self.gen_len
+
+
+# Paper Table (workloads): MTBench avg 77 / max 418 (gen 32-256), synthetic reasoning
+# avg 242 / max 256 (gen 50), summarization avg 1693 / max 1984 (gen 64).
+PRESETS: dict[str, dict] = {
+    "mtbench": {"prompt_len": 77, "max_prompt_len": 418, "gen_len": 128},
+    "synthetic-reasoning": {"prompt_len": 242, "max_prompt_len": 256, "gen_len": 50},
+    "summarization": {"prompt_len": 1693, "max_prompt_len": 1984, "gen_len": 64},
+}
+DEFAULT_PRESET = "mtbench"
+
+
+def make_workload(
+    preset: Optional[str] = DEFAULT_PRESET,
+    prompt_len: Optional[int] = None,
+    max_prompt_len: Optional[int] = None,
+    gen_len: Optional[int] = None,
+    padding: bool = False,
+) -> Workload:
+    """A preset with optional overrides (``preset=None`` needs prompt_len and gen_len)."""
+    if preset is not None and preset not in PRESETS:
+        raise HRMError(f"unknown workload '{preset}' (presets: {', '.join(PRESETS)})")
+    base = dict(PRESETS[preset]) if preset else {}
+    if prompt_len is not None:
+        base["prompt_len"] = prompt_len
+        if max_prompt_len is None and (not preset or base.get("max_prompt_len", 0) < prompt_len):
+            base["max_prompt_len"] = prompt_len
+    if max_prompt_len is not None:
+        base["max_prompt_len"] = max_prompt_len
+    if gen_len is not None:
+        base["gen_len"] = gen_len
+    missing = [k for k in ("prompt_len", "gen_len") if k not in base]
+    if missing:
+        raise HRMError(f"workload: missing {', '.join(missing)} (give a preset or --prompt-len/--gen-len)")
+    base.setdefault("max_prompt_len", base["prompt_len"])
+    for key in ("prompt_len", "max_prompt_len", "gen_len"):
+        if base[key] <= 0:
+            raise HRMError(f"workload: {key} must be positive, got {base[key]}")
+    if base["max_prompt_len"] < base["prompt_len"]:
+        raise HRMError(f"workload: max_prompt_len ({base['max_prompt_len']}) < prompt_len ({base['prompt_len']})")
+    return Workload(padding=padding, **base)
