@@ -67,6 +67,9 @@ class Efficiency(_Strict):
     cpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
     h2d_gbps_vs_bytes: list[CurvePoint] = Field(default_factory=list)
     cpu_copy_gbps_vs_bytes: list[CurvePoint] = Field(default_factory=list)
+    # CPU decode attention (GQA over a KV cache, fp32): achieved KV-cache read GB/s vs
+    # context tokens per sequence (written by the profiler; optional).
+    cpu_attention_gbps_vs_context: list[CurvePoint] = Field(default_factory=list)
 
 
 def interpolate_curve(points: list[CurvePoint], x) -> np.ndarray:
