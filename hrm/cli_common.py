@@ -1,0 +1,68 @@
+"""Argument groups shared by the CLI subcommands (hardware, model, workload, memory)."""
+
+from __future__ import annotations
+
+from .hardware import load_hardware
+from .model import load_model
+from .workload import PRESETS, make_workload
+
+
+def add_machine_args(parser, hw_required: bool = True) -> None:
+    parser.add_argument("--hw", required=hw_required, help="hardware profile: a YAML path or a shipped name (l4, t4, ...)")
+    parser.add_argument("--model", required=hw_required, help="catalog name/alias (mixtral, dbrx, ...) or a config.json path")
+    parser.add_argument("--weight-dtype", choices=["fp16", "bf16", "int8", "int4"], help="override the weight dtype")
+    parser.add_argument("--kv-dtype", choices=["fp16", "bf16", "int8", "int4"], help="override the KV-cache dtype")
+
+
+def add_workload_args(parser) -> None:
+    parser.add_argument("--workload", default="mtbench", choices=list(PRESETS),
+                        help="workload preset (default mtbench: prompt avg 77 / max 418, gen 128)")
+    parser.add_argument("--prompt-len", type=int, help="average prompt length (tokens)")
+    parser.add_argument("--max-prompt-len", type=int, help="maximum prompt length (tokens)")
+    parser.add_argument("--gen-len", type=int, help="tokens generated per request")
+    parser.add_argument("--padding", action="store_true", help="pad prompts to the maximum (FlexGen style)")
+
+
+def add_memory_args(parser) -> None:
+    parser.add_argument("--gpu-mem", type=float, metavar="GIB", help="override total GPU memory (GiB)")
+    parser.add_argument("--cpu-mem", type=float, metavar="GIB", help="override CPU memory (GiB)")
+    parser.add_argument("--gpu-util", type=float, help="usable fraction of GPU memory (default 0.86)")
+    parser.add_argument("--cpu-util", type=float, help="usable fraction of CPU memory (default 0.8)")
+
+
+def machine_from_args(args):
+    hw = load_hardware(args.hw)
+    model = load_model(args.model, getattr(args, "weight_dtype", None), getattr(args, "kv_dtype", None))
+    return hw, model
+
+
+def workload_from_args(args):
+    return make_workload(args.workload, args.prompt_len, args.max_prompt_len, args.gen_len, args.padding)
+
+
+def options_from_args(args):
+    from .errors import HRMError
+    from .options import ModelOptions
+
+    update = {}
+    for flag, key in (("gpu_util", "gpu_memory_utilization"), ("cpu_util", "cpu_memory_utilization")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            if not 0 < value <= 1:
+                raise HRMError(f"--{flag.replace('_', '-')} must lie in (0, 1], got {value}")
+            update[key] = value
+    for flag in ("gpu_mem", "cpu_mem"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
+            raise HRMError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    return ModelOptions(**update)
+
+
+def limits_from_args(hw, options, args):
+    from .memory import memory_limits
+
+    return memory_limits(hw, options, getattr(args, "gpu_mem", None), getattr(args, "cpu_mem", None))
+
+
+def gib(value_bytes: float) -> str:
+    return f"{value_bytes / 2**30:,.2f} GiB"

@@ -1,0 +1,91 @@
+"""``hrm estimate``: time, memory and throughput of one policy; ``hrm ops``: operator table."""
+
+from __future__ import annotations
+
+import json
+
+from .cli import ArgumentParser
+from .cli_common import (add_machine_args, add_memory_args, add_workload_args, gib, limits_from_args,
+                         machine_from_args, options_from_args, workload_from_args)
+from .estimate import RESOURCE_LABELS, EstimateResult, estimate
+from .latency import SCHEDULES
+from .policy import parse_policy
+
+
+def render_estimate(result: EstimateResult, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_row("policy", result.policy.short())
+    table.add_row("schedule", result.schedule)
+    for name, seconds in result.resource_layer_s.items():
+        share = result.utilization.get(name, 0.0)
+        table.add_row(f"decode time/layer: {RESOURCE_LABELS[name]}", f"{seconds * 1e3:.3f} ms ({share:.0%} busy)")
+    table.add_row("decode layer latency", f"{result.decode_layer_latency_s * 1e3:.3f} ms")
+    table.add_row("bottleneck", result.bottleneck)
+    table.add_row("prefill", f"{result.prefill_latency_s:.3f} s")
+    table.add_row("per-token latency", f"{result.per_token_latency_s:.3f} s")
+    table.add_row("decode throughput", f"{result.decode_throughput_tok_s:,.1f} tok/s")
+    table.add_row("generation throughput", f"{result.generation_throughput_tok_s:,.1f} tok/s")
+    if result.shared_memory:
+        table.add_row("host memory (both tiers)", f"{gib(result.gpu_peak_bytes + result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
+    else:
+        table.add_row("GPU memory", f"{gib(result.gpu_peak_bytes)} / {gib(result.gpu_limit_bytes)}")
+        table.add_row("CPU memory", f"{gib(result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
+    table.add_row("binding memory", result.binding_memory)
+    table.add_row("fits", "yes" if result.feasible else "[red]NO: exceeds a memory limit[/red]")
+    Console().print(table)
+
+
+def main(argv) -> int:
+    parser = ArgumentParser(prog="hrm estimate", description="Predict one policy's time, memory and throughput.")
+    add_machine_args(parser)
+    add_workload_args(parser)
+    add_memory_args(parser)
+    parser.add_argument("--policy", required=True,
+                        help="e.g. N=1152,mu=36,attn=cpu,ffn=gpu,rw=0,rc=0 (two of N, mu, n)")
+    parser.add_argument("--schedule", default="cgopipe", choices=SCHEDULES)
+    parser.add_argument("--json", action="store_true", help="print the plan's estimate block and the policy")
+    args = parser.parse_args(argv)
+    hw, model = machine_from_args(args)
+    workload = workload_from_args(args)
+    policy = parse_policy(args.policy)
+    options = options_from_args(args)
+    result = estimate(hw, model, workload, policy, args.schedule, options, limits_from_args(hw, options, args))
+    if args.json:
+        print(json.dumps({"policy": policy.model_dump(), "schedule": args.schedule,
+                          "estimate": result.to_plan_estimate(), "feasible": result.feasible}, indent=2))
+    else:
+        render_estimate(result, f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}")
+    return 0
+
+
+def ops_main(argv) -> int:
+    """``hrm ops --model M [--mu 64 --context 512 --prompt-len 512]``: operator FLOPs/bytes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .costs import operator_table
+    from .model import load_model
+
+    parser = ArgumentParser(prog="hrm ops", description="Per-operator FLOPs, bytes and intensity of one layer.")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--mu", type=int, default=64, help="micro-batch size (sequences)")
+    parser.add_argument("--context", type=int, default=512, help="decode context length")
+    parser.add_argument("--prompt-len", type=int, default=512, help="prefill prompt length")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    frame = operator_table(load_model(args.model), args.mu, args.context, args.prompt_len)
+    if args.json:
+        print(frame.to_json(orient="records", indent=2))
+        return 0
+    table = Table(title=f"{args.model}: one layer, mu={args.mu}, context={args.context}, prompt={args.prompt_len}")
+    for col in frame.columns:
+        table.add_column(col, justify="right")
+    for row in frame.itertuples(index=False):
+        table.add_row(row[0], row[1], *(f"{v:.4g}" for v in row[2:]))
+    Console().print(table)
+    return 0

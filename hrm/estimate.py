@@ -1,0 +1,191 @@
+"""End-to-end estimate of one policy (SPEC §4.4–4.6): throughput, latency, memory, diagnostics.
+
+Generation throughput (the paper's metric) = N·gen / (prefill + Σ_t decode step(c_t)) with
+the context growing every decode step; decode throughput = N·(gen−1) / Σ_t step(c_t);
+per-token latency = the mean decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import latency
+from .errors import HRMError
+from .hardware import HardwareProfile
+from .memory import MemoryLimits, cpu_memory_form, gpu_memory_form, memory_limits
+from .model import ModelSpec
+from .options import DEFAULT_OPTIONS, ModelOptions
+from .policy import Policy
+from .rates import Rates, rates_from_profile
+from .workload import Workload
+
+RESOURCE_LABELS = {
+    "gpu": "GPU compute/HBM",
+    "cpu": "CPU compute/DRAM",
+    "h2d": "CPU->GPU link",
+    "d2h": "GPU->CPU link",
+    "chain": "serial GPU-CPU chain",
+    "all": "one unit (no overlap)",
+}
+
+
+def schedule_problem(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
+    """Why a placement is not allowed under ``schedule`` (None if it is)."""
+    if schedule not in latency.SCHEDULES:
+        return f"unknown schedule '{schedule}' (one of {', '.join(latency.SCHEDULES)})"
+    if schedule == "flexgen" and not policy_attn:
+        return "schedule flexgen runs attention on the GPU (attn=gpu)"
+    if schedule == "flexgen-cpu-attn" and policy_attn:
+        return "schedule flexgen-cpu-attn runs attention on the CPU (attn=cpu)"
+    if schedule.startswith("flexgen") and not policy_ffn:
+        return f"schedule {schedule} runs the FFN on the GPU (ffn=gpu)"
+    return None
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    policy: Policy
+    schedule: str
+    decode_layer_latency_s: float
+    prefill_latency_s: float
+    decode_time_s: float
+    total_time_s: float
+    decode_throughput_tok_s: float
+    generation_throughput_tok_s: float
+    per_token_latency_s: float
+    gpu_peak_bytes: float
+    cpu_peak_bytes: float
+    gpu_limit_bytes: float
+    cpu_limit_bytes: float
+    shared_memory: bool
+    bottleneck: str
+    binding_memory: str
+    resource_layer_s: dict[str, float]
+    lane_layer_s: dict[str, float]
+    memory_components: dict = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        if self.shared_memory:
+            return self.gpu_peak_bytes + self.cpu_peak_bytes <= self.cpu_limit_bytes
+        return self.gpu_peak_bytes <= self.gpu_limit_bytes and self.cpu_peak_bytes <= self.cpu_limit_bytes
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """Busy fraction of each resource during decode: its time over the layer time."""
+        return {k: v / self.decode_layer_latency_s for k, v in self.resource_layer_s.items()} if self.decode_layer_latency_s else {}
+
+    def to_plan_estimate(self) -> dict:
+        """The plan's ``estimate`` block (SPEC §6 key names)."""
+        return {
+            "decode_layer_latency_s": self.decode_layer_latency_s,
+            "prefill_latency_s": self.prefill_latency_s,
+            "decode_throughput_tok_s": self.decode_throughput_tok_s,
+            "generation_throughput_tok_s": self.generation_throughput_tok_s,
+            "gpu_peak_bytes": self.gpu_peak_bytes,
+            "cpu_peak_bytes": self.cpu_peak_bytes,
+            "bottleneck": self.bottleneck,
+            "breakdown": {
+                "per_token_latency_s": self.per_token_latency_s,
+                "decode_time_s": self.decode_time_s,
+                "total_time_s": self.total_time_s,
+                "resource_layer_s": self.resource_layer_s,
+                "utilization": self.utilization,
+                "binding_memory": self.binding_memory,
+                "gpu_limit_bytes": self.gpu_limit_bytes,
+                "cpu_limit_bytes": self.cpu_limit_bytes,
+            },
+        }
+
+
+def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, schedule: str):
+    """Per-step decode times (array over steps), the prefill time, and per-layer diagnostics."""
+    mu, n = policy.micro_batch_size, policy.num_micro_batches
+    rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
+    contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)
+    head = n * latency.lm_head_time_s(model, rates, mu)
+    steps = np.full(contexts.shape, float(head))
+    prefill = float(head)
+    resource_sum: dict[str, float] = {}
+    lane_sum: dict[str, float] = {}
+    for moe, count in latency.layer_kinds(model):
+        resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe)
+        lanes = latency.schedule_lanes(resources, schedule, rates.shared_unit)
+        steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
+        for name, lane in resources.items():
+            resource_sum[name] = resource_sum.get(name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
+        for lane in lanes:
+            lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
+        pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe)
+        prefill += count * float(latency.lanes_time_s(latency.schedule_lanes(pre, schedule, rates.shared_unit), n, rw, rc))
+    per_layer = max(len(contexts), 1) * model.num_layers
+    resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
+    lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
+    return steps, prefill, resource_layer, lane_layer
+
+
+def estimate(
+    hw: HardwareProfile,
+    model: ModelSpec,
+    workload: Workload,
+    policy: Policy,
+    schedule: str = "cgopipe",
+    options: ModelOptions = DEFAULT_OPTIONS,
+    limits: MemoryLimits | None = None,
+) -> EstimateResult:
+    """Predict time, throughput and memory of ``policy`` (raises HRMError if the placement
+    does not fit the schedule)."""
+    problem = schedule_problem(policy.attn_on_gpu, policy.ffn_on_gpu, schedule)
+    if problem:
+        raise HRMError(problem)
+    rates = rates_from_profile(hw, options)
+    limits = limits or memory_limits(hw, options)
+    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, workload, policy, schedule)
+    decode = float(np.sum(steps))
+    n_steps = len(steps)
+    big, gen = policy.batch_size, workload.gen_len
+    total = prefill + decode
+    layer_decode = sum(lane_layer.values()) and max(lane_layer.values())
+    # mean per-layer decode latency: the layer part of the steps, per layer
+    layers_only = decode - n_steps * float(policy.num_micro_batches * latency.lm_head_time_s(model, rates, policy.micro_batch_size))
+    decode_layer = layers_only / (n_steps * model.num_layers) if n_steps else 0.0
+    del layer_decode
+    args = (model, workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu)
+    gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
+    gpu_peak = float(gpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
+    cpu_peak = float(cpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
+    if limits.shared:
+        binding = f"host memory {100 * (gpu_peak + cpu_peak) / limits.cpu_bytes:.0f}% (device tier shares it)"
+    else:
+        g, c = gpu_peak / limits.gpu_bytes, cpu_peak / limits.cpu_bytes
+        binding = f"GPU memory {100 * g:.0f}%" if g >= c else f"CPU memory {100 * c:.0f}%"
+    bottleneck_lane = max(lane_layer, key=lane_layer.get)
+    if bottleneck_lane in ("all", "chain"):
+        # name the resource that dominates inside the combined lane
+        top = max(resource_layer, key=resource_layer.get)
+        bottleneck = f"{RESOURCE_LABELS[bottleneck_lane]} (largest: {RESOURCE_LABELS[top]})"
+    else:
+        bottleneck = RESOURCE_LABELS[bottleneck_lane]
+    return EstimateResult(
+        policy=policy,
+        schedule=schedule,
+        decode_layer_latency_s=decode_layer,
+        prefill_latency_s=prefill,
+        decode_time_s=decode,
+        total_time_s=total,
+        decode_throughput_tok_s=big * n_steps / decode if decode else 0.0,
+        generation_throughput_tok_s=big * gen / total,
+        per_token_latency_s=decode / n_steps if n_steps else prefill,
+        gpu_peak_bytes=gpu_peak,
+        cpu_peak_bytes=cpu_peak,
+        gpu_limit_bytes=limits.gpu_bytes,
+        cpu_limit_bytes=limits.cpu_bytes,
+        shared_memory=limits.shared,
+        bottleneck=bottleneck,
+        binding_memory=binding,
+        resource_layer_s=resource_layer,
+        lane_layer_s=lane_layer,
+        memory_components={"gpu": gpu_form.components, "cpu": cpu_form.components},
+    )

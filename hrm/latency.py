@@ -1,0 +1,198 @@
+"""Per-layer latency for a schedule (paper §4.2, eqs. 12–14) as affine *lanes*.
+
+Each resource (GPU, CPU, CPU→GPU link, GPU→CPU link) accumulates, over the n micro-batches
+of a layer, the time of its tasks; a task's time is max(FLOPs / FLOP/s, bytes / bandwidth)
+(eq. 14, the roofline of eq. 8). For a fixed micro-batch size μ and placement (A_g, F_g) a
+resource's time is affine in the remaining decisions:
+
+    time = n · per_micro_batch_s + n · (1 − r_c) · per_micro_batch_kv_cpu_s
+           + (1 − r_w) · per_layer_offloaded_weights_s
+
+(the KV-cache terms D4/new-KV offload scale with the CPU-resident KV fraction, the weight
+pages D3 with the offloaded weight fraction). A schedule combines resources into *lanes*
+that run concurrently; the layer time is the max over lanes (eq. 12). The solver uses these
+same coefficients, so the formulas exist once.
+
+Transfers (paper §4.1): D1 QKV GPU→CPU, D2 hidden CPU→GPU, D3 weight pages CPU→GPU,
+D4 KV cache CPU→GPU (attention on GPU with KV on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import costs
+from .costs import OpCost
+from .model import ModelSpec
+from .rates import Rates
+from .units import dtype_bytes
+
+SCHEDULES = ("cgopipe", "flexgen", "flexgen-cpu-attn", "sequential")
+SCHEDULE_HELP = {
+    "cgopipe": "MoE-Lightning CGOPipe: GPU, CPU, H2D and D2H overlap, weights paged (eq. 12)",
+    "flexgen": "FlexGen S4: attention on GPU, KV cache prefetched over the link with the weights",
+    "flexgen-cpu-attn": "FlexGen S3: CPU attention not overlapped with GPU work; weights overlap",
+    "sequential": "no overlap: every task of every resource back to back",
+}
+
+
+@dataclass(frozen=True)
+class Lane:
+    """time = n·per_micro_batch_s + n·(1−r_c)·per_micro_batch_kv_cpu_s + (1−r_w)·per_layer_offloaded_weights_s"""
+
+    name: str
+    per_micro_batch_s: np.ndarray | float = 0.0
+    per_micro_batch_kv_cpu_s: np.ndarray | float = 0.0
+    per_layer_offloaded_weights_s: np.ndarray | float = 0.0
+
+    def time_s(self, num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):
+        n = np.asarray(num_micro_batches, dtype=float)
+        return (
+            n * self.per_micro_batch_s
+            + n * (1.0 - np.asarray(kv_gpu_ratio, dtype=float)) * self.per_micro_batch_kv_cpu_s
+            + (1.0 - np.asarray(weights_gpu_ratio, dtype=float)) * self.per_layer_offloaded_weights_s
+        )
+
+    def __add__(self, other: "Lane") -> "Lane":
+        return Lane(
+            f"{self.name}+{other.name}",
+            self.per_micro_batch_s + other.per_micro_batch_s,
+            self.per_micro_batch_kv_cpu_s + other.per_micro_batch_kv_cpu_s,
+            self.per_layer_offloaded_weights_s + other.per_layer_offloaded_weights_s,
+        )
+
+
+def _sum_lanes(name: str, lanes) -> Lane:
+    total = Lane(name)
+    for lane in lanes:
+        total = total + lane
+    return Lane(name, total.per_micro_batch_s, total.per_micro_batch_kv_cpu_s, total.per_layer_offloaded_weights_s)
+
+
+def op_time_s(op: OpCost, flops_per_s, bytes_per_s):
+    """Eq. 14 / eq. 8: a task is bound by its compute or its memory roof."""
+    return np.maximum(op.flops / flops_per_s, op.bytes / bytes_per_s)
+
+
+def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
+    return op_time_s(op, rates.gpu_flops(matmul_rows), rates.gpu_bandwidth_bytes_s)
+
+
+def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
+    return op_time_s(op, rates.cpu_flops(matmul_rows), rates.cpu_bandwidth_bytes_s)
+
+
+def allreduce_time_s(model: ModelSpec, rates: Rates, tokens):
+    """Tensor parallelism: two ring all-reduces of the hidden states per layer (after the
+    attention output projection and after the FFN), 2(p−1)/p of the bytes each over the
+    GPU-to-GPU link. The paper leaves this traffic out; we charge it to the GPU lane."""
+    p = rates.gpu_count
+    if p <= 1 or not rates.g2g_bytes_s:
+        return 0.0
+    payload = np.asarray(tokens, dtype=float) * model.hidden_size * dtype_bytes(model.activation_dtype)
+    return 2 * 2 * (p - 1) / p * payload / rates.g2g_bytes_s
+
+
+def _expert_rows(model: ModelSpec, tokens):
+    """Rows of one expert's matmul: tokens·k spread over the distinct experts touched."""
+    return np.asarray(tokens, dtype=float) * model.top_k / costs.expected_distinct_experts(model, tokens)
+
+
+def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
+                     moe: bool = True) -> dict[str, Lane]:
+    """GPU, CPU, H2D and D2H lanes of one decode layer (arrays broadcast over μ, c, A_g, F_g)."""
+    mu = np.asarray(micro_batch, dtype=float)
+    attn = np.asarray(attn_on_gpu, dtype=float)
+    ffn = np.asarray(ffn_on_gpu, dtype=float) if moe else 1.0
+    ops = costs.decode_layer_ops(model, mu, context, moe)
+    ab = dtype_bytes(model.activation_dtype)
+    kv_token = costs.kv_bytes_per_token(model)
+    context = np.asarray(context, dtype=float)
+
+    ffn_rows = _expert_rows(model, mu) if moe else mu
+    gpu = (gpu_time_s(ops.pre_attn, rates, mu) + gpu_time_s(ops.post_attn, rates, mu)
+           + attn * gpu_time_s(ops.attention, rates) + ffn * gpu_time_s(ops.ffn, rates, ffn_rows)
+           + allreduce_time_s(model, rates, mu))
+    cpu = (1 - attn) * cpu_time_s(ops.attention, rates) + (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows)
+    # D2 hidden back after CPU attention; expert outputs back when experts run on the CPU
+    h2d = ((1 - attn) * mu * model.attn_out_dim * ab + (1 - ffn) * mu * model.hidden_size * ab) / rates.h2d_bytes_s
+    # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
+    h2d_kv = attn * mu * context * kv_token / rates.h2d_bytes_s
+    # D1 QKV to the CPU; hidden states to CPU experts
+    d2h = ((1 - attn) * mu * costs.qkv_width(model) * ab + (1 - ffn) * mu * model.hidden_size * ab) / rates.d2h_bytes_s
+    # the new token's K/V written back to the CPU-resident cache after GPU attention
+    d2h_kv = attn * mu * kv_token / rates.d2h_bytes_s
+    # D3: the offloaded expert weights of the next layer, in n pages
+    weights = ffn * costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0
+    zero = np.zeros(np.broadcast(mu, context, attn).shape)
+    return {
+        "gpu": Lane("gpu", gpu + zero),
+        "cpu": Lane("cpu", cpu + zero),
+        "h2d": Lane("h2d", h2d + zero, h2d_kv + zero, weights + zero),
+        "d2h": Lane("d2h", d2h + zero, d2h_kv + zero),
+    }
+
+
+def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True) -> dict[str, Lane]:
+    """Prefill of one layer (paper §4: all computation on GPU, KV offloaded to the CPU)."""
+    mu = np.asarray(micro_batch, dtype=float)
+    tokens = mu * prompt_len
+    ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
+    rows = _expert_rows(model, tokens) if moe else tokens
+    gpu = (gpu_time_s(ops.pre_attn, rates, tokens) + gpu_time_s(ops.attention, rates)
+           + gpu_time_s(ops.post_attn, rates, tokens) + gpu_time_s(ops.ffn, rates, rows)
+           + allreduce_time_s(model, rates, tokens))
+    kv_offload = tokens * costs.kv_bytes_per_token(model) / rates.d2h_bytes_s
+    weights = costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0
+    zero = np.zeros(mu.shape)
+    return {
+        "gpu": Lane("gpu", gpu + zero),
+        "h2d": Lane("h2d", zero, zero, weights + zero),
+        "d2h": Lane("d2h", zero, kv_offload + zero),
+    }
+
+
+def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool) -> list[Lane]:
+    """Combine resources into concurrently running lanes for ``schedule``.
+
+    - cgopipe / flexgen: every resource is its own lane (eq. 12: T = max(comm, T_cpu, T_gpu));
+    - flexgen-cpu-attn (S3): per micro-batch pre-attn → D1 → CPU attention → D2 → post-attn
+      run back to back; only the weight transfer overlaps them (on the H2D lane);
+    - sequential, or any schedule on a CPU-only host (one unit, one bus): one lane, the sum.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule}")
+    if schedule == "sequential" or shared_unit:
+        return [_sum_lanes("all", resources.values())]
+    if schedule == "flexgen-cpu-attn" and "cpu" in resources:
+        h2d = resources["h2d"]
+        chain = _sum_lanes("chain", [resources["gpu"], resources["cpu"], resources["d2h"],
+                                     Lane("h2d", h2d.per_micro_batch_s, h2d.per_micro_batch_kv_cpu_s)])
+        return [chain, h2d]
+    return list(resources.values())
+
+
+def lanes_time_s(lanes: list[Lane], num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):
+    """Layer time = max over lanes (eq. 12)."""
+    return np.max([lane.time_s(num_micro_batches, weights_gpu_ratio, kv_gpu_ratio) for lane in lanes], axis=0)
+
+
+def lm_head_time_s(model: ModelSpec, rates: Rates, micro_batch):
+    """Embedding + final norm + lm_head for one micro-batch on the device tier (static weights)."""
+    return gpu_time_s(costs.lm_head(model, micro_batch), rates, micro_batch)
+
+
+def layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
+    """(is_moe, number of layers) for the model's layer kinds."""
+    kinds = [(True, model.num_moe_layers)]
+    if model.first_dense_layers:
+        kinds.append((False, model.first_dense_layers))
+    return kinds
+
+
+def decode_contexts(prompt_len: int, gen_len: int) -> np.ndarray:
+    """Cached tokens before each decode step: the prompt plus the tokens generated so far.
+    Prefill yields the first token; decode steps t = 1..gen−1 see s + t − 1 cached tokens."""
+    return prompt_len + np.arange(gen_len - 1, dtype=float)

@@ -1,0 +1,133 @@
+"""GPU and CPU peak memory (SPEC §4.5; paper appendix A.1) as affine forms.
+
+For a fixed micro-batch size μ and placement (A_g, F_g), peak bytes are affine in the batch
+size N, the static weight ratio r_w and the number of sequences whose KV stays on the GPU
+(r_c·N):
+
+    bytes = const + per_sequence·N + per_weights_ratio·r_w + per_gpu_kv_sequence·(r_c·N)
+
+so the solver can use the very same coefficients as linear constraints. Headroom is an
+explicit option (``ModelOptions.*_memory_utilization``), applied to the capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import costs
+from .hardware import HardwareProfile
+from .model import ModelSpec
+from .options import DEFAULT_OPTIONS, ModelOptions
+from .units import dtype_bytes
+from .workload import Workload
+
+FP32_BYTES = 4.0  # attention scores, logits and CPU expert intermediates are kept in fp32
+
+
+@dataclass(frozen=True)
+class MemoryForm:
+    """bytes = const + per_sequence·N + per_weights_ratio·r_w + per_gpu_kv_sequence·(r_c·N)."""
+
+    const: np.ndarray | float
+    per_sequence: np.ndarray | float
+    per_weights_ratio: np.ndarray | float
+    per_gpu_kv_sequence: np.ndarray | float
+    components: dict = field(default_factory=dict, compare=False)
+
+    def bytes(self, batch_size, weights_gpu_ratio, kv_gpu_ratio):
+        big = np.asarray(batch_size, dtype=float)
+        return (self.const + self.per_sequence * big + self.per_weights_ratio * np.asarray(weights_gpu_ratio)
+                + self.per_gpu_kv_sequence * big * np.asarray(kv_gpu_ratio))
+
+
+def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:
+    """KV cache of one sequence at the end of generation, all layers."""
+    return workload.max_context_len * costs.kv_bytes_per_token(model) * model.num_layers
+
+
+def prefill_tokens(workload: Workload, micro_batch):
+    """Tokens of one prefill micro-batch: μ prompts of the effective length, and at least the
+    longest prompt (Algorithm 2 balances tokens across micro-batches)."""
+    return np.maximum(np.asarray(micro_batch, dtype=float) * workload.effective_prompt_len, workload.max_prompt_len)
+
+
+def gpu_workspace_bytes(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu):
+    """Activations of one micro-batch on the device tier, the larger of decode and prefill."""
+    ab = dtype_bytes(model.activation_dtype)
+    per_token = (2 * model.hidden_size + costs.qkv_width(model) + model.attn_out_dim
+                 + model.top_k * 2 * model.expert_intermediate_size + 2 * model.shared_intermediate_size
+                 + 2 * model.dense_intermediate_size) * ab
+    mu = np.asarray(micro_batch, dtype=float)
+    scores = np.asarray(attn_on_gpu, dtype=float) * mu * model.num_heads * workload.max_context_len * FP32_BYTES
+    decode = mu * per_token + scores + mu * model.vocab_size * FP32_BYTES
+    prefill = prefill_tokens(workload, mu) * per_token + mu * model.vocab_size * FP32_BYTES
+    return np.maximum(decode, prefill)
+
+
+def gpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, ffn_on_gpu) -> MemoryForm:
+    """Device tier: static non-expert weights, r_w of the expert weights, the double buffer
+    2 × (offloaded part of one layer) when experts run on the GPU, KV kept on the GPU, the
+    hidden states of all N sequences, and one micro-batch's workspace."""
+    ffn = np.asarray(ffn_on_gpu, dtype=float)
+    layer = costs.layer_expert_bytes(model)
+    total = costs.total_expert_bytes(model)
+    static = costs.static_weight_bytes(model)
+    buffer = 2 * layer * ffn
+    work = gpu_workspace_bytes(model, workload, micro_batch, attn_on_gpu)
+    hidden = 2 * model.hidden_size * dtype_bytes(model.activation_dtype)
+    return MemoryForm(
+        const=static + buffer + work,
+        per_sequence=hidden,
+        per_weights_ratio=total - buffer,
+        per_gpu_kv_sequence=kv_bytes_per_sequence(model, workload),
+        components={"static_weights": static, "expert_weights_at_rw1": total, "weight_buffer_at_rw0": buffer,
+                    "workspace": work, "hidden_per_sequence": hidden,
+                    "kv_per_sequence": kv_bytes_per_sequence(model, workload)},
+    )
+
+
+def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, ffn_on_gpu) -> MemoryForm:
+    """Host tier: offloaded expert weights, the pinned staging double buffer, the KV cache of
+    the CPU-resident sequences, QKV/hidden staging, and CPU attention/expert workspace."""
+    ffn = np.asarray(ffn_on_gpu, dtype=float)
+    attn = np.asarray(attn_on_gpu, dtype=float)
+    mu = np.asarray(micro_batch, dtype=float)
+    layer = costs.layer_expert_bytes(model)
+    total = costs.total_expert_bytes(model)
+    pinned = 2 * layer * ffn
+    kv_seq = kv_bytes_per_sequence(model, workload)
+    staging = (costs.qkv_width(model) + model.hidden_size) * dtype_bytes(model.activation_dtype)
+    work = ((1 - attn) * mu * model.num_heads * workload.max_context_len * FP32_BYTES
+            + (1 - ffn) * mu * model.top_k * 2 * model.expert_intermediate_size * FP32_BYTES)
+    return MemoryForm(
+        const=total + pinned + work,
+        per_sequence=kv_seq + staging,
+        per_weights_ratio=-(total + pinned),
+        per_gpu_kv_sequence=-kv_seq,
+        components={"expert_weights_at_rw0": total, "pinned_buffer_at_rw0": pinned, "workspace": work,
+                    "kv_per_sequence": kv_seq, "staging_per_sequence": staging},
+    )
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """Usable bytes after headroom. ``shared``: a CPU-only host, both tiers in one memory."""
+
+    gpu_bytes: float
+    cpu_bytes: float
+    shared: bool
+
+
+def memory_limits(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS,
+                  gpu_mem_gib: float | None = None, cpu_mem_gib: float | None = None) -> MemoryLimits:
+    """Capacities × utilisation; overrides (``--gpu-mem/--cpu-mem``, GiB in total) replace
+    the profile's capacity. Tensor parallelism: GPU capacity scales with the GPU count."""
+    from .units import GIB
+
+    cpu_cap = (cpu_mem_gib * GIB if cpu_mem_gib is not None else hw.cpu.memory_bytes) * options.cpu_memory_utilization
+    if hw.gpu is None:
+        return MemoryLimits(cpu_cap, cpu_cap, True)
+    gpu_total = gpu_mem_gib * GIB if gpu_mem_gib is not None else hw.gpu.memory_bytes * hw.gpu.count
+    return MemoryLimits(gpu_total * options.gpu_memory_utilization, cpu_cap, False)

@@ -1,0 +1,31 @@
+"""Modelling options that are choices, not physics: each has a name, a source and a default."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .model import Dtype
+
+
+class ModelOptions(BaseModel):
+    """Knobs of the performance and memory model.
+
+    - ``gpu_memory_utilization`` / ``cpu_memory_utilization``: fraction of each memory the
+      plan may use (headroom for the CUDA context, allocator fragmentation, the OS). Source:
+      the MoE-Lightning artifact caps GPU use at 0.86 and CPU use at 0.8 of capacity.
+    - ``gpu_compute_dtype``: the dtype GPU kernels run in (FLOP/s looked up per dtype).
+    - ``cpu_compute_dtype``: the paper computes CPU attention in float32 (Fig. 4 footnote).
+    - ``use_efficiency_curves``: use a measured profile's achieved-FLOP/s-vs-M and
+      bandwidth-vs-size curves instead of peaks where the profile has them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_memory_utilization: float = Field(default=0.86, gt=0, le=1)
+    cpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    gpu_compute_dtype: Dtype = "fp16"
+    cpu_compute_dtype: Dtype = "fp32"
+    use_efficiency_curves: bool = True
+
+
+DEFAULT_OPTIONS = ModelOptions()

@@ -1,0 +1,77 @@
+"""Achieved rates of a machine's resources (SI), from a hardware profile.
+
+Tiers: ``gpu`` (all GPUs of a tensor-parallel group together) and ``cpu``; links
+``h2d`` (CPU→GPU) and ``d2h`` (GPU→CPU), one per GPU; ``g2g`` for all-reduce. On a
+CPU-only host the device tier is the CPU itself (``shared_unit``): the latency model then
+adds, rather than overlaps, the work of all resources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .hardware import CurvePoint, HardwareProfile, interpolate_curve
+from .options import DEFAULT_OPTIONS, ModelOptions
+from .units import GB, TFLOPS
+
+
+@dataclass(frozen=True)
+class Rates:
+    gpu_peak_flops: float
+    gpu_bandwidth_bytes_s: float
+    cpu_peak_flops: float
+    cpu_bandwidth_bytes_s: float
+    h2d_bytes_s: float
+    d2h_bytes_s: float
+    gpu_count: int
+    g2g_bytes_s: Optional[float]
+    shared_unit: bool
+    gpu_matmul_curve: tuple[CurvePoint, ...] = ()
+    cpu_matmul_curve: tuple[CurvePoint, ...] = ()
+
+    def gpu_flops(self, matmul_rows=None):
+        """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
+        return _achieved(self.gpu_peak_flops, self.gpu_matmul_curve, matmul_rows, self.gpu_count)
+
+    def cpu_flops(self, matmul_rows=None):
+        return _achieved(self.cpu_peak_flops, self.cpu_matmul_curve, matmul_rows, 1)
+
+
+def _achieved(peak: float, curve, rows, scale: int):
+    if rows is None or not curve:
+        return peak
+    return np.minimum(peak, interpolate_curve(list(curve), np.maximum(rows, 1.0)) * TFLOPS * scale)
+
+
+def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> Rates:
+    eff = hw.efficiency if options.use_efficiency_curves else None
+    cpu_curve = tuple(eff.cpu_matmul_tflops_vs_m.get(options.cpu_compute_dtype, ())) if eff else ()
+    cpu_flops = hw.cpu.tflops.flops(options.cpu_compute_dtype)
+    cpu_bw = hw.cpu.memory_bandwidth_bytes_s
+    if hw.gpu is None:
+        # device tier emulated on the CPU: same unit, same bus; a "transfer" is a DRAM copy
+        # (reads + writes the bytes once each, so half the STREAM-counted bandwidth)
+        dev_curve = tuple(eff.cpu_matmul_tflops_vs_m.get(options.gpu_compute_dtype, ())) if eff else ()
+        copy = hw.link.h2d_gbps * GB if hw.link else cpu_bw / 2
+        copy_back = hw.link.d2h_gbps * GB if hw.link else cpu_bw / 2
+        return Rates(hw.cpu.tflops.flops(options.gpu_compute_dtype), cpu_bw, cpu_flops, cpu_bw, copy, copy_back,
+                     1, None, True, dev_curve or cpu_curve, cpu_curve)
+    gpu_curve = tuple(eff.gpu_matmul_tflops_vs_m.get(options.gpu_compute_dtype, ())) if eff else ()
+    count = hw.gpu.count
+    g2g = hw.gpu.gpu_to_gpu_gbps * GB if hw.gpu.gpu_to_gpu_gbps else None
+    return Rates(
+        hw.gpu.tflops.flops(options.gpu_compute_dtype) * count,
+        hw.gpu.memory_bandwidth_bytes_s * count,
+        cpu_flops,
+        cpu_bw,
+        hw.link.h2d_gbps * GB * count,
+        hw.link.d2h_gbps * GB * count,
+        count,
+        g2g,
+        False,
+        gpu_curve,
+        cpu_curve,
+    )

@@ -1,0 +1,387 @@
+"""CPU measurements: host facts, STREAM-like bandwidth, matmul curves, decode attention, disk.
+
+Byte counting (as STREAM does): copy ``b = a`` counts 2 x 8 bytes per element (one read,
+one write), triad ``a = b + s*c`` counts 3 x 8 bytes (two reads, one write). The extra
+read-for-ownership a cached store causes (write-allocate) is *not* counted, so numbers are
+comparable with published STREAM results; non-temporal stores (used by large memcpy) avoid
+it anyway. All cores work: numpy releases the GIL inside copies and ufuncs, so a thread
+pool over contiguous chunks drives every core.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import tempfile
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .timing import Budget, Stats, TimedOp, describe, measure, wall_timed
+
+F64_BYTES = 8
+F32_BYTES = 4
+TRIAD_SCALAR = 3.0
+TRIAD_BLOCK_ELEMS = 1 << 15  # 256 KiB of float64: the triad's temporary stays in L2
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """Static facts of the machine (no timing)."""
+
+    hostname: str
+    cpu_name: str
+    cores: int
+    memory_gib: float
+    llc_bytes: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured number with its statistics and how it was obtained."""
+
+    value: float
+    unit: str
+    stats: Stats
+    how: str
+
+    def method(self) -> str:
+        """Method note for ``source.methods``: how + repeats, median, spread."""
+        return f"{self.how}; {describe(self.stats, self.value, self.unit)}"
+
+
+# --- host facts ----------------------------------------------------------------------
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model_name(cpuinfo_text: str) -> str:
+    """The ``model name`` of /proc/cpuinfo, else the platform's processor string."""
+    for line in cpuinfo_text.splitlines():
+        if line.lower().startswith("model name") and ":" in line:
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (affinity), falling back to os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def memory_total_bytes(meminfo_text: str) -> int:
+    """MemTotal of /proc/meminfo in bytes, else sysconf pages x page size."""
+    for line in meminfo_text.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def parse_cache_size_bytes(text: str) -> int:
+    """``32768K`` / ``8M`` (sysfs cache size) to bytes; 0 when unparsable."""
+    text = text.strip().upper()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}
+    try:
+        if text and text[-1] in scale:
+            return int(text[:-1]) * scale[text[-1]]
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def last_level_cache_bytes() -> int:
+    """Largest cache of cpu0 from sysfs; 32 MiB when unknown."""
+    sizes = [parse_cache_size_bytes(_read_text(str(p)))
+             for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
+    return max(sizes, default=0) or 32 * 2**20
+
+
+def host_info() -> HostInfo:
+    """Collect the host facts that go into the ``cpu`` section."""
+    return HostInfo(
+        hostname=socket.gethostname(),
+        cpu_name=cpu_model_name(_read_text("/proc/cpuinfo")),
+        cores=usable_cores(),
+        memory_gib=memory_total_bytes(_read_text("/proc/meminfo")) / 2**30,
+        llc_bytes=last_level_cache_bytes(),
+    )
+
+
+def stream_array_bytes(llc_bytes: int, memory_gib: float) -> int:
+    """One STREAM array: 8x the last-level cache, >= 256 MiB, <= 1/16 of RAM."""
+    wanted = max(8 * llc_bytes, 256 * 2**20)
+    return int(min(wanted, memory_gib * 2**30 / 16))
+
+
+# --- STREAM-like bandwidth -----------------------------------------------------------
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``range(n)`` into ``parts`` contiguous nearly equal (start, stop) pieces."""
+    parts = max(1, min(parts, n))
+    edges = np.linspace(0, n, parts + 1).astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def touched_array(n_elems: int, value: float, dtype=np.float64) -> np.ndarray:
+    """An array whose pages are all faulted in (np.empty + fill), so timing sees no page faults."""
+    array = np.empty(n_elems, dtype=dtype)
+    array.fill(value)
+    return array
+
+
+def copy_op(src: np.ndarray, dst: np.ndarray, pool: Executor, threads: int) -> TimedOp:
+    """``dst[:] = src`` split over ``threads`` pool workers (one chunk each)."""
+    bounds = chunk_bounds(src.size, threads)
+
+    def one(bound: tuple[int, int]) -> None:
+        start, stop = bound
+        np.copyto(dst[start:stop], src[start:stop])
+
+    return wall_timed(lambda: list(pool.map(one, bounds)))
+
+
+def triad_op(a: np.ndarray, b: np.ndarray, c: np.ndarray, pool: Executor, threads: int,
+             block_elems: int = TRIAD_BLOCK_ELEMS) -> TimedOp:
+    """``a = b + s*c`` split over threads; each thread walks its chunk in L2-sized blocks so
+    ``s*c`` lands in a cache-resident temporary and memory sees exactly 2 reads + 1 write."""
+    bounds = chunk_bounds(a.size, threads)
+
+    def one(bound: tuple[int, int]) -> None:
+        tmp = np.empty(block_elems, dtype=a.dtype)
+        for start in range(bound[0], bound[1], block_elems):
+            stop = min(start + block_elems, bound[1])
+            part = tmp[: stop - start]
+            np.multiply(c[start:stop], TRIAD_SCALAR, out=part)
+            np.add(part, b[start:stop], out=a[start:stop])
+
+    return wall_timed(lambda: list(pool.map(one, bounds)))
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    copy: Measured
+    triad: Measured
+    copy_curve: dict[int, Measured]  # array bytes -> copy GB/s
+
+
+def measure_stream(array_bytes: int, curve_sizes_bytes: tuple[int, ...], threads: int, pool: Executor,
+                   warmup: int, repeats: int, budget: Budget | None) -> StreamResult:
+    """Copy and triad GB/s over three ``array_bytes`` float64 arrays, plus copy GB/s for
+    each (smaller) size of ``curve_sizes_bytes`` using prefixes of the same arrays."""
+    n = max(threads, array_bytes // F64_BYTES)
+    a, b, c = touched_array(n, 1.0), touched_array(n, 2.0), touched_array(n, 0.5)
+    mib = n * F64_BYTES / 2**20
+    copy_stats = measure(copy_op(a, b, pool, threads), warmup, repeats, budget)
+    copy_bytes = 2 * n * F64_BYTES
+    copy = Measured(copy_stats.median_rate(copy_bytes) / 1e9, "GB/s", copy_stats,
+                    f"STREAM copy b=a, float64, {mib:.0f} MiB per array, {threads} threads; "
+                    f"bytes = read + write (16 B/element), write-allocate not counted")
+    triad_stats = measure(triad_op(a, b, c, pool, threads), warmup, repeats, budget)
+    triad_bytes = 3 * n * F64_BYTES
+    triad = Measured(triad_stats.median_rate(triad_bytes) / 1e9, "GB/s", triad_stats,
+                     f"STREAM triad a=b+s*c, float64, {mib:.0f} MiB per array, {threads} threads, "
+                     f"L2-blocked temporary; bytes = 2 reads + 1 write (24 B/element), "
+                     f"write-allocate not counted")
+    curve: dict[int, Measured] = {}
+    for size_bytes in sorted(s for s in curve_sizes_bytes if s < n * F64_BYTES):
+        if budget is not None and budget.expired():
+            break
+        m = max(threads, size_bytes // F64_BYTES)
+        stats = measure(copy_op(a[:m], b[:m], pool, threads), warmup, repeats, budget)
+        curve[m * F64_BYTES] = Measured(stats.median_rate(2 * m * F64_BYTES) / 1e9, "GB/s", stats,
+                                        "copy b=a over a prefix")
+    curve[n * F64_BYTES] = copy
+    return StreamResult(copy=copy, triad=triad, copy_curve=curve)
+
+
+# --- matmul --------------------------------------------------------------------------
+
+MatmulFactory = Callable[[int], TimedOp]  # M -> timed op of one (M x K) @ (K x N)
+
+
+def numpy_matmul_factory(k: int, n: int) -> MatmulFactory:
+    """fp32 matmuls through numpy's BLAS (multi-threaded by the BLAS itself)."""
+    weight = touched_array(k * n, 0.01, np.float32).reshape(k, n)
+
+    def make(m: int) -> TimedOp:
+        x = touched_array(m * k, 0.02, np.float32).reshape(m, k)
+        out = np.empty((m, n), dtype=np.float32)
+        return wall_timed(lambda: np.matmul(x, weight, out=out))
+
+    return make
+
+
+def torch_matmul_factory(torch, k: int, n: int, dtype: str) -> MatmulFactory:
+    """CPU matmuls through torch in ``dtype`` (bf16/fp16/fp32)."""
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    weight = torch.full((k, n), 0.01, dtype=tdtype)
+
+    def make(m: int) -> TimedOp:
+        x = torch.full((m, k), 0.02, dtype=tdtype)
+        out = torch.empty((m, n), dtype=tdtype)
+        return wall_timed(lambda: torch.matmul(x, weight, out=out))
+
+    return make
+
+
+def measure_matmul_curve(factory: MatmulFactory, ms: tuple[int, ...], k: int, n: int, warmup: int,
+                         repeats: int, budget: Budget | None, how: str) -> dict[int, Measured]:
+    """Achieved TFLOP/s (2*M*K*N FLOPs per matmul) for each M; stops early (keeping at least
+    the first point) once the budget is spent."""
+    curve: dict[int, Measured] = {}
+    for m in sorted(ms):
+        if curve and budget is not None and budget.expired():
+            break
+        stats = measure(factory(m), warmup, repeats, budget)
+        flops = 2.0 * m * k * n
+        curve[m] = Measured(stats.median_rate(flops) / 1e12, "TFLOP/s", stats,
+                            f"{how}, ({m} x {k}) @ ({k} x {n}), 2*M*K*N FLOPs")
+    return curve
+
+
+def best_of(curve: dict[int, Measured]) -> tuple[int, Measured]:
+    """The (x, point) with the highest value: peak = best point of the curve."""
+    return max(curve.items(), key=lambda item: item[1].value)
+
+
+# --- decode attention ----------------------------------------------------------------
+
+def attention_flops(batch: int, context: int, kv_heads: int, group: int, head_dim: int) -> float:
+    """QK^T and PV: 2*c*d FLOPs each per query head per sequence (as hrm.costs counts)."""
+    return 4.0 * batch * kv_heads * group * head_dim * context
+
+
+def attention_kv_bytes(batch: int, context: int, kv_heads: int, head_dim: int, elem_bytes: int) -> float:
+    """K and V cache bytes read by one decode step."""
+    return 2.0 * batch * kv_heads * context * head_dim * elem_bytes
+
+
+def attention_op(batch: int, context: int, kv_heads: int, group: int, head_dim: int,
+                 pool: Executor, threads: int) -> TimedOp:
+    """One GQA decode step in fp32 numpy: each of ``group`` query heads per kv head attends
+    over ``context`` cached tokens; sequences split over the thread pool."""
+    q = touched_array(batch * kv_heads * group * head_dim, 0.01, np.float32).reshape(batch, kv_heads, group, head_dim)
+    keys = touched_array(batch * kv_heads * context * head_dim, 0.01, np.float32).reshape(
+        batch, kv_heads, context, head_dim)
+    values = touched_array(keys.size, 0.02, np.float32).reshape(keys.shape)
+    out = np.empty((batch, kv_heads, group, head_dim), dtype=np.float32)
+    scale = np.float32(1.0 / np.sqrt(head_dim))
+    bounds = chunk_bounds(batch, threads)
+
+    def one(bound: tuple[int, int]) -> None:
+        lo, hi = bound
+        scores = np.matmul(q[lo:hi], keys[lo:hi].swapaxes(-1, -2))  # (b, G, r, c)
+        scores *= scale
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        np.matmul(scores, values[lo:hi], out=out[lo:hi])
+
+    return wall_timed(lambda: list(pool.map(one, bounds)))
+
+
+def measure_decode_attention(contexts: tuple[int, ...], kv_total_bytes: int, kv_heads: int, group: int,
+                             head_dim: int, threads: int, pool: Executor, warmup: int, repeats: int,
+                             budget: Budget | None) -> dict[int, Measured]:
+    """KV-cache read GB/s of decode attention for each context; the batch is chosen so the
+    cache is ``kv_total_bytes`` (far beyond the caches). GFLOP/s goes into the note."""
+    curve: dict[int, Measured] = {}
+    per_seq_token_bytes = 2 * kv_heads * head_dim * F32_BYTES
+    for context in sorted(contexts):
+        if curve and budget is not None and budget.expired():
+            break
+        batch = max(threads, int(kv_total_bytes // (per_seq_token_bytes * context)))
+        stats = measure(attention_op(batch, context, kv_heads, group, head_dim, pool, threads),
+                        warmup, repeats, budget)
+        kv_bytes = attention_kv_bytes(batch, context, kv_heads, head_dim, F32_BYTES)
+        gflops = stats.median_rate(attention_flops(batch, context, kv_heads, group, head_dim)) / 1e9
+        curve[context] = Measured(
+            stats.median_rate(kv_bytes) / 1e9, "GB/s", stats,
+            f"GQA decode attention fp32 numpy, batch {batch}, context {context}, {kv_heads} kv heads x "
+            f"{group} q/kv, head_dim {head_dim}, {threads} threads; KV bytes read / time "
+            f"({gflops:.1f} GFLOP/s)")
+    return curve
+
+
+# --- disk ----------------------------------------------------------------------------
+
+def drop_file_cache(fd: int) -> bool:
+    """Ask the kernel to drop the file's cached pages; False where unsupported."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return False
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    except OSError:
+        return False
+
+
+def read_file_op(path: Path, block_bytes: int) -> TimedOp:
+    """Read ``path`` sequentially (page cache dropped before each read)."""
+    buffer = bytearray(block_bytes)
+
+    def op() -> float:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            drop_file_cache(fd)
+            start_s = time.perf_counter()
+            with os.fdopen(fd, "rb", buffering=0, closefd=False) as handle:
+                while handle.readinto(buffer):
+                    pass
+            return time.perf_counter() - start_s
+        finally:
+            os.close(fd)
+
+    return op
+
+
+def write_probe_file(folder: Path, nbytes: int, block_bytes: int) -> Path:
+    """A file of ``nbytes`` non-zero bytes in ``folder``, fsynced and evicted from the cache."""
+    block = np.random.default_rng(0).integers(1, 255, block_bytes, dtype=np.uint8).tobytes()
+    fd, name = tempfile.mkstemp(prefix=".hrm-disk-probe.", dir=folder)
+    with os.fdopen(fd, "wb") as handle:
+        for _ in range(max(1, nbytes // block_bytes)):
+            handle.write(block)
+        handle.flush()
+        os.fsync(handle.fileno())
+        drop_file_cache(handle.fileno())
+    return Path(name)
+
+
+def measure_disk_read(folder: Path, nbytes: int, repeats: int, budget: Budget | None,
+                      block_bytes: int = 8 * 2**20) -> Measured:
+    """Sequential read GB/s of a fresh ``nbytes`` file in ``folder`` (no warm-up: a warm-up
+    would fill the page cache; the cache is dropped with posix_fadvise before each read)."""
+    path = write_probe_file(folder, nbytes, block_bytes)
+    try:
+        size = path.stat().st_size
+        stats = measure(read_file_op(path, block_bytes), 0, repeats, budget)
+    finally:
+        path.unlink(missing_ok=True)
+    how = (f"sequential read of a {size / 2**20:.0f} MiB file in {folder}, {block_bytes >> 20} MiB blocks, "
+           f"page cache dropped (posix_fadvise DONTNEED) before each read")
+    return Measured(stats.median_rate(size) / 1e9, "GB/s", stats, how)
+
+
+def optional_torch():
+    """The torch module, or None when it is not importable (it is an optional extra)."""
+    try:
+        import torch  # noqa: PLC0415
+    except (ImportError, OSError):
+        return None
+    return torch
