@@ -1,0 +1,171 @@
+"""Turn measurements into a :class:`hrm.hardware.HardwareProfile` (source: measured).
+
+Peaks are the best point of each curve; every number gets a ``source.methods`` note that
+says how it was measured, with repeats, median and spread.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hrm.hardware import CPU, GPU, CurvePoint, Disk, Efficiency, Flops, HardwareProfile, Link, Source
+
+from .cpu import HostInfo, Measured, StreamResult, best_of
+from .gpu import GpuResults
+
+SIG_DIGITS = 4
+
+
+@dataclass
+class CpuResults:
+    """Everything measured on the CPU side (filled step by step)."""
+
+    stream: StreamResult | None = None
+    matmul: dict[str, dict[int, Measured]] = field(default_factory=dict)
+    attention: dict[int, Measured] = field(default_factory=dict)
+    disk: Measured | None = None
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """Who/when/how of a run, for the ``source`` section."""
+
+    name: str
+    date: str
+    tool_version: str
+    mode: str
+    elapsed_s: float
+    budget_s: float
+    notes: tuple[str, ...] = ()
+
+
+def sig(value: float, digits: int = SIG_DIGITS) -> float:
+    """Round to ``digits`` significant digits (readable YAML; still > 0 for positive input)."""
+    return float(f"{value:.{digits}g}")
+
+
+def profile_name(hostname: str) -> str:
+    """``measured-<host>`` with anything unusual replaced by '-'."""
+    return "measured-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", hostname).strip("-") or "host")
+
+
+def curve_points(curve: dict[int, Measured]) -> list[CurvePoint]:
+    """Sorted CurvePoints (x = size/M/context, y = measured value)."""
+    return [CurvePoint(x=float(x), y=sig(m.value)) for x, m in sorted(curve.items()) if m.value > 0]
+
+
+def curve_method(curve: dict[int, Measured], x_name: str) -> str:
+    """One note for a curve: how (first point) + per-point repeats and spread."""
+    first = next(iter(sorted(curve.items())))[1]
+    spreads = ", ".join(f"{x_name}={x:g}: {m.stats.spread_pct():.1f}%" for x, m in sorted(curve.items()))
+    repeats = sorted({m.stats.repeats for m in curve.values()})
+    return (f"{first.how.split(',')[0]}; per point median of {'/'.join(map(str, repeats))} repeats after "
+            f"{first.stats.warmup} warm-up; spread (max-min)/median per point: {spreads}")
+
+
+def peak_method(curve: dict[int, Measured], x_name: str) -> str:
+    """Note for a peak taken as the best point of a curve."""
+    x, best = best_of(curve)
+    return f"best point of the curve ({x_name}={x:g}): {best.method()}"
+
+
+def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str]) -> CPU:
+    """The ``cpu`` section; memory bandwidth = STREAM triad (copy recorded alongside)."""
+    if cpu.stream is None or "fp32" not in cpu.matmul or not cpu.matmul["fp32"]:
+        raise ValueError("CPU bandwidth and fp32 matmul are required for a profile")
+    tflops = {dtype: sig(best_of(curve)[1].value) for dtype, curve in cpu.matmul.items() if curve}
+    for dtype, curve in cpu.matmul.items():
+        if curve:
+            methods[f"cpu.tflops.{dtype}"] = peak_method(curve, "M")
+    stream = cpu.stream
+    methods["cpu.memory_bandwidth_gbps"] = (
+        f"{stream.triad.method()}; triad is used (2 reads : 1 write, closer to the read-heavy "
+        f"CPU attention/FFN than copy); copy measured {stream.copy.value:.3g} GB/s")
+    methods["cpu.stream_copy_gbps"] = stream.copy.method()
+    methods["cpu.cores"] = "usable CPUs (sched_getaffinity)"
+    methods["cpu.memory_gib"] = "MemTotal of /proc/meminfo"
+    return CPU(name=host.cpu_name, cores=host.cores, memory_gib=sig(host.memory_gib),
+               memory_bandwidth_gbps=sig(stream.triad.value), tflops=Flops(**tflops))
+
+
+def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
+    """The ``gpu`` and ``link`` sections from GPU results (fp32 matmul, copy, h2d/d2h needed)."""
+    if not gpu.matmul.get("fp32") or gpu.copy is None or not gpu.h2d_pinned or not gpu.d2h_pinned:
+        raise ValueError("GPU results lack fp32 matmul, device copy or pinned transfers")
+    tflops = {dtype: sig(best_of(curve)[1].value) for dtype, curve in gpu.matmul.items() if curve}
+    for dtype, curve in gpu.matmul.items():
+        if curve:
+            methods[f"gpu.tflops.{dtype}"] = peak_method(curve, "M")
+    methods["gpu.memory_bandwidth_gbps"] = gpu.copy.method()
+    methods["gpu.memory_gib"] = "total_memory of the device properties"
+    peer_gbps = None
+    if gpu.info.count > 1:
+        if gpu.peer is not None:
+            peer_gbps = sig(gpu.peer.value)
+            methods["gpu.gpu_to_gpu_gbps"] = gpu.peer.method()
+        else:
+            peer_gbps = sig(best_of(gpu.h2d_pinned)[1].value)
+            methods["gpu.gpu_to_gpu_gbps"] = "NOT measured (peer copy failed); set to the pinned h2d rate"
+    gpu_section = GPU(name=gpu.info.name, count=gpu.info.count, memory_gib=sig(gpu.info.memory_bytes / 2**30),
+                      memory_bandwidth_gbps=sig(gpu.copy.value), tflops=Flops(**tflops),
+                      gpu_to_gpu_gbps=peer_gbps)
+    methods["link.h2d_gbps"] = peak_method(gpu.h2d_pinned, "bytes")
+    methods["link.d2h_gbps"] = peak_method(gpu.d2h_pinned, "bytes")
+    pageable = None
+    if gpu.h2d_pageable:
+        pageable = sig(best_of(gpu.h2d_pageable)[1].value)
+        methods["link.h2d_pageable_gbps"] = peak_method(gpu.h2d_pageable, "bytes")
+    link = Link(h2d_gbps=sig(best_of(gpu.h2d_pinned)[1].value), d2h_gbps=sig(best_of(gpu.d2h_pinned)[1].value),
+                h2d_pageable_gbps=pageable)
+    return gpu_section, link
+
+
+def build_efficiency(cpu: CpuResults, gpu: GpuResults | None, methods: dict[str, str]) -> Efficiency:
+    """Measured curves: CPU/GPU matmul vs M, CPU copy vs bytes, CPU attention vs context, h2d vs bytes."""
+    cpu_mm = {dtype: curve_points(c) for dtype, c in cpu.matmul.items() if c}
+    for dtype, c in cpu.matmul.items():
+        if c:
+            methods[f"efficiency.cpu_matmul_tflops_vs_m.{dtype}"] = curve_method(c, "M")
+    copy_curve = curve_points(cpu.stream.copy_curve) if cpu.stream else []
+    if cpu.stream:
+        methods["efficiency.cpu_copy_gbps_vs_bytes"] = curve_method(cpu.stream.copy_curve, "bytes")
+    attention = curve_points(cpu.attention)
+    if cpu.attention:
+        methods["efficiency.cpu_attention_gbps_vs_context"] = curve_method(cpu.attention, "context")
+        for context, m in sorted(cpu.attention.items()):
+            methods[f"cpu.decode_attention.context_{context}"] = m.method()
+    gpu_mm, h2d = {}, []
+    if gpu is not None:
+        gpu_mm = {dtype: curve_points(c) for dtype, c in gpu.matmul.items() if c}
+        for dtype, c in gpu.matmul.items():
+            if c:
+                methods[f"efficiency.gpu_matmul_tflops_vs_m.{dtype}"] = curve_method(c, "M")
+        h2d = curve_points(gpu.h2d_pinned)
+        methods["efficiency.h2d_gbps_vs_bytes"] = curve_method(gpu.h2d_pinned, "bytes")
+    return Efficiency(gpu_matmul_tflops_vs_m=gpu_mm, cpu_matmul_tflops_vs_m=cpu_mm, h2d_gbps_vs_bytes=h2d,
+                      cpu_copy_gbps_vs_bytes=copy_curve, cpu_attention_gbps_vs_context=attention)
+
+
+def build_profile(facts: RunFacts, host: HostInfo, cpu: CpuResults, gpu: GpuResults | None) -> HardwareProfile:
+    """Assemble and validate the profile (pydantic validates on construction)."""
+    methods: dict[str, str] = {}
+    cpu_section = build_cpu(host, cpu, methods)
+    gpu_section, link = build_gpu(gpu, methods) if gpu is not None else (None, None)
+    if gpu is None:
+        methods["gpu"] = "no gpu/link section: " + next(
+            (n for n in facts.notes if n.startswith("GPU skipped")), "GPU skipped")
+    disk = None
+    if cpu.disk is not None:
+        disk = Disk(read_gbps=sig(cpu.disk.value))
+        methods["disk.read_gbps"] = cpu.disk.method()
+    efficiency = build_efficiency(cpu, gpu, methods)
+    notes = "; ".join((f"hrm profile ({facts.mode}), {facts.elapsed_s:.1f} s of a {facts.budget_s:.0f} s budget",
+                       *facts.notes))
+    source = Source(kind="measured", date=facts.date, tool_version=facts.tool_version, host=host.hostname,
+                    notes=notes, methods=methods)
+    gpu_desc = f"{gpu.info.count}x {gpu.info.name}" if gpu is not None else "no GPU"
+    description = (f"measured on {host.hostname}: {host.cpu_name}, {host.cores} cores, "
+                   f"{host.memory_gib:.0f} GiB, {gpu_desc}")
+    return HardwareProfile(name=facts.name, description=description, source=source, gpu=gpu_section,
+                           cpu=cpu_section, link=link, disk=disk, efficiency=efficiency)

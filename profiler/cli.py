@@ -1,0 +1,100 @@
+"""``hrm profile``: measure this machine into a hardware profile YAML (SPEC §7)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from hrm.cli import ArgumentParser
+from hrm.errors import HRMError
+from hrm.hardware import HardwareProfile, dump_hardware_yaml, load_hardware
+from hrm.plan import write_atomic
+
+from .config import full_config, quick_config
+from .runner import DEVICES, run_profile
+
+HEADER = ("# Hardware profile measured by `hrm profile` (source.methods says how, per number).\n"
+          "# Units: *_gib = 2^30 bytes, *_gbps = 1e9 bytes/s, *_tflops = 1e12 FLOP/s.\n")
+
+
+def parse_args(argv: list[str]):
+    parser = ArgumentParser(prog="hrm profile", description="measure this machine into a hardware profile")
+    parser.add_argument("--quick", action="store_true", help="coarse curves, 3 repeats, < 60 s")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="profile the GPU too (auto), "
+                        "only the CPU, or require a CUDA GPU")
+    parser.add_argument("--out", help="write the profile YAML here (default: print it on stdout)")
+    parser.add_argument("--compare", metavar="PROFILE", help="print measured vs this reference profile")
+    parser.add_argument("--name", help="profile name (default measured-<hostname>)")
+    parser.add_argument("--budget", type=float, metavar="SECONDS", help="override the time budget")
+    parser.add_argument("--no-disk", action="store_true", help="skip the disk read measurement")
+    parser.add_argument("--disk-dir", help="folder for the disk probe file (default: the temp folder)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    return parser.parse_args(argv)
+
+
+def check_out_path(out: str) -> Path:
+    """Fail before measuring when ``--out`` cannot be written (one-line HRMError)."""
+    path = Path(out)
+    if path.is_dir():
+        raise HRMError(f"--out {out}: is a directory, give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise HRMError(f"--out {out}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HRMError(f"--out {out}: folder {folder} is not writable")
+    return path
+
+
+def check_disk_dir(disk_dir: str | None) -> Path | None:
+    if disk_dir is None:
+        return None
+    path = Path(disk_dir)
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise HRMError(f"--disk-dir {disk_dir}: not a writable folder")
+    return path
+
+
+def profile_yaml(profile: HardwareProfile) -> str:
+    """The YAML text written/printed (a units header + dump_hardware_yaml)."""
+    return HEADER + dump_hardware_yaml(profile)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``hrm profile``; returns the exit code (HRMError for user errors)."""
+    args = parse_args(argv)
+    out = check_out_path(args.out) if args.out else None
+    reference = load_hardware(args.compare) if args.compare else None
+    disk_dir = check_disk_dir(args.disk_dir)
+    cfg = quick_config() if args.quick else full_config()
+    if args.budget is not None:
+        if args.budget <= 0:
+            raise HRMError(f"--budget must be > 0 seconds, got {args.budget}")
+        cfg = dataclasses.replace(cfg, budget_s=args.budget)
+    if args.no_disk:
+        cfg = dataclasses.replace(cfg, disk_bytes=0)
+
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if args.no_progress:
+        run = run_profile(cfg, device=args.device, disk_folder=disk_dir, name=args.name)
+    else:
+        from .progress import RichReporter
+
+        with RichReporter(err) as reporter:
+            run = run_profile(cfg, device=args.device, reporter=reporter, disk_folder=disk_dir, name=args.name)
+    text = profile_yaml(run.profile)
+    if out is not None:
+        write_atomic(out, text)
+        load_hardware(str(out))  # the file must read back through the schema
+        err.print(f"wrote {out} ({run.elapsed_s:.1f} s)", highlight=False)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if reference is not None:
+        from .compare import comparison_table
+
+        (Console() if out is not None else err).print(comparison_table(run.profile, reference))
+    return 0

@@ -1,0 +1,264 @@
+"""GPU measurements written against a small device interface.
+
+:class:`GpuDevice` is all the measuring logic needs: timed ops for a matmul, a device copy,
+host<->device transfers and peer copies. :class:`TorchCudaDevice` implements it with
+torch.cuda (CUDA events); tests drive the same logic with a fake device, so the GPU branch
+is exercised on machines without CUDA or torch. Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from .cpu import Measured
+from .timing import Budget, TimedOp, measure
+
+Direction = Literal["h2d", "d2h"]
+GPU_ERRORS = (RuntimeError, ValueError, MemoryError, AssertionError)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Name, number of (identical) GPUs and per-GPU memory."""
+
+    name: str
+    count: int
+    memory_bytes: int
+
+
+class GpuDevice(Protocol):
+    """What the GPU measurements need. Each ``*_op`` allocates its buffers and returns a
+    timed op (seconds per operation); raising ValueError/RuntimeError means unsupported."""
+
+    def info(self) -> GpuInfo: ...
+
+    def supports(self, dtype: str) -> bool: ...
+
+    def matmul_op(self, m: int, k: int, n: int, dtype: str) -> TimedOp: ...
+
+    def copy_op(self, nbytes: int) -> TimedOp: ...
+
+    def transfer_op(self, nbytes: int, direction: Direction, pinned: bool) -> TimedOp: ...
+
+    def peer_op(self, nbytes: int, src: int, dst: int) -> TimedOp: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass
+class GpuResults:
+    """Everything measured on the GPU side (filled step by step)."""
+
+    info: GpuInfo
+    matmul: dict[str, dict[int, Measured]] = field(default_factory=dict)
+    copy: Measured | None = None
+    h2d_pinned: dict[int, Measured] = field(default_factory=dict)
+    h2d_pageable: dict[int, Measured] = field(default_factory=dict)
+    d2h_pinned: dict[int, Measured] = field(default_factory=dict)
+    peer: Measured | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# --- the generic measuring logic ------------------------------------------------------
+
+def measure_gpu_matmul(device: GpuDevice, dtype: str, ms: tuple[int, ...], k: int, n: int, warmup: int,
+                       repeats: int, budget: Budget | None, notes: list[str]) -> dict[int, Measured]:
+    """Achieved TFLOP/s (2*M*K*N / time) of ``dtype`` matmuls for each M; points the device
+    rejects are skipped and noted."""
+    curve: dict[int, Measured] = {}
+    if not device.supports(dtype):
+        notes.append(f"gpu {dtype} matmul: not supported by this device/torch, skipped")
+        return curve
+    for m in sorted(ms):
+        if curve and budget is not None and budget.expired():
+            notes.append(f"gpu {dtype} matmul: budget spent, stopped before M={m}")
+            break
+        try:
+            stats = measure(device.matmul_op(m, k, n, dtype), warmup, repeats, budget)
+        except GPU_ERRORS as exc:
+            notes.append(f"gpu {dtype} matmul M={m}: skipped ({one_line(exc)})")
+            continue
+        finally:
+            device.release()
+        curve[m] = Measured(stats.median_rate(2.0 * m * k * n) / 1e12, "TFLOP/s", stats,
+                            f"gpu {dtype} matmul ({m} x {k}) @ ({k} x {n}), 2*M*K*N FLOPs, CUDA-event timed")
+    return curve
+
+
+def measure_gpu_copy(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
+                     budget: Budget | None) -> Measured:
+    """Device memory bandwidth: device-to-device copy, bytes = read + write (2 x size)."""
+    try:
+        stats = measure(device.copy_op(nbytes), warmup, repeats, budget)
+    finally:
+        device.release()
+    return Measured(stats.median_rate(2.0 * nbytes) / 1e9, "GB/s", stats,
+                    f"device-to-device copy of {nbytes / 2**20:.0f} MiB, bytes = read + write")
+
+
+def measure_transfer_curve(device: GpuDevice, sizes_bytes: tuple[int, ...], direction: Direction, pinned: bool,
+                           warmup: int, repeats: int, budget: Budget | None,
+                           notes: list[str]) -> dict[int, Measured]:
+    """Host<->device GB/s (bytes moved / time) for each transfer size."""
+    curve: dict[int, Measured] = {}
+    kind = "pinned" if pinned else "pageable"
+    for size in sorted(sizes_bytes):
+        if curve and budget is not None and budget.expired():
+            notes.append(f"{direction} {kind}: budget spent, stopped before {size} bytes")
+            break
+        try:
+            stats = measure(device.transfer_op(size, direction, pinned), warmup, repeats, budget)
+        except GPU_ERRORS as exc:
+            notes.append(f"{direction} {kind} {size} bytes: skipped ({one_line(exc)})")
+            continue
+        finally:
+            device.release()
+        curve[size] = Measured(stats.median_rate(size) / 1e9, "GB/s", stats,
+                               f"{direction} {kind} copy of {size / 2**20:.3g} MiB")
+    return curve
+
+
+def measure_peer(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
+                 budget: Budget | None) -> Measured:
+    """GPU0 -> GPU1 copy GB/s (bytes moved / time)."""
+    try:
+        stats = measure(device.peer_op(nbytes, 0, 1), warmup, repeats, budget)
+    finally:
+        device.release()
+    return Measured(stats.median_rate(nbytes) / 1e9, "GB/s", stats,
+                    f"GPU0 -> GPU1 copy of {nbytes / 2**20:.0f} MiB")
+
+
+def clamp_bytes(nbytes: int, memory_bytes: int, buffers: int) -> int:
+    """Shrink a size so ``buffers`` buffers of it take at most half the device memory."""
+    return int(min(nbytes, memory_bytes // (2 * max(1, buffers))))
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+
+
+# --- torch.cuda implementation ---------------------------------------------------------
+
+def open_cuda_device(torch) -> tuple["TorchCudaDevice | None", str]:
+    """A TorchCudaDevice when torch sees a CUDA GPU, else (None, why not)."""
+    if torch is None:
+        return None, "torch is not installed (pip install -e '.[runtime]' for GPU profiling)"
+    try:
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+            return None, "torch.cuda.is_available() is False (no CUDA GPU or driver visible)"
+        return TorchCudaDevice(torch), ""
+    except GPU_ERRORS as exc:
+        return None, f"CUDA initialisation failed ({one_line(exc)})"
+
+
+class TorchCudaDevice:
+    """GpuDevice on torch.cuda. Timed ops use CUDA events and repeat the operation enough
+    times per sample (>= ``min_sample_s``) to hide launch overhead for small ops."""
+
+    def __init__(self, torch, index: int = 0, min_sample_s: float = 2e-3, max_iters: int = 200):
+        self.torch = torch
+        self.index = index
+        self.min_sample_s = min_sample_s
+        self.max_iters = max_iters
+
+    def _dtype(self, dtype: str):
+        t = self.torch
+        return {"fp32": t.float32, "fp16": t.float16, "bf16": t.bfloat16, "int8": t.int8}[dtype]
+
+    def info(self) -> GpuInfo:
+        props = self.torch.cuda.get_device_properties(self.index)
+        return GpuInfo(name=props.name, count=self.torch.cuda.device_count(), memory_bytes=int(props.total_memory))
+
+    def supports(self, dtype: str) -> bool:
+        cuda = self.torch.cuda
+        if dtype == "bf16":
+            return bool(cuda.is_bf16_supported())
+        if dtype == "int8":
+            return hasattr(self.torch, "_int_mm")
+        return dtype in ("fp32", "fp16")
+
+    def _event_timed(self, run) -> TimedOp:
+        """Calibrate iterations per sample, then time ``run`` with CUDA events."""
+        cuda = self.torch.cuda
+        run()
+        cuda.synchronize(self.index)
+        start_s = time.perf_counter()
+        run()
+        cuda.synchronize(self.index)
+        once_s = max(time.perf_counter() - start_s, 1e-7)
+        iters = int(min(self.max_iters, max(1, math.ceil(self.min_sample_s / once_s))))
+        begin, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+
+        def op() -> float:
+            begin.record()
+            for _ in range(iters):
+                run()
+            end.record()
+            end.synchronize()
+            return begin.elapsed_time(end) / 1e3 / iters
+
+        return op
+
+    def matmul_op(self, m: int, k: int, n: int, dtype: str) -> TimedOp:
+        t = self.torch
+        dev = f"cuda:{self.index}"
+        if dtype == "int8":
+            if m <= 16 or k % 8 or n % 8:
+                raise ValueError("torch._int_mm needs M > 16 and K, N multiples of 8")
+            a = t.ones((m, k), dtype=t.int8, device=dev)
+            b = t.ones((k, n), dtype=t.int8, device=dev)
+            return self._event_timed(lambda: t._int_mm(a, b))
+        a = t.full((m, k), 0.01, dtype=self._dtype(dtype), device=dev)
+        b = t.full((k, n), 0.01, dtype=self._dtype(dtype), device=dev)
+        out = t.empty((m, n), dtype=self._dtype(dtype), device=dev)
+        if dtype != "fp32":
+            return self._event_timed(lambda: t.matmul(a, b, out=out))
+        flags = t.backends.cuda.matmul
+
+        def run_fp32() -> None:  # true fp32, not TF32 tensor cores
+            previous = flags.allow_tf32
+            flags.allow_tf32 = False
+            try:
+                t.matmul(a, b, out=out)
+            finally:
+                flags.allow_tf32 = previous
+
+        return self._event_timed(run_fp32)
+
+    def copy_op(self, nbytes: int) -> TimedOp:
+        t = self.torch
+        src = t.ones(nbytes, dtype=t.uint8, device=f"cuda:{self.index}")
+        dst = t.empty_like(src)
+        return self._event_timed(lambda: dst.copy_(src))
+
+    def transfer_op(self, nbytes: int, direction: Direction, pinned: bool) -> TimedOp:
+        t = self.torch
+        host = t.ones(nbytes, dtype=t.uint8, pin_memory=pinned)
+        dev = t.empty(nbytes, dtype=t.uint8, device=f"cuda:{self.index}")
+        if direction == "h2d":
+            return self._event_timed(lambda: dev.copy_(host, non_blocking=pinned))
+        return self._event_timed(lambda: host.copy_(dev, non_blocking=pinned))
+
+    def peer_op(self, nbytes: int, src: int, dst: int) -> TimedOp:
+        t = self.torch
+        a = t.ones(nbytes, dtype=t.uint8, device=f"cuda:{src}")
+        b = t.empty(nbytes, dtype=t.uint8, device=f"cuda:{dst}")
+
+        def op() -> float:
+            t.cuda.synchronize(src)
+            start_s = time.perf_counter()
+            b.copy_(a)
+            t.cuda.synchronize(src)
+            t.cuda.synchronize(dst)
+            return time.perf_counter() - start_s
+
+        return op
+
+    def release(self) -> None:
+        self.torch.cuda.synchronize(self.index)
+        self.torch.cuda.empty_cache()

@@ -1,0 +1,228 @@
+"""Run every measurement of a profile in order, inside one time budget, and build the profile.
+
+The run is a list of steps (label, required, action). Required steps (CPU bandwidth and
+fp32 matmul; the GPU basics when a GPU is profiled) always run, with at least two repeats;
+optional steps are skipped, and said so, once the budget is spent.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from hrm.errors import HRMError
+from hrm.hardware import HardwareProfile
+
+from . import cpu as cpu_mod
+from . import gpu as gpu_mod
+from .build import CpuResults, RunFacts, build_profile, profile_name
+from .config import ProfileConfig
+from .progress import NullReporter, Reporter
+from .timing import Budget
+
+AUTO = "auto"
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    required: bool
+    action: Callable[[], None]
+    gpu: bool = False
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """The profile and what happened while measuring it."""
+
+    profile: HardwareProfile
+    notes: tuple[str, ...]
+    elapsed_s: float
+
+
+def tool_version() -> str:
+    """``hrm-profile <package version>``."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return f"hrm-profile {version('hrm-moe')}"
+    except (ImportError, PackageNotFoundError):
+        return "hrm-profile (unknown version)"
+
+
+def resolve_gpu(device: str, gpu_device, torch) -> tuple[object | None, str]:
+    """The GpuDevice to profile (or None, with the reason). ``--device cuda`` without a
+    usable GPU is a user error."""
+    if device not in DEVICES:
+        raise HRMError(f"--device must be one of {', '.join(DEVICES)}, got '{device}'")
+    if device == "cpu":
+        return None, "GPU skipped (--device cpu)"
+    if gpu_device is not None:
+        return gpu_device, ""
+    found, why = gpu_mod.open_cuda_device(torch)
+    if found is None and device == "cuda":
+        raise HRMError(f"--device cuda: no usable GPU: {why}")
+    return found, ("" if found is not None else f"GPU skipped: {why}; CPU-only profile (no gpu/link section)")
+
+
+def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, pool, budget: Budget,
+              torch, disk_folder: Path | None, notes: list[str]) -> list[Step]:
+    """The CPU measurements of the run."""
+    threads = host.cores
+    array_bytes = cfg.stream_bytes or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
+    w, r = cfg.warmup, cfg.repeats
+
+    def stream() -> None:
+        results.stream = cpu_mod.measure_stream(array_bytes, cfg.copy_sizes_bytes, threads, pool, w, r, budget)
+
+    def matmul(dtype: str) -> Callable[[], None]:
+        def run() -> None:
+            if dtype == "fp32":
+                factory = cpu_mod.numpy_matmul_factory(cfg.matmul_k, cfg.matmul_n)
+                how = "cpu fp32 matmul, numpy BLAS (all BLAS threads)"
+            else:
+                factory = cpu_mod.torch_matmul_factory(torch, cfg.matmul_k, cfg.matmul_n, dtype)
+                how = f"cpu {dtype} matmul, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+            results.matmul[dtype] = cpu_mod.measure_matmul_curve(factory, cfg.matmul_ms, cfg.matmul_k,
+                                                                 cfg.matmul_n, w, r, budget, how)
+        return run
+
+    def attention() -> None:
+        shape = cfg.attention
+        results.attention = cpu_mod.measure_decode_attention(
+            cfg.attention_contexts, cfg.attention_kv_bytes, shape.kv_heads, shape.group, shape.head_dim,
+            threads, pool, w, r, budget)
+
+    def disk() -> None:
+        folder = disk_folder or Path(tempfile.gettempdir())
+        results.disk = cpu_mod.measure_disk_read(folder, cfg.disk_bytes, max(2, r), budget)
+
+    steps = [Step("CPU memory bandwidth (STREAM copy + triad)", True, stream),
+             Step("CPU fp32 matmul vs M (numpy)", True, matmul("fp32"))]
+    for dtype in cfg.cpu_torch_dtypes:
+        if torch is None:
+            notes.append(f"CPU {dtype} matmul not measured (torch not importable); the model uses fp32 for it")
+        else:
+            steps.append(Step(f"CPU {dtype} matmul vs M (torch)", False, matmul(dtype)))
+    if cfg.attention_contexts:
+        steps.append(Step("CPU decode attention (GQA over a KV cache)", False, attention))
+    if cfg.disk_bytes > 0:
+        steps.append(Step("disk sequential read", False, disk))
+    return steps
+
+
+def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: Budget) -> list[Step]:
+    """The GPU measurements of the run (sizes clamped to the device memory)."""
+    memory = results.info.memory_bytes
+    w, r = cfg.warmup, cfg.repeats
+    notes = results.notes
+
+    def matmul(dtype: str) -> Callable[[], None]:
+        def run() -> None:
+            results.matmul[dtype] = gpu_mod.measure_gpu_matmul(
+                device, dtype, cfg.gpu_matmul_ms, cfg.gpu_matmul_k, cfg.gpu_matmul_n, w, r, budget, notes)
+        return run
+
+    def copy() -> None:
+        results.copy = gpu_mod.measure_gpu_copy(device, gpu_mod.clamp_bytes(cfg.gpu_copy_bytes, memory, 2),
+                                                w, r, budget)
+
+    sizes = tuple(sorted({gpu_mod.clamp_bytes(s, memory, 1) for s in cfg.transfer_sizes_bytes}))
+
+    def transfer(attr: str, direction: str, pinned: bool, sizes_bytes: tuple[int, ...]) -> Callable[[], None]:
+        def run() -> None:
+            setattr(results, attr, gpu_mod.measure_transfer_curve(device, sizes_bytes, direction, pinned,
+                                                                  w, r, budget, notes))
+        return run
+
+    large = sizes[-2:]  # d2h and pageable: the two largest sizes (the peak), not the whole curve
+    steps = [Step(f"GPU {d} matmul vs M", d == "fp32", matmul(d), gpu=True) for d in cfg.gpu_dtypes]
+    steps += [Step("GPU device-to-device copy", True, copy, gpu=True),
+              Step("H2D pinned vs size", True, transfer("h2d_pinned", "h2d", True, sizes), gpu=True),
+              Step("D2H pinned", True, transfer("d2h_pinned", "d2h", True, large), gpu=True),
+              Step("H2D pageable", False, transfer("h2d_pageable", "h2d", False, large), gpu=True)]
+    if results.info.count > 1:
+        def peer() -> None:
+            results.peer = gpu_mod.measure_peer(device, gpu_mod.clamp_bytes(cfg.peer_bytes, memory, 1),
+                                                w, r, budget)
+        steps.append(Step("GPU0 -> GPU1 copy", False, peer, gpu=True))
+    return steps
+
+
+def run_steps(steps: list[Step], budget: Budget, reporter: Reporter, device: str, notes: list[str]) -> bool:
+    """Execute the steps; returns False when the GPU part failed (auto mode: the profile
+    becomes CPU-only; ``--device cuda``: HRMError)."""
+    gpu_ok = True
+    for step in steps:
+        reporter.step(step.label)
+        if step.gpu and not gpu_ok:
+            reporter.done()
+            continue
+        if not step.required and budget.expired():
+            message = f"{step.label}: skipped (time budget of {budget.total_s:.0f} s spent)"
+            notes.append(message)
+            reporter.note(message)
+            reporter.done()
+            continue
+        try:
+            step.action()
+        except gpu_mod.GPU_ERRORS as exc:
+            if not step.gpu:
+                raise
+            if device == "cuda":
+                raise HRMError(f"GPU measurement '{step.label}' failed: {gpu_mod.one_line(exc)}") from None
+            gpu_ok = False
+            message = f"GPU skipped: '{step.label}' failed ({gpu_mod.one_line(exc)}); CPU-only profile"
+            notes.append(message)
+            reporter.note(message)
+        reporter.done()
+    return gpu_ok
+
+
+_AUTO_TORCH = object()
+
+
+def run_profile(cfg: ProfileConfig, device: str = AUTO, reporter: Reporter | None = None, gpu_device=None,
+                torch_module=_AUTO_TORCH, disk_folder: Path | None = None, name: str | None = None,
+                clock: Callable[[], float] = time.monotonic) -> ProfileRun:
+    """Measure this machine (and ``gpu_device`` or the CUDA GPU) into a HardwareProfile.
+
+    ``torch_module``: the torch module to use, None to run without torch, default = import
+    it if installed. ``gpu_device``: a GpuDevice to profile instead of probing torch.cuda.
+    """
+    reporter = reporter or NullReporter()
+    budget = Budget(cfg.budget_s, clock)
+    torch = cpu_mod.optional_torch() if torch_module is _AUTO_TORCH else torch_module
+    device_obj, why = resolve_gpu(device, gpu_device, torch)
+    notes: list[str] = [why] if why else []
+    if why:
+        reporter.note(why)
+    host = cpu_mod.host_info()
+    cpu_results = CpuResults()
+    gpu_results = gpu_mod.GpuResults(info=device_obj.info()) if device_obj is not None else None
+    with ThreadPoolExecutor(max_workers=host.cores, thread_name_prefix="hrm-profile") as pool:
+        steps = cpu_steps(cfg, host, cpu_results, pool, budget, torch, disk_folder, notes)
+        if device_obj is not None:
+            steps += gpu_steps(cfg, device_obj, gpu_results, budget)
+        reporter.start(len(steps))
+        gpu_ok = run_steps(steps, budget, reporter, device, notes)
+    if gpu_results is not None:
+        notes.extend(gpu_results.notes)
+        if not gpu_ok:
+            gpu_results = None
+    elapsed_s = budget.elapsed_s()
+    facts = RunFacts(name=name or profile_name(host.hostname),
+                     date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     tool_version=tool_version(), mode=cfg.label, elapsed_s=elapsed_s,
+                     budget_s=cfg.budget_s, notes=tuple(notes))
+    try:
+        profile = build_profile(facts, host, cpu_results, gpu_results)
+    except ValueError as exc:
+        raise HRMError(f"profile could not be built: {gpu_mod.one_line(exc)}") from None
+    return ProfileRun(profile=profile, notes=tuple(notes), elapsed_s=elapsed_s)

@@ -1,0 +1,320 @@
+"""The device tier: where "GPU" tensors live, the lanes that run tasks, and its memory.
+
+One code path for both hosts (SPEC §8):
+
+- **CUDA**: device tensors on ``cuda``; every lane (gpu, cpu, h2d, d2h) is a worker thread,
+  the device-side lanes each own a CUDA stream; a task runs on its lane's stream and the
+  lane records CUDA events around it (the end event is synchronised before dependants run).
+- **Emulated** (CPU-only host): device tensors are CPU tensors kept apart from the host
+  tier's; copies between tiers are explicit ``copy_`` calls on the h2d/d2h lanes, and the
+  same worker threads stand for the streams, so CPU attention overlaps device work as far
+  as the shared cores allow.
+
+Device memory is tracked explicitly: persistent buffers through :meth:`DeviceTier.alloc`
+(weights, double buffer, KV), transient activations of device-side tasks through a
+dispatch mode that counts every tensor an op creates until it is freed (emulated tier); on
+CUDA the allocator's own peak is reported as well.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hrm.errors import HRMError
+
+LANES = ("gpu", "cpu", "h2d", "d2h")
+DEVICE_LANES = ("gpu", "h2d")  # lanes whose op outputs are device-tier tensors
+
+
+def resolve_device(choice: str = "auto") -> str:
+    """'cuda' or 'cpu' for ``--device auto|cpu|cuda``."""
+    if choice not in ("auto", "cpu", "cuda"):
+        raise HRMError(f"--device must be auto, cpu or cuda, not {choice!r}")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise HRMError("--device cuda: no CUDA device is available on this host")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+class DeviceMemory:
+    """Bytes live on the device tier: persistent (explicit) + transient (tracked), and the peak."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.persistent_bytes = 0
+        self.transient_bytes = 0
+        self.peak_bytes = 0
+        self.peak_persistent_bytes = 0
+        self._persistent_keys: dict[int, int] = {}
+        self._transient: dict[int, list[int]] = {}  # storage key -> [bytes, live tensor refs]
+
+    def _update_peak(self) -> None:
+        live = self.persistent_bytes + self.transient_bytes
+        self.peak_bytes = max(self.peak_bytes, live)
+        self.peak_persistent_bytes = max(self.peak_persistent_bytes, self.persistent_bytes)
+
+    def add_persistent(self, t: torch.Tensor) -> None:
+        key = t.untyped_storage().data_ptr()
+        with self._lock:
+            if key in self._persistent_keys or t.numel() == 0:
+                return
+            self._persistent_keys[key] = _nbytes(t)
+            self.persistent_bytes += _nbytes(t)
+            self._update_peak()
+
+    def release_persistent(self, t: torch.Tensor) -> None:
+        key = t.untyped_storage().data_ptr()
+        with self._lock:
+            size = self._persistent_keys.pop(key, 0)
+            self.persistent_bytes -= size
+
+    def track_transient(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage until the last tracked tensor viewing it is collected."""
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return
+        key = t.untyped_storage().data_ptr()
+        with self._lock:
+            if key in self._persistent_keys:
+                return
+            entry = self._transient.get(key)
+            if entry is None:
+                entry = self._transient[key] = [_nbytes(t), 0]
+                self.transient_bytes += entry[0]
+                self._update_peak()
+            entry[1] += 1
+        weakref.finalize(t, self._drop_transient, key)
+
+    def _drop_transient(self, key: int) -> None:
+        with self._lock:
+            entry = self._transient.get(key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] <= 0:
+                self.transient_bytes -= entry[0]
+                del self._transient[key]
+
+
+class _TransientTracker(TorchDispatchMode):
+    """Counts the outputs of every op run inside a device-side task (emulated tier)."""
+
+    def __init__(self, memory: DeviceMemory):
+        super().__init__()
+        self.memory = memory
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.memory.track_transient(t)
+        return out
+
+
+@dataclass
+class Task:
+    """One unit of work on one lane; ``deps`` must finish first (Algorithm 1 synchronisation)."""
+
+    lane: str
+    name: str
+    fn: Callable[[], Any]
+    deps: list["Task"] = field(default_factory=list)
+    args: dict = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Optional[BaseException] = None
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+
+class Lane:
+    """An in-order worker (a CUDA stream's host side, or its emulation)."""
+
+    def __init__(self, name: str, tier: "DeviceTier"):
+        self.name, self.tier = name, tier
+        self.stream = torch.cuda.Stream() if tier.is_cuda and name != "cpu" else None
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=f"lane-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Task) -> Task:
+        self._queue.put(task)
+        return task
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            self.tier.gate.wait()
+            self._run(task)
+
+    def _run(self, task: Task) -> None:
+        try:
+            for dep in task.deps:
+                dep.done.wait()
+                if dep.error is not None:
+                    raise RuntimeError(f"dependency {dep.name} failed") from dep.error
+            task.start_s = time.perf_counter()
+            with self.tier.task_context(self):
+                task.fn()
+            task.end_s = time.perf_counter()
+        except BaseException as exc:  # recorded; the launcher re-raises after the run
+            task.error = exc
+            task.end_s = time.perf_counter()
+        finally:
+            self.tier.tracer.record(task)
+            task.done.set()
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class DeviceTier:
+    """Device-tier tensors, copies and lanes; ``kind`` is 'cuda' or 'emulated'."""
+
+    def __init__(self, device: str = "auto", track_memory: bool = True, tracer=None):
+        from .trace import Tracer
+
+        device = resolve_device(device)
+        self.is_cuda = device == "cuda"
+        self.kind = "cuda" if self.is_cuda else "emulated"
+        self.device = torch.device(device)
+        self.track_memory = track_memory
+        self.memory = DeviceMemory()
+        self.tracer = tracer or Tracer()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lanes = {name: Lane(name, self) for name in LANES}
+        if self.is_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    # --- tensors ------------------------------------------------------------------
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        """Host-tier tensor, page-locked when a CUDA device will copy from/to it."""
+        t = t.contiguous()
+        return t.pin_memory() if self.is_cuda else t
+
+    def alloc(self, t: torch.Tensor) -> torch.Tensor:
+        """A persistent device-tier copy of host tensor ``t`` (weights, buffers, KV)."""
+        out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+        out.copy_(t)
+        self.memory.add_persistent(out)
+        return out
+
+    def empty(self, shape, dtype) -> torch.Tensor:
+        """A persistent, zero-filled device-tier buffer."""
+        out = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.memory.add_persistent(out)
+        return out
+
+    def free(self, t: Optional[torch.Tensor]) -> None:
+        if t is not None:
+            self.memory.release_persistent(t)
+
+    def to_device(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Explicit host→device copy (h2d lane): into ``out`` or a new device tensor."""
+        if out is None:
+            out = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        out.copy_(src, non_blocking=self.is_cuda)
+        return out
+
+    def to_host(self, src: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Explicit device→host copy (d2h lane): into ``out`` or a new (pinned) host tensor."""
+        if out is None:
+            out = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=self.is_cuda)
+        out.copy_(src, non_blocking=self.is_cuda)
+        return out
+
+    # --- tasks ------------------------------------------------------------------------
+    def task_context(self, lane: Lane):
+        if self.is_cuda and lane.stream is not None:
+            return _CudaTask(lane.stream)
+        if self.track_memory and lane.name in DEVICE_LANES:
+            return _TransientTracker(self.memory)
+        return _NullContext()
+
+    def submit(self, lane: str, name: str, fn: Callable[[], Any], deps=(), **args) -> Task:
+        task = Task(lane, name, fn, [d for d in deps if d is not None], args)
+        return self.lanes[lane].submit(task)
+
+    def hold(self) -> None:
+        """Stop lanes from starting tasks (the launcher queues a phase, then :meth:`release`)."""
+        self.gate.clear()
+
+    def release(self) -> float:
+        self.gate.set()
+        return time.perf_counter()
+
+    def peak_bytes(self) -> int:
+        """Peak device-tier bytes: the allocator's peak on CUDA, the tracked peak when emulated."""
+        if self.is_cuda:
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return int(self.memory.peak_bytes)
+
+    def close(self) -> None:
+        for lane in self.lanes.values():
+            lane.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class _CudaTask:
+    """Runs a task on its lane's stream and waits for it, so that wall-clock start/end and
+    cross-lane dependencies hold for the GPU work too."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._ctx = torch.cuda.stream(stream)
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        self.stream.synchronize()
+        return False
+
+
+def wait_all(tasks: list[Task]) -> float:
+    """Wait for ``tasks``; re-raise the first failure; return the latest end time."""
+    end = 0.0
+    for task in tasks:
+        task.done.wait()
+    for task in tasks:
+        if task.error is not None:
+            err = task.error
+            while isinstance(err, RuntimeError) and err.__cause__ is not None and "dependency" in str(err):
+                err = err.__cause__
+            if isinstance(err, HRMError):
+                raise err
+            raise RuntimeError(f"task {task.name} on lane {task.lane} failed: {err!r}") from err
+        end = max(end, task.end_s)
+    return end

@@ -1,0 +1,127 @@
+"""Coefficients of the search problem, taken from the hrm model itself (one source of truth).
+
+A *mode* fixes the discrete part of a policy that the model is non-linear in: the
+micro-batch size μ and the placement (A_g, F_g). For a mode, every quantity the search
+needs is affine in the remaining decisions, and the hrm functions hand us exactly those
+affine coefficients (:class:`hrm.latency.Lane`, :class:`hrm.memory.MemoryForm`):
+
+- n (micro-batches), N = μ·n;
+- m, the number of routed-expert matrices sets kept on the GPU: r_w = m / M where
+  M = (MoE layers) × (experts) — r_w is realised in whole experts (the plan's placement);
+- z = r_c·N, the (fractional) number of sequences whose KV cache stays on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hrm import latency
+from hrm.estimate import schedule_problem
+from hrm.hardware import HardwareProfile
+from hrm.memory import MemoryLimits, cpu_memory_form, gpu_memory_form
+from hrm.model import ModelSpec
+from hrm.options import ModelOptions
+from hrm.rates import rates_from_profile
+from hrm.workload import Workload
+
+# Declared grid of micro-batch sizes (sequences per GPU kernel); --fix mu=K replaces it.
+MU_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Default cap on the batch size N (sequences in flight); --max-batch overrides it.
+DEFAULT_MAX_BATCH = 16384
+
+
+@dataclass(frozen=True)
+class Mode:
+    micro_batch_size: int
+    attn_on_gpu: bool
+    ffn_on_gpu: bool
+
+
+def enumerate_modes(schedule: str, mu_grid=MU_GRID, attn=None, ffn=None) -> list[Mode]:
+    """All (μ, A_g, F_g) the schedule allows, optionally pinned."""
+    modes = []
+    for mu in mu_grid:
+        for a in (False, True):
+            for f in (True, False):
+                if (attn is not None and a != attn) or (ffn is not None and f != ffn):
+                    continue
+                if schedule_problem(a, f, schedule) is None:
+                    modes.append(Mode(int(mu), a, f))
+    return modes
+
+
+@dataclass(frozen=True)
+class Terms:
+    """Arrays indexed [mode, kind, lane, step] (decode) and [mode, kind, lane] (prefill).
+
+    Decode layer time of kind κ at step t = max_ℓ n·a + (n − z/μ)·b + (1 − m/M)·w
+    (w is zero for modes with experts on the CPU); prefill likewise with pa, pb, pw.
+    Memory: bytes = const + per_seq·N + per_rw·(m/M) + kv_seq·z per tier.
+    """
+
+    modes: list[Mode]
+    mu: np.ndarray
+    kind_layers: np.ndarray  # layers per kind
+    a: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    pa: np.ndarray
+    pb: np.ndarray
+    pw: np.ndarray
+    head: np.ndarray  # lm_head time per micro-batch, per mode
+    steps: int
+    gen_len: int
+    expert_slots: int  # M
+    gpu_const: np.ndarray
+    gpu_per_seq: np.ndarray
+    gpu_per_rw: np.ndarray
+    gpu_kv_seq: float
+    cpu_const: np.ndarray
+    cpu_per_seq: np.ndarray
+    cpu_per_rw: np.ndarray
+    cpu_kv_seq: float
+    limits: MemoryLimits
+
+
+def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, schedule: str, options: ModelOptions,
+                limits: MemoryLimits, modes: list[Mode]) -> Terms:
+    rates = rates_from_profile(hw, options)
+    mu = np.array([m.micro_batch_size for m in modes], dtype=float)[:, None]
+    attn = np.array([m.attn_on_gpu for m in modes], dtype=float)[:, None]
+    ffn = np.array([m.ffn_on_gpu for m in modes], dtype=float)[:, None]
+    contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)[None, :]
+    steps = contexts.shape[1]
+    shape_t = (len(modes), max(steps, 1))
+    kinds = latency.layer_kinds(model)
+    a, b, w, pa, pb, pw = [], [], [], [], [], []
+    for moe, _count in kinds:
+        lanes = latency.schedule_lanes(
+            latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe), schedule, rates.shared_unit)
+        a.append([np.broadcast_to(l.per_micro_batch_s, shape_t)[:, :steps] for l in lanes])
+        b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t)[:, :steps] for l in lanes])
+        w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
+        plan = latency.schedule_lanes(
+            latency.prefill_resources(model, rates, mu[:, 0], workload.effective_prompt_len, moe), schedule,
+            rates.shared_unit)
+        pa.append([np.broadcast_to(l.per_micro_batch_s, (len(modes),)) for l in plan])
+        pb.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, (len(modes),)) for l in plan])
+        pw.append([np.broadcast_to(l.per_layer_offloaded_weights_s, (len(modes),)) for l in plan])
+    # reorder to [mode, kind, lane, ...]
+    a, b = np.array(a).transpose(2, 0, 1, 3), np.array(b).transpose(2, 0, 1, 3)
+    w = np.array(w).transpose(2, 0, 1)
+    pa, pb, pw = (np.array(x).transpose(2, 0, 1) for x in (pa, pb, pw))
+    head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
+    g = gpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0])
+    c = cpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0])
+    ones = np.ones(len(modes))
+    return Terms(
+        modes=modes, mu=mu[:, 0], kind_layers=np.array([count for _, count in kinds], dtype=float),
+        a=a, b=b, w=w, pa=pa, pb=pb, pw=pw, head=head, steps=steps, gen_len=workload.gen_len,
+        expert_slots=model.num_moe_layers * model.num_experts,
+        gpu_const=g.const * ones, gpu_per_seq=g.per_sequence * ones, gpu_per_rw=g.per_weights_ratio * ones,
+        gpu_kv_seq=float(g.per_gpu_kv_sequence),
+        cpu_const=c.const * ones, cpu_per_seq=c.per_sequence * ones, cpu_per_rw=c.per_weights_ratio * ones,
+        cpu_kv_seq=float(c.per_gpu_kv_sequence), limits=limits,
+    )

@@ -1,0 +1,110 @@
+"""Exhaustive verifier: every mode, every n and every m of the declared grid, vectorised.
+
+For given (mode, n, m) the time is non-increasing in z (the KV terms have non-negative
+coefficients) while GPU memory grows and CPU memory shrinks with z, so the best z is the
+largest one the GPU limit admits: z* = min(μ·n·A_g, GPU slack / KV bytes per sequence).
+Everything else is enumerated. Uses the same coefficients as the MILP (:mod:`solver.terms`)
+and the same time function, so agreement checks the optimisation, not a second model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .milp import Choice, max_micro_batches
+from .terms import Terms
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    choice: Choice | None
+    objective: float
+    candidates: int
+    seconds: float
+    ranked: list  # [(throughput, Choice)] best per mode, descending
+
+
+def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixed: dict | None = None,
+               chunk_elements: int = 4_000_000) -> VerifyResult:
+    start = time.perf_counter()
+    fixed = fixed or {}
+    nbar = max_micro_batches(terms, max_batch)
+    M = terms.expert_slots
+    lim = terms.limits
+    candidates = 0
+    per_mode: list = []
+    for k, mode in enumerate(terms.modes):
+        mu = terms.mu[k]
+        ns = np.arange(1, nbar[k] + 1, dtype=float)
+        ns = ns[mu * ns <= max_batch]
+        if "num_micro_batches" in fixed:
+            ns = ns[ns == fixed["num_micro_batches"]]
+        if "batch_size" in fixed:
+            ns = ns[mu * ns == fixed["batch_size"]]
+        if not len(ns):
+            continue
+        if not mode.ffn_on_gpu:
+            ms = np.array([0.0])
+        elif "weights_gpu_ratio" in fixed:
+            ms = np.array([float(round(fixed["weights_gpu_ratio"] * M))])
+        else:
+            ms = np.arange(M + 1, dtype=float)
+        grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns, ms, indexing="ij"))
+        big = mu * grid_n
+        gpu = terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * grid_m / M
+        cpu = terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * grid_m / M
+        if "kv_gpu_ratio" in fixed:
+            z = fixed["kv_gpu_ratio"] * big * (1.0 if mode.attn_on_gpu else 0.0)
+        elif mode.attn_on_gpu:
+            if lim.shared:
+                slack_z = np.full(big.shape, np.inf) if terms.gpu_kv_seq + terms.cpu_kv_seq <= 0 else \
+                    (lim.cpu_bytes - gpu - cpu) / (terms.gpu_kv_seq + terms.cpu_kv_seq)
+            else:
+                slack_z = (lim.gpu_bytes - gpu) / terms.gpu_kv_seq
+            z = np.clip(slack_z, 0.0, big)
+        else:
+            z = np.zeros_like(big)
+        gpu_total = gpu + terms.gpu_kv_seq * z
+        cpu_total = cpu + terms.cpu_kv_seq * z
+        ok = (gpu_total + cpu_total <= lim.cpu_bytes * (1 + 1e-12)) if lim.shared else \
+            (gpu_total <= lim.gpu_bytes * (1 + 1e-12)) & (cpu_total <= lim.cpu_bytes * (1 + 1e-12))
+        grid_n, grid_m, z = grid_n[ok], grid_m[ok], z[ok]
+        if not len(grid_n):
+            continue
+        candidates += len(grid_n)
+        throughput = _throughput(terms, k, grid_n, grid_m, z, objective, chunk_elements)
+        best = int(np.argmax(throughput))
+        per_mode.append((float(throughput[best]), Choice(k, int(grid_n[best]), int(grid_m[best]), float(z[best]))))
+    per_mode.sort(key=lambda item: -item[0])
+    elapsed = time.perf_counter() - start
+    if not per_mode:
+        return VerifyResult(None, 0.0, candidates, elapsed, [])
+    return VerifyResult(per_mode[0][1], per_mode[0][0], candidates, elapsed, per_mode)
+
+
+def _throughput(terms: Terms, k: int, ns, ms, zs, objective: str, chunk_elements: int) -> np.ndarray:
+    """Vectorised twin of :func:`solver.milp.total_time_s` over candidate arrays."""
+    mu = terms.mu[k]
+    out = np.empty(len(ns))
+    step = max(1, chunk_elements // max(1, terms.steps * terms.a.shape[2]))
+    for lo in range(0, len(ns), step):
+        n = ns[lo:lo + step, None]
+        frac_w = 1.0 - ms[lo:lo + step, None] / terms.expert_slots
+        kv_cpu = n - zs[lo:lo + step, None] / mu
+        total = terms.steps * n[:, 0] * terms.head[k]
+        for q, layers in enumerate(terms.kind_layers):
+            lanes = [n * terms.a[k, q, l] + kv_cpu * terms.b[k, q, l] + frac_w * terms.w[k, q, l]
+                     for l in range(terms.a.shape[2])]
+            total = total + layers * np.max(lanes, axis=0).sum(axis=1)
+            if objective == "generation":
+                pre = [n[:, 0] * terms.pa[k, q, l] + kv_cpu[:, 0] * terms.pb[k, q, l] + frac_w[:, 0] * terms.pw[k, q, l]
+                       for l in range(terms.pa.shape[2])]
+                total = total + layers * np.max(pre, axis=0)
+        if objective == "generation":
+            total = total + n[:, 0] * terms.head[k]
+        per_seq = terms.gen_len if objective == "generation" else terms.steps
+        out[lo:lo + step] = per_seq * mu * n[:, 0] / total
+    return out
