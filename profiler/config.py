@@ -59,15 +59,15 @@ def full_config() -> ProfileConfig:
 
 
 def quick_config() -> ProfileConfig:
-    """``--quick``: coarse curves, 3 repeats, well under a minute on a 2-core VM."""
+    """``--quick``: coarse curves, 5 repeats, 40 s budget (a few seconds on an idle 2-core VM)."""
     return ProfileConfig(
         label="quick",
-        budget_s=45.0,
+        budget_s=40.0,
         warmup=1,
-        repeats=3,
-        copy_sizes_bytes=(1 * MIB, 16 * MIB),
-        matmul_ms=(1, 8, 64, 512),
-        attention_contexts=(256, 2048),
+        repeats=5,
+        copy_sizes_bytes=(1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB),
+        matmul_ms=(1, 4, 16, 64, 256, 1024),
+        attention_contexts=(256, 1024, 4096),
         attention_kv_bytes=256 * MIB,
         disk_bytes=64 * MIB,
         gpu_matmul_ms=(1, 16, 256, 4096),

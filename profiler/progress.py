@@ -74,4 +74,6 @@ class RichReporter:
             self.progress.advance(self.task)
 
     def note(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]note:[/] {message}", highlight=False)
+        from rich.markup import escape
+
+        self.progress.console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
