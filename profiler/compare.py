@@ -48,9 +48,9 @@ def comparison_table(measured: HardwareProfile, reference: HardwareProfile):
     from rich.table import Table
 
     table = Table(title=f"measured ({measured.name}) vs reference ({reference.name})")
-    table.add_column("field")
-    table.add_column("measured", justify="right")
-    table.add_column("reference", justify="right")
+    table.add_column("field", no_wrap=True)
+    table.add_column("measured", justify="right", overflow="fold")
+    table.add_column("reference", justify="right", overflow="fold")
     table.add_column("measured/ref", justify="right")
     for name, a, b, ratio in comparison_rows(measured, reference):
         table.add_row(name, _cell(a), _cell(b), "-" if ratio is None else f"{ratio:.2f}x")

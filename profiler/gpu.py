@@ -132,6 +132,13 @@ def measure_peer(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
                     f"GPU0 -> GPU1 copy of {nbytes / 2**20:.0f} MiB")
 
 
+def missing_gpu_parts(results: GpuResults) -> list[str]:
+    """What a gpu+link section needs but the run did not get (empty = complete)."""
+    needed = {"fp32 matmul": bool(results.matmul.get("fp32")), "device copy": results.copy is not None,
+              "pinned h2d": bool(results.h2d_pinned), "pinned d2h": bool(results.d2h_pinned)}
+    return [name for name, ok in needed.items() if not ok]
+
+
 def clamp_bytes(nbytes: int, memory_bytes: int, buffers: int) -> int:
     """Shrink a size so ``buffers`` buffers of it take at most half the device memory."""
     return int(min(nbytes, memory_bytes // (2 * max(1, buffers))))

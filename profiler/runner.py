@@ -214,7 +214,15 @@ def run_profile(cfg: ProfileConfig, device: str = AUTO, reporter: Reporter | Non
         gpu_ok = run_steps(steps, budget, reporter, device, notes)
     if gpu_results is not None:
         notes.extend(gpu_results.notes)
-        if not gpu_ok:
+        missing = gpu_mod.missing_gpu_parts(gpu_results) if gpu_ok else []
+        if missing:
+            why = "; ".join(gpu_results.notes[:2]) or "no reason recorded"
+            if device == "cuda":
+                raise HRMError(f"GPU measurements failed ({', '.join(missing)} missing): {why}")
+            message = f"GPU skipped: {', '.join(missing)} could not be measured ({why}); CPU-only profile"
+            notes.append(message)
+            reporter.note(message)
+        if not gpu_ok or missing:
             gpu_results = None
     elapsed_s = budget.elapsed_s()
     facts = RunFacts(name=name or profile_name(host.hostname),

@@ -1,0 +1,298 @@
+"""Profiler tests: tiny sizes and budgets (the whole file runs in a few seconds), the GPU
+branch driven by a fake device, and one-line CLI errors."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import pytest
+
+from hrm.errors import HRMError
+from hrm.hardware import dump_hardware_yaml, load_hardware
+from profiler import cli as profiler_cli
+from profiler import cpu as cpu_mod
+from profiler.compare import comparison_rows
+from profiler.config import MIB, AttentionShape, ProfileConfig
+from profiler.gpu import GpuInfo, clamp_bytes, open_cuda_device
+from profiler.progress import NullReporter
+from profiler.runner import run_profile
+from profiler.timing import Budget, Stats, measure
+
+TINY = ProfileConfig(
+    label="tiny", budget_s=20.0, warmup=1, repeats=3,
+    stream_bytes=4 * MIB, copy_sizes_bytes=(256 * 1024,),
+    matmul_k=128, matmul_n=128, matmul_ms=(1, 16, 64), cpu_torch_dtypes=(),
+    attention_contexts=(64, 256), attention_kv_bytes=2 * MIB, attention=AttentionShape(2, 2, 32),
+    disk_bytes=1 * MIB,
+    gpu_matmul_k=1024, gpu_matmul_n=1024, gpu_matmul_ms=(1, 64, 4096), gpu_dtypes=("fp32", "fp16", "bf16", "int8"),
+    gpu_copy_bytes=64 * MIB, transfer_sizes_bytes=(64 * 1024, 1 * MIB, 256 * MIB), peer_bytes=16 * MIB,
+)
+SPREAD = re.compile(r"spread \d+(\.\d+)?%")
+
+
+class FakeGpu:
+    """A GpuDevice with analytic timings: matmul = max(compute, memory), copies = bytes / bandwidth."""
+
+    PEAK_TFLOPS = {"fp32": 50.0, "fp16": 400.0, "bf16": 400.0}
+    MEMORY_GBPS = 2000.0
+    LINK_GBPS = 25.0
+    PAGEABLE_GBPS = 10.0
+    PEER_GBPS = 100.0
+    LATENCY_S = 10e-6
+
+    def __init__(self, count: int = 2, fail_on: str | None = None):
+        self.count = count
+        self.fail_on = fail_on
+        self.released = 0
+
+    def _check(self, what: str) -> None:
+        if self.fail_on == what:
+            raise RuntimeError(f"CUDA error: fake failure in {what}\nsecond line")
+
+    def info(self) -> GpuInfo:
+        return GpuInfo(name="FakeGPU 80GB", count=self.count, memory_bytes=80 * 2**30)
+
+    def supports(self, dtype: str) -> bool:
+        return dtype in self.PEAK_TFLOPS
+
+    def matmul_op(self, m, k, n, dtype):
+        self._check("matmul")
+        compute_s = 2.0 * m * k * n / (self.PEAK_TFLOPS[dtype] * 1e12)
+        memory_s = (m * k + k * n + m * n) * 2 / (self.MEMORY_GBPS * 1e9)
+        return lambda: max(compute_s, memory_s)
+
+    def copy_op(self, nbytes):
+        self._check("copy")
+        return lambda: 2.0 * nbytes / (self.MEMORY_GBPS * 1e9)
+
+    def transfer_op(self, nbytes, direction, pinned):
+        self._check("transfer")
+        gbps = self.LINK_GBPS if pinned else self.PAGEABLE_GBPS
+        return lambda: self.LATENCY_S + nbytes / (gbps * 1e9)
+
+    def peer_op(self, nbytes, src, dst):
+        self._check("peer")
+        return lambda: nbytes / (self.PEER_GBPS * 1e9)
+
+    def release(self) -> None:
+        self.released += 1
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("disk")
+    return run_profile(TINY, device="cpu", torch_module=None, disk_folder=folder)
+
+
+@pytest.fixture(scope="module")
+def gpu_run():
+    return run_profile(TINY, device="cuda", gpu_device=FakeGpu(count=2), torch_module=None)
+
+
+# --- timing primitives ------------------------------------------------------------------
+
+def test_stats_median_and_spread():
+    stats = Stats(samples_s=(1.0, 2.0, 4.0), warmup=1)
+    assert stats.median_s == 2.0
+    assert stats.spread_pct() == pytest.approx(150.0)
+    assert stats.median_rate(8.0) == pytest.approx(4.0)
+
+
+def test_measure_warms_up_and_stops_on_expired_budget():
+    calls = []
+    clock = iter(range(0, 1000, 10)).__next__  # each clock read advances 10 s
+    budget = Budget(5.0, clock=clock)
+    stats = measure(lambda: calls.append(1) or 0.5, warmup=2, repeats=10, budget=budget, min_repeats=2)
+    assert stats.repeats == 2 and stats.warmup == 2 and len(calls) == 4
+
+
+def test_chunk_bounds_cover_the_range():
+    bounds = cpu_mod.chunk_bounds(10, 3)
+    assert bounds[0][0] == 0 and bounds[-1][1] == 10
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert cpu_mod.chunk_bounds(1, 4) == [(0, 1)]
+
+
+def test_host_parsers():
+    assert cpu_mod.cpu_model_name("processor : 0\nmodel name\t: AMD EPYC 9B45\n") == "AMD EPYC 9B45"
+    assert cpu_mod.memory_total_bytes("MemTotal:       24684128 kB\n") == 24684128 * 1024
+    assert cpu_mod.parse_cache_size_bytes("32768K\n") == 32 * 2**20
+    assert cpu_mod.stream_array_bytes(32 * 2**20, 24.0) == 256 * 2**20
+    assert cpu_mod.stream_array_bytes(32 * 2**20, 1.0) == 2**30 // 16
+
+
+# --- CPU-only profile -------------------------------------------------------------------
+
+def test_cpu_profile_is_valid_and_round_trips(cpu_run, tmp_path):
+    profile = cpu_run.profile
+    path = tmp_path / "measured.yaml"
+    path.write_text(profiler_cli.profile_yaml(profile))
+    loaded = load_hardware(str(path))
+    assert loaded == profile
+    assert dump_hardware_yaml(loaded) == dump_hardware_yaml(profile)
+    assert profile.source.kind == "measured"
+    assert profile.source.date and profile.source.host and profile.source.tool_version.startswith("hrm-profile")
+
+
+def test_cpu_only_profile_has_no_gpu_section_and_says_why(cpu_run):
+    profile = cpu_run.profile
+    assert profile.gpu is None and profile.link is None and profile.cpu_only
+    assert "skipped" in profile.source.methods["gpu"]
+    assert any("GPU skipped" in note for note in cpu_run.notes)
+
+
+def test_cpu_values_positive_and_curves_kept(cpu_run):
+    profile = cpu_run.profile
+    cpu = profile.cpu
+    assert cpu.cores >= 1 and cpu.memory_gib > 0
+    assert cpu.memory_bandwidth_gbps > 0 and cpu.tflops.fp32 > 0
+    eff = profile.efficiency
+    curve = eff.cpu_matmul_tflops_vs_m["fp32"]
+    assert [p.x for p in curve] == [1.0, 16.0, 64.0]
+    assert max(p.y for p in curve) == pytest.approx(cpu.tflops.fp32)  # peak = best point
+    assert eff.cpu_copy_gbps_vs_bytes and all(p.y > 0 for p in eff.cpu_copy_gbps_vs_bytes)
+    assert [p.x for p in eff.cpu_attention_gbps_vs_context] == [64.0, 256.0]
+    assert profile.disk is not None and profile.disk.read_gbps > 0
+
+
+def test_spread_recorded_for_every_measured_number(cpu_run):
+    methods = cpu_run.profile.source.methods
+    for key in ("cpu.memory_bandwidth_gbps", "cpu.stream_copy_gbps", "cpu.tflops.fp32", "disk.read_gbps",
+                "efficiency.cpu_matmul_tflops_vs_m.fp32", "efficiency.cpu_copy_gbps_vs_bytes",
+                "efficiency.cpu_attention_gbps_vs_context"):
+        assert key in methods, key
+        assert SPREAD.search(methods[key]) or "spread (max-min)/median per point" in methods[key], key
+    assert "write-allocate not counted" in methods["cpu.memory_bandwidth_gbps"]
+    assert "2 reads + 1 write" in methods["cpu.memory_bandwidth_gbps"]
+
+
+def test_stream_counts_bytes_like_stream(monkeypatch):
+    """Copy counts 16 B/element, triad 24 B/element: with a fixed op time the ratio is 2:3."""
+    monkeypatch.setattr(cpu_mod, "copy_op", lambda *a, **k: (lambda: 1.0))
+    monkeypatch.setattr(cpu_mod, "triad_op", lambda *a, **k: (lambda: 1.0))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        result = cpu_mod.measure_stream(1 * MIB, (), 1, pool, 0, 2, None)
+    assert result.copy.value == pytest.approx(2 * MIB / 1e9)
+    assert result.triad.value == pytest.approx(3 * MIB / 1e9)
+
+
+def test_optional_steps_skipped_when_budget_spent(tmp_path):
+    reporter = NullReporter()
+    run = run_profile(TINY, device="cpu", torch_module=None, disk_folder=tmp_path, reporter=reporter,
+                      clock=iter(range(0, 10**6, 100)).__next__)
+    assert run.profile.cpu.tflops.fp32 > 0  # required steps still ran
+    assert any("skipped (time budget" in note for note in run.notes)
+    assert run.profile.disk is None
+    assert len(reporter.labels) == 4
+
+
+# --- GPU branch on a fake device --------------------------------------------------------
+
+def test_fake_gpu_numbers_flow_into_profile(gpu_run, tmp_path):
+    profile = gpu_run.profile
+    gpu, link, eff = profile.gpu, profile.link, profile.efficiency
+    assert gpu.name == "FakeGPU 80GB" and gpu.count == 2 and gpu.memory_gib == pytest.approx(80.0)
+    assert gpu.memory_bandwidth_gbps == pytest.approx(FakeGpu.MEMORY_GBPS, rel=1e-3)
+    assert gpu.tflops.fp16 == pytest.approx(max(p.y for p in eff.gpu_matmul_tflops_vs_m["fp16"]))
+    assert 0.9 * FakeGpu.PEAK_TFLOPS["fp16"] < gpu.tflops.fp16 <= FakeGpu.PEAK_TFLOPS["fp16"]
+    assert gpu.tflops.int8 is None  # unsupported by the fake: skipped and said so
+    assert any("int8" in note for note in gpu_run.notes)
+    assert gpu.gpu_to_gpu_gbps == pytest.approx(FakeGpu.PEER_GBPS, rel=1e-3)
+    assert link.h2d_gbps == pytest.approx(FakeGpu.LINK_GBPS, rel=0.01)
+    assert link.d2h_gbps == pytest.approx(FakeGpu.LINK_GBPS, rel=0.01)
+    assert link.h2d_pageable_gbps == pytest.approx(FakeGpu.PAGEABLE_GBPS, rel=0.01)
+    h2d = eff.h2d_gbps_vs_bytes
+    assert [p.x for p in h2d] == sorted(p.x for p in h2d) and h2d[0].y < h2d[-1].y  # latency bites small sizes
+    m_curve = eff.gpu_matmul_tflops_vs_m["fp32"]
+    assert m_curve[0].y < m_curve[-1].y
+    for key in ("gpu.tflops.fp32", "gpu.memory_bandwidth_gbps", "link.h2d_gbps", "link.d2h_gbps",
+                "gpu.gpu_to_gpu_gbps", "efficiency.h2d_gbps_vs_bytes"):
+        assert key in profile.source.methods, key
+    path = tmp_path / "gpu.yaml"
+    path.write_text(profiler_cli.profile_yaml(profile))
+    assert load_hardware(str(path)) == profile
+
+
+@pytest.mark.parametrize("fail_on", ["matmul", "copy", "transfer"])
+def test_fake_gpu_failure_auto_gives_cpu_only_profile(fail_on):
+    run = run_profile(TINY, device="auto", gpu_device=FakeGpu(fail_on=fail_on), torch_module=None)
+    assert run.profile.gpu is None and run.profile.link is None
+    assert any("GPU skipped" in note and "fake failure" in note for note in run.notes)
+    assert "GPU skipped" in run.profile.source.methods["gpu"]
+
+
+def test_fake_gpu_failure_with_device_cuda_is_a_user_error():
+    with pytest.raises(HRMError, match="failed") as info:
+        run_profile(TINY, device="cuda", gpu_device=FakeGpu(fail_on="transfer"), torch_module=None)
+    assert "\n" not in str(info.value)
+
+
+def test_cuda_probe_guarded_without_torch_or_gpu():
+    device, why = open_cuda_device(None)
+    assert device is None and "torch" in why
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0))
+    device, why = open_cuda_device(fake_torch)
+    assert device is None and "is_available" in why
+    with pytest.raises(HRMError, match="--device cuda"):
+        run_profile(TINY, device="cuda", torch_module=None)
+
+
+def test_clamp_bytes_fits_device_memory():
+    assert clamp_bytes(2**30, 2**30, 2) == 2**28
+    assert clamp_bytes(1000, 2**30, 2) == 1000
+
+
+# --- CLI --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("out", ["{tmp}/missing/dir/p.yaml", "{tmp}", "{tmp}/afile/p.yaml"])
+def test_bad_out_path_is_one_line_error(out, tmp_path, capsys):
+    from hrm.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    code = main(["profile", "--quick", "--out", out.format(tmp=tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_bad_compare_profile_is_one_line_error(capsys):
+    from hrm.cli import main
+
+    assert main(["profile", "--compare", "no-such-profile"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_cli_writes_profile_and_compares(monkeypatch, tmp_path, capsys):
+    from hrm.cli import main
+
+    monkeypatch.setattr(profiler_cli, "quick_config", lambda: TINY)
+    out = tmp_path / "me.yaml"
+    code = main(["profile", "--quick", "--device", "cpu", "--no-progress", "--out", str(out),
+                 "--compare", "l4", "--disk-dir", str(tmp_path), "--name", "my-box"])
+    assert code == 0
+    profile = load_hardware(str(out))
+    assert profile.name == "my-box" and profile.source.kind == "measured"
+    table = capsys.readouterr().out
+    assert "cpu.memory_bandwidth_gbps" in table and "link.h2d_gbps" in table
+    assert not list(tmp_path.glob(".hrm-disk-probe.*"))  # probe file cleaned up
+
+
+def test_cli_prints_yaml_on_stdout_without_out(monkeypatch, capsys):
+    from hrm.cli import main
+
+    monkeypatch.setattr(profiler_cli, "quick_config", lambda: TINY)
+    assert main(["profile", "--quick", "--device", "cpu", "--no-progress", "--no-disk"]) == 0
+    text = capsys.readouterr().out
+    assert "kind: measured" in text and "memory_bandwidth_gbps" in text
+
+
+def test_comparison_rows_ratio(cpu_run):
+    reference = load_hardware("cpu-only")
+    rows = {name: (a, b, ratio) for name, a, b, ratio in comparison_rows(cpu_run.profile, reference)}
+    a, b, ratio = rows["cpu.memory_bandwidth_gbps"]
+    assert ratio == pytest.approx(a / b)
+    assert rows["cpu.name"][2] is None
