@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if (exc.name or "").split(".")[0] in ("hrm", "solver", "profiler", "runtime"):
+            raise
         print(f"error: 'hrm {name}' needs a missing package ({exc.name}); "
               f"install the extra, e.g. pip install -e '.[runtime]'", file=sys.stderr)
         return 2

@@ -311,10 +311,10 @@ def qkv(spec: ModelSpec, layer: LayerWeights, x: torch.Tensor, positions: torch.
 def post_attention_static(spec: ModelSpec, layer: LayerWeights, x: torch.Tensor, attn_out: torch.Tensor):
     """PostAttn up to the routed experts: O projection + residual, RMSNorm, router, shared
     experts / dense MLP. Returns (residual h, normed input of the FFN, partial FFN output,
-    expert ids, expert weights); ids/weights are None for a dense layer."""
+    expert ids, expert weights); ids/weights are None for a dense layer (``layer.mlp`` set)."""
     h = x + F.linear(attn_out, layer.wo)
     normed = ops.rms_norm(h, layer.ffn_norm, spec.rms_norm_eps)
-    if not layer.is_moe:
+    if layer.mlp is not None:
         return h, normed, ops.swiglu(normed, *layer.mlp.tensors()), None, None
     if layer.router is None:  # one expert: every token goes to it with weight 1
         ids = torch.zeros(normed.shape[0], 1, dtype=torch.long, device=normed.device)

@@ -28,7 +28,10 @@ class VerifyResult:
 
 
 def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixed: dict | None = None,
-               chunk_elements: int = 4_000_000) -> VerifyResult:
+               chunk_elements: int = 4_000_000, modes: list[int] | None = None, m_grid_points: int | None = None) -> VerifyResult:
+    """Best policy per mode over the full grid. ``modes`` restricts the modes searched;
+    ``m_grid_points`` thins the m grid of GPU-attention modes to that many points (then the
+    result is a feasible lower bound, used to warm-start the MILP, not a verification)."""
     start = time.perf_counter()
     fixed = fixed or {}
     nbar = max_micro_batches(terms, max_batch)
@@ -37,6 +40,8 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
     candidates = 0
     per_mode: list = []
     for k, mode in enumerate(terms.modes):
+        if modes is not None and k not in modes:
+            continue
         mu = terms.mu[k]
         ns = np.arange(1, nbar[k] + 1, dtype=float)
         ns = ns[mu * ns <= max_batch]
@@ -50,9 +55,24 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
             ms = np.array([0.0])
         elif "weights_gpu_ratio" in fixed:
             ms = np.array([float(round(fixed["weights_gpu_ratio"] * M))])
+        elif m_grid_points:
+            ms = np.unique(np.round(np.linspace(0, M, m_grid_points)))
         else:
             ms = np.arange(M + 1, dtype=float)
-        grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns, ms, indexing="ij"))
+        if mode.ffn_on_gpu and not mode.attn_on_gpu and len(ms) > 1:
+            # z = 0: time is non-increasing in m and CPU memory shrinks with m, so the best m
+            # for each n is the largest the GPU (or shared) limit admits.
+            big = mu * ns
+            room = (lim.cpu_bytes - terms.gpu_const[k] - terms.cpu_const[k] - (terms.gpu_per_seq[k] + terms.cpu_per_seq[k]) * big
+                    if lim.shared else lim.gpu_bytes - terms.gpu_const[k] - terms.gpu_per_seq[k] * big)
+            per_rw = (terms.gpu_per_rw[k] + terms.cpu_per_rw[k]) if lim.shared else terms.gpu_per_rw[k]
+            if per_rw > 0:
+                best_m = np.clip(np.floor(room / per_rw * M * (1 + 1e-12)), 0, M)
+            else:
+                best_m = np.full(ns.shape, float(M))
+            grid_n, grid_m = ns, best_m
+        else:
+            grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns, ms, indexing="ij"))
         big = mu * grid_n
         gpu = terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * grid_m / M
         cpu = terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * grid_m / M

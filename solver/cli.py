@@ -1,0 +1,162 @@
+"""``hrm-search`` / ``hrm search``: the best policy, its prediction, and a plan file."""
+
+from __future__ import annotations
+
+from hrm.cli import ArgumentParser
+from hrm.cli_common import (add_machine_args, add_memory_args, add_workload_args, gib, limits_from_args,
+                            machine_from_args, options_from_args, workload_from_args)
+from hrm.errors import HRMError
+from hrm.latency import SCHEDULES
+from hrm.plan import save_plan
+from hrm.policy import parse_assignments
+
+from .search import SearchResult, search
+from .terms import DEFAULT_MAX_BATCH
+
+
+def parse_fix(items: list[str] | None) -> dict:
+    fixed = parse_assignments(" ".join(items or []), what="--fix")
+    if fixed.get("attn_on_gpu") is False and fixed.get("kv_gpu_ratio", 0) > 0:
+        raise HRMError("--fix: rc > 0 needs attn=gpu")
+    if fixed.get("ffn_on_gpu") is False and fixed.get("weights_gpu_ratio", 0) > 0:
+        raise HRMError("--fix: rw > 0 needs ffn=gpu")
+    big, mu, n = (fixed.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
+    if big and mu and n and big != mu * n:
+        raise HRMError(f"--fix: N={big} != mu={mu} x n={n}")
+    if big and mu and not n:
+        if big % mu:
+            raise HRMError(f"--fix: N={big} is not a multiple of mu={mu}")
+    if big and n and not mu:
+        if big % n:
+            raise HRMError(f"--fix: N={big} is not a multiple of n={n}")
+        fixed["micro_batch_size"] = big // n
+    return fixed
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="hrm-search", description=(
+        "Find the offloading policy with the highest throughput (MILP, exact on the declared grid). "
+        "Default workload: mtbench (prompt avg 77, max 418, gen 128), no padding."))
+    add_machine_args(parser)
+    add_workload_args(parser)
+    add_memory_args(parser)
+    parser.add_argument("--schedule", default="cgopipe", choices=SCHEDULES)
+    parser.add_argument("--objective", default="generation", choices=["generation", "decode"],
+                        help="maximise end-to-end generation throughput (default) or decode throughput")
+    parser.add_argument("--fix", nargs="+", metavar="KEY=VALUE",
+                        help="pin part of the policy: N=, mu=, n=, attn=cpu|gpu, ffn=cpu|gpu, rw=, rc=")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="cap on the batch size N (sequences)")
+    parser.add_argument("--top", type=int, default=3, help="alternatives to show (best of other micro-batch/placement modes)")
+    parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "highs"],
+                        help="MILP backend: auto = HiGHS when highspy is installed, else CBC")
+    parser.add_argument("--verify", action="store_true", help="also run the exhaustive verifier and compare")
+    parser.add_argument("--compare", action="store_true", help="best policy of every schedule side by side")
+    parser.add_argument("--json", action="store_true", help="print the plan (SPEC section 6) as JSON")
+    parser.add_argument("--out", help="write the plan to this file (atomically)")
+    return parser
+
+
+def main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    hw, model = machine_from_args(args)
+    workload = workload_from_args(args)
+    options = options_from_args(args)
+    limits = limits_from_args(hw, options, args)
+    fixed = parse_fix(args.fix)
+    common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
+                  solver=args.solver, hw_name=args.hw, model_name=args.model)
+    if args.compare:
+        return _compare(hw, model, workload, args, common)
+    result = search(hw, model, workload, args.schedule, top=args.top, verify=args.verify, **common)
+    if args.out:
+        save_plan(result.plan, args.out)
+    if args.json:
+        print(result.plan.model_dump_json(indent=2))
+    else:
+        render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
+                       f" (max {workload.max_prompt_len}), gen {workload.gen_len}, schedule {args.schedule}")
+        if args.out:
+            print(f"plan written to {args.out}")
+    if result.verified is False:
+        raise HRMError(f"verifier disagrees: MILP {result.extras['objective']:.6g} vs exhaustive {result.verify_objective:.6g}")
+    return 0
+
+
+def render(result: SearchResult, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    best = result.best.estimate
+    table = Table(title=title, show_header=False)
+    table.add_column("quantity", style="bold")
+    table.add_column("value")
+    p = result.best.policy
+    table.add_row("policy", f"N={p.batch_size}  mu={p.micro_batch_size}  n={p.num_micro_batches}  "
+                            f"attn={'gpu' if p.attn_on_gpu else 'cpu'}  ffn={'gpu' if p.ffn_on_gpu else 'cpu'}  "
+                            f"rw={p.weights_gpu_ratio:.4f}  rc={p.kv_gpu_ratio:.4f}")
+    table.add_row("generation throughput", f"{best.generation_throughput_tok_s:,.1f} tok/s")
+    table.add_row("decode throughput", f"{best.decode_throughput_tok_s:,.1f} tok/s")
+    table.add_row("per-token latency", f"{best.per_token_latency_s:.3f} s")
+    table.add_row("decode layer latency", f"{best.decode_layer_latency_s * 1e3:.3f} ms")
+    table.add_row("prefill", f"{best.prefill_latency_s:.2f} s")
+    table.add_row("bottleneck", best.bottleneck + "  (" + ", ".join(
+        f"{k} {v:.0%}" for k, v in best.utilization.items()) + " busy)")
+    table.add_row("binding memory", best.binding_memory)
+    if best.shared_memory:
+        table.add_row("host memory", f"{gib(best.gpu_peak_bytes + best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
+    else:
+        table.add_row("GPU memory", f"{gib(best.gpu_peak_bytes)} / {gib(best.gpu_limit_bytes)}")
+        table.add_row("CPU memory", f"{gib(best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
+    table.add_row("solve", f"{result.seconds:.2f} s with {result.solver_name} "
+                           f"({result.iterations} Dinkelbach iterations, optimal)")
+    if result.verified is not None:
+        table.add_row("verifier", f"{'agrees' if result.verified else 'DISAGREES'}: exhaustive optimum "
+                                  f"{result.verify_objective:,.3f} in {result.verify_seconds:.2f} s")
+    console = Console()
+    console.print(table)
+    if result.alternatives:
+        alt = Table(title="alternatives (best policy of other micro-batch / placement modes)")
+        for col in ("policy", "gen tok/s", "vs best", "bottleneck", "binding memory"):
+            alt.add_column(col)
+        for cand in result.alternatives:
+            est = cand.estimate
+            alt.add_row(cand.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
+                        f"{est.generation_throughput_tok_s / best.generation_throughput_tok_s:.2f}x",
+                        est.bottleneck, est.binding_memory)
+        console.print(alt)
+
+
+def _compare(hw, model, workload, args, common) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = []
+    for schedule in SCHEDULES:
+        try:
+            res = search(hw, model, workload, schedule, top=0, **common)
+            rows.append((schedule, res))
+        except HRMError as exc:
+            rows.append((schedule, str(exc)))
+    ok = [r for _, r in rows if not isinstance(r, str)]
+    if not ok:
+        raise HRMError("no schedule admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
+    ref = next((r for s, r in rows if s == "cgopipe" and not isinstance(r, str)), ok[0])
+    ref_tput = ref.best.estimate.generation_throughput_tok_s
+    if args.json:
+        print(json.dumps({s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}, indent=2))
+        return 0
+    table = Table(title=f"{model.name} on {hw.name}: best policy per schedule")
+    for col in ("schedule", "policy", "gen tok/s", "decode tok/s", "vs cgopipe", "bottleneck"):
+        table.add_column(col)
+    for schedule, res in rows:
+        if isinstance(res, str):
+            table.add_row(schedule, f"[red]{res}[/red]", "-", "-", "-", "-")
+            continue
+        est = res.best.estimate
+        table.add_row(schedule, res.best.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
+                      f"{est.decode_throughput_tok_s:,.1f}", f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
+                      est.bottleneck)
+    Console().print(table)
+    return 0
