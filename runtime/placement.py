@@ -19,8 +19,7 @@ def moe_layers(model: ModelSpec) -> list[int]:
 def round_robin_placement(model: ModelSpec, policy: Policy) -> Placement:
     """Placement of ``policy`` for ``model`` (absolute layer indices; dense layers omitted)."""
     layers = moe_layers(model)
-    ratio = policy.weights_gpu_ratio if policy.ffn_on_gpu else 0.0
-    total = round(ratio * len(layers) * model.num_experts)
+    total = static_expert_count(model, policy)
     chosen: dict[int, list[int]] = {i: [] for i in layers}
     for k in range(total):
         chosen[layers[k % len(layers)]].append(k // len(layers))
@@ -32,10 +31,17 @@ def round_robin_placement(model: ModelSpec, policy: Policy) -> Placement:
     )
 
 
+def static_expert_count(model: ModelSpec, policy: Policy) -> int:
+    """round(r_w · L_moe · ne): r_w realised in whole experts (0 when experts run on the CPU)."""
+    ratio = policy.weights_gpu_ratio if policy.ffn_on_gpu else 0.0
+    return round(ratio * len(moe_layers(model)) * model.num_experts)
+
+
 def make_placement(model: ModelSpec, policy: Policy) -> Placement:
-    """The solver's placement when it is installed, else :func:`round_robin_placement`."""
+    """The solver's placement (``solver.placement.make_placement``) when it is installed,
+    else :func:`round_robin_placement` (the same scheme)."""
     try:
-        from solver.placement import make_placement as solver_placement  # type: ignore
+        from solver.placement import make_placement as solver_placement
     except ImportError:
         return round_robin_placement(model, policy)
-    return solver_placement(model, policy)
+    return solver_placement(model, static_expert_count(model, policy), policy.num_micro_batches)

@@ -1,0 +1,26 @@
+import pytest
+
+from hrm.hardware import load_hardware, parse_hardware
+from hrm.model import load_model
+
+
+@pytest.fixture
+def tiny():
+    return load_model("tiny-mixtral")
+
+
+@pytest.fixture
+def l4():
+    return load_hardware("l4")
+
+
+def two_level_machine(**over):
+    """A hand-made two-level machine: GPU 100 TFLOP/s, 1000 GB/s; CPU 1 TFLOP/s, 100 GB/s; link 10 GB/s."""
+    data = {
+        "name": "hand",
+        "gpu": {"name": "g", "memory_gib": 16, "memory_bandwidth_gbps": 1000, "tflops": {"fp32": 100, "fp16": 100}},
+        "cpu": {"name": "c", "cores": 8, "memory_gib": 128, "memory_bandwidth_gbps": 100, "tflops": {"fp32": 1}},
+        "link": {"h2d_gbps": 10, "d2h_gbps": 10},
+    }
+    data.update(over)
+    return parse_hardware(data)

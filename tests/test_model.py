@@ -1,0 +1,77 @@
+"""Latency and memory model properties (SPEC §4.3-4.6)."""
+
+import itertools
+
+import pytest
+
+from hrm.estimate import estimate
+from hrm.hardware import load_hardware
+from hrm.memory import memory_limits
+from hrm.model import load_model
+from hrm.policy import Policy
+from hrm.workload import make_workload
+
+
+def pol(big=512, mu=64, attn=False, ffn=True, rw=0.0, rc=0.0):
+    return Policy(batch_size=big, micro_batch_size=mu, num_micro_batches=big // mu, attn_on_gpu=attn,
+                  ffn_on_gpu=ffn, weights_gpu_ratio=rw, kv_gpu_ratio=rc)
+
+
+@pytest.mark.parametrize("hw_name,attn,ffn,rw,rc", [
+    (h, a, f, rw, rc) for h, (a, f), rw, rc in itertools.product(
+        ["l4", "t4", "4xt4", "cpu-only"], [(False, True), (True, True), (False, False)], [0.0, 0.3], [0.0, 0.5])
+    if not (rc and not a) and not (rw and not f)])
+def test_cgopipe_never_slower_than_sequential(hw_name, attn, ffn, rw, rc):
+    hw, model, wl = load_hardware(hw_name), load_model("mixtral"), make_workload("mtbench", gen_len=16)
+    p = pol(attn=attn, ffn=ffn, rw=rw, rc=rc)
+    fast = estimate(hw, model, wl, p, "cgopipe")
+    slow = estimate(hw, model, wl, p, "sequential")
+    assert fast.total_time_s <= slow.total_time_s * (1 + 1e-12)
+    if not hw.cpu_only:
+        assert fast.total_time_s < slow.total_time_s
+
+
+def test_gpu_peak_rises_with_mu_and_rw(l4):
+    model, wl = load_model("mixtral"), make_workload("mtbench")
+    by_mu = [estimate(l4, model, wl, pol(big=512, mu=mu)).gpu_peak_bytes for mu in (8, 32, 128)]
+    assert by_mu[0] < by_mu[1] < by_mu[2]
+    by_rw = [estimate(l4, model, wl, pol(rw=rw)).gpu_peak_bytes for rw in (0.0, 0.2, 0.5)]
+    assert by_rw[0] < by_rw[1] < by_rw[2]
+
+
+def test_cpu_peak_rises_with_batch(l4):
+    model, wl = load_model("mixtral"), make_workload("mtbench")
+    peaks = [estimate(l4, model, wl, pol(big=big, mu=64)).cpu_peak_bytes for big in (64, 256, 1024)]
+    assert peaks[0] < peaks[1] < peaks[2]
+
+
+def test_prefill_grows_with_prompt(l4):
+    model = load_model("mixtral")
+    times = [estimate(l4, model, make_workload(None, prompt_len=s, gen_len=8), pol()).prefill_latency_s
+             for s in (64, 512, 2048)]
+    assert times[0] < times[1] < times[2]
+
+
+def test_decode_step_grows_with_context(l4):
+    model = load_model("mixtral")
+    short = estimate(l4, model, make_workload(None, prompt_len=64, gen_len=64), pol())
+    long = estimate(l4, model, make_workload(None, prompt_len=4096, gen_len=64), pol())
+    assert long.resource_layer_s["cpu"] > short.resource_layer_s["cpu"]
+
+
+def test_tensor_parallel_memory_capacity_scales():
+    two, four = memory_limits(load_hardware("2xt4")), memory_limits(load_hardware("4xt4"))
+    assert four.gpu_bytes == pytest.approx(2 * two.gpu_bytes)
+
+
+def test_throughput_definition(l4):
+    model, wl = load_model("mixtral"), make_workload("mtbench", gen_len=32)
+    est = estimate(l4, model, wl, pol())
+    assert est.generation_throughput_tok_s == pytest.approx(512 * 32 / (est.prefill_latency_s + est.decode_time_s))
+    assert est.decode_throughput_tok_s == pytest.approx(512 * 31 / est.decode_time_s)
+
+
+def test_cpu_only_host_adds_compute(tiny):
+    hw, wl = load_hardware("cpu-only"), make_workload("mtbench", gen_len=8)
+    est = estimate(hw, tiny, wl, pol(big=8, mu=4))
+    assert est.decode_layer_latency_s == pytest.approx(sum(est.resource_layer_s.values()), rel=1e-9)
