@@ -55,10 +55,15 @@ def curve_points(curve: dict[int, Measured]) -> list[CurvePoint]:
     return [CurvePoint(x=float(x), y=sig(m.value)) for x, m in sorted(curve.items()) if m.value > 0]
 
 
+def x_label(x_name: str, x: float) -> str:
+    """``M=64``, ``context=2048``, ``bytes=16MiB``."""
+    return f"{x_name}={x / 2**20:g}MiB" if x_name == "bytes" else f"{x_name}={x:g}"
+
+
 def curve_method(curve: dict[int, Measured], x_name: str) -> str:
     """One note for a curve: how (first point) + per-point repeats and spread."""
     first = next(iter(sorted(curve.items())))[1]
-    spreads = ", ".join(f"{x_name}={x:g}: {m.stats.spread_pct():.1f}%" for x, m in sorted(curve.items()))
+    spreads = ", ".join(f"{x_label(x_name, x)}: {m.stats.spread_pct():.1f}%" for x, m in sorted(curve.items()))
     repeats = sorted({m.stats.repeats for m in curve.values()})
     return (f"{first.how.split(',')[0]}; per point median of {'/'.join(map(str, repeats))} repeats after "
             f"{first.stats.warmup} warm-up; spread (max-min)/median per point: {spreads}")
@@ -67,7 +72,7 @@ def curve_method(curve: dict[int, Measured], x_name: str) -> str:
 def peak_method(curve: dict[int, Measured], x_name: str) -> str:
     """Note for a peak taken as the best point of a curve."""
     x, best = best_of(curve)
-    return f"best point of the curve ({x_name}={x:g}): {best.method()}"
+    return f"best point of the curve ({x_label(x_name, x)}): {best.method()}"
 
 
 def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str]) -> CPU:
