@@ -225,17 +225,22 @@ class TorchCudaDevice:
         out = t.empty((m, n), dtype=self._dtype(dtype), device=dev)
         if dtype != "fp32":
             return self._event_timed(lambda: t.matmul(a, b, out=out))
-        flags = t.backends.cuda.matmul
+        return self._without_tf32(lambda: self._event_timed(lambda: t.matmul(a, b, out=out)))
 
-        def run_fp32() -> None:  # true fp32, not TF32 tensor cores
+    def _without_tf32(self, make_op) -> TimedOp:
+        """Build and run an op with TF32 off (true fp32 FLOP/s), restoring the user's flag."""
+        flags = self.torch.backends.cuda.matmul
+
+        def scoped(func):
             previous = flags.allow_tf32
             flags.allow_tf32 = False
             try:
-                t.matmul(a, b, out=out)
+                return func()
             finally:
                 flags.allow_tf32 = previous
 
-        return self._event_timed(run_fp32)
+        inner = scoped(make_op)
+        return lambda: scoped(inner)
 
     def copy_op(self, nbytes: int) -> TimedOp:
         t = self.torch

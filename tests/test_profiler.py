@@ -3,7 +3,9 @@ branch driven by a fake device, and one-line CLI errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 import types
 
 import pytest
@@ -238,6 +240,57 @@ def test_cuda_probe_guarded_without_torch_or_gpu():
     assert device is None and "is_available" in why
     with pytest.raises(HRMError, match="--device cuda"):
         run_profile(TINY, device="cuda", torch_module=None)
+
+
+class _FakeTensor:
+    def __init__(self, shape=(), dtype=None):
+        self.shape, self.dtype = shape, dtype
+
+    def copy_(self, other, non_blocking=False):
+        return self
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.at_s = 0.0
+
+    def record(self):
+        self.at_s = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):  # milliseconds, like torch.cuda.Event
+        return (other.at_s - self.at_s) * 1e3 + 1e-3
+
+
+def make_fake_torch():
+    """Just enough of the torch API for TorchCudaDevice and the CPU bf16 path (no real GPU)."""
+    tensor = lambda shape, *args, dtype=None, **kwargs: _FakeTensor(shape, dtype)  # noqa: E731
+    matmul_flags = types.SimpleNamespace(allow_tf32=True)
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 1, is_bf16_supported=lambda: True,
+        get_device_properties=lambda index: types.SimpleNamespace(name="FakeTorchGPU", total_memory=16 * 2**30),
+        synchronize=lambda index=None: None, empty_cache=lambda: None, Event=_FakeEvent)
+    return types.SimpleNamespace(
+        __version__="0.0-fake", float32="f32", float16="f16", bfloat16="bf16", int8="i8", uint8="u8",
+        full=tensor, ones=tensor, empty=tensor, empty_like=lambda t: _FakeTensor(t.shape, t.dtype),
+        matmul=lambda a, b, out=None: out, _int_mm=lambda a, b: _FakeTensor(), get_num_threads=lambda: 2,
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=matmul_flags)), cuda=cuda)
+
+
+def test_torch_cuda_device_plumbing_with_a_fake_torch():
+    """TorchCudaDevice and the CPU torch path wired end to end against a stand-in torch module."""
+    fake_torch = make_fake_torch()
+    cfg = dataclasses.replace(TINY, cpu_torch_dtypes=("bf16",), disk_bytes=0)
+    run = run_profile(cfg, device="cuda", torch_module=fake_torch)
+    profile = run.profile
+    assert profile.gpu.name == "FakeTorchGPU" and profile.gpu.count == 1
+    assert profile.gpu.tflops.int8 > 0 and profile.gpu.tflops.bf16 > 0
+    assert any("int8 matmul M=1" in note for note in run.notes)  # _int_mm needs M > 16
+    assert profile.cpu.tflops.bf16 > 0 and "torch 0.0-fake" in profile.source.methods["cpu.tflops.bf16"]
+    assert fake_torch.backends.cuda.matmul.allow_tf32 is True  # the user's TF32 flag is restored
+    assert profile.link.h2d_pageable_gbps > 0
 
 
 def test_clamp_bytes_fits_device_memory():
