@@ -1,0 +1,12 @@
+"""Measure a machine into a hardware profile (SPEC §7): ``hrm profile``.
+
+Modules: :mod:`profiler.timing` (timed ops, budget, median/spread), :mod:`profiler.cpu`
+(STREAM copy/triad, matmul curves, GQA decode attention, disk), :mod:`profiler.gpu` (the
+device interface, its torch.cuda implementation and the GPU measurements),
+:mod:`profiler.build` (measurements -> HardwareProfile), :mod:`profiler.runner` (the
+budgeted run), :mod:`profiler.cli` (``hrm profile``). Programmatic use::
+
+    from profiler.config import quick_config
+    from profiler.runner import run_profile
+    profile = run_profile(quick_config()).profile
+"""

@@ -21,7 +21,7 @@ HEADER = ("# Hardware profile measured by `hrm profile` (source.methods says how
 
 def parse_args(argv: list[str]):
     parser = ArgumentParser(prog="hrm profile", description="measure this machine into a hardware profile")
-    parser.add_argument("--quick", action="store_true", help="coarse curves, 3 repeats, < 60 s")
+    parser.add_argument("--quick", action="store_true", help="coarse curves, 5 repeats, 40 s budget (under a minute)")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="profile the GPU too (auto), "
                         "only the CPU, or require a CUDA GPU")
     parser.add_argument("--out", help="write the profile YAML here (default: print it on stdout)")
