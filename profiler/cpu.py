@@ -270,10 +270,15 @@ def attention_kv_bytes(batch: int, context: int, kv_heads: int, head_dim: int, e
     return 2.0 * batch * kv_heads * context * head_dim * elem_bytes
 
 
+ATTENTION_CHUNK_TOKENS = 256  # (4 x 128) @ (128 x 256) stays below BLAS multi-threading thresholds
+
+
 def attention_op(batch: int, context: int, kv_heads: int, group: int, head_dim: int,
-                 pool: Executor, threads: int) -> TimedOp:
+                 pool: Executor, threads: int, chunk: int = ATTENTION_CHUNK_TOKENS) -> TimedOp:
     """One GQA decode step in fp32 numpy: each of ``group`` query heads per kv head attends
-    over ``context`` cached tokens; sequences split over the thread pool."""
+    over ``context`` cached tokens. Sequences are split over the thread pool; within a thread
+    the cache is walked in ``chunk``-token blocks so every BLAS call is small and runs on that
+    thread alone (no BLAS threads on top of the pool: oversubscribing cores halves throughput)."""
     q = touched_array(batch * kv_heads * group * head_dim, 0.01, np.float32).reshape(batch, kv_heads, group, head_dim)
     keys = touched_array(batch * kv_heads * context * head_dim, 0.01, np.float32).reshape(
         batch, kv_heads, context, head_dim)
@@ -281,15 +286,21 @@ def attention_op(batch: int, context: int, kv_heads: int, group: int, head_dim: 
     out = np.empty((batch, kv_heads, group, head_dim), dtype=np.float32)
     scale = np.float32(1.0 / np.sqrt(head_dim))
     bounds = chunk_bounds(batch, threads)
+    blocks = [(start, min(start + chunk, context)) for start in range(0, context, chunk)]
 
     def one(bound: tuple[int, int]) -> None:
         lo, hi = bound
-        scores = np.matmul(q[lo:hi], keys[lo:hi].swapaxes(-1, -2))  # (b, G, r, c)
+        scores = np.empty((hi - lo, kv_heads, group, context), dtype=np.float32)
+        for start, stop in blocks:  # scores = q K^T
+            scores[..., start:stop] = np.matmul(q[lo:hi], keys[lo:hi, :, start:stop].swapaxes(-1, -2))
         scores *= scale
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)
-        np.matmul(scores, values[lo:hi], out=out[lo:hi])
+        acc = out[lo:hi]
+        acc.fill(0.0)
+        for start, stop in blocks:  # out = P V
+            acc += np.matmul(scores[..., start:stop], values[lo:hi, :, start:stop])
 
     return wall_timed(lambda: list(pool.map(one, bounds)))
 
@@ -311,8 +322,9 @@ def measure_decode_attention(contexts: tuple[int, ...], kv_total_bytes: int, kv_
         gflops = stats.median_rate(attention_flops(batch, context, kv_heads, group, head_dim)) / 1e9
         curve[context] = Measured(
             stats.median_rate(kv_bytes) / 1e9, "GB/s", stats,
-            f"GQA decode attention fp32 numpy, batch {batch}, context {context}, {kv_heads} kv heads x "
-            f"{group} q/kv, head_dim {head_dim}, {threads} threads; KV bytes read / time "
+            f"GQA decode attention fp32 numpy (blocked over {ATTENTION_CHUNK_TOKENS}-token chunks), batch "
+            f"{batch}, context {context}, {kv_heads} kv heads x {group} q/kv, head_dim {head_dim}, "
+            f"{threads} threads; KV bytes read / time "
             f"({gflops:.1f} GFLOP/s)")
     return curve
 
