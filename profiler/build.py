@@ -69,6 +69,14 @@ def curve_method(curve: dict[int, Measured], x_name: str) -> str:
             f"{first.stats.warmup} warm-up; spread (max-min)/median per point: {spreads}")
 
 
+def curve_values_method(curve: dict[int, Measured], x_name: str) -> str:
+    """Note for a curve the schema has no field for: every point's median and spread."""
+    first = next(iter(sorted(curve.items())))[1]
+    points = ", ".join(f"{x_label(x_name, x)}: {m.value:.4g} {m.unit} (spread {m.stats.spread_pct():.1f}%)"
+                       for x, m in sorted(curve.items()))
+    return f"{first.how.split(' of ')[0]} vs size, median of {first.stats.repeats} repeats: {points}"
+
+
 def peak_method(curve: dict[int, Measured], x_name: str) -> str:
     """Note for a peak taken as the best point of a curve."""
     x, best = best_of(curve)
@@ -121,6 +129,11 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
     if gpu.h2d_pageable:
         pageable = sig(best_of(gpu.h2d_pageable)[1].value)
         methods["link.h2d_pageable_gbps"] = peak_method(gpu.h2d_pageable, "bytes")
+    curves = {"link.h2d_gbps_vs_bytes": gpu.h2d_pinned, "link.d2h_gbps_vs_bytes": gpu.d2h_pinned,
+              "link.h2d_pageable_gbps_vs_bytes": gpu.h2d_pageable, "link.d2h_pageable_gbps_vs_bytes": gpu.d2h_pageable}
+    for key, curve in curves.items():
+        if curve:
+            methods[key] = curve_values_method(curve, "bytes")
     link = Link(h2d_gbps=sig(best_of(gpu.h2d_pinned)[1].value), d2h_gbps=sig(best_of(gpu.d2h_pinned)[1].value),
                 h2d_pageable_gbps=pageable)
     return gpu_section, link

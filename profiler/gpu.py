@@ -58,6 +58,7 @@ class GpuResults:
     h2d_pinned: dict[int, Measured] = field(default_factory=dict)
     h2d_pageable: dict[int, Measured] = field(default_factory=dict)
     d2h_pinned: dict[int, Measured] = field(default_factory=dict)
+    d2h_pageable: dict[int, Measured] = field(default_factory=dict)
     peer: Measured | None = None
     notes: list[str] = field(default_factory=list)
 

@@ -141,12 +141,12 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
                                                                   w, r, budget, notes))
         return run
 
-    large = sizes[-2:]  # d2h and pageable: the two largest sizes (the peak), not the whole curve
     steps = [Step(f"GPU {d} matmul vs M", d == "fp32", matmul(d), gpu=True) for d in cfg.gpu_dtypes]
     steps += [Step("GPU device-to-device copy", True, copy, gpu=True),
               Step("H2D pinned vs size", True, transfer("h2d_pinned", "h2d", True, sizes), gpu=True),
-              Step("D2H pinned", True, transfer("d2h_pinned", "d2h", True, large), gpu=True),
-              Step("H2D pageable", False, transfer("h2d_pageable", "h2d", False, large), gpu=True)]
+              Step("D2H pinned vs size", True, transfer("d2h_pinned", "d2h", True, sizes), gpu=True),
+              Step("H2D pageable vs size", False, transfer("h2d_pageable", "h2d", False, sizes), gpu=True),
+              Step("D2H pageable vs size", False, transfer("d2h_pageable", "d2h", False, sizes), gpu=True)]
     if results.info.count > 1:
         def peer() -> None:
             results.peer = gpu_mod.measure_peer(device, gpu_mod.clamp_bytes(cfg.peer_bytes, memory, 1),

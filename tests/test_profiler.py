@@ -4,6 +4,7 @@ branch driven by a fake device, and one-line CLI errors."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 import types
@@ -210,8 +211,9 @@ def test_fake_gpu_numbers_flow_into_profile(gpu_run, tmp_path):
     assert [p.x for p in h2d] == sorted(p.x for p in h2d) and h2d[0].y < h2d[-1].y  # latency bites small sizes
     m_curve = eff.gpu_matmul_tflops_vs_m["fp32"]
     assert m_curve[0].y < m_curve[-1].y
+    assert "spread" in profile.source.methods["link.d2h_pageable_gbps_vs_bytes"]
     for key in ("gpu.tflops.fp32", "gpu.memory_bandwidth_gbps", "link.h2d_gbps", "link.d2h_gbps",
-                "gpu.gpu_to_gpu_gbps", "efficiency.h2d_gbps_vs_bytes"):
+                "gpu.gpu_to_gpu_gbps", "efficiency.h2d_gbps_vs_bytes", "link.d2h_gbps_vs_bytes"):
         assert key in profile.source.methods, key
     path = tmp_path / "gpu.yaml"
     path.write_text(profiler_cli.profile_yaml(profile))
@@ -309,6 +311,24 @@ def test_bad_out_path_is_one_line_error(out, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error:") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_folder_is_one_line_error(tmp_path, capsys):
+    from hrm.cli import main
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert main(["profile", "--out", str(locked / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "not writable" in err and err.count("\n") == 1
+
+
+def test_unwritable_out_folder_detected(tmp_path, monkeypatch):
+    """The writability check itself (root bypasses permissions, so fake os.access)."""
+    monkeypatch.setattr(profiler_cli.os, "access", lambda path, mode: False)
+    with pytest.raises(HRMError, match="not writable"):
+        profiler_cli.check_out_path(str(tmp_path / "p.yaml"))
 
 
 def test_bad_compare_profile_is_one_line_error(capsys):
