@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from hrm.errors import HRMError
 
@@ -81,8 +82,9 @@ class DeviceMemory:
             size = self._persistent_keys.pop(key, 0)
             self.persistent_bytes -= size
 
-    def track_transient(self, t: torch.Tensor) -> None:
-        """Count ``t``'s storage until the last tracked tensor viewing it is collected."""
+    def track_transient(self, t: torch.Tensor, input_keys: frozenset = frozenset()) -> None:
+        """Count ``t``'s storage until the last tracked tensor viewing it is collected. A view
+        of an untracked input (host tensors, persistent buffers) allocates nothing."""
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             return
         key = t.untyped_storage().data_ptr()
@@ -91,6 +93,8 @@ class DeviceMemory:
                 return
             entry = self._transient.get(key)
             if entry is None:
+                if key in input_keys:
+                    return
                 entry = self._transient[key] = [_nbytes(t), 0]
                 self.transient_bytes += entry[0]
                 self._update_peak()
@@ -116,10 +120,13 @@ class _TransientTracker(TorchDispatchMode):
         self.memory = memory
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = frozenset(a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs))
+                           if isinstance(a, torch.Tensor) and a.numel())
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
-                self.memory.track_transient(t)
+                self.memory.track_transient(t, inputs)
         return out
 
 

@@ -1,0 +1,85 @@
+"""``hrm run --plan plan.json``: execute a plan in the reference runtime, print measured vs
+predicted side by side, optionally write a Chrome trace of every task."""
+
+from __future__ import annotations
+
+import json
+
+from hrm.cli import ArgumentParser
+from hrm.errors import HRMError
+from hrm.plan import Plan, load_plan
+
+from .report import comparison_rows, render_comparison
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="hrm run", description="Execute a plan in the reference runtime and measure it.")
+    parser.add_argument("--plan", required=True, help="plan JSON written by hrm search --out")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="device tier: a CUDA GPU, or emulated on the CPU (default: CUDA when available)")
+    parser.add_argument("--requests", type=int, help="number of requests (default: the plan's batch size N)")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto) of every task")
+    parser.add_argument("--hw", help="hardware profile to check the plan against (default: the plan's)")
+    parser.add_argument("--model", help="model to run (default: the plan's); its hash must match the plan's")
+    parser.add_argument("--checkpoint", help="safetensors checkpoint (HF Mixtral names); default: random weights")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the short warm-up run before measuring")
+    parser.add_argument("--json", action="store_true", help="print measured and predicted numbers as JSON")
+    return parser
+
+
+def run_plan(plan: Plan, args):
+    """Resolve hardware/model (hash-checked), build weights and requests, run. Returns
+    (hardware, model, result)."""
+    import torch
+
+    from .executor import PlanExecutor
+    from .model import build_weights
+    from .requests import synthetic_requests
+    from .resolve import plan_hardware, plan_model
+
+    hw = plan_hardware(plan, args.hw)
+    spec = plan_model(plan, args.model)
+    if args.requests is not None and args.requests <= 0:
+        raise HRMError(f"--requests must be positive, got {args.requests}")
+    torch.manual_seed(args.seed)
+    weights = build_weights(spec, args.checkpoint, args.seed)
+    count = args.requests or plan.policy.batch_size
+    requests = synthetic_requests(plan.workload, count, spec.vocab_size, args.seed)
+    with PlanExecutor(spec, weights, plan.policy, plan.workload, plan.placement, args.device,
+                      track_memory=True, keep_logits=False) as ex:
+        if not args.no_warmup:
+            warm = plan.workload.model_copy(update={"gen_len": min(plan.workload.gen_len, 2)})
+            saved, ex.workload = ex.workload, warm
+            ex.run(requests[: plan.policy.micro_batch_size])
+            ex.workload = saved
+            ex.tier.tracer.clear()
+        result = ex.run(requests)
+    return hw, spec, result
+
+
+def main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    plan = load_plan(args.plan)
+    hw, spec, result = run_plan(plan, args)
+    if args.trace:
+        from .trace import write_chrome_trace
+
+        meta = {"plan": str(args.plan), "policy": plan.policy.short(), "model": spec.name, "hardware": hw.name,
+                "device": result.device_kind}
+        write_chrome_trace(args.trace, result.records, meta)
+    rows = comparison_rows(plan.estimate, result)
+    if args.json:
+        print(json.dumps({"policy": plan.policy.model_dump(), "device": result.device_kind,
+                          "measured": result.summary(), "predicted": plan.estimate.model_dump(),
+                          "rows": rows}, indent=2))
+        return 0
+    note = None
+    if result.device_kind == "emulated" and not hw.cpu_only:
+        note = (f"device tier emulated on this CPU: the predictions are for {hw.name}'s GPU, "
+                "so measured and predicted are not comparable here")
+    render_comparison(rows, f"{spec.name} on {hw.name}: {plan.policy.short()} ({result.sequences} requests, "
+                            f"device {result.device_kind})", note)
+    if args.trace:
+        print(f"wrote {args.trace}")
+    return 0
