@@ -165,6 +165,8 @@ class Lane:
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        if self.tier.lane_threads:
+            torch.set_num_threads(self.tier.lane_threads)
         while True:
             task = self._queue.get()
             if task is None:
@@ -201,7 +203,8 @@ class _NullContext:
 class DeviceTier:
     """Device-tier tensors, copies and lanes; ``kind`` is 'cuda' or 'emulated'."""
 
-    def __init__(self, device: str = "auto", track_memory: bool = True, tracer=None):
+    def __init__(self, device: str = "auto", track_memory: bool = True, tracer=None,
+                 lane_threads: Optional[int] = None):
         from .trace import Tracer
 
         device = resolve_device(device)
@@ -209,6 +212,9 @@ class DeviceTier:
         self.kind = "cuda" if self.is_cuda else "emulated"
         self.device = torch.device(device)
         self.track_memory = track_memory
+        # emulated tier: each lane computes with one intra-op thread, so that lanes running at
+        # once do not oversubscribe the cores (OpenMP teams per lane thrash on a small host)
+        self.lane_threads = lane_threads if lane_threads is not None else (0 if self.is_cuda else 1)
         self.memory = DeviceMemory()
         self.tracer = tracer or Tracer()
         self.gate = threading.Event()

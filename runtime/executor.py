@@ -190,6 +190,10 @@ class PlanExecutor:
     def _total_layer_runs(self) -> int:
         return self.num_layers * max(self.workload.gen_len, 1)
 
+    def _phase_of(self, g: int) -> str:
+        """Phase of layer-run g (the first L runs are the prefill)."""
+        return "prefill" if g < self.num_layers else "decode"
+
     def _submit_pages(self, g: int, j: int) -> None:
         """W_PintoG(g, ·): the pages of layer-run g that ride along with micro-batch j."""
         layer = self._layer_of(g)
@@ -200,8 +204,8 @@ class PlanExecutor:
         deps = self.ffn_done.get(g - 2, [])  # the slot's previous user must be done
         for p in pages:
             fn = partial(self.experts.copy_page, layer, p, g % 2)
-            task = self._submit("h2d", f"W_PintoG L{layer} page{p}", fn, deps, phase="weights", layer=layer, page=p,
-                                bytes=self.experts.page_bytes(layer, p))
+            task = self._submit("h2d", f"W_PintoG L{layer} page{p}", fn, deps, phase=self._phase_of(g - 1),
+                                kind="weights", layer=layer, page=p, bytes=self.experts.page_bytes(layer, p))
             self.pages.setdefault(g, []).append(task)
 
     # --- prefill ----------------------------------------------------------------------------
@@ -238,7 +242,7 @@ class PlanExecutor:
     def _submit_pages_prologue(self, g: int, p: int) -> None:
         layer = self._layer_of(g)
         task = self._submit("h2d", f"W_PintoG L{layer} page{p}", partial(self.experts.copy_page, layer, p, g % 2),
-                            phase="weights", layer=layer, page=p, bytes=self.experts.page_bytes(layer, p))
+                            phase="prefill", kind="weights", layer=layer, page=p, bytes=self.experts.page_bytes(layer, p))
         self.pages.setdefault(g, []).append(task)
 
     def _load_hidden(self, j: int) -> None:

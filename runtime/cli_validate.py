@@ -1,0 +1,56 @@
+"""``hrm validate --hw PROFILE --model tiny-mixtral``: run ≥ 8 diverse policies in the
+reference runtime and compare with the model: per-policy error, MAPE, Spearman; CSV + PNG."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from hrm.cli import ArgumentParser
+from hrm.errors import HRMError
+from hrm.hardware import load_hardware
+from hrm.model import load_model
+from hrm.workload import make_workload
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="hrm validate", description="Measured vs predicted over several policies.")
+    parser.add_argument("--hw", required=True, help="hardware profile of this machine (e.g. one from hrm profile)")
+    parser.add_argument("--model", default="tiny-mixtral", help="model (default tiny-mixtral; small-mixtral for "
+                        "compute-bound numbers); MLA models are not supported")
+    parser.add_argument("--policies", type=int, default=10, help="number of policies, at least 8 (default 10)")
+    parser.add_argument("--prompt-len", type=int, default=32, help="prompt length of every request (default 32)")
+    parser.add_argument("--gen-len", type=int, default=16, help="tokens generated per request (default 16)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="dtype the runtime computes in; predictions use the same (default fp32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per policy, median taken (default 3)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", metavar="DIR", help="write validation.csv, validation.png, validation.json here")
+    parser.add_argument("--json", action="store_true", help='print {"mape", "spearman", "policies": [...]} only')
+    return parser
+
+
+def main(argv) -> int:
+    from .validate import render_report, run_validation, validation_policies, write_outputs
+
+    args = build_parser().parse_args(argv)
+    for flag in ("prompt_len", "gen_len", "repeats"):
+        if getattr(args, flag) <= 0:
+            raise HRMError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    hw = load_hardware(args.hw)
+    spec = load_model(args.model)
+    if spec.is_mla:
+        raise HRMError(f"{spec.name}: MLA attention is not supported by the reference runtime")
+    policies = validation_policies(args.policies)
+    workload = make_workload(None, prompt_len=args.prompt_len, max_prompt_len=args.prompt_len, gen_len=args.gen_len)
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    report = run_validation(hw, spec, workload, policies, args.device, args.dtype, args.repeats, args.seed, progress)
+    written = write_outputs(report, args.out) if args.out else []
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        render_report(report)
+        for path in written:
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,351 @@
+"""Validation of the performance model against the reference runtime (SPEC §8, §9).
+
+For each of a set of diverse policies (μ, n, r_w, attention tier, FFN tier, r_c): predict
+with :func:`hrm.estimate.estimate` (never fitted to these runs), execute with
+:class:`runtime.executor.PlanExecutor`, and compare per-layer decode latency, throughput and
+peak device-tier memory. Summary: MAPE of the per-layer decode latency, Spearman rank
+correlation of policies by predicted vs measured generation throughput, and — to say which
+term of the model is off — the ratio measured/predicted of each resource's per-layer time
+(gpu, cpu, h2d, d2h lanes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from hrm.errors import HRMError
+from hrm.estimate import EstimateResult, estimate
+from hrm.hardware import HardwareProfile
+from hrm.model import ModelSpec
+from hrm.options import ModelOptions
+from hrm.plan import write_atomic
+from hrm.policy import Policy
+from hrm.workload import Workload
+
+MEMORY_TOLERANCE = 0.10  # measured device peak may exceed the model's GPU peak by this much
+RESOURCES = ("gpu", "cpu", "h2d", "d2h")
+
+# (μ, n, r_w, attn_on_gpu, ffn_on_gpu, r_c): spans micro-batch size, pipeline depth, static
+# weight share, both attention tiers, CPU experts and GPU-resident KV.
+POLICY_GRID = [
+    (8, 2, 0.0, False, True, 0.0),
+    (8, 4, 0.5, False, True, 0.0),
+    (16, 1, 1.0, False, True, 0.0),
+    (4, 4, 0.0, False, True, 0.0),
+    (8, 2, 0.0, True, True, 0.0),
+    (16, 2, 0.5, True, True, 0.5),
+    (32, 1, 0.0, False, True, 0.0),
+    (8, 2, 0.0, False, False, 0.0),
+    (4, 2, 1.0, True, True, 1.0),
+    (32, 2, 0.5, False, True, 0.0),
+    (16, 4, 0.0, False, True, 0.0),
+    (2, 8, 0.0, False, True, 0.0),
+    (16, 2, 0.0, True, False, 0.0),
+    (32, 1, 1.0, True, True, 0.0),
+]
+
+
+def validation_policies(count: int = 10) -> list[Policy]:
+    """``count`` (≥ 8) diverse policies: the hand-picked grid first, then more μ/n/r_w mixes."""
+    if count < 8:
+        raise HRMError(f"--policies must be at least 8 (diverse μ, n, r_w, attention tier), got {count}")
+    grid = list(POLICY_GRID)
+    extra = [(mu, n, rw, False, True, 0.0) for mu in (2, 4, 8, 16, 32) for n in (1, 2, 4, 8) for rw in (0.0, 0.25, 0.75)]
+    for item in extra:
+        if len(grid) >= count:
+            break
+        if item not in grid:
+            grid.append(item)
+    return [Policy(batch_size=mu * n, micro_batch_size=mu, num_micro_batches=n, weights_gpu_ratio=rw,
+                   attn_on_gpu=attn, ffn_on_gpu=ffn, kv_gpu_ratio=rc) for mu, n, rw, attn, ffn, rc in grid[:count]]
+
+
+def runtime_spec(spec: ModelSpec, dtype: str) -> ModelSpec:
+    """The spec in the dtype the runtime computes in (predictions use the same bytes)."""
+    return spec.model_copy(update={"weight_dtype": dtype, "kv_dtype": dtype, "activation_dtype": dtype})
+
+
+def runtime_options(dtype: str) -> ModelOptions:
+    """Both tiers compute in the runtime's dtype (a fact of the run, not a fitted knob)."""
+    return ModelOptions(gpu_compute_dtype=dtype, cpu_compute_dtype=dtype)
+
+
+@dataclass
+class PolicyOutcome:
+    policy: Policy
+    predicted: EstimateResult
+    layer_latency_s: float  # median over repeats
+    decode_throughput_tok_s: float
+    generation_throughput_tok_s: float
+    prefill_s: float
+    peak_device_bytes: int
+    lane_layer_s: dict[str, float]  # measured busy seconds per layer per lane (decode, lm_head excluded)
+    repeats: list[float] = field(default_factory=list)
+
+    @property
+    def latency_error(self) -> float:
+        return (self.predicted.decode_layer_latency_s - self.layer_latency_s) / self.layer_latency_s
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.peak_device_bytes / self.predicted.gpu_peak_bytes if self.predicted.gpu_peak_bytes else float("inf")
+
+    @property
+    def memory_ok(self) -> bool:
+        return self.memory_ratio <= 1.0 + MEMORY_TOLERANCE
+
+    def row(self) -> dict:
+        p, est = self.policy, self.predicted
+        out = {
+            "policy": p.short(), "mu": p.micro_batch_size, "n": p.num_micro_batches, "N": p.batch_size,
+            "attn": "gpu" if p.attn_on_gpu else "cpu", "ffn": "gpu" if p.ffn_on_gpu else "cpu",
+            "rw": p.weights_gpu_ratio, "rc": p.kv_gpu_ratio,
+            "pred_layer_ms": est.decode_layer_latency_s * 1e3, "meas_layer_ms": self.layer_latency_s * 1e3,
+            "layer_error": self.latency_error,
+            "pred_decode_tok_s": est.decode_throughput_tok_s, "meas_decode_tok_s": self.decode_throughput_tok_s,
+            "pred_gen_tok_s": est.generation_throughput_tok_s, "meas_gen_tok_s": self.generation_throughput_tok_s,
+            "pred_prefill_s": est.prefill_latency_s, "meas_prefill_s": self.prefill_s,
+            "pred_gpu_peak_bytes": est.gpu_peak_bytes, "meas_device_peak_bytes": self.peak_device_bytes,
+            "memory_ratio": self.memory_ratio, "memory_ok": self.memory_ok, "bottleneck": est.bottleneck,
+        }
+        for r in RESOURCES:
+            out[f"pred_{r}_ms"] = est.resource_layer_s.get(r, 0.0) * 1e3
+            out[f"meas_{r}_ms"] = self.lane_layer_s.get(r, 0.0) * 1e3
+        return out
+
+
+@dataclass
+class ValidationReport:
+    hardware: str
+    model: str
+    workload: Workload
+    device: str
+    outcomes: list[PolicyOutcome]
+    load_average: Optional[tuple[float, float, float]] = None
+
+    @property
+    def mape(self) -> float:
+        """Mean |predicted − measured| / measured of the per-layer decode latency."""
+        return statistics.fmean(abs(o.latency_error) for o in self.outcomes)
+
+    @property
+    def spearman(self) -> float:
+        """Rank correlation of policies by predicted vs measured generation throughput."""
+        return _spearman([o.predicted.generation_throughput_tok_s for o in self.outcomes],
+                         [o.generation_throughput_tok_s for o in self.outcomes])
+
+    @property
+    def spearman_decode(self) -> float:
+        return _spearman([o.predicted.decode_throughput_tok_s for o in self.outcomes],
+                         [o.decode_throughput_tok_s for o in self.outcomes])
+
+    @property
+    def memory_ok(self) -> bool:
+        return all(o.memory_ok for o in self.outcomes)
+
+    def term_ratios(self) -> dict[str, float]:
+        """Median over policies of measured/predicted per-layer time of each resource lane
+        (where the model predicts a non-negligible time): > 1 means the model's term is too
+        optimistic, < 1 too pessimistic."""
+        out = {}
+        for r in RESOURCES:
+            ratios = [o.lane_layer_s.get(r, 0.0) / o.predicted.resource_layer_s[r] for o in self.outcomes
+                      if o.predicted.resource_layer_s.get(r, 0.0) > 0.02 * o.predicted.decode_layer_latency_s]
+            if ratios:
+                out[r] = statistics.median(ratios)
+        return out
+
+    def diagnosis(self) -> str:
+        """One paragraph: target met or not, by how much, and which term is off the most."""
+        ratios = self.term_ratios()
+        worst = max(ratios, key=lambda r: abs(_log(ratios[r]))) if ratios else None
+        parts = [f"MAPE {100 * self.mape:.1f}% (target <= 10%: {'met' if self.mape <= 0.10 else f'missed by {100 * (self.mape - 0.10):.1f} points'})",
+                 f"Spearman {self.spearman:.3f} (target >= 0.9: {'met' if self.spearman >= 0.9 else f'missed by {0.9 - self.spearman:.3f}'})"]
+        if worst is not None:
+            parts.append(f"term furthest off: {worst} lane, measured/predicted per-layer time x{ratios[worst]:.2f} (median over policies)")
+        if self.load_average and self.load_average[0] > 1.5:
+            parts.append(f"host load average {self.load_average[0]:.1f} during the run (other processes share the cores)")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict:
+        return {
+            "mape": self.mape, "spearman": self.spearman, "spearman_decode": self.spearman_decode,
+            "memory_ok": self.memory_ok, "term_ratios": self.term_ratios(), "diagnosis": self.diagnosis(),
+            "hardware": self.hardware, "model": self.model, "device": self.device,
+            "workload": self.workload.model_dump(), "load_average": self.load_average,
+            "policies": [o.row() for o in self.outcomes],
+        }
+
+
+def _log(x: float) -> float:
+    import math
+
+    return math.log(max(x, 1e-12))
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    if len(a) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def _lane_layer_s(result, runs: int) -> dict[str, float]:
+    """Busy seconds per lane per layer during decode, without the lm_head (the model's
+    per-layer resource times leave it out too)."""
+    busy: dict[str, float] = {}
+    for rec in result.records:
+        if rec.args.get("phase") != "decode" or rec.name.startswith(("Head", "Collect")):
+            continue
+        busy[rec.lane] = busy.get(rec.lane, 0.0) + rec.duration_s
+    return {k: v / runs for k, v in busy.items()} if runs else {}
+
+
+def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Workload, policy: Policy,
+                   options: ModelOptions, device: str = "auto", repeats: int = 3, seed: int = 0) -> PolicyOutcome:
+    """Predict, then run once with memory tracking (also the warm-up) and ``repeats`` times
+    untracked for timing (medians)."""
+    from .executor import PlanExecutor
+    from .requests import synthetic_requests
+
+    predicted = estimate(hw, spec, workload, policy, "cgopipe", options)
+    requests = synthetic_requests(workload, policy.batch_size, spec.vocab_size, seed)
+    with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=True, keep_logits=False) as ex:
+        peak = ex.run(requests).peak_device_bytes
+    timed = []
+    with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=False, keep_logits=False) as ex:
+        for _ in range(max(repeats, 1)):
+            ex.tier.tracer.clear()
+            timed.append(ex.run(requests))
+    layer = [r.decode_layer_latency_s for r in timed]
+    mid = sorted(range(len(timed)), key=lambda k: layer[k])[len(timed) // 2]
+    best = timed[mid]
+    runs = best.decode_steps * spec.num_layers
+    return PolicyOutcome(
+        policy=policy, predicted=predicted, layer_latency_s=layer[mid],
+        decode_throughput_tok_s=statistics.median(r.decode_throughput_tok_s for r in timed),
+        generation_throughput_tok_s=statistics.median(r.generation_throughput_tok_s for r in timed),
+        prefill_s=statistics.median(r.prefill_s for r in timed), peak_device_bytes=peak,
+        lane_layer_s=_lane_layer_s(best, runs), repeats=layer,
+    )
+
+
+def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, policies: list[Policy],
+                   device: str = "auto", dtype: str = "fp32", repeats: int = 3, seed: int = 0,
+                   progress: Optional[Callable[[str], None]] = None) -> ValidationReport:
+    """Predicted vs measured for every policy (same weights, requests and workload)."""
+    from .device import resolve_device
+    from .model import random_weights
+
+    spec = runtime_spec(spec, dtype)
+    options = runtime_options(dtype)
+    weights = random_weights(spec, seed)
+    outcomes = []
+    for k, policy in enumerate(policies, 1):
+        outcome = measure_policy(hw, spec, weights, workload, policy, options, device, repeats, seed)
+        outcomes.append(outcome)
+        if progress:
+            progress(f"[{k}/{len(policies)}] {policy.short()}: predicted {outcome.predicted.decode_layer_latency_s * 1e3:.3f} ms/layer, "
+                     f"measured {outcome.layer_latency_s * 1e3:.3f} ms/layer ({100 * outcome.latency_error:+.0f}%)")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    kind = "cuda" if resolve_device(device) == "cuda" else "emulated"
+    return ValidationReport(hw.name, spec.name, workload, kind, outcomes, load)
+
+
+# --- outputs ----------------------------------------------------------------------------
+
+def csv_text(report: ValidationReport) -> str:
+    rows = [o.row() for o in report.outcomes]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def write_outputs(report: ValidationReport, out_dir: str | Path) -> list[Path]:
+    """validation.csv, validation.png and validation.json in ``out_dir`` (written atomically)."""
+    import json
+
+    folder = Path(out_dir)
+    if not folder.is_dir():
+        raise HRMError(f"--out {folder}: not a folder")
+    paths = [folder / "validation.csv", folder / "validation.png", folder / "validation.json"]
+    write_atomic(paths[0], csv_text(report))
+    write_plot(report, paths[1])
+    write_atomic(paths[2], json.dumps(report.to_json(), indent=2) + "\n")
+    return paths
+
+
+def write_plot(report: ValidationReport, path: str | Path) -> None:
+    """Predicted vs measured scatter (per-layer decode latency; generation throughput), y = x."""
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    pairs = [
+        ([o.layer_latency_s * 1e3 for o in report.outcomes], [o.predicted.decode_layer_latency_s * 1e3 for o in report.outcomes],
+         "per-layer decode latency (ms)", f"MAPE {100 * report.mape:.1f}%"),
+        ([o.generation_throughput_tok_s for o in report.outcomes],
+         [o.predicted.generation_throughput_tok_s for o in report.outcomes],
+         "generation throughput (tok/s)", f"Spearman {report.spearman:.2f}"),
+    ]
+    for ax, (meas, pred, label, stat) in zip(axes, pairs):
+        colors = ["tab:orange" if o.policy.attn_on_gpu else "tab:blue" for o in report.outcomes]
+        ax.scatter(meas, pred, c=colors)
+        for o, x, y in zip(report.outcomes, meas, pred):
+            ax.annotate(f"μ{o.policy.micro_batch_size} n{o.policy.num_micro_batches} rw{o.policy.weights_gpu_ratio:g}",
+                        (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        lo = min(min(meas), min(pred)) * 0.8
+        hi = max(max(meas), max(pred)) * 1.25
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {label}")
+        ax.set_ylabel(f"predicted {label}")
+        ax.set_title(stat)
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"{report.model} on {report.hardware} (device tier: {report.device}); "
+                 f"blue = CPU attention, orange = device attention", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".png", delete=False) as tmp:
+        fig.savefig(tmp.name, dpi=110)
+    plt.close(fig)
+    os.replace(tmp.name, path)
+
+
+def render_report(report: ValidationReport, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report.model} on {report.hardware}: predicted vs measured (device tier {report.device}, "
+                        f"prompt {report.workload.prompt_len}, gen {report.workload.gen_len})")
+    for col in ("policy", "pred ms/layer", "meas ms/layer", "error", "pred gen tok/s", "meas gen tok/s",
+                "device peak / model", "largest measured lane"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for o in report.outcomes:
+        lane = max(o.lane_layer_s, key=o.lane_layer_s.get) if o.lane_layer_s else "-"
+        mem = f"{100 * o.memory_ratio:.0f}%" + ("" if o.memory_ok else " [red]OVER[/red]")
+        table.add_row(o.policy.short(), f"{o.predicted.decode_layer_latency_s * 1e3:.3f}", f"{o.layer_latency_s * 1e3:.3f}",
+                      f"{100 * o.latency_error:+.0f}%", f"{o.predicted.generation_throughput_tok_s:,.0f}",
+                      f"{o.generation_throughput_tok_s:,.0f}", mem, lane)
+    console = Console(file=file or sys.stdout)
+    console.print(table)
+    ratios = report.term_ratios()
+    if ratios:
+        console.print("measured/predicted per-layer time by resource (median): "
+                      + ", ".join(f"{k} x{v:.2f}" for k, v in ratios.items()))
+    console.print(report.diagnosis())
