@@ -369,3 +369,14 @@ def test_comparison_rows_ratio(cpu_run):
     a, b, ratio = rows["cpu.memory_bandwidth_gbps"]
     assert ratio == pytest.approx(a / b)
     assert rows["cpu.name"][2] is None
+
+
+@pytest.mark.parametrize("which", ["cpu_run", "gpu_run"])
+def test_measured_profile_drives_hrm_search(which, request, tmp_path, capsys):
+    """`hrm search --hw measured.yaml` accepts the profile unchanged (CPU-only and with a GPU)."""
+    pytest.importorskip("solver.cli")
+    from hrm.cli import main
+
+    path = tmp_path / "measured.yaml"
+    path.write_text(profiler_cli.profile_yaml(request.getfixturevalue(which).profile))
+    assert main(["search", "--hw", str(path), "--model", "tiny-mixtral"]) == 0, capsys.readouterr().err
