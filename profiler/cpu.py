@@ -238,14 +238,25 @@ def torch_matmul_factory(torch, k: int, n: int, dtype: str) -> MatmulFactory:
     return make
 
 
+def fits_budget(last_m: int, last_median_s: float, next_m: int, samples: int, budget: Budget | None) -> bool:
+    """Whether ``samples`` runs of the next (larger) matmul, predicted linear in M from the
+    last point, fit in what is left of the budget. A slow dtype (e.g. bf16 on a CPU without
+    bf16 units) then stops early instead of overrunning the run."""
+    if budget is None:
+        return True
+    return last_median_s * (next_m / last_m) * samples <= budget.remaining_s()
+
+
 def measure_matmul_curve(factory: MatmulFactory, ms: tuple[int, ...], k: int, n: int, warmup: int,
                          repeats: int, budget: Budget | None, how: str) -> dict[int, Measured]:
     """Achieved TFLOP/s (2*M*K*N FLOPs per matmul) for each M; stops early (keeping at least
-    the first point) once the budget is spent."""
+    the first point) once the budget is spent or the next point would not fit in it."""
     curve: dict[int, Measured] = {}
     for m in sorted(ms):
-        if curve and budget is not None and budget.expired():
-            break
+        if curve:
+            last_m, last = max(curve.items())
+            if not fits_budget(last_m, last.stats.median_s, m, warmup + 2, budget):
+                break
         stats = measure(factory(m), warmup, repeats, budget)
         flops = 2.0 * m * k * n
         curve[m] = Measured(stats.median_rate(flops) / 1e12, "TFLOP/s", stats,

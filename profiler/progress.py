@@ -25,6 +25,7 @@ class NullReporter:
     """Reports nothing; keeps the notes it was given (handy in tests)."""
 
     def __init__(self) -> None:
+        self.total_steps = 0
         self.labels: list[str] = []
         self.notes: list[str] = []
 

@@ -110,6 +110,22 @@ def test_measure_warms_up_and_stops_on_expired_budget():
     assert stats.repeats == 2 and stats.warmup == 2 and len(calls) == 4
 
 
+def test_matmul_curve_stops_when_next_point_would_not_fit():
+    """A slow dtype stops before a point predicted to overrun the budget (first point kept)."""
+    clock_s = [0.0]
+    budget = Budget(10.0, clock=lambda: clock_s[0])
+
+    def factory(m):
+        def op():
+            clock_s[0] += m * 0.5  # 0.5 s per row: M=1 fits, M=64 (~96 s predicted) does not
+            return m * 0.5
+        return op
+
+    curve = cpu_mod.measure_matmul_curve(factory, (1, 64, 1024), 8, 8, 1, 3, budget, "slow")
+    assert list(curve) == [1]
+    assert cpu_mod.fits_budget(1, 0.5, 4, 3, None)
+
+
 def test_chunk_bounds_cover_the_range():
     bounds = cpu_mod.chunk_bounds(10, 3)
     assert bounds[0][0] == 0 and bounds[-1][1] == 10
