@@ -94,6 +94,13 @@ class PolicyOutcome:
         return (self.predicted.decode_layer_latency_s - self.layer_latency_s) / self.layer_latency_s
 
     @property
+    def overlap_ratio(self) -> float:
+        """Measured layer time over the sum of the lanes' busy time: 1 = lanes ran one after
+        another (what the model assumes on a CPU-only host), < 1 = they overlapped."""
+        total = sum(self.lane_layer_s.values())
+        return self.layer_latency_s / total if total else float("nan")
+
+    @property
     def memory_ratio(self) -> float:
         return self.peak_device_bytes / self.predicted.gpu_peak_bytes if self.predicted.gpu_peak_bytes else float("inf")
 
@@ -114,6 +121,7 @@ class PolicyOutcome:
             "pred_prefill_s": est.prefill_latency_s, "meas_prefill_s": self.prefill_s,
             "pred_gpu_peak_bytes": est.gpu_peak_bytes, "meas_device_peak_bytes": self.peak_device_bytes,
             "memory_ratio": self.memory_ratio, "memory_ok": self.memory_ok, "bottleneck": est.bottleneck,
+            "overlap_ratio": self.overlap_ratio,
         }
         for r in RESOURCES:
             out[f"pred_{r}_ms"] = est.resource_layer_s.get(r, 0.0) * 1e3
@@ -162,6 +170,17 @@ class ValidationReport:
                 out[r] = statistics.median(ratios)
         return out
 
+    @property
+    def mape_if_overlapped(self) -> float:
+        """MAPE if the model took the max over its resource terms (eq. 12, as on a GPU host)
+        instead of their sum — the same terms, only the composition differs."""
+        return statistics.fmean(abs(max(o.predicted.resource_layer_s.values()) - o.layer_latency_s) / o.layer_latency_s
+                                for o in self.outcomes)
+
+    @property
+    def median_overlap_ratio(self) -> float:
+        return statistics.median(o.overlap_ratio for o in self.outcomes)
+
     def diagnosis(self) -> str:
         """One paragraph: target met or not, by how much, and which term is off the most."""
         ratios = self.term_ratios()
@@ -170,6 +189,10 @@ class ValidationReport:
                  f"Spearman {self.spearman:.3f} (target >= 0.9: {'met' if self.spearman >= 0.9 else f'missed by {0.9 - self.spearman:.3f}'})"]
         if worst is not None:
             parts.append(f"term furthest off: {worst} lane, measured/predicted per-layer time x{ratios[worst]:.2f} (median over policies)")
+        if self.median_overlap_ratio < 0.9:
+            parts.append(f"lanes overlapped (measured layer = {self.median_overlap_ratio:.2f} x sum of lane busy time, "
+                         f"median); with the max of the terms instead of their sum MAPE would be "
+                         f"{100 * self.mape_if_overlapped:.1f}%")
         if self.load_average and self.load_average[0] > 1.5:
             parts.append(f"host load average {self.load_average[0]:.1f} during the run (other processes share the cores)")
         return "; ".join(parts)
@@ -178,6 +201,7 @@ class ValidationReport:
         return {
             "mape": self.mape, "spearman": self.spearman, "spearman_decode": self.spearman_decode,
             "memory_ok": self.memory_ok, "term_ratios": self.term_ratios(), "diagnosis": self.diagnosis(),
+            "mape_if_overlapped": self.mape_if_overlapped, "median_overlap_ratio": self.median_overlap_ratio,
             "hardware": self.hardware, "model": self.model, "device": self.device,
             "workload": self.workload.model_dump(), "load_average": self.load_average,
             "policies": [o.row() for o in self.outcomes],
@@ -306,8 +330,7 @@ def write_plot(report: ValidationReport, path: str | Path) -> None:
         colors = ["tab:orange" if o.policy.attn_on_gpu else "tab:blue" for o in report.outcomes]
         ax.scatter(meas, pred, c=colors)
         for o, x, y in zip(report.outcomes, meas, pred):
-            ax.annotate(f"μ{o.policy.micro_batch_size} n{o.policy.num_micro_batches} rw{o.policy.weights_gpu_ratio:g}",
-                        (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(_label(o.policy), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         lo = min(min(meas), min(pred)) * 0.8
         hi = max(max(meas), max(pred)) * 1.25
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
@@ -327,6 +350,11 @@ def write_plot(report: ValidationReport, path: str | Path) -> None:
     os.replace(tmp.name, path)
 
 
+def _label(p: Policy) -> str:
+    tiers = ("" if not p.attn_on_gpu else f" attnG rc{p.kv_gpu_ratio:g}") + ("" if p.ffn_on_gpu else " ffnC")
+    return f"μ{p.micro_batch_size} n{p.num_micro_batches} rw{p.weights_gpu_ratio:g}{tiers}"
+
+
 def render_report(report: ValidationReport, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -339,10 +367,10 @@ def render_report(report: ValidationReport, file=None) -> None:
     for o in report.outcomes:
         lane = max(o.lane_layer_s, key=o.lane_layer_s.get) if o.lane_layer_s else "-"
         mem = f"{100 * o.memory_ratio:.0f}%" + ("" if o.memory_ok else " [red]OVER[/red]")
-        table.add_row(o.policy.short(), f"{o.predicted.decode_layer_latency_s * 1e3:.3f}", f"{o.layer_latency_s * 1e3:.3f}",
+        table.add_row(_label(o.policy), f"{o.predicted.decode_layer_latency_s * 1e3:.3f}", f"{o.layer_latency_s * 1e3:.3f}",
                       f"{100 * o.latency_error:+.0f}%", f"{o.predicted.generation_throughput_tok_s:,.0f}",
                       f"{o.generation_throughput_tok_s:,.0f}", mem, lane)
-    console = Console(file=file or sys.stdout)
+    console = Console(file=file or sys.stdout, width=140)
     console.print(table)
     ratios = report.term_ratios()
     if ratios:
