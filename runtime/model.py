@@ -289,8 +289,31 @@ def load_safetensors(spec: ModelSpec, path: str | Path, dtype: Optional[torch.dt
     return ModelWeights(embed, layers, final_norm, lm_head)
 
 
+def host_memory_bytes() -> Optional[int]:
+    """Physical memory of this host (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits_host(spec: ModelSpec, fraction: float = 0.8) -> None:
+    """Refuse (one line) a model whose weights alone would not fit in host memory."""
+    from hrm.costs import total_params
+
+    need = total_params(spec) * torch.empty(0, dtype=torch_dtype(spec.weight_dtype)).element_size()
+    have = host_memory_bytes()
+    if have and need > fraction * have:
+        raise HRMError(f"{spec.name}: its weights need {need / 2**30:.1f} GiB of host memory, this host has "
+                       f"{have / 2**30:.1f} GiB; run a smaller model (e.g. tiny-mixtral, small-mixtral)")
+
+
 def build_weights(spec: ModelSpec, checkpoint: Optional[str] = None, seed: int = 0) -> ModelWeights:
     """Weights from ``checkpoint`` when given, else deterministic random from ``seed``."""
+    check_supported(spec)
+    check_fits_host(spec)
     return load_safetensors(spec, checkpoint) if checkpoint else random_weights(spec, seed)
 
 

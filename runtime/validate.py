@@ -267,11 +267,11 @@ def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, pol
                    progress: Optional[Callable[[str], None]] = None) -> ValidationReport:
     """Predicted vs measured for every policy (same weights, requests and workload)."""
     from .device import resolve_device
-    from .model import random_weights
+    from .model import build_weights
 
     spec = runtime_spec(spec, dtype)
     options = runtime_options(dtype)
-    weights = random_weights(spec, seed)
+    weights = build_weights(spec, None, seed)
     outcomes = []
     for k, policy in enumerate(policies, 1):
         outcome = measure_policy(hw, spec, weights, workload, policy, options, device, repeats, seed)

@@ -17,8 +17,8 @@ from hrm.model import ModelSpec, load_model  # noqa: E402
 from hrm.policy import Policy, parse_policy  # noqa: E402
 from hrm.workload import Workload  # noqa: E402
 from runtime.executor import PlanExecutor, run_plan_once  # noqa: E402
-from runtime.model import (ReferenceModel, load_safetensors, random_weights,  # noqa: E402
-                           save_safetensors)
+from runtime.model import (ReferenceModel, build_weights, load_safetensors,  # noqa: E402
+                           random_weights, save_safetensors)
 from runtime.placement import round_robin_placement  # noqa: E402
 from runtime.requests import (Request, plan_rounds, prompt_lengths, request_batching,  # noqa: E402
                               synthetic_requests)
@@ -204,6 +204,8 @@ def test_safetensors_uses_hf_mixtral_names(tmp_path):
 def test_refusals_are_one_line_hrm_errors():
     with pytest.raises(HRMError, match="MLA"):
         random_weights(load_model("deepseek-v2-lite"))
+    with pytest.raises(HRMError, match="host memory"):
+        build_weights(load_model("mixtral-8x22b"))
     spec = fp32("tiny-mixtral")
     weights, _, _ = model_and_reference(spec)
     bad = Policy(batch_size=4, micro_batch_size=2, num_micro_batches=2, attn_on_gpu=False, kv_gpu_ratio=0.5)
