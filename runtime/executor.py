@@ -216,7 +216,7 @@ class PlanExecutor:
                 self._submit_pages_prologue(0, p)
         offload: dict[int, Task] = {}
         for i in range(self.num_layers):
-            for j, mb in enumerate(self.mbs):
+            for j in range(len(self.mbs)):
                 load = None
                 if i > 0:
                     load = self._submit("h2d", f"LoadH prefill L{i} mb{j}", partial(self._load_hidden, j),

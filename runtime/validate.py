@@ -185,10 +185,13 @@ class ValidationReport:
         """One paragraph: target met or not, by how much, and which term is off the most."""
         ratios = self.term_ratios()
         worst = max(ratios, key=lambda r: abs(_log(ratios[r]))) if ratios else None
-        parts = [f"MAPE {100 * self.mape:.1f}% (target <= 10%: {'met' if self.mape <= 0.10 else f'missed by {100 * (self.mape - 0.10):.1f} points'})",
-                 f"Spearman {self.spearman:.3f} (target >= 0.9: {'met' if self.spearman >= 0.9 else f'missed by {0.9 - self.spearman:.3f}'})"]
+        mape_gap = "met" if self.mape <= 0.10 else f"missed by {100 * (self.mape - 0.10):.1f} points"
+        rank_gap = "met" if self.spearman >= 0.9 else f"missed by {0.9 - self.spearman:.3f}"
+        parts = [f"MAPE {100 * self.mape:.1f}% (target <= 10%: {mape_gap})",
+                 f"Spearman {self.spearman:.3f} (target >= 0.9: {rank_gap})"]
         if worst is not None:
-            parts.append(f"term furthest off: {worst} lane, measured/predicted per-layer time x{ratios[worst]:.2f} (median over policies)")
+            parts.append(f"term furthest off: {worst} lane, measured/predicted per-layer time x{ratios[worst]:.2f} "
+                         "(median over policies)")
         if self.median_overlap_ratio < 0.9:
             parts.append(f"lanes overlapped (measured layer = {self.median_overlap_ratio:.2f} x sum of lane busy time, "
                          f"median); with the max of the terms instead of their sum MAPE would be "
@@ -277,8 +280,9 @@ def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, pol
         outcome = measure_policy(hw, spec, weights, workload, policy, options, device, repeats, seed)
         outcomes.append(outcome)
         if progress:
-            progress(f"[{k}/{len(policies)}] {policy.short()}: predicted {outcome.predicted.decode_layer_latency_s * 1e3:.3f} ms/layer, "
-                     f"measured {outcome.layer_latency_s * 1e3:.3f} ms/layer ({100 * outcome.latency_error:+.0f}%)")
+            progress(f"[{k}/{len(policies)}] {policy.short()}: predicted "
+                     f"{outcome.predicted.decode_layer_latency_s * 1e3:.3f} ms/layer, measured "
+                     f"{outcome.layer_latency_s * 1e3:.3f} ms/layer ({100 * outcome.latency_error:+.0f}%)")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     kind = "cuda" if resolve_device(device) == "cuda" else "emulated"
     return ValidationReport(hw.name, spec.name, workload, kind, outcomes, load)

@@ -73,7 +73,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,policy_text,workload,count", CASES, ids=[f"{c[0]}:{c[1]}:{'pad' if c[2].padding else 'var'}" for c in CASES])
+@pytest.mark.parametrize("name,policy_text,workload,count", CASES,
+                         ids=[f"{c[0]}:{c[1]}:{'pad' if c[2].padding else 'var'}" for c in CASES])
 def test_offloaded_run_matches_plain_forward_and_fits_memory(name, policy_text, workload, count):
     spec = TINY_QWEN if name == "tiny-qwen" else fp32(name)
     policy = parse_policy(policy_text)
