@@ -147,11 +147,9 @@ def estimate(
     n_steps = len(steps)
     big, gen = policy.batch_size, workload.gen_len
     total = prefill + decode
-    layer_decode = sum(lane_layer.values()) and max(lane_layer.values())
     # mean per-layer decode latency: the layer part of the steps, per layer
     layers_only = decode - n_steps * float(policy.num_micro_batches * latency.lm_head_time_s(model, rates, policy.micro_batch_size))
     decode_layer = layers_only / (n_steps * model.num_layers) if n_steps else 0.0
-    del layer_decode
     args = (model, workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu)
     gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
     gpu_peak = float(gpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))

@@ -16,7 +16,6 @@ limits as linear constraints.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -190,7 +189,6 @@ def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
     steps = np.arange(terms.steps, dtype=float)
     for q in range(kinds):
         for lane in range(lanes):
-            rows = [pulp.LpAffineExpression() for _ in range(terms.steps)]
             agg0, agg1, dense = [], [], []
             for k in active:
                 coef_n = terms.a[k, q, lane] + terms.b[k, q, lane]
@@ -246,7 +244,3 @@ def _affine(values: np.ndarray, steps: np.ndarray, rel_tol: float = 1e-12):
     if np.max(np.abs(fitted - values)) > rel_tol * scale * len(values):
         return None
     return float(values[0] - slope * steps[0]), float(slope)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b) if b else math.inf
