@@ -1,0 +1,22 @@
+"""HRM figures (matplotlib, headless): each kind has a pure data function and a drawing
+function that returns a :class:`matplotlib.figure.Figure`.
+
+- :func:`roofline_data` / :func:`plot_roofline` — the HRM plot of one operator (Fig. 4/5);
+- :func:`plot_policy_map` — best policy over link bandwidth × CPU scaling (Fig. 10), data
+  from :func:`solver.sweep.policy_map`;
+- :func:`plot_cpu_memory` — throughput vs CPU memory per schedule (Fig. 1), data from
+  :func:`solver.sweep.cpu_memory_sweep`;
+- :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.timeline.decode_timeline`
+  and, optionally, a runtime trace.
+
+:func:`save_png` writes a figure atomically.
+"""
+
+from ._common import save_png
+from .cpu_memory import plot_cpu_memory
+from .policy_map import plot_policy_map
+from .roofline import RooflineData, plot_roofline, roofline_data
+from .timeline import plot_timeline, trace_boxes
+
+__all__ = ["RooflineData", "plot_cpu_memory", "plot_policy_map", "plot_roofline", "plot_timeline",
+           "roofline_data", "save_png", "trace_boxes"]
