@@ -118,6 +118,12 @@ def search(
     if max_batch < 1:
         raise HRMError(f"--max-batch must be positive, got {max_batch}")
     limits = limits or memory_limits(hw, options)
+    # pinned static ratios imply the placement: weights on the GPU need experts on the GPU,
+    # a KV share on the GPU needs attention there
+    if fixed.get("weights_gpu_ratio", 0) > 0:
+        fixed.setdefault("ffn_on_gpu", True)
+    if fixed.get("kv_gpu_ratio", 0) > 0:
+        fixed.setdefault("attn_on_gpu", True)
     mu_grid = (fixed["micro_batch_size"],) if "micro_batch_size" in fixed else MU_GRID
     modes = enumerate_modes(schedule, mu_grid, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
     if not modes:

@@ -107,6 +107,16 @@ def test_fix_pins_policy():
     assert p.weights_gpu_ratio == pytest.approx(round(0.1 * 256) / 256)
 
 
+def test_fixed_static_ratios_imply_the_placement():
+    """--fix rw=0.5 alone keeps the experts on the GPU (r_w means nothing for CPU experts);
+    --fix rc=0.5 keeps attention on the GPU."""
+    hw, model, wl = load_hardware("cpu-only"), load_model("tiny-mixtral"), make_workload("synthetic-reasoning", gen_len=8)
+    p = search(hw, model, wl, fixed={"weights_gpu_ratio": 0.5, "micro_batch_size": 8, "num_micro_batches": 4}, top=0).best.policy
+    assert p.ffn_on_gpu and p.weights_gpu_ratio == pytest.approx(0.5)
+    p = search(hw, model, wl, fixed={"kv_gpu_ratio": 0.5, "micro_batch_size": 8, "num_micro_batches": 4}, top=0).best.policy
+    assert p.attn_on_gpu and p.kv_gpu_ratio == pytest.approx(0.5)
+
+
 def test_model_larger_than_memory_is_infeasible():
     hw, model, wl = load_hardware("cpu-only"), load_model("dbrx"), make_workload("mtbench")
     with pytest.raises(InfeasibleError, match="exceed"):
