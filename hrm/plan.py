@@ -81,8 +81,9 @@ def plan_schema() -> dict:
     return Plan.model_json_schema()
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and a rename."""
+def write_atomic(path: str | Path, content: str | bytes) -> None:
+    """Write ``content`` to ``path`` via a temp file in the same folder and a rename, so a
+    reader never sees half a file. The result is readable by all (0644), as open() makes."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
@@ -92,8 +93,9 @@ def write_atomic(path: str | Path, text: str) -> None:
     except OSError as exc:
         raise HRMError(f"{path}: cannot write ({exc.strerror})") from None
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as handle:
+            handle.write(content)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 
 from matplotlib.figure import Figure
-
-from ..errors import HRMError
 
 TFLOPS = 1e12
 #: colours of task kinds and tiers, close to the paper's Fig. 6 (attention orange, KV green)
@@ -33,20 +30,13 @@ def new_figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1, 
 
 
 def save_png(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
-    """Write the figure atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise HRMError(f"{path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=folder)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, path)
-    except (OSError, ValueError) as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise HRMError(f"{path}: cannot write ({exc})") from None
-    return path
+    """Write the figure as PNG atomically (:func:`hrm.plan.write_atomic`)."""
+    from ..plan import write_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=dpi, format="png")
+    write_atomic(path, buffer.getvalue())
+    return Path(path)
 
 
 def si_rate(value: float, unit: str) -> str:
