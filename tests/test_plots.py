@@ -16,6 +16,7 @@ from hrm.latency import decode_resources
 from hrm.model import load_model
 from hrm.plots import plot_cpu_memory, plot_policy_map, plot_roofline, plot_timeline, roofline_data, trace_boxes
 from hrm.plots.policy_map import grid
+from hrm.plots.timeline import trace_policy
 from hrm.policy import parse_policy
 from hrm.rates import rates_from_profile
 from hrm.roofline import hrm_from_profile, turning_points
@@ -233,7 +234,7 @@ def synthetic_trace(path):
         task(f"LoadH L{layer} mb0", 3, base + 410, 10, step=1, layer=layer, mb=0)
         task(f"PostAttn L{layer} mb0", 1, base + 420, 500, step=1, layer=layer, mb=0)
     task("W_PintoG L2 page0", 3, 1500, 200, kind="weights", layer=2, page=0)
-    path.write_text(json.dumps({"traceEvents": events}))
+    path.write_text(json.dumps({"traceEvents": events, "metadata": {"policy": "N=16,mu=8,attn=cpu"}}))
 
 
 def test_trace_boxes_pick_one_layer(tmp_path):
@@ -245,6 +246,7 @@ def test_trace_boxes_pick_one_layer(tmp_path):
     kinds = sorted((b.resource, b.kind) for b in boxes)
     assert kinds == sorted([("gpu", "pre_attn"), ("d2h", "qkv"), ("cpu", "attention"), ("h2d", "hidden"),
                             ("gpu", "post_attn"), ("h2d", "weights")])
+    assert trace_policy(path) == "N=16,mu=8,attn=cpu"
     weights = next(b for b in boxes if b.kind == "weights")
     assert (weights.start_s, weights.end_s) == pytest.approx((500e-6, 700e-6))
 

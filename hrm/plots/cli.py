@@ -73,7 +73,8 @@ def build_parser() -> ArgumentParser:
     add_workload_args(tl)
     add_memory_args(tl)
     tl.add_argument("--plan", help="plan file (hrm-search --out); its policy and schedule are drawn")
-    tl.add_argument("--policy", help="policy, e.g. 'N=2496,mu=192,rw=0.11' (default: the searched optimum)")
+    tl.add_argument("--policy", help="policy, e.g. 'N=2496,mu=192,rw=0.11' (default: the trace's policy when "
+                    "--trace is given, else the searched optimum)")
     tl.add_argument("--schedule", choices=SCHEDULES, help="schedule (default: the plan's, else cgopipe)")
     tl.add_argument("--context", type=float, help="cached tokens (default: the mean over the decode steps)")
     tl.add_argument("--trace", help="Chrome trace from 'hrm run --trace' to draw below the model")
@@ -161,7 +162,7 @@ def _timeline(args):
     from ..policy import parse_policy
     from ..rates import rates_from_profile
     from ..timeline import decode_timeline, mid_context
-    from .timeline import plot_timeline
+    from .timeline import plot_timeline, trace_policy
 
     hw, model = machine_from_args(args)
     options = options_from_args(args)
@@ -170,8 +171,8 @@ def _timeline(args):
     if args.plan:
         plan = load_plan(args.plan)
         policy, workload, schedule = plan.policy, plan.workload, schedule or plan.schedule
-    elif args.policy:
-        policy = parse_policy(args.policy)
+    elif args.policy or (args.trace and trace_policy(args.trace)):
+        policy = parse_policy(args.policy or trace_policy(args.trace))
     else:
         from solver.search import search
 

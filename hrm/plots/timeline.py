@@ -44,13 +44,25 @@ def model_boxes(timeline: Timeline, first_layer: int = 1, last_layer: int | None
     return boxes, end - start
 
 
+def _read_trace(path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+        data["traceEvents"]
+        return data
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HRMError(f"{path}: not a Chrome trace written by hrm run --trace ({exc})") from None
+
+
+def trace_policy(path) -> str | None:
+    """The policy string ``hrm run --trace`` records in the trace's metadata (None if absent)."""
+    meta = _read_trace(path).get("metadata") or {}
+    return meta.get("policy") if isinstance(meta, dict) else None
+
+
 def trace_boxes(path: str | Path, step: int | None = None, layer: int | None = None):
     """Boxes of one decode layer of a runtime Chrome trace: every task that overlaps the
     window of (step, layer) (default: the middle decode step, the middle layer)."""
-    try:
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise HRMError(f"{path}: not a Chrome trace written by hrm run --trace ({exc})") from None
+    events = _read_trace(path)["traceEvents"]
     lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     tasks = [e for e in events if e.get("ph") == "X"]
     decode = [e for e in tasks if e.get("args", {}).get("phase") == "decode" and "step" in e.get("args", {})]
