@@ -1,9 +1,11 @@
 """Prediction accuracy of the HRM model against the reference runtime on this machine.
 
 Runs ``hrm validate`` for each model (default tiny-mixtral and small-mixtral) with a hardware
-profile (default: measure this machine now with ``hrm profile --quick``), and prints the
-per-policy table, MAPE of the per-layer decode latency, Spearman rank correlation of the
-generation throughput, and the measured/predicted ratio of each resource term.
+profile (default: measure this machine with ``hrm profile --quick`` right before each model,
+so that profile and runs see the same host load), and prints the per-policy table, MAPE of
+the per-layer decode latency, Spearman rank correlation of the generation throughput, the
+measured/predicted ratio of each resource term, and — on the same measurements — the scores
+of the model without its dispatch-overhead and emulated-tier terms (ablations).
 
 Run: python benchmarks/validate_bench.py [--hw PROFILE.yaml] [--models tiny-mixtral small-mixtral]
                                          [--policies 10] [--repeats 3] [--out DIR]
@@ -27,11 +29,11 @@ from hrm.workload import make_workload
 from runtime.validate import render_report, run_validation, validation_policies, write_outputs
 
 
-def measured_profile(folder: Path) -> str:
+def measured_profile(folder: Path, stem: str = "this-host") -> str:
     """Profile this machine (quick) into ``folder`` and return the YAML path."""
-    path = folder / "this-host.yaml"
+    path = folder / f"{stem}.yaml"
     subprocess.run([sys.executable, "-m", "hrm.cli", "profile", "--quick", "--no-disk", "--no-progress",
-                    "--name", "this-host", "--out", str(path)], check=True)
+                    "--name", stem, "--out", str(path)], check=True)
     return str(path)
 
 
@@ -47,12 +49,13 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.out or tempfile.mkdtemp(prefix="hrm-validate-"))
     work.mkdir(parents=True, exist_ok=True)
-    hw = load_hardware(args.hw or measured_profile(work))
     workload = make_workload(None, prompt_len=args.prompt_len, max_prompt_len=args.prompt_len, gen_len=args.gen_len)
-    summary = Table(title=f"HRM prediction accuracy on {hw.name} (target: MAPE <= 10%, Spearman >= 0.9)")
-    for col in ("model", "policies", "MAPE layer latency", "Spearman gen tok/s", "memory within +10%", "term ratios"):
+    summary = Table(title="HRM prediction accuracy on this host (target: MAPE <= 10%, Spearman >= 0.9)")
+    for col in ("model", "profile", "policies", "MAPE layer latency", "Spearman gen tok/s", "memory within +10%",
+                "term ratios", "without dispatch / emulation / both (MAPE)", "load avg"):
         summary.add_column(col)
     for name in args.models:
+        hw = load_hardware(args.hw or measured_profile(work, f"this-host-{name}"))
         report = run_validation(hw, load_model(name), workload, validation_policies(args.policies), "auto", "fp32",
                                 args.repeats, progress=lambda line: print(line, file=sys.stderr, flush=True))
         render_report(report)
@@ -60,9 +63,12 @@ def main() -> None:
         folder.mkdir(exist_ok=True)
         write_outputs(report, folder)
         ratios = ", ".join(f"{k} x{v:.2f}" for k, v in report.term_ratios().items())
-        summary.add_row(name, str(len(report.outcomes)), f"{100 * report.mape:.1f}%", f"{report.spearman:.3f}",
-                        "yes" if report.memory_ok else "NO", ratios)
-        print(json.dumps({"model": name, "mape": report.mape, "spearman": report.spearman}))
+        ablations = " / ".join(f"{100 * s['mape']:.0f}%" for s in report.ablations.values())
+        load = f"{report.load_average[0]:.1f}" if report.load_average else "-"
+        summary.add_row(name, hw.name, str(len(report.outcomes)), f"{100 * report.mape:.1f}%", f"{report.spearman:.3f}",
+                        "yes" if report.memory_ok else "NO", ratios, ablations, load)
+        print(json.dumps({"model": name, "profile": hw.name, "mape": report.mape, "spearman": report.spearman,
+                          "ablations": report.ablations, "load_average": report.load_average}))
     Console(width=160).print(summary)
     print(f"outputs in {work}")
 

@@ -80,6 +80,37 @@ def interpolate_curve(points: list[CurvePoint], x) -> np.ndarray:
     return np.interp(np.log(np.maximum(x, 1e-30)), xs[order], ys[order])
 
 
+NonNegative = Field(default=0.0, ge=0)
+
+
+class Dispatch(_Strict):
+    """Fixed cost of one invocation, whatever its size: the α of the α-β (latency-bandwidth)
+    cost model, t = α + max(FLOPs / F, bytes / B). On a GPU it is the launch latency of the
+    operator's kernels plus the stream synchronisation of a task; on an emulated device tier
+    the Python/torch dispatch of the operator's ops. ``hrm profile`` measures it by running
+    the reference runtime's operators at a minimal size (one token, hidden 16); datasheet
+    profiles leave it out (every α = 0, the plain roofline of eq. 14).
+
+    - ``task_s``: one task on a lane (launch, dependency hand-off, completion);
+    - ``pre_attn_s`` / ``attention_s`` / ``post_attn_s``: pre-attention (RMSNorm, QKV,
+      RoPE), decode attention over the cache, post-attention (O projection, RMSNorm,
+      router) — one call each per micro-batch;
+    - ``experts_call_s`` + ``expert_s`` × distinct experts touched: the routed-expert loop
+      (a shared expert or a dense MLP counts as one more expert);
+    - ``head_s``: final norm + lm_head + greedy choice + embedding of the next token;
+    - ``copy_s``: one transfer between the tiers (issued by the host).
+    """
+
+    task_s: float = NonNegative
+    pre_attn_s: float = NonNegative
+    attention_s: float = NonNegative
+    post_attn_s: float = NonNegative
+    experts_call_s: float = NonNegative
+    expert_s: float = NonNegative
+    head_s: float = NonNegative
+    copy_s: float = NonNegative
+
+
 class GPU(_Strict):
     name: str
     count: int = Field(default=1, ge=1)
@@ -87,6 +118,7 @@ class GPU(_Strict):
     memory_bandwidth_gbps: float = Positive
     tflops: Flops
     gpu_to_gpu_gbps: Optional[float] = Field(default=None, gt=0)
+    dispatch: Optional[Dispatch] = None
 
     @model_validator(mode="after")
     def _multi_gpu_needs_link(self):
@@ -110,6 +142,7 @@ class CPU(_Strict):
     memory_gib: float = Positive
     memory_bandwidth_gbps: float = Positive
     tflops: Flops
+    dispatch: Optional[Dispatch] = None
 
     @property
     def memory_bytes(self) -> float:
@@ -132,6 +165,30 @@ class Disk(_Strict):
     read_gbps: float = Positive
 
 
+class Emulation(_Strict):
+    """The device tier as the reference runtime emulates it on a CPU-only host (SPEC §8):
+    torch operators on ``threads`` intra-op threads, one task at a time on one unit
+    (``runtime.device.SharedUnit``). ``hrm profile`` measures it with the runtime's own
+    operators, so that on a CPU-only host the model predicts the machine that executes the
+    plans (the ``cpu`` section keeps the whole machine's peaks: all cores, numpy BLAS).
+
+    - ``tflops``: best point of the matmul curve per dtype;
+    - ``memory_bandwidth_gbps``: a large torch copy, bytes read + written per second
+      (STREAM's counting, as ``cpu.memory_bandwidth_gbps``);
+    - ``copy_gbps``: bytes *moved* per second by the same copy — what a tier-to-tier
+      transfer (the emulated H2D/D2H) costs;
+    - ``matmul_tflops_vs_m``: ``F.linear`` (weights in the [out, in] layout the runtime
+      uses), cold weights (a pool larger than the last-level cache, as streamed expert
+      weights are), achieved TFLOP/s vs rows M.
+    """
+
+    threads: int = Field(ge=1)
+    tflops: Flops
+    memory_bandwidth_gbps: float = Positive
+    copy_gbps: float = Positive
+    matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -141,6 +198,7 @@ class HardwareProfile(_Strict):
     link: Optional[Link] = None
     disk: Optional[Disk] = None
     efficiency: Optional[Efficiency] = None
+    emulation: Optional[Emulation] = None
 
     @model_validator(mode="after")
     def _gpu_needs_link(self):
@@ -160,7 +218,15 @@ class HardwareProfile(_Strict):
 
     def sha256(self) -> str:
         """Hash of the canonical JSON of the profile (the plan records it)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        data = self.model_dump(mode="json")
+        # fields added after plans were first written are hashed only when set, so that a
+        # profile without them keeps the hash its plans recorded
+        for section in ("cpu", "gpu"):
+            if isinstance(data.get(section), dict) and data[section].get("dispatch") is None:
+                data[section].pop("dispatch", None)
+        if data.get("emulation") is None:
+            data.pop("emulation", None)
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
 

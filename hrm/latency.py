@@ -15,6 +15,13 @@ same coefficients, so the formulas exist once.
 
 Transfers (paper §4.1): D1 QKV GPU→CPU, D2 hidden CPU→GPU, D3 weight pages CPU→GPU,
 D4 KV cache CPU→GPU (attention on GPU with KV on CPU).
+
+Dispatch overhead (α-β model): a measured profile may carry a fixed cost per task and per
+operator call (:class:`hrm.hardware.Dispatch`: kernel launches and stream syncs on a GPU,
+Python/torch dispatch on an emulated tier). Each lane then also pays, per micro-batch, the
+α of the tasks the schedule puts on it (:func:`decode_dispatch`) — still affine, so the
+solver carries it through the same coefficients. Without it (datasheet profiles) every
+α is 0 and the lanes are the plain roofline of eq. 14.
 """
 
 from __future__ import annotations
@@ -95,6 +102,65 @@ def allreduce_time_s(model: ModelSpec, rates: Rates, tokens):
     return 2 * 2 * (p - 1) / p * payload / rates.g2g_bytes_s
 
 
+def _alpha(dispatch, name: str) -> float:
+    """One α of a Dispatch (0 without one)."""
+    return float(getattr(dispatch, name)) if dispatch is not None else 0.0
+
+
+def experts_call_dispatch_s(model: ModelSpec, dispatch, tokens):
+    """α of one routed-expert call for ``tokens`` tokens: the call, plus one expert
+    invocation per distinct expert touched (the loop runs over the experts the router
+    picked, E = ne·(1 − (1 − k/ne)^tokens) of them in expectation)."""
+    return _alpha(dispatch, "experts_call_s") + costs.expected_distinct_experts(model, tokens) * _alpha(dispatch, "expert_s")
+
+
+def post_attn_dispatch_s(model: ModelSpec, dispatch, moe: bool = True) -> float:
+    """α of post-attention: the call, plus one expert invocation for a shared expert (MoE
+    layer) or the dense MLP (dense layer)."""
+    extra = 1.0 if (not moe or model.shared_intermediate_size) else 0.0
+    return _alpha(dispatch, "post_attn_s") + extra * _alpha(dispatch, "expert_s")
+
+
+def decode_dispatch(model: ModelSpec, rates: Rates, micro_batch, attn, ffn, moe: bool = True) -> dict[str, tuple]:
+    """Per micro-batch α of each lane in a decode layer, as (always, × (1 − r_c)): the tasks
+    of the schedule (paper Algorithm 1; FlexGen S4 order with attention on the GPU) and
+    the operator calls and transfers inside them.
+
+    - gpu: PreAttn and PostAttn (one fused task when attention is on the GPU), the expert
+      loop when the experts run there, the merge of CPU experts' output otherwise;
+    - cpu: CPU attention; CPU experts;
+    - d2h: D1 QKV (attention on the GPU: the new token's K and V, 2 copies × (1 − r_c));
+      the 3 router outputs to the CPU experts;
+    - h2d: D2 hidden (GPU attention: the K and V prefetch, 2 copies × (1 − r_c)); the CPU
+      experts' output; one weight page per micro-batch while experts run on the GPU
+      (exact for r_w < 1; with r_w = 1 nothing is paged and this overcounts n page tasks).
+    """
+    g, c = rates.gpu_dispatch, rates.cpu_dispatch
+    task_g, copy_g, task_c = _alpha(g, "task_s"), _alpha(g, "copy_s"), _alpha(c, "task_s")
+    mu = np.asarray(micro_batch, dtype=float)
+    ffn_g = experts_call_dispatch_s(model, g, mu) if moe else 0.0
+    ffn_c = experts_call_dispatch_s(model, c, mu) if moe else 0.0
+    routed = 1.0 if moe else 0.0
+    gpu = ((2 - attn) * task_g + _alpha(g, "pre_attn_s") + post_attn_dispatch_s(model, g, moe)
+           + attn * _alpha(g, "attention_s") + ffn * ffn_g + routed * (1 - ffn) * task_g)
+    cpu = (1 - attn) * (task_c + _alpha(c, "attention_s")) + routed * (1 - ffn) * (task_c + ffn_c)
+    d2h = (1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + 3 * copy_g)
+    h2d = (1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + copy_g) + routed * ffn * (task_g + copy_g)
+    kv = attn * 2 * copy_g
+    return {"gpu": (gpu, 0.0), "cpu": (cpu, 0.0), "h2d": (h2d, kv), "d2h": (d2h, kv)}
+
+
+def attention_rows(model: ModelSpec, query_tokens=1):
+    """Rows M of attention's matmuls: QK^T and PV run per (sequence, KV head) as an
+    (M × d) @ (d × c) product over the cached tokens, with the query heads that share the KV
+    head stacked — nq/nkv of them (GQA; MLA: all heads share the latent) — times the query
+    tokens. With a measured FLOP/s-vs-M curve, decode attention is then charged at the
+    efficiency of an M-row matmul streaming its operand (the KV cache) once, like a weight;
+    without a curve (datasheet profiles) at the peak, as before."""
+    group = model.num_heads if model.is_mla else model.num_heads // model.num_kv_heads
+    return group * np.asarray(query_tokens, dtype=float)
+
+
 def _expert_rows(model: ModelSpec, tokens):
     """Rows of one expert's matmul: tokens·k spread over the distinct experts touched."""
     return np.asarray(tokens, dtype=float) * model.top_k / costs.expected_distinct_experts(model, tokens)
@@ -113,9 +179,10 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
 
     ffn_rows = _expert_rows(model, mu) if moe else mu
     gpu = (gpu_time_s(ops.pre_attn, rates, mu) + gpu_time_s(ops.post_attn, rates, mu)
-           + attn * gpu_time_s(ops.attention, rates) + ffn * gpu_time_s(ops.ffn, rates, ffn_rows)
+           + attn * gpu_time_s(ops.attention, rates, attention_rows(model)) + ffn * gpu_time_s(ops.ffn, rates, ffn_rows)
            + allreduce_time_s(model, rates, mu))
-    cpu = (1 - attn) * cpu_time_s(ops.attention, rates) + (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows)
+    cpu = ((1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model))
+           + (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows))
     # D2 hidden back after CPU attention; expert outputs back when experts run on the CPU
     h2d = ((1 - attn) * mu * model.attn_out_dim * ab + (1 - ffn) * mu * model.hidden_size * ab) / rates.h2d_bytes_s
     # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
@@ -127,6 +194,11 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
     # D3: the offloaded expert weights of the next layer, in n pages
     weights = ffn * costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0
     zero = np.zeros(np.broadcast(mu, context, attn).shape)
+    if rates.gpu_dispatch is not None or rates.cpu_dispatch is not None:
+        alpha = decode_dispatch(model, rates, mu, attn, ffn, moe)
+        gpu, cpu = gpu + alpha["gpu"][0], cpu + alpha["cpu"][0]
+        h2d, h2d_kv = h2d + alpha["h2d"][0], h2d_kv + alpha["h2d"][1]
+        d2h, d2h_kv = d2h + alpha["d2h"][0], d2h_kv + alpha["d2h"][1]
     return {
         "gpu": Lane("gpu", gpu + zero),
         "cpu": Lane("cpu", cpu + zero),
@@ -141,17 +213,35 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     tokens = mu * prompt_len
     ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
     rows = _expert_rows(model, tokens) if moe else tokens
-    gpu = (gpu_time_s(ops.pre_attn, rates, tokens) + gpu_time_s(ops.attention, rates)
+    gpu = (gpu_time_s(ops.pre_attn, rates, tokens) + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len))
            + gpu_time_s(ops.post_attn, rates, tokens) + gpu_time_s(ops.ffn, rates, rows)
            + allreduce_time_s(model, rates, tokens))
     kv_offload = tokens * costs.kv_bytes_per_token(model) / rates.d2h_bytes_s
     weights = costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0
     zero = np.zeros(mu.shape)
+    alpha = prefill_dispatch(model, rates, mu, prompt_len, moe)
     return {
-        "gpu": Lane("gpu", gpu + zero),
-        "h2d": Lane("h2d", zero, zero, weights + zero),
-        "d2h": Lane("d2h", zero, kv_offload + zero),
+        "gpu": Lane("gpu", gpu + alpha["gpu"] + zero),
+        "h2d": Lane("h2d", alpha["h2d"] + zero, zero, weights + zero),
+        "d2h": Lane("d2h", alpha["d2h"] + zero, kv_offload + zero),
     }
+
+
+def prefill_dispatch(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True) -> dict:
+    """Per micro-batch α of a prefill layer: one device task (pre-attention, causal
+    attention once per sequence, post-attention, the expert loop over μ·s tokens), the
+    hidden states parked on the host and loaded back (a copy each way), the prompt's KV
+    written to the host (K and V of each sequence: 2μ copies), one weight page."""
+    g = rates.gpu_dispatch
+    if g is None:
+        return {"gpu": 0.0, "h2d": 0.0, "d2h": 0.0}
+    mu = np.asarray(micro_batch, dtype=float)
+    task, copy = _alpha(g, "task_s"), _alpha(g, "copy_s")
+    ffn = experts_call_dispatch_s(model, g, mu * prompt_len) if moe else 0.0
+    gpu = task + _alpha(g, "pre_attn_s") + mu * _alpha(g, "attention_s") + post_attn_dispatch_s(model, g, moe) + ffn
+    h2d = task + copy + ((task + copy) if moe else 0.0)
+    d2h = 2 * task + copy + 2 * mu * copy
+    return {"gpu": gpu, "h2d": h2d, "d2h": d2h}
 
 
 def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool) -> list[Lane]:
@@ -180,8 +270,14 @@ def lanes_time_s(lanes: list[Lane], num_micro_batches, weights_gpu_ratio, kv_gpu
 
 
 def lm_head_time_s(model: ModelSpec, rates: Rates, micro_batch):
-    """Embedding + final norm + lm_head for one micro-batch on the device tier (static weights)."""
-    return gpu_time_s(costs.lm_head(model, micro_batch), rates, micro_batch)
+    """Embedding + final norm + lm_head for one micro-batch on the device tier (static weights),
+    plus its dispatch: the head task and, where all lanes share one unit, the copy of the
+    tokens to the host (on a GPU host that copy overlaps the next micro-batch)."""
+    g = rates.gpu_dispatch
+    alpha = _alpha(g, "task_s") + _alpha(g, "head_s")
+    if rates.shared_unit:
+        alpha += _alpha(g, "task_s") + _alpha(g, "copy_s")
+    return gpu_time_s(costs.lm_head(model, micro_batch), rates, micro_batch) + alpha
 
 
 def layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:

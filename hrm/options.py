@@ -17,6 +17,13 @@ class ModelOptions(BaseModel):
     - ``cpu_compute_dtype``: the paper computes CPU attention in float32 (Fig. 4 footnote).
     - ``use_efficiency_curves``: use a measured profile's achieved-FLOP/s-vs-M and
       bandwidth-vs-size curves instead of peaks where the profile has them.
+    - ``use_dispatch_overhead``: charge a measured profile's fixed cost per task and per
+      operator call (``dispatch`` of the gpu/cpu sections, the α of the α-β model) on top
+      of each task's roofline time; datasheet profiles have none, so it changes nothing
+      for them. Source: ``hrm profile`` (the reference runtime's operators at minimal size).
+    - ``use_emulation``: on a CPU-only host, take both tiers' rates from the profile's
+      ``emulation`` section (the runtime's torch operators on its thread count) where it
+      has one, instead of the whole machine's peaks of the ``cpu`` section.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,6 +33,8 @@ class ModelOptions(BaseModel):
     gpu_compute_dtype: Dtype = "fp16"
     cpu_compute_dtype: Dtype = "fp32"
     use_efficiency_curves: bool = True
+    use_dispatch_overhead: bool = True
+    use_emulation: bool = True
 
 
 DEFAULT_OPTIONS = ModelOptions()

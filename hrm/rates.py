@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from .hardware import CurvePoint, HardwareProfile, interpolate_curve
+from .hardware import CurvePoint, Dispatch, HardwareProfile, interpolate_curve
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .units import GB, TFLOPS
 
@@ -31,6 +31,10 @@ class Rates:
     shared_unit: bool
     gpu_matmul_curve: tuple[CurvePoint, ...] = ()
     cpu_matmul_curve: tuple[CurvePoint, ...] = ()
+    # fixed cost per invocation (α of the α-β model) of the device tier's and the CPU's
+    # tasks; None = 0 (datasheet profiles, or ModelOptions.use_dispatch_overhead off)
+    gpu_dispatch: Optional[Dispatch] = None
+    cpu_dispatch: Optional[Dispatch] = None
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -46,11 +50,26 @@ def _achieved(peak: float, curve, rows, scale: int):
     return np.minimum(peak, interpolate_curve(list(curve), np.maximum(rows, 1.0)) * TFLOPS * scale)
 
 
+def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optional[Dispatch]) -> Rates:
+    """CPU-only host with a measured ``emulation`` section: both tiers are the runtime's
+    emulated unit (same FLOP/s curve, same bus); a transfer is a copy at ``copy_gbps``."""
+    emu = hw.emulation
+    curves = emu.matmul_tflops_vs_m if options.use_efficiency_curves else {}
+    bw = emu.memory_bandwidth_gbps * GB
+    copy = emu.copy_gbps * GB
+    return Rates(emu.tflops.flops(options.gpu_compute_dtype), bw, emu.tflops.flops(options.cpu_compute_dtype), bw,
+                 copy, copy, 1, None, True, tuple(curves.get(options.gpu_compute_dtype, ())),
+                 tuple(curves.get(options.cpu_compute_dtype, ())), dispatch, dispatch)
+
+
 def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> Rates:
     eff = hw.efficiency if options.use_efficiency_curves else None
+    cpu_dispatch = hw.cpu.dispatch if options.use_dispatch_overhead else None
     cpu_curve = tuple(eff.cpu_matmul_tflops_vs_m.get(options.cpu_compute_dtype, ())) if eff else ()
     cpu_flops = hw.cpu.tflops.flops(options.cpu_compute_dtype)
     cpu_bw = hw.cpu.memory_bandwidth_bytes_s
+    if hw.gpu is None and hw.emulation is not None and options.use_emulation:
+        return emulated_rates(hw, options, cpu_dispatch)
     if hw.gpu is None:
         # device tier emulated on the CPU: same unit, same bus; a "transfer" is a DRAM copy
         # (reads + writes the bytes once each, so half the STREAM-counted bandwidth)
@@ -58,7 +77,7 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         copy = hw.link.h2d_gbps * GB if hw.link else cpu_bw / 2
         copy_back = hw.link.d2h_gbps * GB if hw.link else cpu_bw / 2
         return Rates(hw.cpu.tflops.flops(options.gpu_compute_dtype), cpu_bw, cpu_flops, cpu_bw, copy, copy_back,
-                     1, None, True, dev_curve or cpu_curve, cpu_curve)
+                     1, None, True, dev_curve or cpu_curve, cpu_curve, cpu_dispatch, cpu_dispatch)
     gpu_curve = tuple(eff.gpu_matmul_tflops_vs_m.get(options.gpu_compute_dtype, ())) if eff else ()
     count = hw.gpu.count
     g2g = hw.gpu.gpu_to_gpu_gbps * GB if hw.gpu.gpu_to_gpu_gbps else None
@@ -74,4 +93,6 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         False,
         gpu_curve,
         cpu_curve,
+        hw.gpu.dispatch if options.use_dispatch_overhead else None,
+        cpu_dispatch,
     )

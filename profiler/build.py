@@ -9,9 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hrm.hardware import CPU, GPU, CurvePoint, Disk, Efficiency, Flops, HardwareProfile, Link, Source
+from hrm.hardware import (CPU, GPU, CurvePoint, Disk, Dispatch, Efficiency, Emulation, Flops, HardwareProfile, Link,
+                          Source)
 
 from .cpu import HostInfo, Measured, StreamResult, best_of
+from .dispatch import DispatchResult
+from .emulation import EmulationResult
 from .gpu import GpuResults
 
 SIG_DIGITS = 4
@@ -25,6 +28,8 @@ class CpuResults:
     matmul: dict[str, dict[int, Measured]] = field(default_factory=dict)
     attention: dict[int, Measured] = field(default_factory=dict)
     disk: Measured | None = None
+    dispatch: DispatchResult | None = None  # measured on the emulated tier or, with a GPU, on CUDA
+    emulation: EmulationResult | None = None  # the emulated device tier (CPU-only host)
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,17 @@ def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str]) -> CPU:
     methods["cpu.cores"] = "usable CPUs (sched_getaffinity)"
     methods["cpu.memory_gib"] = "MemTotal of /proc/meminfo"
     return CPU(name=host.cpu_name, cores=host.cores, memory_gib=sig(host.memory_gib),
-               memory_bandwidth_gbps=sig(stream.triad.value), tflops=Flops(**tflops))
+               memory_bandwidth_gbps=sig(stream.triad.value), tflops=Flops(**tflops),
+               dispatch=build_dispatch(cpu.dispatch, "cpu", methods))
+
+
+def build_dispatch(result: DispatchResult | None, section: str, methods: dict[str, str]) -> Dispatch | None:
+    """A ``dispatch`` block (α per task / operator call, seconds) with a note per value."""
+    if result is None:
+        return None
+    for key, note in result.notes.items():
+        methods[f"{section}.dispatch.{key}"] = note
+    return Dispatch(**{k: float(f"{v:.3g}") for k, v in result.values.items()})
 
 
 def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
@@ -122,7 +137,7 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
             methods["gpu.gpu_to_gpu_gbps"] = "NOT measured (peer copy failed); set to the pinned h2d rate"
     gpu_section = GPU(name=gpu.info.name, count=gpu.info.count, memory_gib=sig(gpu.info.memory_bytes / 2**30),
                       memory_bandwidth_gbps=sig(gpu.copy.value), tflops=Flops(**tflops),
-                      gpu_to_gpu_gbps=peer_gbps)
+                      gpu_to_gpu_gbps=peer_gbps, dispatch=build_dispatch(gpu.dispatch, "gpu", methods))
     methods["link.h2d_gbps"] = peak_method(gpu.h2d_pinned, "bytes")
     methods["link.d2h_gbps"] = peak_method(gpu.d2h_pinned, "bytes")
     pageable = None
@@ -178,6 +193,7 @@ def build_profile(facts: RunFacts, host: HostInfo, cpu: CpuResults, gpu: GpuResu
         disk = Disk(read_gbps=sig(cpu.disk.value))
         methods["disk.read_gbps"] = cpu.disk.method()
     efficiency = build_efficiency(cpu, gpu, methods)
+    emulation = build_emulation(cpu.emulation, methods) if gpu_section is None else None
     notes = "; ".join((f"hrm profile ({facts.mode}), {facts.elapsed_s:.1f} s of a {facts.budget_s:.0f} s budget",
                        *facts.notes))
     source = Source(kind="measured", date=facts.date, tool_version=facts.tool_version, host=host.hostname,
@@ -186,4 +202,20 @@ def build_profile(facts: RunFacts, host: HostInfo, cpu: CpuResults, gpu: GpuResu
     description = (f"measured on {host.hostname}: {host.cpu_name}, {host.cores} cores, "
                    f"{host.memory_gib:.0f} GiB, {gpu_desc}")
     return HardwareProfile(name=facts.name, description=description, source=source, gpu=gpu_section,
-                           cpu=cpu_section, link=link, disk=disk, efficiency=efficiency)
+                           cpu=cpu_section, link=link, disk=disk, efficiency=efficiency, emulation=emulation)
+
+
+def build_emulation(result: EmulationResult | None, methods: dict[str, str]) -> Emulation | None:
+    """The ``emulation`` section: peaks = best point of each curve; bandwidth = 2 x copy."""
+    if result is None or not any(result.matmul.values()):
+        return None
+    curves = {dtype: c for dtype, c in result.matmul.items() if c}
+    for dtype, c in curves.items():
+        methods[f"emulation.tflops.{dtype}"] = peak_method(c, "M")
+        methods[f"emulation.matmul_tflops_vs_m.{dtype}"] = curve_method(c, "M")
+    methods["emulation.copy_gbps"] = result.copy.method()
+    methods["emulation.memory_bandwidth_gbps"] = "2 x emulation.copy_gbps (bytes read + written, STREAM's counting)"
+    methods["emulation.threads"] = "runtime.device.EMULATED_THREADS (intra-op threads of the emulated tier)"
+    return Emulation(threads=result.threads, tflops=Flops(**{d: sig(best_of(c)[1].value) for d, c in curves.items()}),
+                     memory_bandwidth_gbps=sig(2 * result.copy.value), copy_gbps=sig(result.copy.value),
+                     matmul_tflops_vs_m={d: curve_points(c) for d, c in curves.items()})

@@ -43,6 +43,15 @@ class ProfileConfig:
     attention: AttentionShape = field(default_factory=AttentionShape)
     # Disk read (0 = skip).
     disk_bytes: int = 512 * MIB
+    # Dispatch overhead per task / operator call (profiler.dispatch; needs torch): rounds
+    # of probe runs of the reference runtime (0 = skip).
+    dispatch_repeats: int = 3
+    # Emulated device tier of a CPU-only host (profiler.emulation; needs torch): F.linear
+    # fp32 curve vs M at (K, N) with cold weights, and a torch copy (empty ms = skip).
+    emulation_ms: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    emulation_k: int = 2048
+    emulation_n: int = 2048
+    emulation_copy_bytes: int = 256 * MIB
     # GPU.
     gpu_matmul_k: int = 8192
     gpu_matmul_n: int = 8192
@@ -67,6 +76,7 @@ def quick_config() -> ProfileConfig:
         repeats=5,
         copy_sizes_bytes=(1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB),
         matmul_ms=(1, 4, 16, 64, 256, 1024),
+        emulation_ms=(1, 2, 4, 8, 16, 32, 64, 256),
         attention_contexts=(256, 1024, 4096),
         attention_kv_bytes=256 * MIB,
         disk_bytes=64 * MIB,

@@ -61,6 +61,7 @@ class GpuResults:
     d2h_pageable: dict[int, Measured] = field(default_factory=dict)
     peer: Measured | None = None
     notes: list[str] = field(default_factory=list)
+    dispatch: object | None = None  # profiler.dispatch.DispatchResult of the runtime on CUDA
 
 
 # --- the generic measuring logic ------------------------------------------------------

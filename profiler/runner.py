@@ -72,7 +72,7 @@ def resolve_gpu(device: str, gpu_device, torch) -> tuple[object | None, str]:
 
 
 def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, pool, budget: Budget,
-              torch, disk_folder: Path | None, notes: list[str]) -> list[Step]:
+              torch, disk_folder: Path | None, notes: list[str], emulate: bool = True) -> list[Step]:
     """The CPU measurements of the run."""
     threads = host.cores
     array_bytes = cfg.stream_bytes or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
@@ -99,6 +99,19 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
             cfg.attention_contexts, cfg.attention_kv_bytes, shape.kv_heads, shape.group, shape.head_dim,
             threads, pool, w, r, budget)
 
+    def emulation() -> None:
+        from runtime.device import EMULATED_THREADS
+
+        from .emulation import measure_emulation
+
+        results.emulation = measure_emulation(torch, EMULATED_THREADS, cfg.emulation_ms, cfg.emulation_k,
+                                              cfg.emulation_n, cfg.emulation_copy_bytes, host.llc_bytes, w, r, budget)
+
+    def dispatch() -> None:
+        from .dispatch import measure_dispatch
+
+        results.dispatch = measure_dispatch("cpu", cfg.dispatch_repeats)
+
     def disk() -> None:
         folder = disk_folder or Path(tempfile.gettempdir())
         results.disk = cpu_mod.measure_disk_read(folder, cfg.disk_bytes, max(2, r), budget)
@@ -112,9 +125,27 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
             steps.append(Step(f"CPU {dtype} matmul vs M (torch)", False, matmul(dtype)))
     if cfg.attention_contexts:
         steps.append(Step("CPU decode attention (GQA over a KV cache)", False, attention))
+    if emulate and cfg.emulation_ms:
+        if torch is None:
+            notes.append("emulated device tier not measured (torch not importable); the model uses the cpu section")
+        else:
+            steps.append(Step("emulated device tier (torch F.linear vs M, copy)", False, emulation))
+    if cfg.dispatch_repeats > 0 and emulate:
+        if torch is None:
+            notes.append("dispatch overhead not measured (torch not importable); the model charges none")
+        else:
+            steps.append(Step("dispatch overhead per task / operator (reference runtime)", False, dispatch))
     if cfg.disk_bytes > 0:
         steps.append(Step("disk sequential read", False, disk))
     return steps
+
+
+def runs_the_runtime(device) -> bool:
+    """Whether ``device`` is a CUDA GPU of the installed torch (the reference runtime runs
+    there), not a stand-in."""
+    torch = cpu_mod.optional_torch()
+    return (isinstance(device, gpu_mod.TorchCudaDevice) and torch is not None and device.torch is torch
+            and torch.cuda.is_available())
 
 
 def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: Budget) -> list[Step]:
@@ -147,6 +178,13 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
               Step("D2H pinned vs size", True, transfer("d2h_pinned", "d2h", True, sizes), gpu=True),
               Step("H2D pageable vs size", False, transfer("h2d_pageable", "h2d", False, sizes), gpu=True),
               Step("D2H pageable vs size", False, transfer("d2h_pageable", "d2h", False, sizes), gpu=True)]
+    if cfg.dispatch_repeats > 0 and runs_the_runtime(device):
+        def dispatch() -> None:
+            from .dispatch import measure_dispatch
+
+            results.dispatch = measure_dispatch("cuda", cfg.dispatch_repeats)
+        steps.append(Step("dispatch overhead per task / operator on CUDA (reference runtime)", False, dispatch,
+                          gpu=True))
     if results.info.count > 1:
         def peer() -> None:
             results.peer = gpu_mod.measure_peer(device, gpu_mod.clamp_bytes(cfg.peer_bytes, memory, 1),
@@ -207,7 +245,7 @@ def run_profile(cfg: ProfileConfig, device: str = AUTO, reporter: Reporter | Non
     cpu_results = CpuResults()
     gpu_results = gpu_mod.GpuResults(info=device_obj.info()) if device_obj is not None else None
     with ThreadPoolExecutor(max_workers=host.cores, thread_name_prefix="hrm-profile") as pool:
-        steps = cpu_steps(cfg, host, cpu_results, pool, budget, torch, disk_folder, notes)
+        steps = cpu_steps(cfg, host, cpu_results, pool, budget, torch, disk_folder, notes, emulate=device_obj is None)
         if device_obj is not None:
             steps += gpu_steps(cfg, device_obj, gpu_results, budget)
         reporter.start(len(steps))
@@ -224,6 +262,9 @@ def run_profile(cfg: ProfileConfig, device: str = AUTO, reporter: Reporter | Non
             reporter.note(message)
         if not gpu_ok or missing:
             gpu_results = None
+        elif gpu_results.dispatch is not None:
+            # the CPU lane's tasks (CPU attention, CPU experts) ran in the same CUDA probe
+            cpu_results.dispatch = gpu_results.dispatch
     elapsed_s = budget.elapsed_s()
     facts = RunFacts(name=name or profile_name(host.hostname),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

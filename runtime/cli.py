@@ -17,6 +17,10 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--plan", required=True, help="plan JSON written by hrm search --out")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                         help="device tier: a CUDA GPU, or emulated on the CPU (default: CUDA when available)")
+    parser.add_argument("--lanes", default="auto", choices=["auto", "exclusive", "concurrent"],
+                        help="emulated tier: exclusive = one task at a time on all cores (what the model assumes "
+                             "for a CPU-only host), concurrent = a thread per lane (default: exclusive on a CPU-only "
+                             "host, concurrent streams on CUDA)")
     parser.add_argument("--requests", type=int, help="number of requests (default: the plan's batch size N)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto) of every task")
     parser.add_argument("--hw", help="hardware profile to check the plan against (default: the plan's)")
@@ -47,7 +51,7 @@ def run_plan(plan: Plan, args):
     count = args.requests or plan.policy.batch_size
     requests = synthetic_requests(plan.workload, count, spec.vocab_size, args.seed)
     with PlanExecutor(spec, weights, plan.policy, plan.workload, plan.placement, args.device,
-                      track_memory=True, keep_logits=False) as ex:
+                      track_memory=True, keep_logits=False, lanes=args.lanes) as ex:
         if not args.no_warmup:
             warm = plan.workload.model_copy(update={"gen_len": min(plan.workload.gen_len, 2)})
             saved, ex.workload = ex.workload, warm

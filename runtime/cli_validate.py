@@ -25,6 +25,9 @@ def build_parser() -> ArgumentParser:
                         help="dtype the runtime computes in; predictions use the same (default fp32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per policy, median taken (default 3)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--lanes", default="auto", choices=["auto", "exclusive", "concurrent"],
+                        help="emulated tier: exclusive = one task at a time (the CPU-only machine the model sums; "
+                             "default there), concurrent = a thread per lane")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="DIR", help="write validation.csv, validation.png, validation.json here")
     parser.add_argument("--json", action="store_true", help='print {"mape", "spearman", "policies": [...]} only')
@@ -45,7 +48,8 @@ def main(argv) -> int:
     policies = validation_policies(args.policies)
     workload = make_workload(None, prompt_len=args.prompt_len, max_prompt_len=args.prompt_len, gen_len=args.gen_len)
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    report = run_validation(hw, spec, workload, policies, args.device, args.dtype, args.repeats, args.seed, progress)
+    report = run_validation(hw, spec, workload, policies, args.device, args.dtype, args.repeats, args.seed, progress,
+                            args.lanes)
     written = write_outputs(report, args.out) if args.out else []
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

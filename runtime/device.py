@@ -6,9 +6,12 @@ One code path for both hosts (SPEC §8):
   the device-side lanes each own a CUDA stream; a task runs on its lane's stream and the
   lane records CUDA events around it (the end event is synchronised before dependants run).
 - **Emulated** (CPU-only host): device tensors are CPU tensors kept apart from the host
-  tier's; copies between tiers are explicit ``copy_`` calls on the h2d/d2h lanes, and the
-  same worker threads stand for the streams, so CPU attention overlaps device work as far
-  as the shared cores allow.
+  tier's; copies between tiers are explicit ``copy_`` calls on the h2d/d2h lanes. By
+  default (``lanes="exclusive"``) the four lanes share one unit (:class:`SharedUnit`): their
+  tasks run one at a time, in launch order as dependencies allow — the CPU-only machine the
+  model describes, where a layer's time is the sum of its tasks. ``lanes="concurrent"``
+  gives each lane a worker thread instead, so CPU attention overlaps device work as far
+  as the shared cores and the GIL allow.
 
 Device memory is tracked explicitly: persistent buffers through :meth:`DeviceTier.alloc`
 (weights, double buffer, KV), transient activations of device-side tasks through a
@@ -18,10 +21,12 @@ CUDA the allocator's own peak is reported as well.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -32,6 +37,11 @@ from torch.utils._pytree import tree_leaves
 from hrm.errors import HRMError
 
 LANES = ("gpu", "cpu", "h2d", "d2h")
+# Intra-op threads of the emulated device tier (both lane modes). One: an OpenMP team of
+# several threads stalls at every barrier while another process holds one of its cores
+# (a shared 2-core host turns 0.1 ms ops into ms), and teams of different lane threads
+# oversubscribe the cores. ``hrm profile`` measures the emulation at this count.
+EMULATED_THREADS = 1
 DEVICE_LANES = ("gpu", "h2d")  # lanes whose op outputs are device-tier tensors
 
 
@@ -43,6 +53,22 @@ def resolve_device(choice: str = "auto") -> str:
         raise HRMError("--device cuda: no CUDA device is available on this host")
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+LANE_MODES = ("auto", "exclusive", "concurrent")
+
+
+def resolve_lane_mode(choice: str, is_cuda: bool) -> str:
+    """How the lanes share the machine: 'concurrent' (a thread per lane: CUDA streams, or
+    their emulation) or 'exclusive' (:class:`SharedUnit`); 'auto' = concurrent on CUDA,
+    exclusive on a CPU-only host."""
+    if choice not in LANE_MODES:
+        raise HRMError(f"--lanes must be one of {', '.join(LANE_MODES)}, not {choice!r}")
+    if choice == "auto":
+        return "concurrent" if is_cuda else "exclusive"
+    if choice == "exclusive" and is_cuda:
+        raise HRMError("--lanes exclusive emulates a CPU-only host; on CUDA the lanes are streams (concurrent)")
     return choice
 
 
@@ -141,27 +167,34 @@ class Task:
     args: dict = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
     error: Optional[BaseException] = None
+    seq: int = 0  # launch order (the shared unit runs the earliest ready head first)
     start_s: float = 0.0
     end_s: float = 0.0
 
 
 class Lane:
-    """An in-order worker (a CUDA stream's host side, or its emulation)."""
+    """An in-order worker (a CUDA stream's host side, or its emulation). Under the shared
+    unit (exclusive emulation) the lane is only a queue that :class:`SharedUnit` drains."""
 
-    def __init__(self, name: str, tier: "DeviceTier"):
-        self.name, self.tier = name, tier
+    def __init__(self, name: str, tier: "DeviceTier", unit: Optional["SharedUnit"] = None):
+        self.name, self.tier, self.unit = name, tier, unit
         self.stream = torch.cuda.Stream() if tier.is_cuda and name != "cpu" else None
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name=f"lane-{name}", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if unit is None:
+            self._thread = threading.Thread(target=self._loop, name=f"lane-{name}", daemon=True)
+            self._thread.start()
 
     def submit(self, task: Task) -> Task:
+        if self.unit is not None:
+            return self.unit.submit(self, task)
         self._queue.put(task)
         return task
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
@@ -192,6 +225,64 @@ class Lane:
             task.done.set()
 
 
+class SharedUnit:
+    """Exclusive emulation of the device tier on a CPU-only host: the four lanes keep their
+    in-order queues, but their tasks run one at a time, on the launcher's own thread when
+    it waits (:meth:`DeviceTier.wait`) — at each point the earliest-launched lane head whose
+    dependencies are done — with :data:`EMULATED_THREADS` intra-op threads.
+
+    This is the machine the model describes for a CPU-only host (``hrm.rates.Rates.
+    shared_unit``: one compute unit, one memory bus, so a layer's time is the *sum* of its
+    tasks). Lanes on threads of their own would instead compete for the cores and the GIL,
+    and idle OpenMP teams of other threads spin on the cores a task needs."""
+
+    def __init__(self, tier: "DeviceTier"):
+        self.tier = tier
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque] = {}
+
+    def submit(self, lane: Lane, task: Task) -> Task:
+        with self._lock:
+            self._queues.setdefault(lane.name, deque()).append((lane, task))
+        return task
+
+    def _next_ready(self):
+        """(lane, task) of the earliest-launched head whose dependencies are all done."""
+        with self._lock:
+            heads = [q[0] for q in self._queues.values() if q]
+            ready = [h for h in heads if all(d.done.is_set() for d in h[1].deps)]
+            if not ready:
+                if heads:
+                    self._fail_stuck()
+                return None
+            lane, task = min(ready, key=lambda h: h[1].seq)
+            self._queues[lane.name].popleft()
+            return lane, task
+
+    def drain(self) -> None:
+        """Run every queued task (in the order above) on the calling thread."""
+        saved = torch.get_num_threads()
+        if self.tier.lane_threads:
+            torch.set_num_threads(self.tier.lane_threads)
+        try:
+            with torch.no_grad():
+                item = self._next_ready()
+                while item is not None:
+                    item[0]._run(item[1])
+                    item = self._next_ready()
+        finally:
+            torch.set_num_threads(saved)
+
+    def _fail_stuck(self) -> None:
+        """No head can run (it depends on a task queued behind another head): fail them all."""
+        for q in self._queues.values():
+            while q:
+                _lane, task = q.popleft()
+                task.error = RuntimeError(f"task {task.name}: its dependencies can never run on the shared unit")
+                task.end_s = time.perf_counter()
+                task.done.set()
+
+
 class _NullContext:
     def __enter__(self):
         return self
@@ -204,7 +295,7 @@ class DeviceTier:
     """Device-tier tensors, copies and lanes; ``kind`` is 'cuda' or 'emulated'."""
 
     def __init__(self, device: str = "auto", track_memory: bool = True, tracer=None,
-                 lane_threads: Optional[int] = None):
+                 lane_threads: Optional[int] = None, lanes: str = "auto"):
         from .trace import Tracer
 
         device = resolve_device(device)
@@ -212,14 +303,18 @@ class DeviceTier:
         self.kind = "cuda" if self.is_cuda else "emulated"
         self.device = torch.device(device)
         self.track_memory = track_memory
-        # emulated tier: each lane computes with one intra-op thread, so that lanes running at
-        # once do not oversubscribe the cores (OpenMP teams per lane thrash on a small host)
-        self.lane_threads = lane_threads if lane_threads is not None else (0 if self.is_cuda else 1)
+        # emulated tier: ``exclusive`` (default) runs every lane's tasks one at a time on the
+        # launcher's thread; ``concurrent`` gives each lane a thread; both with
+        # EMULATED_THREADS intra-op threads (0 = torch's default, the CUDA case)
+        self.lane_mode = resolve_lane_mode(lanes, self.is_cuda)
+        self.lane_threads = lane_threads if lane_threads is not None else (0 if self.is_cuda else EMULATED_THREADS)
+        self._seq = itertools.count()
         self.memory = DeviceMemory()
         self.tracer = tracer or Tracer()
         self.gate = threading.Event()
         self.gate.set()
-        self.lanes = {name: Lane(name, self) for name in LANES}
+        self.unit = SharedUnit(self) if self.lane_mode == "exclusive" else None
+        self.lanes = {name: Lane(name, self, self.unit) for name in LANES}
         if self.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -269,7 +364,7 @@ class DeviceTier:
         return _NullContext()
 
     def submit(self, lane: str, name: str, fn: Callable[[], Any], deps=(), **args) -> Task:
-        task = Task(lane, name, fn, [d for d in deps if d is not None], args)
+        task = Task(lane, name, fn, [d for d in deps if d is not None], args, seq=next(self._seq))
         return self.lanes[lane].submit(task)
 
     def hold(self) -> None:
@@ -279,6 +374,13 @@ class DeviceTier:
     def release(self) -> float:
         self.gate.set()
         return time.perf_counter()
+
+    def wait(self, tasks: list[Task]) -> float:
+        """Wait for ``tasks`` (the shared unit runs them here, on the caller's thread);
+        re-raise the first failure; return the latest end time."""
+        if self.unit is not None:
+            self.unit.drain()
+        return wait_all(tasks)
 
     def peak_bytes(self) -> int:
         """Peak device-tier bytes: the allocator's peak on CUDA, the tracked peak when emulated."""

@@ -19,7 +19,9 @@
 - Variable-length prompts: Algorithm 2 (:mod:`runtime.requests`) when ``padding`` is off.
 
 Tasks go to four in-order lanes (gpu, cpu, h2d, d2h; :mod:`runtime.device`) with explicit
-dependencies; every task's start/end is recorded (:mod:`runtime.trace`).
+dependencies; every task's start/end is recorded (:mod:`runtime.trace`). On a CPU-only host
+the lanes share one unit by default (one task at a time, all cores; ``lanes="exclusive"``),
+as the model assumes there; ``lanes="concurrent"`` gives each lane a thread instead.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from hrm.workload import Workload
 
 from . import ops
 from .batch import KVCache, MicroBatch, make_micro_batch, to_device
-from .device import DeviceTier, Task, wait_all
+from .device import DeviceTier, Task
 from .experts import ExpertStore
 from .measure import RoundResult, RunResult
 from .model import LayerWeights, ModelWeights, check_supported, final_logits, post_attention_static, qkv
@@ -61,13 +63,13 @@ class PlanExecutor:
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, policy: Policy, workload: Workload,
                  placement: Optional[Placement] = None, device: str = "auto", track_memory: bool = True,
-                 keep_logits: bool = True):
+                 keep_logits: bool = True, lanes: str = "auto"):
         check_supported(spec)
         check_policy(policy)
         self.spec, self.policy, self.workload = spec, policy, workload
         self.keep_logits = keep_logits
         self.placement = placement or make_placement(spec, policy)
-        self.tier = DeviceTier(device, track_memory=track_memory)
+        self.tier = DeviceTier(device, track_memory=track_memory, lanes=lanes)
         self.dtype = weights.embed.dtype
         self.num_layers = spec.num_layers
         self.embed = self.tier.alloc(weights.embed)
@@ -156,7 +158,7 @@ class PlanExecutor:
             launch()
         finally:
             start = self.tier.release()
-        return start, wait_all(self.submitted)
+        return start, self.tier.wait(self.submitted)
 
     def _collect_outputs(self) -> dict[int, dict]:
         out = {}
@@ -571,9 +573,9 @@ class PlanExecutor:
 
 def run_plan_once(spec: ModelSpec, weights: ModelWeights, policy: Policy, workload: Workload,
                   requests: list[Request], placement: Optional[Placement] = None, device: str = "auto",
-                  track_memory: bool = True, keep_logits: bool = True) -> RunResult:
+                  track_memory: bool = True, keep_logits: bool = True, lanes: str = "auto") -> RunResult:
     """Build an executor, run ``requests``, close it."""
-    with PlanExecutor(spec, weights, policy, workload, placement, device, track_memory, keep_logits) as ex:
+    with PlanExecutor(spec, weights, policy, workload, placement, device, track_memory, keep_logits, lanes) as ex:
         return ex.run(requests)
 
 

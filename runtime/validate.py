@@ -77,6 +77,30 @@ def runtime_options(dtype: str) -> ModelOptions:
     return ModelOptions(gpu_compute_dtype=dtype, cpu_compute_dtype=dtype)
 
 
+# Model variants re-scored on the same measurements, to show what each mechanism is worth:
+# option overrides of hrm.options.ModelOptions (all on = the model as validated).
+ABLATIONS = {
+    "without dispatch overhead": {"use_dispatch_overhead": False},
+    "cpu-section rates instead of the emulated tier": {"use_emulation": False},
+    "neither (roofline with the cpu section only)": {"use_dispatch_overhead": False, "use_emulation": False},
+}
+
+
+def ablation_scores(hw: HardwareProfile, spec: ModelSpec, workload: Workload, options: ModelOptions,
+                    outcomes: list["PolicyOutcome"]) -> dict[str, dict[str, float]]:
+    """MAPE and Spearman of each :data:`ABLATIONS` variant against the same measurements."""
+    out = {}
+    for name, update in ABLATIONS.items():
+        variant = options.model_copy(update=update)
+        preds = [estimate(hw, spec, workload, o.policy, "cgopipe", variant) for o in outcomes]
+        mape = statistics.fmean(abs(p.decode_layer_latency_s - o.layer_latency_s) / o.layer_latency_s
+                                for p, o in zip(preds, outcomes))
+        rank = _spearman([p.generation_throughput_tok_s for p in preds],
+                         [o.generation_throughput_tok_s for o in outcomes])
+        out[name] = {"mape": mape, "spearman": rank}
+    return out
+
+
 @dataclass
 class PolicyOutcome:
     policy: Policy
@@ -137,6 +161,8 @@ class ValidationReport:
     device: str
     outcomes: list[PolicyOutcome]
     load_average: Optional[tuple[float, float, float]] = None
+    ablations: dict[str, dict[str, float]] = field(default_factory=dict)
+    lanes: str = "auto"
 
     @property
     def mape(self) -> float:
@@ -207,6 +233,7 @@ class ValidationReport:
             "mape_if_overlapped": self.mape_if_overlapped, "median_overlap_ratio": self.median_overlap_ratio,
             "hardware": self.hardware, "model": self.model, "device": self.device,
             "workload": self.workload.model_dump(), "load_average": self.load_average,
+            "lanes": self.lanes, "ablations": self.ablations,
             "policies": [o.row() for o in self.outcomes],
         }
 
@@ -237,18 +264,22 @@ def _lane_layer_s(result, runs: int) -> dict[str, float]:
 
 
 def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Workload, policy: Policy,
-                   options: ModelOptions, device: str = "auto", repeats: int = 3, seed: int = 0) -> PolicyOutcome:
-    """Predict, then run once with memory tracking (also the warm-up) and ``repeats`` times
-    untracked for timing (medians)."""
+                   options: ModelOptions, device: str = "auto", repeats: int = 3, seed: int = 0,
+                   lanes: str = "auto") -> PolicyOutcome:
+    """Predict, then run once with memory tracking, once untracked (warm-up: allocator and
+    caches in the state of a timed run) and ``repeats`` times for timing (medians)."""
     from .executor import PlanExecutor
     from .requests import synthetic_requests
 
     predicted = estimate(hw, spec, workload, policy, "cgopipe", options)
     requests = synthetic_requests(workload, policy.batch_size, spec.vocab_size, seed)
-    with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=True, keep_logits=False) as ex:
+    with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=True, keep_logits=False,
+                      lanes=lanes) as ex:
         peak = ex.run(requests).peak_device_bytes
     timed = []
-    with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=False, keep_logits=False) as ex:
+    with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=False, keep_logits=False,
+                      lanes=lanes) as ex:
+        ex.run(requests)
         for _ in range(max(repeats, 1)):
             ex.tier.tracer.clear()
             timed.append(ex.run(requests))
@@ -267,7 +298,7 @@ def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Work
 
 def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, policies: list[Policy],
                    device: str = "auto", dtype: str = "fp32", repeats: int = 3, seed: int = 0,
-                   progress: Optional[Callable[[str], None]] = None) -> ValidationReport:
+                   progress: Optional[Callable[[str], None]] = None, lanes: str = "auto") -> ValidationReport:
     """Predicted vs measured for every policy (same weights, requests and workload)."""
     from .device import resolve_device
     from .model import build_weights
@@ -277,7 +308,7 @@ def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, pol
     weights = build_weights(spec, None, seed)
     outcomes = []
     for k, policy in enumerate(policies, 1):
-        outcome = measure_policy(hw, spec, weights, workload, policy, options, device, repeats, seed)
+        outcome = measure_policy(hw, spec, weights, workload, policy, options, device, repeats, seed, lanes)
         outcomes.append(outcome)
         if progress:
             progress(f"[{k}/{len(policies)}] {policy.short()}: predicted "
@@ -285,7 +316,8 @@ def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, pol
                      f"{outcome.layer_latency_s * 1e3:.3f} ms/layer ({100 * outcome.latency_error:+.0f}%)")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     kind = "cuda" if resolve_device(device) == "cuda" else "emulated"
-    return ValidationReport(hw.name, spec.name, workload, kind, outcomes, load)
+    ablations = ablation_scores(hw, spec, workload, options, outcomes)
+    return ValidationReport(hw.name, spec.name, workload, kind, outcomes, load, ablations, lanes)
 
 
 # --- outputs ----------------------------------------------------------------------------
@@ -380,4 +412,7 @@ def render_report(report: ValidationReport, file=None) -> None:
     if ratios:
         console.print("measured/predicted per-layer time by resource (median): "
                       + ", ".join(f"{k} x{v:.2f}" for k, v in ratios.items()))
+    if report.ablations:
+        console.print("same measurements, model variants: " + "; ".join(
+            f"{name}: MAPE {100 * s['mape']:.1f}%, Spearman {s['spearman']:.3f}" for name, s in report.ablations.items()))
     console.print(report.diagnosis())

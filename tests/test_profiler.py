@@ -30,6 +30,7 @@ TINY = ProfileConfig(
     disk_bytes=1 * MIB,
     gpu_matmul_k=1024, gpu_matmul_n=1024, gpu_matmul_ms=(1, 64, 4096), gpu_dtypes=("fp32", "fp16", "bf16", "int8"),
     gpu_copy_bytes=64 * MIB, transfer_sizes_bytes=(64 * 1024, 1 * MIB, 256 * MIB), peer_bytes=16 * MIB,
+    dispatch_repeats=1, emulation_ms=(1, 16), emulation_k=128, emulation_n=128, emulation_copy_bytes=1 * MIB,
 )
 SPREAD = re.compile(r"spread \d+(\.\d+)?%")
 

@@ -92,6 +92,57 @@ def test_offloaded_run_matches_plain_forward_and_fits_memory(name, policy_text, 
     assert result.prefill_s > 0 and result.decode_s > 0
 
 
+@pytest.mark.parametrize("policy_text", ["N=8,mu=4,attn=cpu,rw=0.5", "N=8,mu=4,attn=gpu,rw=0,rc=0.5",
+                                         "N=8,mu=4,attn=cpu,ffn=cpu"])
+def test_concurrent_lanes_match_plain_forward(policy_text):
+    """A thread per lane (the CUDA-stream structure, emulated) computes the same tokens."""
+    spec = fp32("tiny-mixtral")
+    weights, _, _ = model_and_reference(spec)
+    requests = synthetic_requests(VAR, 8, spec.vocab_size, seed=7)
+    result = run_plan_once(spec, weights, parse_policy(policy_text), VAR, requests, device="cpu", lanes="concurrent")
+    for req in requests:
+        tokens, logits = reference_outputs(spec, req, VAR.gen_len)
+        assert result.tokens(req.rid) == tokens
+        torch.testing.assert_close(result.logits(req.rid), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_shared_unit_runs_one_task_at_a_time():
+    """Exclusive emulation (the CPU-only default): task intervals never overlap, so a layer's
+    time is the sum of its tasks plus the hand-offs — what the model sums on such a host."""
+    spec = fp32("tiny-mixtral")
+    weights, _, _ = model_and_reference(spec)
+    policy = parse_policy("N=12,mu=4,attn=cpu,rw=0")
+    with PlanExecutor(spec, weights, policy, VAR, device="cpu", keep_logits=False) as ex:
+        assert ex.tier.lane_mode == "exclusive" and ex.tier.lane_threads == 1
+        result = ex.run(synthetic_requests(VAR, 12, spec.vocab_size, seed=1))
+    records = sorted(result.records, key=lambda r: r.start_s)
+    assert all(b.start_s >= a.end_s for a, b in zip(records, records[1:]))
+    assert sum(r.duration_s for r in records) <= result.prefill_s + result.decode_s
+
+
+def test_shared_unit_fails_a_task_whose_dependency_never_runs():
+    from runtime.device import DeviceTier, Task
+
+    never = Task("gpu", "never submitted", lambda: None)
+    with DeviceTier("cpu", track_memory=False) as tier:
+        ok = tier.submit("h2d", "fine", lambda: None)
+        stuck = tier.submit("gpu", "stuck", lambda: None, [never])
+        with pytest.raises(RuntimeError, match="stuck"):
+            tier.wait([ok, stuck])
+        assert ok.error is None and stuck.error is not None
+
+
+def test_lane_mode_choices():
+    from runtime.device import resolve_lane_mode
+
+    assert resolve_lane_mode("auto", is_cuda=False) == "exclusive"
+    assert resolve_lane_mode("auto", is_cuda=True) == "concurrent"
+    with pytest.raises(HRMError, match="lanes"):
+        resolve_lane_mode("parallel", is_cuda=False)
+    with pytest.raises(HRMError, match="CPU-only"):
+        resolve_lane_mode("exclusive", is_cuda=True)
+
+
 def test_reference_incremental_decode_matches_full_forward():
     spec = fp32("tiny-mixtral")
     weights, ref, _ = model_and_reference(spec)
