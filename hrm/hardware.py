@@ -98,7 +98,13 @@ class Dispatch(_Strict):
     - ``experts_call_s`` + ``expert_s`` × distinct experts touched: the routed-expert loop
       (a shared expert or a dense MLP counts as one more expert);
     - ``head_s``: final norm + lm_head + greedy choice + embedding of the next token;
-    - ``copy_s``: one transfer between the tiers (issued by the host).
+    - ``copy_s``: one transfer between the tiers (issued by the host);
+    - ``device_attention_s``: attention on the device tier when it is not the CPU path
+      (``attention_s``): the KV cache assembled from device slots and prefetched host slots
+      (FlexGen S4 order); unset = ``attention_s``;
+    - ``kv_load_s`` / ``kv_store_s``: beyond the K and V copies, the indexing of the
+      host-resident cache when the device attends over it (prefetch; the new token
+      written back), per micro-batch.
     """
 
     task_s: float = NonNegative
@@ -109,6 +115,12 @@ class Dispatch(_Strict):
     expert_s: float = NonNegative
     head_s: float = NonNegative
     copy_s: float = NonNegative
+    device_attention_s: Optional[float] = Field(default=None, ge=0)
+    kv_load_s: float = NonNegative
+    kv_store_s: float = NonNegative
+
+    def device_attention(self) -> float:
+        return self.attention_s if self.device_attention_s is None else self.device_attention_s
 
 
 class GPU(_Strict):

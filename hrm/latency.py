@@ -129,9 +129,10 @@ def decode_dispatch(model: ModelSpec, rates: Rates, micro_batch, attn, ffn, moe:
     - gpu: PreAttn and PostAttn (one fused task when attention is on the GPU), the expert
       loop when the experts run there, the merge of CPU experts' output otherwise;
     - cpu: CPU attention; CPU experts;
-    - d2h: D1 QKV (attention on the GPU: the new token's K and V, 2 copies × (1 − r_c));
-      the 3 router outputs to the CPU experts;
-    - h2d: D2 hidden (GPU attention: the K and V prefetch, 2 copies × (1 − r_c)); the CPU
+    - d2h: D1 QKV (attention on the GPU: the new token's K and V, 2 copies and the cache
+      indexing × (1 − r_c)); the 3 router outputs to the CPU experts;
+    - h2d: D2 hidden (GPU attention: the K and V prefetch, 2 copies and the cache indexing
+      × (1 − r_c)); the CPU
       experts' output; one weight page per micro-batch while experts run on the GPU
       (exact for r_w < 1; with r_w = 1 nothing is paged and this overcounts n page tasks).
     """
@@ -141,13 +142,15 @@ def decode_dispatch(model: ModelSpec, rates: Rates, micro_batch, attn, ffn, moe:
     ffn_g = experts_call_dispatch_s(model, g, mu) if moe else 0.0
     ffn_c = experts_call_dispatch_s(model, c, mu) if moe else 0.0
     routed = 1.0 if moe else 0.0
+    device_attention = g.device_attention() if g is not None else 0.0
     gpu = ((2 - attn) * task_g + _alpha(g, "pre_attn_s") + post_attn_dispatch_s(model, g, moe)
-           + attn * _alpha(g, "attention_s") + ffn * ffn_g + routed * (1 - ffn) * task_g)
+           + attn * device_attention + ffn * ffn_g + routed * (1 - ffn) * task_g)
     cpu = (1 - attn) * (task_c + _alpha(c, "attention_s")) + routed * (1 - ffn) * (task_c + ffn_c)
     d2h = (1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + 3 * copy_g)
     h2d = (1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + copy_g) + routed * ffn * (task_g + copy_g)
-    kv = attn * 2 * copy_g
-    return {"gpu": (gpu, 0.0), "cpu": (cpu, 0.0), "h2d": (h2d, kv), "d2h": (d2h, kv)}
+    kv_load = attn * (2 * copy_g + _alpha(g, "kv_load_s"))
+    kv_store = attn * (2 * copy_g + _alpha(g, "kv_store_s"))
+    return {"gpu": (gpu, 0.0), "cpu": (cpu, 0.0), "h2d": (h2d, kv_load), "d2h": (d2h, kv_store)}
 
 
 def attention_rows(model: ModelSpec, query_tokens=1):

@@ -12,6 +12,8 @@ that contain the operator, and differences of such medians:
   runs once per distinct expert touched);
 - ``post_attn_s`` = PostAttn with the experts on the CPU (no expert loop inside);
   ``experts_call_s`` = PostAttn with 2 experts − ``post_attn_s`` − 2 × ``expert_s``;
+- ``device_attention_s`` = the fused device-attention Layer task (KV on the host) − PreAttn
+  − PostAttn with 2 experts; ``kv_load_s`` / ``kv_store_s`` = LoadKV / StoreKV − 2 copies;
 - ``task_s`` = the idle time between consecutive tasks of the probe runs when the lanes
   share one unit (one task at a time: what is left is the hand-off); with concurrent lanes
   (CUDA), the time per task of a dependency chain of empty tasks across the four lanes,
@@ -121,8 +123,8 @@ def measure_dispatch(device: str = "cpu", repeats: int = 3) -> DispatchResult:
     """Every α of :class:`hrm.hardware.Dispatch` on ``device`` ('cpu' = emulated tier)."""
     start = time.perf_counter()
     k0, k1 = PROBE_EXPERTS
-    small, large, cpu_ffn = task_durations_s([(k0, False, True), (k1, False, True), (k0, False, False)], device,
-                                             repeats)
+    small, large, cpu_ffn, dev_attn = task_durations_s(
+        [(k0, False, True), (k1, False, True), (k0, False, False), (k0, True, True)], device, repeats)
     expert = max((_median(large, "PostAttn") - _median(small, "PostAttn")) / (k1 - k0), 0.0)
     post = _median(cpu_ffn, "PostAttn")
     call = max(_median(small, "PostAttn") - post - k0 * expert, 0.0)
@@ -139,6 +141,10 @@ def measure_dispatch(device: str = "cpu", repeats: int = 3) -> DispatchResult:
         "post_attn_s": post, "experts_call_s": call, "expert_s": expert, "head_s": _median(small, "Head"),
         "copy_s": _median(small, "LoadH"),
     }
+    values["device_attention_s"] = max(_median(dev_attn, "Layer") - values["pre_attn_s"] - _median(small, "PostAttn"),
+                                       0.0)
+    values["kv_load_s"] = max(_median(dev_attn, "LoadKV") - 2 * values["copy_s"], 0.0)
+    values["kv_store_s"] = max(_median(dev_attn, "StoreKV") - 2 * values["copy_s"], 0.0)
     where = f"reference runtime on {device}, probe Mixtral layer (hidden 16, 1 token per micro-batch)"
     notes = {
         "task_s": f"{where}: {task_note}",
@@ -149,6 +155,10 @@ def measure_dispatch(device: str = "cpu", repeats: int = 3) -> DispatchResult:
         "experts_call_s": f"{where}: PostAttn with {k0} experts - post_attn_s - {k0} x expert_s",
         "head_s": f"{where}: Head task (final norm, lm_head, argmax, next embedding), {_spread(small['Head'])}",
         "copy_s": f"{where}: LoadH task (one copy between the tiers), {_spread(small['LoadH'])}",
+        "device_attention_s": f"{where}, attention on the device, KV on the host: Layer task ({_spread(dev_attn['Layer'])}) "
+                              f"- pre_attn_s - PostAttn with {k0} experts (medians)",
+        "kv_load_s": f"{where}, attention on the device: LoadKV task ({_spread(dev_attn['LoadKV'])}) - 2 x copy_s",
+        "kv_store_s": f"{where}, attention on the device: StoreKV task ({_spread(dev_attn['StoreKV'])}) - 2 x copy_s",
     }
     notes = {k: v + f"; {time.perf_counter() - start:.1f} s for all" if k == "task_s" else v for k, v in notes.items()}
     return DispatchResult(values, notes)

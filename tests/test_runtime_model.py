@@ -155,3 +155,17 @@ def test_milp_carries_the_dispatch_terms():
     assert est.generation_throughput_tok_s == pytest.approx(result.objective, rel=1e-6)
     plain = build_terms(cpu_only(emulation=EMU), model, wl, "cgopipe", FP32, limits, enumerate_modes("cgopipe"))
     assert np.all(terms.a > plain.a)
+
+
+def test_device_attention_and_kv_indexing_alpha():
+    """Attention on the device: its own α (not the CPU path's) and the host-cache indexing
+    beyond the K/V copies, the latter × (1 − r_c) like the copies."""
+    spec = tiny()
+    alpha = ALPHA.model_copy(update={"device_attention_s": 19 * US, "kv_load_s": 23 * US, "kv_store_s": 29 * US})
+    plain = latency.decode_resources(spec, rates_from_profile(cpu_only(), FP32), 1, 40, 1.0, 1.0)
+    lanes = latency.decode_resources(spec, rates_from_profile(cpu_only(alpha), FP32), 1, 40, 1.0, 1.0)
+    assert float(lanes["gpu"].per_micro_batch_s - plain["gpu"].per_micro_batch_s) == pytest.approx(
+        (1 + 2 + 19 + 5 + 7 + 22) * US)
+    assert float(lanes["h2d"].per_micro_batch_kv_cpu_s - plain["h2d"].per_micro_batch_kv_cpu_s) == pytest.approx(57 * US)
+    assert float(lanes["d2h"].per_micro_batch_kv_cpu_s - plain["d2h"].per_micro_batch_kv_cpu_s) == pytest.approx(63 * US)
+    assert ALPHA.device_attention() == ALPHA.attention_s  # unset: the CPU path's α
