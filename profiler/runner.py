@@ -110,7 +110,8 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
     def dispatch() -> None:
         from .dispatch import measure_dispatch
 
-        results.dispatch = measure_dispatch("cpu", cfg.dispatch_repeats)
+        results.dispatch = optional_measurement(lambda: measure_dispatch("cpu", cfg.dispatch_repeats),
+                                                "dispatch overhead", notes)
 
     def disk() -> None:
         folder = disk_folder or Path(tempfile.gettempdir())
@@ -138,6 +139,16 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
     if cfg.disk_bytes > 0:
         steps.append(Step("disk sequential read", False, disk))
     return steps
+
+
+def optional_measurement(measure: Callable[[], object], label: str, notes: list[str]):
+    """The result of an optional measurement that drives the reference runtime, or None with
+    a note saying why (the profile is still written; the model then charges nothing for it)."""
+    try:
+        return measure()
+    except Exception as exc:  # noqa: BLE001 - any failure of an optional step is reported, not fatal
+        notes.append(f"{label} not measured: {gpu_mod.one_line(exc)}")
+        return None
 
 
 def runs_the_runtime(device) -> bool:
@@ -182,7 +193,8 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
         def dispatch() -> None:
             from .dispatch import measure_dispatch
 
-            results.dispatch = measure_dispatch("cuda", cfg.dispatch_repeats)
+            results.dispatch = optional_measurement(lambda: measure_dispatch("cuda", cfg.dispatch_repeats),
+                                                    "dispatch overhead on CUDA", notes)
         steps.append(Step("dispatch overhead per task / operator on CUDA (reference runtime)", False, dispatch,
                           gpu=True))
     if results.info.count > 1:

@@ -397,3 +397,36 @@ def test_measured_profile_drives_hrm_search(which, request, tmp_path, capsys):
     path = tmp_path / "measured.yaml"
     path.write_text(profiler_cli.profile_yaml(request.getfixturevalue(which).profile))
     assert main(["search", "--hw", str(path), "--model", "tiny-mixtral"]) == 0, capsys.readouterr().err
+
+
+def test_optional_runtime_measurement_failure_is_a_note():
+    from profiler.runner import optional_measurement
+
+    notes: list[str] = []
+    assert optional_measurement(lambda: 1 / 0, "dispatch overhead", notes) is None
+    assert len(notes) == 1 and notes[0].startswith("dispatch overhead not measured:") and "division" in notes[0]
+    assert optional_measurement(lambda: 7, "x", notes) == 7 and len(notes) == 1
+
+
+def test_tiny_profile_has_dispatch_and_emulation_sections():
+    """A CPU-only profile measures the runtime's emulated tier and its dispatch α."""
+    run = run_profile(dataclasses.replace(TINY, disk_bytes=0, cpu_torch_dtypes=()), device="cpu")
+    profile = run.profile
+    if cpu_mod.optional_torch() is None:
+        pytest.skip("torch not installed")
+    assert profile.emulation is not None and profile.emulation.threads == 1
+    assert profile.emulation.copy_gbps > 0
+    assert profile.emulation.memory_bandwidth_gbps == pytest.approx(2 * profile.emulation.copy_gbps, rel=1e-3)
+    assert [p.x for p in profile.emulation.matmul_tflops_vs_m["fp32"]] == [1.0, 16.0]
+    d = profile.cpu.dispatch
+    assert d is not None and d.pre_attn_s > 0 and d.copy_s > 0 and d.task_s >= 0
+    assert "probe Mixtral layer" in profile.source.methods["cpu.dispatch.pre_attn_s"]
+    assert load_hardware_roundtrip(profile) == profile
+
+
+def load_hardware_roundtrip(profile):
+    from hrm.hardware import parse_hardware
+
+    import yaml
+
+    return parse_hardware(yaml.safe_load(dump_hardware_yaml(profile)))
