@@ -169,9 +169,22 @@ def _expert_rows(model: ModelSpec, tokens):
     return np.asarray(tokens, dtype=float) * model.top_k / costs.expected_distinct_experts(model, tokens)
 
 
-def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
-                     moe: bool = True) -> dict[str, Lane]:
-    """GPU, CPU, H2D and D2H lanes of one decode layer (arrays broadcast over μ, c, A_g, F_g)."""
+@dataclass(frozen=True)
+class DecodeTask:
+    """One task of a micro-batch in a decode layer (paper §4.1) and its share of its
+    resource's affine time. ``kind`` groups tasks for pictures (:mod:`hrm.timeline`)."""
+
+    name: str
+    resource: str
+    kind: str
+    lane: Lane
+
+
+def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
+                 moe: bool = True) -> list[DecodeTask]:
+    """The tasks of one micro-batch in a decode layer with their time coefficients (arrays
+    broadcast over μ, c, A_g, F_g; a task absent under a placement costs 0). Dispatch α
+    (:func:`decode_dispatch`) is per lane and added by :func:`decode_resources`."""
     mu = np.asarray(micro_batch, dtype=float)
     attn = np.asarray(attn_on_gpu, dtype=float)
     ffn = np.asarray(ffn_on_gpu, dtype=float) if moe else 1.0
@@ -179,35 +192,49 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
     ab = dtype_bytes(model.activation_dtype)
     kv_token = costs.kv_bytes_per_token(model)
     context = np.asarray(context, dtype=float)
-
-    ffn_rows = _expert_rows(model, mu) if moe else mu
-    gpu = (gpu_time_s(ops.pre_attn, rates, mu) + gpu_time_s(ops.post_attn, rates, mu)
-           + attn * gpu_time_s(ops.attention, rates, attention_rows(model)) + ffn * gpu_time_s(ops.ffn, rates, ffn_rows)
-           + allreduce_time_s(model, rates, mu))
-    cpu = ((1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model))
-           + (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows))
-    # D2 hidden back after CPU attention; expert outputs back when experts run on the CPU
-    h2d = ((1 - attn) * mu * model.attn_out_dim * ab + (1 - ffn) * mu * model.hidden_size * ab) / rates.h2d_bytes_s
-    # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
-    h2d_kv = attn * mu * context * kv_token / rates.h2d_bytes_s
-    # D1 QKV to the CPU; hidden states to CPU experts
-    d2h = ((1 - attn) * mu * costs.qkv_width(model) * ab + (1 - ffn) * mu * model.hidden_size * ab) / rates.d2h_bytes_s
-    # the new token's K/V written back to the CPU-resident cache after GPU attention
-    d2h_kv = attn * mu * kv_token / rates.d2h_bytes_s
-    # D3: the offloaded expert weights of the next layer, in n pages
-    weights = ffn * costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0
     zero = np.zeros(np.broadcast(mu, context, attn).shape)
+    ffn_rows = _expert_rows(model, mu) if moe else mu
+
+    def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0):
+        return DecodeTask(name, resource, kind, Lane(name, per_mb + zero, per_mb_kv + zero, weights + zero))
+
+    return [
+        task("PreAttn", "gpu", "pre_attn", gpu_time_s(ops.pre_attn, rates, mu)),
+        task("GPUAttn", "gpu", "attention", attn * gpu_time_s(ops.attention, rates, attention_rows(model))),
+        task("PostAttn", "gpu", "post_attn", gpu_time_s(ops.post_attn, rates, mu) + allreduce_time_s(model, rates, mu)
+             + ffn * gpu_time_s(ops.ffn, rates, ffn_rows)),
+        task("CPUAttn", "cpu", "attention", (1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model))),
+        task("CPUExperts", "cpu", "experts", (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows)),
+        # D1 QKV to the CPU; hidden states to CPU experts
+        task("QKV→CPU", "d2h", "qkv", (1 - attn) * mu * costs.qkv_width(model) * ab / rates.d2h_bytes_s),
+        task("FFN→CPU", "d2h", "hidden", (1 - ffn) * mu * model.hidden_size * ab / rates.d2h_bytes_s),
+        # the new token's K/V written back to the CPU-resident cache after GPU attention
+        task("KV→CPU", "d2h", "kv", per_mb_kv=attn * mu * kv_token / rates.d2h_bytes_s),
+        # D2 hidden back after CPU attention; expert outputs back when experts run on the CPU
+        task("Hidden→GPU", "h2d", "hidden", (1 - attn) * mu * model.attn_out_dim * ab / rates.h2d_bytes_s),
+        task("FFN→GPU", "h2d", "hidden", (1 - ffn) * mu * model.hidden_size * ab / rates.h2d_bytes_s),
+        # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
+        task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / rates.h2d_bytes_s),
+        # D3: the offloaded expert weights of the next layer, in n pages
+        task("W", "h2d", "weights", weights=ffn * costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0),
+    ]
+
+
+RESOURCES = ("gpu", "cpu", "h2d", "d2h")
+
+
+def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
+                     moe: bool = True) -> dict[str, Lane]:
+    """GPU, CPU, H2D and D2H lanes of one decode layer: the sum of each resource's tasks
+    (:func:`decode_tasks`) plus its dispatch α (arrays broadcast over μ, c, A_g, F_g)."""
+    tasks = decode_tasks(model, rates, micro_batch, context, attn_on_gpu, ffn_on_gpu, moe)
+    lanes = {r: _sum_lanes(r, [t.lane for t in tasks if t.resource == r]) for r in RESOURCES}
     if rates.gpu_dispatch is not None or rates.cpu_dispatch is not None:
-        alpha = decode_dispatch(model, rates, mu, attn, ffn, moe)
-        gpu, cpu = gpu + alpha["gpu"][0], cpu + alpha["cpu"][0]
-        h2d, h2d_kv = h2d + alpha["h2d"][0], h2d_kv + alpha["h2d"][1]
-        d2h, d2h_kv = d2h + alpha["d2h"][0], d2h_kv + alpha["d2h"][1]
-    return {
-        "gpu": Lane("gpu", gpu + zero),
-        "cpu": Lane("cpu", cpu + zero),
-        "h2d": Lane("h2d", h2d + zero, h2d_kv + zero, weights + zero),
-        "d2h": Lane("d2h", d2h + zero, d2h_kv + zero),
-    }
+        ffn = np.asarray(ffn_on_gpu, dtype=float) if moe else 1.0
+        alpha = decode_dispatch(model, rates, np.asarray(micro_batch, dtype=float),
+                                np.asarray(attn_on_gpu, dtype=float), ffn, moe)
+        lanes = {r: _sum_lanes(r, [lane, Lane(r, *alpha[r])]) for r, lane in lanes.items()}
+    return lanes
 
 
 def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True) -> dict[str, Lane]:

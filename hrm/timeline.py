@@ -19,71 +19,59 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import costs, latency
+from . import latency
 from .model import ModelSpec
 from .policy import Policy
 from .rates import Rates
-from .units import dtype_bytes
 
-RESOURCES = ("gpu", "cpu", "h2d", "d2h")
+RESOURCES = latency.RESOURCES
 #: CGOPipe launches CPU attention this many micro-batches ahead (Algorithm 1, lines 13–16).
 LOOKAHEAD = 2
 
 
 @dataclass(frozen=True)
-class TaskTimes:
-    """Seconds of each task of one micro-batch in one decode layer (0 = task absent)."""
-
-    pre_attn: float          # GPU: norm + QKV projection
-    gpu_attention: float     # GPU: attention core (A_g = 1)
-    post_attn: float         # GPU: O projection, router, shared + routed experts (F_g = 1), all-reduce
-    cpu_attention: float     # CPU: attention core (A_g = 0)
-    cpu_experts: float       # CPU: routed experts (F_g = 0)
-    qkv_to_cpu: float        # D1
-    hidden_to_gpu: float     # D2 (attention output back)
-    ffn_to_cpu: float        # hidden states to CPU experts
-    ffn_to_gpu: float        # CPU expert outputs back
-    kv_to_gpu: float         # D4: the CPU-resident part of this micro-batch's KV cache
-    kv_to_cpu: float         # the new token's K/V written back to the CPU cache
-    weight_page: float       # D3: one of the n pages of the next layer's offloaded experts
+class TaskTime:
+    name: str
+    resource: str
+    kind: str
+    seconds: float
 
 
-def decode_task_times(model: ModelSpec, rates: Rates, policy: Policy, context: float, moe: bool = True) -> TaskTimes:
-    """Per-task seconds of one micro-batch of ``policy`` at ``context`` cached tokens."""
-    mu = float(policy.micro_batch_size)
-    attn, ffn = policy.attn_on_gpu, (policy.ffn_on_gpu or not moe)
-    ops = costs.decode_layer_ops(model, mu, context, moe)
-    ab = dtype_bytes(model.activation_dtype)
-    kv_token = costs.kv_bytes_per_token(model)
-    rows = latency._expert_rows(model, mu) if moe else mu
-    kv_cpu = 1.0 - policy.kv_gpu_ratio
-    weights = costs.layer_expert_bytes(model) if (moe and ffn) else 0.0
-    return TaskTimes(
-        pre_attn=float(latency.gpu_time_s(ops.pre_attn, rates, mu)),
-        gpu_attention=float(latency.gpu_time_s(ops.attention, rates)) if attn else 0.0,
-        post_attn=float(latency.gpu_time_s(ops.post_attn, rates, mu) + latency.allreduce_time_s(model, rates, mu)
-                        + (latency.gpu_time_s(ops.ffn, rates, rows) if ffn else 0.0)),
-        cpu_attention=0.0 if attn else float(latency.cpu_time_s(ops.attention, rates)),
-        cpu_experts=0.0 if ffn else float(latency.cpu_time_s(ops.ffn, rates, rows)),
-        qkv_to_cpu=0.0 if attn else mu * costs.qkv_width(model) * ab / rates.d2h_bytes_s,
-        hidden_to_gpu=0.0 if attn else mu * model.attn_out_dim * ab / rates.h2d_bytes_s,
-        ffn_to_cpu=0.0 if ffn else mu * model.hidden_size * ab / rates.d2h_bytes_s,
-        ffn_to_gpu=0.0 if ffn else mu * model.hidden_size * ab / rates.h2d_bytes_s,
-        kv_to_gpu=kv_cpu * mu * context * kv_token / rates.h2d_bytes_s if attn else 0.0,
-        kv_to_cpu=kv_cpu * mu * kv_token / rates.d2h_bytes_s if attn else 0.0,
-        weight_page=(1.0 - policy.weights_gpu_ratio) * weights / rates.h2d_bytes_s / policy.num_micro_batches,
-    )
+def decode_task_times(model: ModelSpec, rates: Rates, policy: Policy, context: float,
+                      moe: bool = True) -> list[TaskTime]:
+    """Seconds of each task of one micro-batch (names of :func:`hrm.latency.decode_tasks`;
+    "W" is one of the n weight pages). A measured profile's dispatch α is per lane: it is
+    spread evenly over the lane's tasks of the micro-batch (its KV part onto the KV task),
+    so each resource's total stays the lane's."""
+    n, rw, rc = policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio
+    tasks = latency.decode_tasks(model, rates, policy.micro_batch_size, context,
+                                 policy.attn_on_gpu, policy.ffn_on_gpu, moe)
+    times = {t.name: float(t.lane.time_s(n, rw, rc)) / n for t in tasks}
+    if rates.gpu_dispatch is not None or rates.cpu_dispatch is not None:
+        _spread_dispatch(model, rates, policy, tasks, times, moe)
+    return [TaskTime(t.name, t.resource, t.kind, times[t.name]) for t in tasks]
 
 
-def resource_totals_s(times: TaskTimes, num_micro_batches: int) -> dict[str, float]:
+def _spread_dispatch(model, rates, policy, tasks, times, moe) -> None:
+    rc = policy.kv_gpu_ratio
+    ffn = float(policy.ffn_on_gpu) if moe else 1.0
+    alpha = latency.decode_dispatch(model, rates, float(policy.micro_batch_size), float(policy.attn_on_gpu), ffn, moe)
+    kv_task = {"h2d": "KV→GPU", "d2h": "KV→CPU"}
+    for resource, (always, kv) in alpha.items():
+        mine = [t.name for t in tasks if t.resource == resource]
+        present = [name for name in mine if times[name] > 0] or mine[-1:]
+        for name in present:
+            times[name] += float(always) / len(present)
+        if resource in kv_task:
+            times[kv_task[resource]] += (1 - rc) * float(kv)
+
+
+def resource_totals_s(times: list[TaskTime], num_micro_batches: int) -> dict[str, float]:
     """Busy seconds per resource for one layer (what the lanes of eq. 12 hold)."""
-    n = num_micro_batches
-    return {
-        "gpu": n * (times.pre_attn + times.gpu_attention + times.post_attn),
-        "cpu": n * (times.cpu_attention + times.cpu_experts),
-        "h2d": n * (times.hidden_to_gpu + times.ffn_to_gpu + times.kv_to_gpu + times.weight_page),
-        "d2h": n * (times.qkv_to_cpu + times.ffn_to_cpu + times.kv_to_cpu),
-    }
+    totals = {r: 0.0 for r in RESOURCES}
+    for t in times:
+        totals[t.resource] += num_micro_batches * t.seconds
+    return totals
 
 
 @dataclass(frozen=True)
@@ -141,66 +129,68 @@ class _Task:
     end_s: float | None = None
 
 
-def _build_tasks(times: TaskTimes, n: int, layers: int, schedule: str):
+def _build_tasks(times: list[TaskTime], n: int, layers: int, schedule: str, gpu_attention: bool, cpu_experts: bool):
     """Tasks and per-resource launch order for ``schedule`` (the order of Algorithm 1 for
     CGOPipe; FlexGen S4 prefetches the next micro-batch's KV; S3 runs each micro-batch's
     chain back to back)."""
     queues: dict[str, list[_Task]] = {r: [] for r in RESOURCES}
     order: list[_Task] = []  # global launch order (used by the sequential schedule)
 
-    def add(resource, name, kind, i, j, duration, deps):
+    spec = {t.name: t for t in times}
+
+    def add(key, i, j, deps, label=None):
         # absent tasks (0 s) stay in the queues as joins of their inputs; they are not drawn
-        task = _Task(resource, name, kind, i, j, duration, [d for d in deps if d is not None])
-        queues[resource].append(task)
+        t = spec[key]
+        task = _Task(t.resource, label or f"{key} L{i} mb{j}", t.kind, i, j, t.seconds, [d for d in deps if d is not None])
+        queues[t.resource].append(task)
         order.append(task)
         return task
 
     flat = [(i, j) for i in range(layers) for j in range(n)]
     done = {}   # (i, j) -> last task of micro-batch j in layer i
     pages = {}  # layer -> its weight pages (loaded during the previous layer)
-    gpu_attention = times.gpu_attention > 0 or times.cpu_attention == 0
 
     def pre(f, after=None):
         i, j = flat[f]
-        p = add("gpu", f"PreAttn L{i} mb{j}", "pre_attn", i, j, times.pre_attn, [done.get((i - 1, j)), after])
+        p = add("PreAttn", i, j, [done.get((i - 1, j)), after])
         if gpu_attention:
             return p
-        q = add("d2h", f"QKV→CPU L{i} mb{j}", "qkv", i, j, times.qkv_to_cpu, [p])
-        return add("cpu", f"CPUAttn L{i} mb{j}", "attention", i, j, times.cpu_attention, [q])
+        q = add("QKV→CPU", i, j, [p])
+        return add("CPUAttn", i, j, [q])
 
     def post(f, ready):
         i, j = flat[f]
         need = [ready, *pages.get(i, [])]
-        p = add("gpu", f"PostAttn L{i} mb{j}", "post_attn", i, j, times.post_attn, need)
-        if times.cpu_experts > 0:
-            a = add("d2h", f"FFN→CPU L{i} mb{j}", "hidden", i, j, times.ffn_to_cpu, [p])
-            e = add("cpu", f"CPUExperts L{i} mb{j}", "experts", i, j, times.cpu_experts, [a])
-            p = add("h2d", f"FFN→GPU L{i} mb{j}", "hidden", i, j, times.ffn_to_gpu, [e])
+        p = add("PostAttn", i, j, need)
+        if cpu_experts:
+            a = add("FFN→CPU", i, j, [p])
+            e = add("CPUExperts", i, j, [a])
+            p = add("FFN→GPU", i, j, [e])
         done[(i, j)] = p
 
     def page(i, j):
         # double buffer: layer i+1's pages overwrite layer i−1's, so they wait for its last PostAttn
-        w = add("h2d", f"W L{i + 1} page{j}", "weights", i, j, times.weight_page, [done.get((i - 1, n - 1))])
+        w = add("W", i, j, [done.get((i - 1, n - 1))], f"W L{i + 1} page{j}")
         pages.setdefault(i + 1, []).append(w)
 
     if gpu_attention:  # FlexGen S4 (and CGOPipe with A_g = 1): KV of the next micro-batch prefetched
         kv, gpu_attn = {}, {}
-        kv[0] = add("h2d", "KV→GPU L0 mb0", "kv", 0, 0, times.kv_to_gpu, [])
+        kv[0] = add("KV→GPU", 0, 0, [])
         for f, (i, j) in enumerate(flat):
             page(i, j)
             if f + 1 < len(flat):
                 ni, nj = flat[f + 1]
                 # double buffer: the KV of micro-batch f+1 reuses the buffer of f−1's attention
-                kv[f + 1] = add("h2d", f"KV→GPU L{ni} mb{nj}", "kv", ni, nj, times.kv_to_gpu, [gpu_attn.get(f - 1)])
+                kv[f + 1] = add("KV→GPU", ni, nj, [gpu_attn.get(f - 1)])
             p = pre(f)
-            a = gpu_attn[f] = add("gpu", f"Attn L{i} mb{j}", "attention", i, j, times.gpu_attention, [p, kv[f]])
-            add("d2h", f"KV→CPU L{i} mb{j}", "kv", i, j, times.kv_to_cpu, [a])
+            a = gpu_attn[f] = add("GPUAttn", i, j, [p, kv[f]])
+            add("KV→CPU", i, j, [a])
             post(f, a)
     elif schedule == "flexgen-cpu-attn":  # S3: each micro-batch's chain back to back
         last = None
         for f, (i, j) in enumerate(flat):
             a = pre(f, after=last)  # waits for the previous micro-batch's whole chain
-            h = add("h2d", f"Hidden→GPU L{i} mb{j}", "hidden", i, j, times.hidden_to_gpu, [a])
+            h = add("Hidden→GPU", i, j, [a])
             page(i, j)
             post(f, h)
             last = done[(i, j)]
@@ -210,7 +200,7 @@ def _build_tasks(times: TaskTimes, n: int, layers: int, schedule: str):
         for f in range(ahead):
             attn[f] = pre(f)
         for f, (i, j) in enumerate(flat):
-            h = add("h2d", f"Hidden→GPU L{i} mb{j}", "hidden", i, j, times.hidden_to_gpu, [attn[f]])
+            h = add("Hidden→GPU", i, j, [attn[f]])
             page(i, j)
             post(f, h)
             if f + ahead < len(flat):
@@ -255,7 +245,8 @@ def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: st
         raise ValueError(f"unknown schedule {schedule}")
     times = decode_task_times(model, rates, policy, context, moe)
     effective = "sequential" if rates.shared_unit else schedule
-    queues, _ = _build_tasks(times, policy.num_micro_batches, layers, effective)
+    cpu_experts = moe and not policy.ffn_on_gpu
+    queues, _ = _build_tasks(times, policy.num_micro_batches, layers, effective, policy.attn_on_gpu, cpu_experts)
     _list_schedule(queues)
     tasks = [ScheduledTask(t.resource, t.name, t.kind, t.layer, t.mb, t.start_s, t.end_s)
              for q in queues.values() for t in q if t.duration_s > 0]

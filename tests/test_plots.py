@@ -209,6 +209,27 @@ def test_timeline_tasks_add_up_to_the_lanes(text, schedule):
         assert timeline.layer_period_s == pytest.approx(sum(timeline.resource_busy_s.values()))
 
 
+DISPATCH = {"task_s": 2e-5, "pre_attn_s": 3e-5, "attention_s": 4e-5, "post_attn_s": 5e-5, "experts_call_s": 1e-5,
+            "expert_s": 6e-6, "head_s": 1e-4, "copy_s": 7e-6, "kv_load_s": 3e-6, "kv_store_s": 2e-6}
+
+
+@pytest.mark.parametrize("text,schedule", POLICIES)
+def test_timeline_keeps_the_lanes_with_dispatch_overhead(text, schedule):
+    """A measured profile's per-lane dispatch α is spread over the lane's tasks: totals stay."""
+    raw = raw_l4()
+    raw["gpu"]["dispatch"] = DISPATCH
+    raw["cpu"]["dispatch"] = {**DISPATCH, "task_s": 3e-5}
+    model, rates, policy = load_model("tiny-mixtral"), rates_from_profile(parse_hardware(raw)), parse_policy(text)
+    assert rates.gpu_dispatch is not None
+    timeline = decode_timeline(model, rates, policy, schedule, context=64.0)
+    lanes = decode_resources(model, rates, policy.micro_batch_size, 64.0, policy.attn_on_gpu, policy.ffn_on_gpu)
+    for name, lane in lanes.items():
+        expected = float(lane.time_s(policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
+        assert timeline.resource_busy_s[name] == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    if schedule != "flexgen-cpu-attn":  # S3's chain lane also carries the weight pages' α (known, small)
+        assert timeline.layer_period_s >= timeline.lane_bound_s * (1 - 1e-9)
+
+
 def test_cgopipe_timeline_reaches_the_bound_when_one_resource_dominates():
     model, rates = load_model("mixtral"), rates_from_profile(load_hardware("l4"))
     timeline = decode_timeline(model, rates, parse_policy("N=2496,mu=192,rw=0.1094"), "cgopipe", 140.0)
