@@ -8,7 +8,7 @@ measured/predicted ratio of each resource term, and — on the same measurements
 of the model without its dispatch-overhead and emulated-tier terms (ablations).
 
 Run: python benchmarks/validate_bench.py [--hw PROFILE.yaml] [--models tiny-mixtral small-mixtral]
-                                         [--policies 10] [--repeats 3] [--out DIR]
+                                         [--policies 10] [--repeats 4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from rich.table import Table
 from hrm.hardware import load_hardware
 from hrm.model import load_model
 from hrm.workload import make_workload
-from runtime.validate import render_report, run_validation, validation_policies, write_outputs
+from runtime.validate import (render_report, rescore, run_validation, runtime_options, runtime_spec,
+                              validation_policies, write_outputs)
 
 
 def measured_profile(folder: Path, stem: str = "this-host") -> str:
@@ -37,12 +38,27 @@ def measured_profile(folder: Path, stem: str = "this-host") -> str:
     return str(path)
 
 
+def profile_drift(before, after) -> dict[str, float]:
+    """after / before of the emulated tier's copy rate, its matmul rate at M = 4 and the
+    pre-attention dispatch α: how much the host's speed moved during the runs."""
+    from hrm.hardware import interpolate_curve
+
+    out = {}
+    if before.emulation and after.emulation:
+        out["copy_gbps"] = after.emulation.copy_gbps / before.emulation.copy_gbps
+        curve = lambda hw: float(interpolate_curve(hw.emulation.matmul_tflops_vs_m["fp32"], 4.0))  # noqa: E731
+        out["matmul_m4"] = curve(after) / curve(before)
+    if before.cpu.dispatch and after.cpu.dispatch:
+        out["pre_attn_s"] = after.cpu.dispatch.pre_attn_s / before.cpu.dispatch.pre_attn_s
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hw", help="hardware profile (default: profile this machine now, --quick)")
     parser.add_argument("--models", nargs="+", default=["tiny-mixtral", "small-mixtral"])
     parser.add_argument("--policies", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=4, help="rounds of timed runs (every policy once per round)")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--gen-len", type=int, default=8)
     parser.add_argument("--out", help="folder for validation-<model>.{csv,png,json}")
@@ -52,7 +68,8 @@ def main() -> None:
     workload = make_workload(None, prompt_len=args.prompt_len, max_prompt_len=args.prompt_len, gen_len=args.gen_len)
     summary = Table(title="HRM prediction accuracy on this host (target: MAPE <= 10%, Spearman >= 0.9)")
     for col in ("model", "profile", "policies", "MAPE layer latency", "Spearman gen tok/s", "memory within +10%",
-                "term ratios", "without dispatch / emulation / both (MAPE)", "load avg"):
+                "term ratios", "without dispatch / emulation / both (MAPE)", "profile after: MAPE, Spearman",
+                "load avg"):
         summary.add_column(col)
     for name in args.models:
         hw = load_hardware(args.hw or measured_profile(work, f"this-host-{name}"))
@@ -64,11 +81,19 @@ def main() -> None:
         write_outputs(report, folder)
         ratios = ", ".join(f"{k} x{v:.2f}" for k, v in report.term_ratios().items())
         ablations = " / ".join(f"{100 * s['mape']:.0f}%" for s in report.ablations.values())
+        after = {}
+        if not args.hw:  # the host again, after the runs: how far its speed drifted meanwhile
+            hw_after = load_hardware(measured_profile(work, f"this-host-{name}-after"))
+            after = rescore(hw_after, runtime_spec(load_model(name), "fp32"), workload, runtime_options("fp32"),
+                            report.outcomes)
+            after["drift"] = profile_drift(hw, hw_after)
         load = f"{report.load_average[0]:.1f}" if report.load_average else "-"
+        after_text = f"{100 * after['mape']:.1f}%, {after['spearman']:.3f}" if after else "-"
         summary.add_row(name, hw.name, str(len(report.outcomes)), f"{100 * report.mape:.1f}%", f"{report.spearman:.3f}",
-                        "yes" if report.memory_ok else "NO", ratios, ablations, load)
+                        "yes" if report.memory_ok else "NO", ratios, ablations, after_text, load)
         print(json.dumps({"model": name, "profile": hw.name, "mape": report.mape, "spearman": report.spearman,
-                          "ablations": report.ablations, "load_average": report.load_average}))
+                          "memory_ok": report.memory_ok, "ablations": report.ablations, "profile_after": after,
+                          "load_average": report.load_average}))
     Console(width=160).print(summary)
     print(f"outputs in {work}")
 

@@ -89,16 +89,19 @@ ABLATIONS = {
 def ablation_scores(hw: HardwareProfile, spec: ModelSpec, workload: Workload, options: ModelOptions,
                     outcomes: list["PolicyOutcome"]) -> dict[str, dict[str, float]]:
     """MAPE and Spearman of each :data:`ABLATIONS` variant against the same measurements."""
-    out = {}
-    for name, update in ABLATIONS.items():
-        variant = options.model_copy(update=update)
-        preds = [estimate(hw, spec, workload, o.policy, "cgopipe", variant) for o in outcomes]
-        mape = statistics.fmean(abs(p.decode_layer_latency_s - o.layer_latency_s) / o.layer_latency_s
-                                for p, o in zip(preds, outcomes))
-        rank = _spearman([p.generation_throughput_tok_s for p in preds],
-                         [o.generation_throughput_tok_s for o in outcomes])
-        out[name] = {"mape": mape, "spearman": rank}
-    return out
+    return {name: rescore(hw, spec, workload, options.model_copy(update=update), outcomes)
+            for name, update in ABLATIONS.items()}
+
+
+def rescore(hw: HardwareProfile, spec: ModelSpec, workload: Workload, options: ModelOptions,
+            outcomes: list["PolicyOutcome"]) -> dict[str, float]:
+    """MAPE and Spearman of predictions from ``hw`` / ``options`` against the measurements
+    of ``outcomes`` (e.g. a model variant, or a second profile of the same host)."""
+    preds = [estimate(hw, spec, workload, o.policy, "cgopipe", options) for o in outcomes]
+    mape = statistics.fmean(abs(p.decode_layer_latency_s - o.layer_latency_s) / o.layer_latency_s
+                            for p, o in zip(preds, outcomes))
+    rank = _spearman([p.generation_throughput_tok_s for p in preds], [o.generation_throughput_tok_s for o in outcomes])
+    return {"mape": mape, "spearman": rank}
 
 
 @dataclass
@@ -263,55 +266,83 @@ def _lane_layer_s(result, runs: int) -> dict[str, float]:
     return {k: v / runs for k, v in busy.items()} if runs else {}
 
 
-def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Workload, policy: Policy,
-                   options: ModelOptions, device: str = "auto", repeats: int = 3, seed: int = 0,
-                   lanes: str = "auto") -> PolicyOutcome:
-    """Predict, then run once with memory tracking, once untracked (warm-up: allocator and
-    caches in the state of a timed run) and ``repeats`` times for timing (medians)."""
+def tracked_peak_bytes(spec: ModelSpec, weights, workload: Workload, policy: Policy, requests, device: str = "auto",
+                       lanes: str = "auto") -> int:
+    """Peak device-tier bytes of one run with memory tracking (not timed)."""
     from .executor import PlanExecutor
-    from .requests import synthetic_requests
 
-    predicted = estimate(hw, spec, workload, policy, "cgopipe", options)
-    requests = synthetic_requests(workload, policy.batch_size, spec.vocab_size, seed)
     with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=True, keep_logits=False,
                       lanes=lanes) as ex:
-        peak = ex.run(requests).peak_device_bytes
-    timed = []
+        return ex.run(requests).peak_device_bytes
+
+
+def timed_run(spec: ModelSpec, weights, workload: Workload, policy: Policy, requests, device: str = "auto",
+              lanes: str = "auto"):
+    """One timed run in a fresh executor, after an untracked warm-up run (allocator and
+    caches in the state of a timed run)."""
+    from .executor import PlanExecutor
+
     with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=False, keep_logits=False,
                       lanes=lanes) as ex:
         ex.run(requests)
-        for _ in range(max(repeats, 1)):
-            ex.tier.tracer.clear()
-            timed.append(ex.run(requests))
+        ex.tier.tracer.clear()
+        return ex.run(requests)
+
+
+def outcome_of(policy: Policy, predicted: EstimateResult, peak: int, timed: list, num_layers: int) -> PolicyOutcome:
+    """Medians over the timed runs; lane busy times of the median run."""
     layer = [r.decode_layer_latency_s for r in timed]
     mid = sorted(range(len(timed)), key=lambda k: layer[k])[len(timed) // 2]
     best = timed[mid]
-    runs = best.decode_steps * spec.num_layers
     return PolicyOutcome(
         policy=policy, predicted=predicted, layer_latency_s=layer[mid],
         decode_throughput_tok_s=statistics.median(r.decode_throughput_tok_s for r in timed),
         generation_throughput_tok_s=statistics.median(r.generation_throughput_tok_s for r in timed),
         prefill_s=statistics.median(r.prefill_s for r in timed), peak_device_bytes=peak,
-        lane_layer_s=_lane_layer_s(best, runs), repeats=layer,
+        lane_layer_s=_lane_layer_s(best, best.decode_steps * num_layers), repeats=layer,
     )
+
+
+def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Workload, policy: Policy,
+                   options: ModelOptions, device: str = "auto", repeats: int = 3, seed: int = 0,
+                   lanes: str = "auto") -> PolicyOutcome:
+    """Predict, then run once with memory tracking and ``repeats`` times for timing (medians)."""
+    from .requests import synthetic_requests
+
+    predicted = estimate(hw, spec, workload, policy, "cgopipe", options)
+    requests = synthetic_requests(workload, policy.batch_size, spec.vocab_size, seed)
+    peak = tracked_peak_bytes(spec, weights, workload, policy, requests, device, lanes)
+    timed = [timed_run(spec, weights, workload, policy, requests, device, lanes) for _ in range(max(repeats, 1))]
+    return outcome_of(policy, predicted, peak, timed, spec.num_layers)
 
 
 def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, policies: list[Policy],
                    device: str = "auto", dtype: str = "fp32", repeats: int = 3, seed: int = 0,
                    progress: Optional[Callable[[str], None]] = None, lanes: str = "auto") -> ValidationReport:
-    """Predicted vs measured for every policy (same weights, requests and workload)."""
+    """Predicted vs measured for every policy (same weights, requests and workload). The
+    timed runs go in rounds — every policy once per round — so that a slow drift of the
+    host's speed (other processes, a shared VM) spreads over all policies instead of
+    landing on the few measured while it lasts."""
     from .device import resolve_device
     from .model import build_weights
+    from .requests import synthetic_requests
 
     spec = runtime_spec(spec, dtype)
     options = runtime_options(dtype)
     weights = build_weights(spec, None, seed)
-    outcomes = []
-    for k, policy in enumerate(policies, 1):
-        outcome = measure_policy(hw, spec, weights, workload, policy, options, device, repeats, seed, lanes)
-        outcomes.append(outcome)
+    requests = [synthetic_requests(workload, p.batch_size, spec.vocab_size, seed) for p in policies]
+    predicted = [estimate(hw, spec, workload, p, "cgopipe", options) for p in policies]
+    peaks = [tracked_peak_bytes(spec, weights, workload, p, r, device, lanes) for p, r in zip(policies, requests)]
+    timed: list[list] = [[] for _ in policies]
+    for round_index in range(max(repeats, 1)):
+        for runs, policy, reqs in zip(timed, policies, requests):
+            runs.append(timed_run(spec, weights, workload, policy, reqs, device, lanes))
         if progress:
-            progress(f"[{k}/{len(policies)}] {policy.short()}: predicted "
+            progress(f"round {round_index + 1}/{max(repeats, 1)} of {len(policies)} policies done")
+    outcomes = [outcome_of(p, est, peak, runs, spec.num_layers) for p, est, peak, runs in zip(policies, predicted, peaks, timed)]
+    for k, outcome in enumerate(outcomes, 1):
+        if progress:
+            progress(f"[{k}/{len(policies)}] {outcome.policy.short()}: predicted "
                      f"{outcome.predicted.decode_layer_latency_s * 1e3:.3f} ms/layer, measured "
                      f"{outcome.layer_latency_s * 1e3:.3f} ms/layer ({100 * outcome.latency_error:+.0f}%)")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
