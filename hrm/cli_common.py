@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from .hardware import load_hardware
 from .model import load_model
+from .units import DTYPES
 from .workload import PRESETS, make_workload
 
 
 def add_machine_args(parser, hw_required: bool = True) -> None:
     parser.add_argument("--hw", required=hw_required, help="hardware profile: a YAML path or a shipped name (l4, t4, ...)")
     parser.add_argument("--model", required=hw_required, help="catalog name/alias (mixtral, dbrx, ...) or a config.json path")
-    parser.add_argument("--weight-dtype", choices=["fp16", "bf16", "int8", "int4"], help="override the weight dtype")
-    parser.add_argument("--kv-dtype", choices=["fp16", "bf16", "int8", "int4"], help="override the KV-cache dtype")
+    parser.add_argument("--weight-dtype", choices=list(DTYPES), help="override the weight dtype")
+    parser.add_argument("--kv-dtype", choices=list(DTYPES), help="override the KV-cache dtype")
 
 
 def add_workload_args(parser) -> None:

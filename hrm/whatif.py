@@ -33,7 +33,8 @@ def with_link_bandwidth(hw: HardwareProfile, h2d_gbps: float, d2h_gbps: float | 
 def with_cpu_scaled(hw: HardwareProfile, ratio: float, memory: bool = True) -> HardwareProfile:
     """The paper's "CPU scaling ratio": CPU FLOP/s (every dtype), memory bandwidth and —
     with ``memory`` — memory capacity multiplied by ``ratio`` (facts.md: base CPU 100 GB/s,
-    200 GB, 1.6 TFLOP/s scaled together)."""
+    200 GB, 1.6 TFLOP/s scaled together). Measured CPU curves and the emulated-tier rates
+    of a CPU-only profile are dropped (they describe the old CPU)."""
     if ratio <= 0:
         raise HRMError(f"CPU scaling ratio must be positive, got {ratio}")
     data = hw.model_dump(exclude_none=True)
@@ -42,6 +43,9 @@ def with_cpu_scaled(hw: HardwareProfile, ratio: float, memory: bool = True) -> H
     if memory:
         cpu["memory_gib"] *= ratio
     cpu["tflops"] = {k: v * ratio for k, v in cpu["tflops"].items()}
+    # measured rates of the old CPU would override the scaled peaks: drop them. The
+    # per-call dispatch α stays (a fixed software cost, not a rate the ratio describes).
+    data.pop("emulation", None)
     if data.get("efficiency"):  # measured CPU curves describe the old CPU
         for key in ("cpu_matmul_tflops_vs_m", "cpu_copy_gbps_vs_bytes", "cpu_attention_gbps_vs_context"):
             data["efficiency"].pop(key, None)

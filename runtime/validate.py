@@ -377,15 +377,17 @@ def write_outputs(report: ValidationReport, out_dir: str | Path) -> list[Path]:
 
 
 def write_plot(report: ValidationReport, path: str | Path) -> None:
+    from hrm.plots import save_png
+
+    save_png(plot_validation(report), path, dpi=110)
+
+
+def plot_validation(report: ValidationReport):
     """Predicted vs measured scatter (per-layer decode latency; generation throughput), y = x."""
-    import tempfile
+    from hrm.plots._common import new_figure
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    fig, grid = new_figure(11, 4.8, 1, 2)
+    axes = grid[0]
     pairs = [
         ([o.layer_latency_s * 1e3 for o in report.outcomes], [o.predicted.decode_layer_latency_s * 1e3 for o in report.outcomes],
          "per-layer decode latency (ms)", f"MAPE {100 * report.mape:.1f}%"),
@@ -409,12 +411,7 @@ def write_plot(report: ValidationReport, path: str | Path) -> None:
         ax.legend(loc="upper left", fontsize=8)
     fig.suptitle(f"{report.model} on {report.hardware} (device tier: {report.device}); "
                  f"blue = CPU attention, orange = device attention", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".png", delete=False) as tmp:
-        fig.savefig(tmp.name, dpi=110)
-    plt.close(fig)
-    os.replace(tmp.name, path)
+    return fig
 
 
 def _label(p: Policy) -> str:

@@ -122,6 +122,15 @@ def test_whatif_transforms():
     assert (linked.link.h2d_gbps, linked.link.d2h_gbps) == (250, 250)
 
 
+def test_cpu_scaling_drops_the_measured_rates_of_the_old_cpu():
+    raw = yaml.safe_load((Path(PROFILES_DIR) / "cpu-only.yaml").read_text())
+    raw["emulation"] = {"threads": 1, "tflops": {"fp32": 0.05}, "memory_bandwidth_gbps": 10, "copy_gbps": 5}
+    measured = parse_hardware(raw)
+    scaled = with_cpu_scaled(measured, 2)
+    assert measured.emulation is not None and scaled.emulation is None
+    assert rates_from_profile(scaled).gpu_peak_flops == pytest.approx(2 * raw["cpu"]["tflops"]["fp32"] * 1e12)
+
+
 def fig10_machine(h2d_gbps, ratio):
     """The 2×A100-80G ablation machine built from the YAML by hand (not via hrm.whatif)."""
     raw = yaml.safe_load((Path(PROFILES_DIR) / "2xa100-80g.yaml").read_text())

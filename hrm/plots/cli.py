@@ -13,6 +13,7 @@ from ..cli_common import (add_machine_args, add_memory_args, add_workload_args, 
                           machine_from_args, options_from_args, workload_from_args)
 from ..errors import HRMError
 from ..latency import SCHEDULES
+from ..units import DTYPES
 from ..workload import PRESETS, make_workload
 from ._common import save_png
 
@@ -47,8 +48,8 @@ def build_parser() -> ArgumentParser:
     pmap = sub.add_parser("policy-map", help="best policy over link bandwidth × CPU scaling (paper Fig. 10)")
     pmap.add_argument("--hw", default=FIG10["hw"], help=f"hardware profile (default {FIG10['hw']})")
     pmap.add_argument("--model", default=FIG10["model"], help=f"model (default {FIG10['model']})")
-    pmap.add_argument("--weight-dtype", choices=["fp16", "bf16", "int8", "int4"])
-    pmap.add_argument("--kv-dtype", choices=["fp16", "bf16", "int8", "int4"])
+    pmap.add_argument("--weight-dtype", choices=list(DTYPES))
+    pmap.add_argument("--kv-dtype", choices=list(DTYPES))
     pmap.add_argument("--workload", choices=list(PRESETS), help="workload preset (default: prompt 512, gen 32)")
     pmap.add_argument("--prompt-len", type=int)
     pmap.add_argument("--max-prompt-len", type=int)
