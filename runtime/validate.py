@@ -384,6 +384,8 @@ def write_plot(report: ValidationReport, path: str | Path) -> None:
 
 def plot_validation(report: ValidationReport):
     """Predicted vs measured scatter (per-layer decode latency; generation throughput), y = x."""
+    from matplotlib.ticker import FuncFormatter
+
     from hrm.plots._common import new_figure
 
     fig, grid = new_figure(11, 4.8, 1, 2)
@@ -405,6 +407,9 @@ def plot_validation(report: ValidationReport):
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 2×10^1
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel(f"predicted {label}")
         ax.set_title(stat)
