@@ -71,20 +71,17 @@ def balance_point(hrm: HRM, i: str, j: str, intensity_i) -> np.ndarray:
 
 
 def hrm_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> HRM:
-    """The two-level HRM of a profile: ``gpu`` (all GPUs together under tensor parallelism)
-    and ``cpu``; cross roof CPU→GPU = h2d bandwidth × GPU count (one link per GPU). A
-    CPU-only host maps the device tier onto the CPU (its 'link' is a DRAM copy)."""
-    cpu = Level("cpu", hw.cpu.tflops.flops(options.cpu_compute_dtype), hw.cpu.memory_bandwidth_bytes_s)
-    if hw.gpu is None:
-        gpu = Level("gpu", hw.cpu.tflops.flops(options.gpu_compute_dtype), hw.cpu.memory_bandwidth_bytes_s)
-        copy = hw.link.h2d_gbps * 1e9 if hw.link else hw.cpu.memory_bandwidth_bytes_s / 2
-        return HRM({"gpu": gpu, "cpu": cpu}, {("cpu", "gpu"): copy, ("gpu", "cpu"): copy})
-    count = hw.gpu.count
-    gpu = Level("gpu", hw.gpu.tflops.flops(options.gpu_compute_dtype) * count, hw.gpu.memory_bandwidth_bytes_s * count)
-    return HRM(
-        {"gpu": gpu, "cpu": cpu},
-        {("cpu", "gpu"): hw.link.h2d_gbps * 1e9 * count, ("gpu", "cpu"): hw.link.d2h_gbps * 1e9 * count},
-    )
+    """The two-level HRM of a profile, from the same peaks the latency model uses
+    (:func:`hrm.rates.rates_from_profile`): ``gpu`` (all GPUs together under tensor
+    parallelism) and ``cpu``; cross roof CPU→GPU = h2d bandwidth × GPU count (one link per
+    GPU). A CPU-only host maps the device tier onto the CPU (its measured emulated tier when
+    the profile has one; its 'link' is a DRAM copy)."""
+    from .rates import rates_from_profile
+
+    rates = rates_from_profile(hw, options)
+    gpu = Level("gpu", rates.gpu_peak_flops, rates.gpu_bandwidth_bytes_s)
+    cpu = Level("cpu", rates.cpu_peak_flops, rates.cpu_bandwidth_bytes_s)
+    return HRM({"gpu": gpu, "cpu": cpu}, {("cpu", "gpu"): rates.h2d_bytes_s, ("gpu", "cpu"): rates.d2h_bytes_s})
 
 
 @dataclass(frozen=True)

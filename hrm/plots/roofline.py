@@ -63,7 +63,7 @@ class RooflineData:
     operator: str
     roofs: list[Roof]
     lines: list[OperatorLine]
-    points: list[Point]                   # P1, P2, balance point
+    points: list[Point]                   # P1, P2 (eq. 11's balance point named in P2's label)
     kernel_flops: float | None = None     # MoE FFN kernel at μ on the GPU (Fig. 5's orange line)
     kernel_label: str = ""
     x_range: tuple[float, float] = (1e-2, 1e4)
@@ -74,11 +74,13 @@ def _roofs(hw: HardwareProfile, options: ModelOptions) -> tuple[list[Roof], obje
     gpu, cpu = hrm.level("gpu"), hrm.level("cpu")
     link = hrm.cross_bandwidth[("cpu", "gpu")]
     device = "device tier (emulated on CPU)" if hw.gpu is None else ("GPU" if hw.gpu_count == 1 else f"{hw.gpu_count}×GPU")
+    device_flops = hw.gpu.tflops if hw.gpu else (hw.emulation.tflops if hw.emulation and options.use_emulation
+                                                 else hw.cpu.tflops)
     roofs = [
-        Roof("roof:gpu-compute", f"{device} {options.gpu_compute_dtype} peak: {si_rate(gpu.peak_flops, 'FLOP/s')}",
-             "compute", gpu.peak_flops, gpu.peak_flops),
-        Roof("roof:cpu-compute", f"CPU {options.cpu_compute_dtype} peak: {si_rate(cpu.peak_flops, 'FLOP/s')}",
-             "compute", cpu.peak_flops, cpu.peak_flops),
+        Roof("roof:gpu-compute", f"{device} {_dtype_used(device_flops, options.gpu_compute_dtype)} peak: "
+             f"{si_rate(gpu.peak_flops, 'FLOP/s')}", "compute", gpu.peak_flops, gpu.peak_flops),
+        Roof("roof:cpu-compute", f"CPU {_dtype_used(hw.cpu.tflops, options.cpu_compute_dtype)} peak: "
+             f"{si_rate(cpu.peak_flops, 'FLOP/s')}", "compute", cpu.peak_flops, cpu.peak_flops),
         Roof("roof:gpu-memory", f"{device} memory: {si_rate(gpu.bandwidth_bytes_s, 'B/s')}",
              "memory", gpu.bandwidth_bytes_s, gpu.peak_flops),
         Roof("roof:cpu-memory", f"CPU memory: {si_rate(cpu.bandwidth_bytes_s, 'B/s')}",
@@ -86,6 +88,12 @@ def _roofs(hw: HardwareProfile, options: ModelOptions) -> tuple[list[Roof], obje
         Roof("roof:cpu-gpu-link", f"CPU→GPU link: {si_rate(link, 'B/s')}", "memory", link, gpu.peak_flops),
     ]
     return roofs, hrm
+
+
+def _dtype_used(flops, dtype: str) -> str:
+    """The dtype whose peak :meth:`Flops.flops` returns (a missing one falls back to fp32)."""
+    key = {"int4": "fp16"}.get(dtype, dtype)
+    return dtype if getattr(flops, key, None) is not None else "fp32"
 
 
 def roofline_data(hw: HardwareProfile, model: ModelSpec, operator: str = "moe-ffn", context: int = 512,
@@ -129,10 +137,12 @@ def roofline_data(hw: HardwareProfile, model: ModelSpec, operator: str = "moe-ff
     p1 = float(turning_point_p1(hrm, "gpu", "cpu", cpu_peak / link))
     p2 = float(turning_point_p2(hrm, "gpu", "cpu", i_gpu))            # eq. 10
     balance = float(balance_point(hrm, "gpu", "cpu", i_gpu))           # eq. 11
-    points = [Point("point:p1", f"P1: I = {p1:.3g}", p1, p1 * link),
-              Point("point:p2", f"P2 (μ={micro_batch}): I = {p2:.3g}", p2, p2 * link)]
-    if not np.isclose(balance, p2, rtol=1e-6):
-        points.append(Point("point:balance", f"balance point: I = {balance:.3g}", balance, balance * link))
+    # eq. 11's balance point equals P2 when the kernel is memory-bound; a compute-bound kernel
+    # puts it above the compute roof, where nothing is attained: name it in P2's label
+    same = np.isclose(balance, p2, rtol=1e-6)
+    p2_label = (f"P2 = balance point (μ={micro_batch}): I = {p2:.3g}" if same else
+                f"P2 (μ={micro_batch}, compute-bound kernel; eq. 11 balance at I = {balance:.3g}): I = {p2:.3g}")
+    points = [Point("point:p1", f"P1: I = {p1:.3g}", p1, p1 * link), Point("point:p2", p2_label, p2, p2 * link)]
     title = f"HRM: {model.name} MoE FFN (decode), μ={micro_batch}, on {hw.name}"
     xs = [line.intensity for line in lines] + [p.intensity for p in points] + [i_gpu]
     return RooflineData(title, operator, roofs, lines, points, kernel,
@@ -185,7 +195,7 @@ def plot_roofline(data: RooflineData, ax=None):
         ax.annotate(line.label, (line.intensity, y_hi), xytext=(2, -4), textcoords="offset points",
                     rotation=90, fontsize=8, color=color, va="top", ha="left",
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
-    markers = {"point:p1": "*", "point:p2": "P", "point:balance": "X"}
+    markers = {"point:p1": "*", "point:p2": "P"}
     fills = ["gold", "white", "orange", "cyan"]
     for k, point in enumerate(data.points):
         marker = next((m for key, m in markers.items() if point.key.startswith(key)), "*")
