@@ -76,6 +76,18 @@ def tokens(terms: Terms, choice: Choice, objective: str) -> float:
     return per_seq * terms.mu[choice.mode_index] * choice.num_micro_batches
 
 
+def mode_upper_bounds(terms: Terms, objective: str = "generation") -> np.ndarray:
+    """Throughput no policy of mode k can exceed. Every lane time is n·a + (n − z/μ)·b +
+    (1 − m/M)·w with b, w ≥ 0 and z ≤ μn, m ≤ M, so n micro-batches take at least n × (the
+    per-micro-batch parts alone); tokens are μ·n per decode pass, so n cancels."""
+    per_mb = (np.max(terms.a, axis=2).sum(axis=-1) @ terms.kind_layers) + terms.steps * terms.head
+    if objective == "generation":
+        per_mb = per_mb + np.max(terms.pa, axis=2) @ terms.kind_layers + terms.head
+    per_seq = terms.gen_len if objective == "generation" else terms.steps
+    with np.errstate(divide="ignore"):
+        return np.where(per_mb > 0, per_seq * terms.mu / np.maximum(per_mb, 1e-300), np.inf)
+
+
 def max_micro_batches(terms: Terms, max_batch: int) -> np.ndarray:
     """Upper bound n̄_k per mode from the batch cap and the memory limits (loosest case:
     no weights or KV on the GPU for the GPU limit, all of them for the CPU limit)."""

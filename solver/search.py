@@ -133,7 +133,14 @@ def search(
     # warm start: a feasible point from a coarse enumeration (exact for CPU-attention modes)
     screen = exhaustive(terms, max_batch, objective, fixed, m_grid_points=9)
     incumbent = (screen.objective, screen.choice) if screen.choice is not None else None
-    result = milp.solve_dinkelbach(terms, max_batch, objective, fixed, solver=solver, incumbent=incumbent)
+    # modes whose throughput bound is below the incumbent cannot hold the optimum: leave them out
+    pruned = ()
+    if incumbent is not None:
+        bounds = milp.mode_upper_bounds(terms, objective)
+        pruned = tuple(int(k) for k in np.flatnonzero(bounds < incumbent[0] * (1 - 1e-9))
+                       if k != incumbent[1].mode_index)
+    result = milp.solve_dinkelbach(terms, max_batch, objective, fixed, excluded_modes=pruned, solver=solver,
+                                   incumbent=incumbent)
     if result.choice is None:
         raise InfeasibleError(_infeasible_reason(hw, model, workload, terms, limits) +
                               (" (with the --fix constraints)" if fixed else ""))

@@ -77,6 +77,22 @@ def test_milp_equals_exhaustive(case):
     assert value == pytest.approx(result.objective, rel=1e-6)
 
 
+@pytest.mark.parametrize("case", CASES[:12], ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES[:12])])
+def test_mode_bounds_hold_and_pruned_search_is_optimal(case):
+    """search() leaves out modes whose throughput bound is below the warm start: each bound
+    must lie above the exhaustive best of its mode, and the pruned search must still reach
+    the exhaustive optimum."""
+    hw_name, model_name, preset, schedule, objective, fixed, gpu_mem, cpu_mem, padding = case
+    hw, model, wl, limits, terms = _terms(hw_name, model_name, preset, schedule, gpu_mem, cpu_mem, padding)
+    bounds = milp.mode_upper_bounds(terms, objective)
+    check = exhaustive(terms, MAX_BATCH, objective)
+    for value, choice in check.ranked:
+        assert bounds[choice.mode_index] >= value * (1 - 1e-9)
+    result = search(hw, model, wl, schedule=schedule, objective=objective, fixed=fixed, max_batch=MAX_BATCH,
+                    limits=limits, top=0, verify=True)
+    assert result.verified
+
+
 def test_cases_cover_gpu_attention_and_cpu_ffn():
     placements = set()
     for case in CASES[:15]:
