@@ -50,6 +50,13 @@ def _achieved(peak: float, curve, rows, scale: int):
     return np.minimum(peak, interpolate_curve(list(curve), np.maximum(rows, 1.0)) * TFLOPS * scale)
 
 
+def _curve(curves: dict, flops, dtype: str) -> tuple:
+    """The efficiency curve of ``dtype``; where the profile has no peak for it, the peak
+    falls back to fp32 (:meth:`Flops.flops`) and so does the curve."""
+    key = {"int4": "fp16"}.get(dtype, dtype)
+    return tuple(curves.get(key if getattr(flops, key, None) is not None else "fp32", ()))
+
+
 def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optional[Dispatch]) -> Rates:
     """CPU-only host with a measured ``emulation`` section: both tiers are the runtime's
     emulated unit (same FLOP/s curve, same bus); a transfer is a copy at ``copy_gbps``."""
@@ -58,14 +65,14 @@ def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optiona
     bw = emu.memory_bandwidth_gbps * GB
     copy = emu.copy_gbps * GB
     return Rates(emu.tflops.flops(options.gpu_compute_dtype), bw, emu.tflops.flops(options.cpu_compute_dtype), bw,
-                 copy, copy, 1, None, True, tuple(curves.get(options.gpu_compute_dtype, ())),
-                 tuple(curves.get(options.cpu_compute_dtype, ())), dispatch, dispatch)
+                 copy, copy, 1, None, True, _curve(curves, emu.tflops, options.gpu_compute_dtype),
+                 _curve(curves, emu.tflops, options.cpu_compute_dtype), dispatch, dispatch)
 
 
 def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> Rates:
     eff = hw.efficiency if options.use_efficiency_curves else None
     cpu_dispatch = hw.cpu.dispatch if options.use_dispatch_overhead else None
-    cpu_curve = tuple(eff.cpu_matmul_tflops_vs_m.get(options.cpu_compute_dtype, ())) if eff else ()
+    cpu_curve = _curve(eff.cpu_matmul_tflops_vs_m, hw.cpu.tflops, options.cpu_compute_dtype) if eff else ()
     cpu_flops = hw.cpu.tflops.flops(options.cpu_compute_dtype)
     cpu_bw = hw.cpu.memory_bandwidth_bytes_s
     if hw.gpu is None and hw.emulation is not None and options.use_emulation:
@@ -73,12 +80,12 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
     if hw.gpu is None:
         # device tier emulated on the CPU: same unit, same bus; a "transfer" is a DRAM copy
         # (reads + writes the bytes once each, so half the STREAM-counted bandwidth)
-        dev_curve = tuple(eff.cpu_matmul_tflops_vs_m.get(options.gpu_compute_dtype, ())) if eff else ()
+        dev_curve = _curve(eff.cpu_matmul_tflops_vs_m, hw.cpu.tflops, options.gpu_compute_dtype) if eff else ()
         copy = hw.link.h2d_gbps * GB if hw.link else cpu_bw / 2
         copy_back = hw.link.d2h_gbps * GB if hw.link else cpu_bw / 2
         return Rates(hw.cpu.tflops.flops(options.gpu_compute_dtype), cpu_bw, cpu_flops, cpu_bw, copy, copy_back,
                      1, None, True, dev_curve or cpu_curve, cpu_curve, cpu_dispatch, cpu_dispatch)
-    gpu_curve = tuple(eff.gpu_matmul_tflops_vs_m.get(options.gpu_compute_dtype, ())) if eff else ()
+    gpu_curve = _curve(eff.gpu_matmul_tflops_vs_m, hw.gpu.tflops, options.gpu_compute_dtype) if eff else ()
     count = hw.gpu.count
     g2g = hw.gpu.gpu_to_gpu_gbps * GB if hw.gpu.gpu_to_gpu_gbps else None
     return Rates(

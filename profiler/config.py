@@ -47,8 +47,11 @@ class ProfileConfig:
     # of probe runs of the reference runtime (0 = skip).
     dispatch_repeats: int = 3
     # Emulated device tier of a CPU-only host (profiler.emulation; needs torch): F.linear
-    # fp32 curve vs M at (K, N) with cold weights, and a torch copy (empty ms = skip).
+    # curve vs M at (K, N) with cold weights per dtype the runtime may compute in (CPU
+    # kernels differ widely: fp16 has no fast path on many CPUs), and a torch copy
+    # (empty ms = skip).
     emulation_ms: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    emulation_dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
     emulation_k: int = 2048
     emulation_n: int = 2048
     emulation_copy_bytes: int = 256 * MIB

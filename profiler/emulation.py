@@ -43,17 +43,22 @@ def pool_size(weight_bytes: int, llc_bytes: int) -> int:
     return max(2, -(-POOL_LLC_MULTIPLE * llc_bytes // max(weight_bytes, 1)))
 
 
-def linear_factory(torch, k: int, n: int, pool: int) -> Callable[[int], Callable[[], float]]:
-    """M -> timed op of ``F.linear(x[M, K], W[N, K])`` cycling over ``pool`` weights."""
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def linear_factory(torch, k: int, n: int, pool: int, dtype: str = "fp32") -> Callable[[int], Callable[[], float]]:
+    """M -> timed op of ``F.linear(x[M, K], W[N, K])`` in ``dtype`` cycling over ``pool`` weights."""
     import time
 
     import torch.nn.functional as F
 
-    weights = [torch.full((n, k), 0.01 * (i + 1), dtype=torch.float32) for i in range(pool)]
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    weights = [torch.full((n, k), 0.01 * (i + 1), dtype=tdtype) for i in range(pool)]
     state = {"i": 0}
 
     def make(m: int):
-        x = torch.full((m, k), 0.02, dtype=torch.float32)
+        x = torch.full((m, k), 0.02, dtype=tdtype)
 
         def op() -> float:
             w = weights[state["i"] % pool]
@@ -82,20 +87,27 @@ def copy_op(torch, nbytes: int) -> Callable[[], float]:
 
 
 def measure_emulation(torch, threads: int, ms: tuple[int, ...], k: int, n: int, copy_bytes: int, llc_bytes: int,
-                      warmup: int, repeats: int, budget: Budget | None) -> EmulationResult:
-    """F.linear fp32 curve (stops early when the budget runs out) and copy rate."""
+                      warmup: int, repeats: int, budget: Budget | None,
+                      dtypes: tuple[str, ...] = ("fp32",)) -> EmulationResult:
+    """F.linear curve per dtype (fp32 first; a curve stops early when the budget runs out,
+    a later dtype is skipped then) and the copy rate."""
+    matmul: dict[str, dict[int, Measured]] = {}
     with torch_threads(torch, threads), torch.no_grad():
-        make = linear_factory(torch, k, n, pool_size(k * n * F32_BYTES, llc_bytes))
-        curve: dict[int, Measured] = {}
-        for m in sorted(ms):
-            if curve and budget is not None and budget.expired():
+        for dtype in sorted(dtypes, key=lambda d: d != "fp32"):
+            if matmul and budget is not None and budget.expired():
                 break
-            stats = measure(make(m), warmup, repeats, budget)
-            curve[m] = Measured(stats.median_rate(2.0 * m * k * n) / 1e12, "TFLOP/s", stats,
-                                f"emulated tier fp32 F.linear, torch {torch.__version__} ({threads} thread(s)), "
-                                f"({m} x {k}) @ ({n} x {k})^T, cold weights, 2*M*K*N FLOPs")
+            make = linear_factory(torch, k, n, pool_size(k * n * DTYPE_BYTES[dtype], llc_bytes), dtype)
+            curve: dict[int, Measured] = {}
+            for m in sorted(ms):
+                if curve and budget is not None and budget.expired():
+                    break
+                stats = measure(make(m), warmup, repeats, budget)
+                curve[m] = Measured(stats.median_rate(2.0 * m * k * n) / 1e12, "TFLOP/s", stats,
+                                    f"emulated tier {dtype} F.linear, torch {torch.__version__} ({threads} thread(s)), "
+                                    f"({m} x {k}) @ ({n} x {k})^T, cold weights, 2*M*K*N FLOPs")
+            matmul[dtype] = curve
         stats = measure(copy_op(torch, copy_bytes), warmup, repeats, budget)
         copy = Measured(stats.median_rate(copy_bytes) / 1e9, "GB/s", stats,
                         f"emulated tier torch copy_ of {copy_bytes / 2**20:.0f} MiB fp32 ({threads} thread(s)); "
                         f"bytes moved per second")
-    return EmulationResult(threads, {"fp32": curve}, copy)
+    return EmulationResult(threads, matmul, copy)

@@ -105,7 +105,8 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
         from .emulation import measure_emulation
 
         results.emulation = measure_emulation(torch, EMULATED_THREADS, cfg.emulation_ms, cfg.emulation_k,
-                                              cfg.emulation_n, cfg.emulation_copy_bytes, host.llc_bytes, w, r, budget)
+                                              cfg.emulation_n, cfg.emulation_copy_bytes, host.llc_bytes, w, r, budget,
+                                              cfg.emulation_dtypes)
 
     def dispatch() -> None:
         from .dispatch import measure_dispatch

@@ -430,3 +430,24 @@ def load_hardware_roundtrip(profile):
     import yaml
 
     return parse_hardware(yaml.safe_load(dump_hardware_yaml(profile)))
+
+
+def test_emulation_measures_each_runtime_dtype():
+    """The emulated tier's F.linear curve is measured per dtype the runtime may compute in
+    (fp32 first); a dtype the profile lacks falls back to fp32 for both peak and curve."""
+    torch = pytest.importorskip("torch")
+    from hrm.hardware import parse_hardware
+    from hrm.rates import rates_from_profile
+    from profiler.emulation import measure_emulation
+
+    result = measure_emulation(torch, 1, (1, 4), 64, 64, 1 << 20, 1 << 16, 1, 2, None, ("fp16", "fp32", "bf16"))
+    assert list(result.matmul) == ["fp32", "fp16", "bf16"]
+    assert all(len(curve) == 2 and all(m.value > 0 for m in curve.values()) for curve in result.matmul.values())
+    curve = [{"x": 1, "y": 0.01}, {"x": 64, "y": 0.05}]
+    hw = parse_hardware({"name": "h", "cpu": {"name": "c", "cores": 2, "memory_gib": 8, "memory_bandwidth_gbps": 20,
+                                              "tflops": {"fp32": 0.1}},
+                         "emulation": {"threads": 1, "tflops": {"fp32": 0.05}, "memory_bandwidth_gbps": 10,
+                                       "copy_gbps": 5, "matmul_tflops_vs_m": {"fp32": curve}}})
+    rates = rates_from_profile(hw)  # default device dtype fp16: not measured -> fp32 peak and curve
+    assert rates.gpu_peak_flops == pytest.approx(0.05e12)
+    assert rates.gpu_flops(1) == pytest.approx(0.01e12)
