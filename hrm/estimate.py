@@ -140,6 +140,7 @@ def estimate(
     problem = schedule_problem(policy.attn_on_gpu, policy.ffn_on_gpu, schedule)
     if problem:
         raise HRMError(problem)
+    options = options.for_model(model)
     rates = rates_from_profile(hw, options)
     limits = limits or memory_limits(hw, options)
     steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, workload, policy, schedule)

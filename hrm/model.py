@@ -125,7 +125,11 @@ class ModelSpec(BaseModel):
         return hashlib.sha256(blob).hexdigest()
 
     def with_dtypes(self, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> "ModelSpec":
+        """The spec with other weight/KV dtypes. Float weights also set the activation dtype
+        (kernels compute in the weights' type); quantised weights keep the activations."""
         update = {k: v for k, v in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)) if v}
+        if weight_dtype in ("fp32", "fp16", "bf16"):
+            update["activation_dtype"] = weight_dtype
         return self.model_copy(update=update) if update else self
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from .model import Dtype
+from .model import Dtype, ModelSpec
 
 
 class ModelOptions(BaseModel):
@@ -13,7 +15,9 @@ class ModelOptions(BaseModel):
     - ``gpu_memory_utilization`` / ``cpu_memory_utilization``: fraction of each memory the
       plan may use (headroom for the CUDA context, allocator fragmentation, the OS). Source:
       the MoE-Lightning artifact caps GPU use at 0.86 and CPU use at 0.8 of capacity.
-    - ``gpu_compute_dtype``: the dtype GPU kernels run in (FLOP/s looked up per dtype).
+    - ``gpu_compute_dtype``: the dtype device kernels run in (FLOP/s looked up per dtype);
+      None (default) = the weights' float dtype, fp16 for quantised (int8/int4) weights —
+      kernels dequantise to fp16 (:meth:`for_model` resolves it).
     - ``cpu_compute_dtype``: the paper computes CPU attention in float32 (Fig. 4 footnote).
     - ``use_efficiency_curves``: use a measured profile's achieved-FLOP/s-vs-M and
       bandwidth-vs-size curves instead of peaks where the profile has them.
@@ -30,11 +34,22 @@ class ModelOptions(BaseModel):
 
     gpu_memory_utilization: float = Field(default=0.86, gt=0, le=1)
     cpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
-    gpu_compute_dtype: Dtype = "fp16"
+    gpu_compute_dtype: Optional[Dtype] = None
     cpu_compute_dtype: Dtype = "fp32"
     use_efficiency_curves: bool = True
     use_dispatch_overhead: bool = True
     use_emulation: bool = True
+
+    def for_model(self, model: ModelSpec) -> "ModelOptions":
+        """These options with the device compute dtype resolved for ``model``."""
+        if self.gpu_compute_dtype is not None:
+            return self
+        dtype = model.weight_dtype if model.weight_dtype in FLOAT_DTYPES else "fp16"
+        return self.model_copy(update={"gpu_compute_dtype": dtype})
+
+
+#: dtypes kernels compute in directly; int8/int4 weights are dequantised to fp16
+FLOAT_DTYPES = ("fp32", "fp16", "bf16")
 
 
 DEFAULT_OPTIONS = ModelOptions()

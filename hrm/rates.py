@@ -70,6 +70,10 @@ def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optiona
 
 
 def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> Rates:
+    """Achieved rates; pass ``options.for_model(model)`` so that the device compute dtype
+    follows the model's weights (unresolved options compute in fp16)."""
+    if options.gpu_compute_dtype is None:
+        options = options.model_copy(update={"gpu_compute_dtype": "fp16"})
     eff = hw.efficiency if options.use_efficiency_curves else None
     cpu_dispatch = hw.cpu.dispatch if options.use_dispatch_overhead else None
     cpu_curve = _curve(eff.cpu_matmul_tflops_vs_m, hw.cpu.tflops, options.cpu_compute_dtype) if eff else ()

@@ -50,15 +50,18 @@ def run_plan(plan: Plan, args):
     weights = build_weights(spec, args.checkpoint, args.seed)
     count = args.requests or plan.policy.batch_size
     requests = synthetic_requests(plan.workload, count, spec.vocab_size, args.seed)
+    # memory tracking costs time on every task: the peak comes from its own run, which also
+    # warms the process (allocator, kernels); the timed run is untracked
     with PlanExecutor(spec, weights, plan.policy, plan.workload, plan.placement, args.device,
                       track_memory=True, keep_logits=False, lanes=args.lanes) as ex:
+        peak = ex.run(requests).peak_device_bytes
+    with PlanExecutor(spec, weights, plan.policy, plan.workload, plan.placement, args.device,
+                      track_memory=False, keep_logits=False, lanes=args.lanes) as ex:
         if not args.no_warmup:
-            warm = plan.workload.model_copy(update={"gen_len": min(plan.workload.gen_len, 2)})
-            saved, ex.workload = ex.workload, warm
-            ex.run(requests[: plan.policy.micro_batch_size])
-            ex.workload = saved
+            ex.run(requests)
             ex.tier.tracer.clear()
         result = ex.run(requests)
+    result.peak_device_bytes = peak
     return hw, spec, result
 
 

@@ -87,6 +87,7 @@ class Terms:
 
 def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, schedule: str, options: ModelOptions,
                 limits: MemoryLimits, modes: list[Mode]) -> Terms:
+    options = options.for_model(model)
     rates = rates_from_profile(hw, options)
     mu = np.array([m.micro_batch_size for m in modes], dtype=float)[:, None]
     attn = np.array([m.attn_on_gpu for m in modes], dtype=float)[:, None]

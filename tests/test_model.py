@@ -75,3 +75,23 @@ def test_cpu_only_host_adds_compute(tiny):
     hw, wl = load_hardware("cpu-only"), make_workload("mtbench", gen_len=8)
     est = estimate(hw, tiny, wl, pol(big=8, mu=4))
     assert est.decode_layer_latency_s == pytest.approx(sum(est.resource_layer_s.values()), rel=1e-9)
+
+
+def test_float_weights_set_activations_and_compute_dtype():
+    """Kernels compute in the weights' float type; quantised weights dequantise to fp16."""
+    from hrm.options import ModelOptions
+    from hrm.rates import rates_from_profile
+
+    base = load_model("mixtral")
+    fp32 = base.with_dtypes("fp32")
+    assert (fp32.weight_dtype, fp32.activation_dtype) == ("fp32", "fp32")
+    int4 = base.with_dtypes("int4")
+    assert (int4.weight_dtype, int4.activation_dtype) == ("int4", base.activation_dtype)
+    options = ModelOptions()
+    assert options.for_model(fp32).gpu_compute_dtype == "fp32"
+    assert options.for_model(int4).gpu_compute_dtype == "fp16"
+    assert ModelOptions(gpu_compute_dtype="bf16").for_model(fp32).gpu_compute_dtype == "bf16"
+    l4 = load_hardware("l4")
+    # L4 datasheet: 30.3 TFLOP/s fp32, 121 TFLOP/s fp16 (hardware_profiles/l4.yaml)
+    assert rates_from_profile(l4, options.for_model(fp32)).gpu_peak_flops == pytest.approx(30.3e12)
+    assert rates_from_profile(l4, options.for_model(base)).gpu_peak_flops == pytest.approx(121e12)

@@ -182,7 +182,7 @@ def _timeline(args):
         policy = result.best.policy
     schedule = schedule or "cgopipe"
     context = args.context or mid_context(workload.effective_prompt_len, workload.gen_len)
-    timeline = decode_timeline(model, rates_from_profile(hw, options), policy, schedule, context)
+    timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model)), policy, schedule, context)
     print(f"layer period {timeline.layer_period_s * 1e3:.4g} ms (list-scheduled), "
           f"eq. 12 bound {timeline.lane_bound_s * 1e3:.4g} ms")
     return plot_timeline(timeline, f"{model.name} on {hw.name}, {policy.short()}, context {context:.0f}",

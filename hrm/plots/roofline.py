@@ -104,6 +104,7 @@ def roofline_data(hw: HardwareProfile, model: ModelSpec, operator: str = "moe-ff
 
     if operator not in OPERATORS:
         raise HRMError(f"unknown operator '{operator}' (one of {', '.join(OPERATORS)})")
+    options = options.for_model(model)
     roofs, hrm = _roofs(hw, options)
     link = hrm.cross_bandwidth[("cpu", "gpu")]
     if operator == "attention":
