@@ -27,7 +27,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--model", help="model to run (default: the plan's); its hash must match the plan's")
     parser.add_argument("--checkpoint", help="safetensors checkpoint (HF Mixtral names); default: random weights")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts")
-    parser.add_argument("--no-warmup", action="store_true", help="skip the short warm-up run before measuring")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up (one full untimed run) before the timed run")
     parser.add_argument("--json", action="store_true", help="print measured and predicted numbers as JSON")
     return parser
 
