@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from hrm.errors import InfeasibleError
+from hrm.errors import HRMError, InfeasibleError
 from hrm.hardware import HardwareProfile
 from hrm.memory import memory_limits
 from hrm.model import ModelSpec
@@ -55,6 +55,8 @@ def policy_map(hw: HardwareProfile, model: ModelSpec, workload: Workload, h2d_gb
                cpu_scales: Iterable[float], schedule: str = "cgopipe", objective: str = "generation",
                options: ModelOptions = DEFAULT_OPTIONS, solver: str = "auto", progress=None) -> pd.DataFrame:
     """Best policy per (link bandwidth, CPU scaling ratio) cell; one row per cell."""
+    if hw.gpu is None:
+        raise HRMError(f"{hw.name}: a policy map varies the CPU→GPU link; this profile has no GPU")
     rows = []
     cells = [(b, s) for s in cpu_scales for b in h2d_gbps]
     for bandwidth, scale in cells:
