@@ -47,11 +47,15 @@ class Flops(_Strict):
     bf16: Optional[float] = Field(default=None, gt=0)
     int8: Optional[float] = Field(default=None, gt=0)
 
-    def flops(self, dtype: str) -> float:
-        """FLOP/s for ``dtype`` (int4 computes at the int8 rate or below; we use fp16)."""
+    def dtype_used(self, dtype: str) -> str:
+        """The dtype whose peak computes ``dtype``: int4 is dequantised to fp16; a dtype the
+        profile lacks falls back to fp32."""
         key = {"int4": "fp16"}.get(dtype, dtype)
-        value = getattr(self, key, None)
-        return (value if value is not None else self.fp32) * TFLOPS
+        return key if getattr(self, key, None) is not None else "fp32"
+
+    def flops(self, dtype: str) -> float:
+        """FLOP/s for ``dtype`` (:meth:`dtype_used`)."""
+        return getattr(self, self.dtype_used(dtype)) * TFLOPS
 
 
 class CurvePoint(_Strict):

@@ -15,6 +15,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import HRMError, pydantic_message
+from .units import FLOAT_DTYPES
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data" / "models"
 ALIASES = {
@@ -128,7 +129,7 @@ class ModelSpec(BaseModel):
         """The spec with other weight/KV dtypes. Float weights also set the activation dtype
         (kernels compute in the weights' type); quantised weights keep the activations."""
         update = {k: v for k, v in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)) if v}
-        if weight_dtype in ("fp32", "fp16", "bf16"):
+        if weight_dtype in FLOAT_DTYPES:
             update["activation_dtype"] = weight_dtype
         return self.model_copy(update=update) if update else self
 

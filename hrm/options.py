@@ -7,6 +7,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from .model import Dtype, ModelSpec
+from .units import FLOAT_DTYPES
 
 
 class ModelOptions(BaseModel):
@@ -47,9 +48,6 @@ class ModelOptions(BaseModel):
         dtype = model.weight_dtype if model.weight_dtype in FLOAT_DTYPES else "fp16"
         return self.model_copy(update={"gpu_compute_dtype": dtype})
 
-
-#: dtypes kernels compute in directly; int8/int4 weights are dequantised to fp16
-FLOAT_DTYPES = ("fp32", "fp16", "bf16")
 
 
 DEFAULT_OPTIONS = ModelOptions()

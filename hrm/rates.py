@@ -53,8 +53,7 @@ def _achieved(peak: float, curve, rows, scale: int):
 def _curve(curves: dict, flops, dtype: str) -> tuple:
     """The efficiency curve of ``dtype``; where the profile has no peak for it, the peak
     falls back to fp32 (:meth:`Flops.flops`) and so does the curve."""
-    key = {"int4": "fp16"}.get(dtype, dtype)
-    return tuple(curves.get(key if getattr(flops, key, None) is not None else "fp32", ()))
+    return tuple(curves.get(flops.dtype_used(dtype), ()))
 
 
 def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optional[Dispatch]) -> Rates:

@@ -14,6 +14,8 @@ DTYPE_BYTES: dict[str, float] = {
     "int4": 0.5,
 }
 DTYPES = tuple(DTYPE_BYTES)
+#: dtypes kernels compute in directly; int8/int4 weights are dequantised to fp16
+FLOAT_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def dtype_bytes(dtype: str) -> float:

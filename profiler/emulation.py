@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
+from hrm.units import dtype_bytes
+
 from .cpu import F32_BYTES, Measured
 from .timing import Budget, measure
 
@@ -43,17 +45,15 @@ def pool_size(weight_bytes: int, llc_bytes: int) -> int:
     return max(2, -(-POOL_LLC_MULTIPLE * llc_bytes // max(weight_bytes, 1)))
 
 
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
 def linear_factory(torch, k: int, n: int, pool: int, dtype: str = "fp32") -> Callable[[int], Callable[[], float]]:
     """M -> timed op of ``F.linear(x[M, K], W[N, K])`` in ``dtype`` cycling over ``pool`` weights."""
     import time
 
     import torch.nn.functional as F
 
-    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    from runtime.model import torch_dtype
+
+    tdtype = torch_dtype(dtype)
     weights = [torch.full((n, k), 0.01 * (i + 1), dtype=tdtype) for i in range(pool)]
     state = {"i": 0}
 
@@ -96,7 +96,7 @@ def measure_emulation(torch, threads: int, ms: tuple[int, ...], k: int, n: int, 
         for dtype in sorted(dtypes, key=lambda d: d != "fp32"):
             if matmul and budget is not None and budget.expired():
                 break
-            make = linear_factory(torch, k, n, pool_size(k * n * DTYPE_BYTES[dtype], llc_bytes), dtype)
+            make = linear_factory(torch, k, n, pool_size(int(k * n * dtype_bytes(dtype)), llc_bytes), dtype)
             curve: dict[int, Measured] = {}
             for m in sorted(ms):
                 if curve and budget is not None and budget.expired():

@@ -386,7 +386,7 @@ def plot_validation(report: ValidationReport):
     """Predicted vs measured scatter (per-layer decode latency; generation throughput), y = x."""
     from matplotlib.ticker import FuncFormatter
 
-    from hrm.plots._common import new_figure
+    from hrm.plots import new_figure
 
     fig, grid = new_figure(11, 4.8, 1, 2)
     axes = grid[0]

@@ -43,9 +43,7 @@ def _cell(run: Callable[[], object]) -> dict:
         "feasible": True, "batch_size": p.batch_size, "micro_batch_size": p.micro_batch_size,
         "num_micro_batches": p.num_micro_batches, "attn_on_gpu": p.attn_on_gpu, "ffn_on_gpu": p.ffn_on_gpu,
         "weights_gpu_ratio": p.weights_gpu_ratio, "kv_gpu_ratio": p.kv_gpu_ratio,
-        "weights_offloaded": 1.0 - p.weights_gpu_ratio,
-        # attention on the CPU means the whole cache lives there
-        "kv_offloaded": 1.0 - p.kv_gpu_ratio if p.attn_on_gpu else 1.0,
+        "weights_offloaded": 1.0 - p.weights_gpu_ratio, "kv_offloaded": 1.0 - p.kv_gpu_ratio,
         "generation_throughput_tok_s": e.generation_throughput_tok_s,
         "decode_throughput_tok_s": e.decode_throughput_tok_s, "bottleneck": e.bottleneck, "reason": "",
     }

@@ -9,14 +9,14 @@ function that returns a :class:`matplotlib.figure.Figure`.
 - :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.timeline.decode_timeline`
   and, optionally, a runtime trace.
 
-:func:`save_png` writes a figure atomically.
+:func:`save_png` writes a figure atomically; :func:`new_figure` makes one without pyplot.
 """
 
-from ._common import save_png
+from ._common import new_figure, save_png
 from .cpu_memory import plot_cpu_memory
 from .policy_map import plot_policy_map
 from .roofline import RooflineData, plot_roofline, roofline_data
 from .timeline import plot_timeline, trace_boxes
 
 __all__ = ["RooflineData", "plot_cpu_memory", "plot_policy_map", "plot_roofline", "plot_timeline",
-           "roofline_data", "save_png", "trace_boxes"]
+           "new_figure", "roofline_data", "save_png", "trace_boxes"]

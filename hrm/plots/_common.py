@@ -7,7 +7,6 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-TFLOPS = 1e12
 #: colours of task kinds and tiers, close to the paper's Fig. 6 (attention orange, KV green)
 KIND_COLORS = {
     "pre_attn": "#4c72b0", "post_attn": "#1f3b73", "attention": "#f28e2b", "experts": "#b07aa1",

@@ -23,7 +23,8 @@ from ..hardware import HardwareProfile
 from ..model import ModelSpec
 from ..options import DEFAULT_OPTIONS, ModelOptions
 from ..roofline import attainable, balance_point, hrm_from_profile, turning_point_p1, turning_point_p2
-from ._common import TFLOPS, new_figure, si_rate
+from ..units import TFLOPS
+from ._common import new_figure, si_rate
 
 OPERATORS = ("attention", "moe-ffn")
 DEFAULT_BATCH_SIZES = (16, 64, 256, 1024, 4096)
@@ -77,9 +78,9 @@ def _roofs(hw: HardwareProfile, options: ModelOptions) -> tuple[list[Roof], obje
     device_flops = hw.gpu.tflops if hw.gpu else (hw.emulation.tflops if hw.emulation and options.use_emulation
                                                  else hw.cpu.tflops)
     roofs = [
-        Roof("roof:gpu-compute", f"{device} {_dtype_used(device_flops, options.gpu_compute_dtype)} peak: "
+        Roof("roof:gpu-compute", f"{device} {device_flops.dtype_used(options.gpu_compute_dtype)} peak: "
              f"{si_rate(gpu.peak_flops, 'FLOP/s')}", "compute", gpu.peak_flops, gpu.peak_flops),
-        Roof("roof:cpu-compute", f"CPU {_dtype_used(hw.cpu.tflops, options.cpu_compute_dtype)} peak: "
+        Roof("roof:cpu-compute", f"CPU {hw.cpu.tflops.dtype_used(options.cpu_compute_dtype)} peak: "
              f"{si_rate(cpu.peak_flops, 'FLOP/s')}", "compute", cpu.peak_flops, cpu.peak_flops),
         Roof("roof:gpu-memory", f"{device} memory: {si_rate(gpu.bandwidth_bytes_s, 'B/s')}",
              "memory", gpu.bandwidth_bytes_s, gpu.peak_flops),
@@ -88,12 +89,6 @@ def _roofs(hw: HardwareProfile, options: ModelOptions) -> tuple[list[Roof], obje
         Roof("roof:cpu-gpu-link", f"CPU→GPU link: {si_rate(link, 'B/s')}", "memory", link, gpu.peak_flops),
     ]
     return roofs, hrm
-
-
-def _dtype_used(flops, dtype: str) -> str:
-    """The dtype whose peak :meth:`Flops.flops` returns (a missing one falls back to fp32)."""
-    key = {"int4": "fp16"}.get(dtype, dtype)
-    return dtype if getattr(flops, key, None) is not None else "fp32"
 
 
 def roofline_data(hw: HardwareProfile, model: ModelSpec, operator: str = "moe-ffn", context: int = 512,
