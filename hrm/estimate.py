@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import latency
+from .engine import IDEAL, Engine, resolve_engine
 from .errors import HRMError
 from .hardware import HardwareProfile
 from .memory import MemoryLimits, cpu_memory_form, gpu_memory_form, memory_limits
@@ -28,20 +29,46 @@ RESOURCE_LABELS = {
     "d2h": "GPU->CPU link",
     "chain": "serial GPU-CPU chain",
     "all": "one unit (no overlap)",
+    "copy": "CPU staging-copy team",
+    "dram": "host DRAM bandwidth",
+    "gpu+weights": "GPU chain waiting on the weight load",
 }
 
 
 def schedule_problem(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
     """Why a placement is not allowed under ``schedule`` (None if it is)."""
-    if schedule not in latency.SCHEDULES:
-        return f"unknown schedule '{schedule}' (one of {', '.join(latency.SCHEDULES)})"
-    if schedule == "flexgen" and not policy_attn:
-        return "schedule flexgen runs attention on the GPU (attn=gpu)"
-    if schedule == "flexgen-cpu-attn" and policy_attn:
-        return "schedule flexgen-cpu-attn runs attention on the CPU (attn=cpu)"
-    if schedule.startswith("flexgen") and not policy_ffn:
-        return f"schedule {schedule} runs the FFN on the GPU (ffn=gpu)"
+    from .schedules import SCHEDULES
+
+    if schedule not in SCHEDULES:
+        return f"unknown schedule '{schedule}' (one of {', '.join(SCHEDULES)})"
+    return SCHEDULES[schedule].problem(policy_attn, policy_ffn)
+
+
+def engine_problem(engine: Engine, policy_attn: bool, policy_ffn: bool) -> str | None:
+    """Why a placement is not one ``engine`` can run (its schedule's and its own policy space)."""
+    problem = schedule_problem(policy_attn, policy_ffn, engine.schedule)
+    if problem:
+        return problem if engine.name == "ideal" else f"engine {engine.name}: {problem}"
+    tier = {True: "gpu", False: "cpu"}
+    if tier[policy_attn] not in engine.policy.attention:
+        return f"engine {engine.name} runs attention on the {'/'.join(engine.policy.attention).upper()} (attn=...)"
+    if tier[policy_ffn] not in engine.policy.ffn:
+        return f"engine {engine.name} runs the experts on the {'/'.join(engine.policy.ffn).upper()} (ffn=...)"
     return None
+
+
+def static_expert_step(model: ModelSpec, engine: Engine) -> int:
+    """Granularity of r_w in expert matrices over all MoE layers (r_w = m / (L·E)): 1 for a
+    continuous split; L for ``whole-experts-per-layer`` (the same whole count per layer)."""
+    return model.num_moe_layers if engine.static_experts == "whole-experts-per-layer" else 1
+
+
+def snap_weights_ratio(model: ModelSpec, engine: Engine, ratio: float) -> float:
+    """r_w as the engine realises it: ``whole-experts-per-layer`` keeps int(E·r_w) experts of
+    every layer (MoE-Lightning: ``num_experts_gpu = int(num_local_experts * wg)``)."""
+    if engine.static_experts != "whole-experts-per-layer" or model.num_experts <= 1:
+        return ratio
+    return int(model.num_experts * ratio + 1e-9) / model.num_experts
 
 
 @dataclass(frozen=True)
@@ -65,6 +92,9 @@ class EstimateResult:
     resource_layer_s: dict[str, float]
     lane_layer_s: dict[str, float]
     memory_components: dict = field(default_factory=dict)
+    engine: str = "ideal"
+    notes: tuple[str, ...] = ()
+    defaulted: tuple[str, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -96,12 +126,16 @@ class EstimateResult:
                 "binding_memory": self.binding_memory,
                 "gpu_limit_bytes": self.gpu_limit_bytes,
                 "cpu_limit_bytes": self.cpu_limit_bytes,
+                "engine": self.engine,
+                "notes": list(self.notes),
+                "defaulted_rates": list(self.defaulted),
             },
         }
 
 
-def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, schedule: str):
+def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, schedule: str | Engine):
     """Per-step decode times (array over steps), the prefill time, and per-layer diagnostics."""
+    engine = schedule if isinstance(schedule, Engine) else IDEAL.with_schedule(schedule)
     mu, n = policy.micro_batch_size, policy.num_micro_batches
     rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
     contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)
@@ -111,19 +145,41 @@ def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Pol
     resource_sum: dict[str, float] = {}
     lane_sum: dict[str, float] = {}
     for moe, count in latency.layer_kinds(model):
-        resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe)
-        lanes = latency.schedule_lanes(resources, schedule, rates.shared_unit)
+        resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
+                                             engine)
+        lanes = latency.schedule_lanes(resources, engine.schedule, rates.shared_unit)
         steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
+        if moe:
+            steps = steps + latency.step_sync_s(resources, engine)
         for name, lane in resources.items():
             resource_sum[name] = resource_sum.get(name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
         for lane in lanes:
             lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
-        pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe)
-        prefill += count * float(latency.lanes_time_s(latency.schedule_lanes(pre, schedule, rates.shared_unit), n, rw, rc))
+        pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
+        prefill += count * float(latency.lanes_time_s(
+            latency.schedule_lanes(pre, engine.schedule, rates.shared_unit, "prefill"), n, rw, rc))
     per_layer = max(len(contexts), 1) * model.num_layers
     resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
     lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
     return steps, prefill, resource_layer, lane_layer
+
+
+def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[Policy, list[str]]:
+    """``policy`` as ``engine`` runs it (r_w snapped to its static-weight granularity), with
+    a note for each change; HRMError for a policy outside the engine's space."""
+    problem = engine_problem(engine, policy.attn_on_gpu, policy.ffn_on_gpu)
+    if problem:
+        raise HRMError(problem)
+    for key, value in engine.policy.fixed.items():
+        if abs(float(getattr(policy, key)) - value) > 1e-9:
+            raise HRMError(f"engine {engine.name} runs {key}={value:g} (policy has {getattr(policy, key):g})")
+    notes = []
+    snapped = snap_weights_ratio(model, engine, policy.weights_gpu_ratio)
+    if snapped != policy.weights_gpu_ratio:
+        notes.append(f"rw={policy.weights_gpu_ratio:.4g} snapped to {snapped:.4g}: engine {engine.name} keeps "
+                     f"int({model.num_experts}*rw) = {round(snapped * model.num_experts)} experts of every layer on the GPU")
+        policy = policy.model_copy(update={"weights_gpu_ratio": snapped})
+    return policy, notes
 
 
 def estimate(
@@ -131,19 +187,20 @@ def estimate(
     model: ModelSpec,
     workload: Workload,
     policy: Policy,
-    schedule: str = "cgopipe",
+    schedule: str | None = None,
     options: ModelOptions = DEFAULT_OPTIONS,
     limits: MemoryLimits | None = None,
+    engine: str | Engine | None = None,
 ) -> EstimateResult:
-    """Predict time, throughput and memory of ``policy`` (raises HRMError if the placement
-    does not fit the schedule)."""
-    problem = schedule_problem(policy.attn_on_gpu, policy.ffn_on_gpu, schedule)
-    if problem:
-        raise HRMError(problem)
+    """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
+    ``ideal``; ``schedule`` is ideal's lane structure, default cgopipe). Raises HRMError if
+    the engine cannot run the placement; r_w is snapped to the engine's granularity (noted)."""
+    engine = resolve_engine(engine, schedule)
+    policy, notes = realised_policy(model, engine, policy)
     options = options.for_model(model)
     rates = rates_from_profile(hw, options)
     limits = limits or memory_limits(hw, options)
-    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, workload, policy, schedule)
+    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, workload, policy, engine)
     decode = float(np.sum(steps))
     n_steps = len(steps)
     big, gen = policy.batch_size, workload.gen_len
@@ -151,7 +208,7 @@ def estimate(
     # mean per-layer decode latency: the layer part of the steps, per layer
     layers_only = decode - n_steps * float(policy.num_micro_batches * latency.lm_head_time_s(model, rates, policy.micro_batch_size))
     decode_layer = layers_only / (n_steps * model.num_layers) if n_steps else 0.0
-    args = (model, workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu)
+    args = (model, workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu, engine)
     gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
     gpu_peak = float(gpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
     cpu_peak = float(cpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
@@ -161,7 +218,7 @@ def estimate(
         g, c = gpu_peak / limits.gpu_bytes, cpu_peak / limits.cpu_bytes
         binding = f"GPU memory {100 * g:.0f}%" if g >= c else f"CPU memory {100 * c:.0f}%"
     bottleneck_lane = max(lane_layer, key=lane_layer.get)
-    if bottleneck_lane in ("all", "chain"):
+    if bottleneck_lane in ("all", "chain") and resource_layer:
         # name the resource that dominates inside the combined lane
         top = max(resource_layer, key=resource_layer.get)
         bottleneck = f"{RESOURCE_LABELS[bottleneck_lane]} (largest: {RESOURCE_LABELS[top]})"
@@ -169,7 +226,7 @@ def estimate(
         bottleneck = RESOURCE_LABELS[bottleneck_lane]
     return EstimateResult(
         policy=policy,
-        schedule=schedule,
+        schedule=engine.schedule,
         decode_layer_latency_s=decode_layer,
         prefill_latency_s=prefill,
         decode_time_s=decode,
@@ -187,4 +244,15 @@ def estimate(
         resource_layer_s=resource_layer,
         lane_layer_s=lane_layer,
         memory_components={"gpu": gpu_form.components, "cpu": cpu_form.components},
+        engine=engine.name,
+        notes=tuple(notes),
+        defaulted=used_defaults(engine, rates),
     )
+
+
+def used_defaults(engine: Engine, rates: Rates) -> tuple[str, ...]:
+    """Achieved-rate fields the profile lacks that this engine's mechanisms read (the ideal
+    engine reads none: it runs at the profile's peaks)."""
+    if engine.name == "ideal" or rates.achieved is None:
+        return ()
+    return rates.achieved.defaulted

@@ -135,6 +135,10 @@ class GPU(_Strict):
     tflops: Flops
     gpu_to_gpu_gbps: Optional[float] = Field(default=None, gt=0)
     dispatch: Optional[Dispatch] = None
+    # achieved rates (optional; hrm.achieved names the default used when one is absent)
+    architecture: Optional[Literal["turing", "ampere", "ada", "hopper", "blackwell", "other"]] = None
+    memory_stream_efficiency: Optional[float] = Field(default=None, gt=0, le=1)
+    gemm_efficiency: Optional[float] = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _multi_gpu_needs_link(self):
@@ -159,6 +163,11 @@ class CPU(_Strict):
     memory_bandwidth_gbps: float = Positive
     tflops: Flops
     dispatch: Optional[Dispatch] = None
+    # achieved rates (optional): a host memcpy (bytes moved per second) on one thread and on
+    # all threads, and the NUMA nodes the cores and DRAM are split into
+    memcpy_one_thread_gbps: Optional[float] = Field(default=None, gt=0)
+    memcpy_all_threads_gbps: Optional[float] = Field(default=None, gt=0)
+    numa_nodes: Optional[int] = Field(default=None, ge=1)
 
     @property
     def memory_bytes(self) -> float:
@@ -170,11 +179,16 @@ class CPU(_Strict):
 
 
 class Link(_Strict):
-    """CPU<->GPU link per GPU (pinned memory unless said otherwise)."""
+    """CPU<->GPU link per GPU (pinned memory unless said otherwise). ``gpus_per_pcie_switch``:
+    GPUs that share one uplink to the host (1 = each GPU has its own x16 root port);
+    ``p2p``: whether GPUs can copy peer-to-peer (False: collectives go through host memory)."""
 
     h2d_gbps: float = Positive
     d2h_gbps: float = Positive
     h2d_pageable_gbps: Optional[float] = Field(default=None, gt=0)
+    d2h_pageable_gbps: Optional[float] = Field(default=None, gt=0)
+    gpus_per_pcie_switch: Optional[int] = Field(default=None, ge=1)
+    p2p: Optional[bool] = None
 
 
 class Disk(_Strict):
@@ -242,8 +256,20 @@ class HardwareProfile(_Strict):
                 data[section].pop("dispatch", None)
         if data.get("emulation") is None:
             data.pop("emulation", None)
+        for section, keys in ACHIEVED_FIELDS.items():
+            for key in keys:
+                if isinstance(data.get(section), dict) and data[section].get(key) is None:
+                    data[section].pop(key, None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+#: optional achieved-rate fields (hashed only when set, so older profiles keep their hash)
+ACHIEVED_FIELDS = {
+    "gpu": ("architecture", "memory_stream_efficiency", "gemm_efficiency"),
+    "cpu": ("memcpy_one_thread_gbps", "memcpy_all_threads_gbps", "numa_nodes"),
+    "link": ("d2h_pageable_gbps", "gpus_per_pcie_switch", "p2p"),
+}
 
 
 def resolve_profile_path(name_or_path: str) -> Path:

@@ -32,27 +32,27 @@ import numpy as np
 
 from . import costs
 from .costs import OpCost
+from .engine import IDEAL, Engine
 from .model import ModelSpec
 from .rates import Rates
+from .schedules import SCHEDULES as _SCHEDULE_REGISTRY
+from .schedules import get_schedule
 from .units import dtype_bytes
 
-SCHEDULES = ("cgopipe", "flexgen", "flexgen-cpu-attn", "sequential")
-SCHEDULE_HELP = {
-    "cgopipe": "MoE-Lightning CGOPipe: GPU, CPU, H2D and D2H overlap, weights paged (eq. 12)",
-    "flexgen": "FlexGen S4: attention on GPU, KV cache prefetched over the link with the weights",
-    "flexgen-cpu-attn": "FlexGen S3: CPU attention not overlapped with GPU work; weights overlap",
-    "sequential": "no overlap: every task of every resource back to back",
-}
+SCHEDULES = tuple(_SCHEDULE_REGISTRY)
+SCHEDULE_HELP = {name: sched.help for name, sched in _SCHEDULE_REGISTRY.items()}
 
 
 @dataclass(frozen=True)
 class Lane:
-    """time = n·per_micro_batch_s + n·(1−r_c)·per_micro_batch_kv_cpu_s + (1−r_w)·per_layer_offloaded_weights_s"""
+    """time = n·per_micro_batch_s + n·(1−r_c)·per_micro_batch_kv_cpu_s
+    + (1−r_w)·per_layer_offloaded_weights_s + per_layer_s"""
 
     name: str
     per_micro_batch_s: np.ndarray | float = 0.0
     per_micro_batch_kv_cpu_s: np.ndarray | float = 0.0
     per_layer_offloaded_weights_s: np.ndarray | float = 0.0
+    per_layer_s: np.ndarray | float = 0.0
 
     def time_s(self, num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):
         n = np.asarray(num_micro_batches, dtype=float)
@@ -60,6 +60,7 @@ class Lane:
             n * self.per_micro_batch_s
             + n * (1.0 - np.asarray(kv_gpu_ratio, dtype=float)) * self.per_micro_batch_kv_cpu_s
             + (1.0 - np.asarray(weights_gpu_ratio, dtype=float)) * self.per_layer_offloaded_weights_s
+            + self.per_layer_s
         )
 
     def __add__(self, other: "Lane") -> "Lane":
@@ -68,14 +69,19 @@ class Lane:
             self.per_micro_batch_s + other.per_micro_batch_s,
             self.per_micro_batch_kv_cpu_s + other.per_micro_batch_kv_cpu_s,
             self.per_layer_offloaded_weights_s + other.per_layer_offloaded_weights_s,
+            self.per_layer_s + other.per_layer_s,
         )
+
+    def renamed(self, name: str) -> "Lane":
+        return Lane(name, self.per_micro_batch_s, self.per_micro_batch_kv_cpu_s, self.per_layer_offloaded_weights_s,
+                    self.per_layer_s)
 
 
 def _sum_lanes(name: str, lanes) -> Lane:
     total = Lane(name)
     for lane in lanes:
         total = total + lane
-    return Lane(name, total.per_micro_batch_s, total.per_micro_batch_kv_cpu_s, total.per_layer_offloaded_weights_s)
+    return total.renamed(name)
 
 
 def op_time_s(op: OpCost, flops_per_s, bytes_per_s):
@@ -83,23 +89,134 @@ def op_time_s(op: OpCost, flops_per_s, bytes_per_s):
     return np.maximum(op.flops / flops_per_s, op.bytes / bytes_per_s)
 
 
-def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
-    return op_time_s(op, rates.gpu_flops(matmul_rows), rates.gpu_bandwidth_bytes_s)
+def gpu_rate_factors(rates: Rates, engine: Engine = IDEAL, kernel: bool = False) -> tuple[float, float]:
+    """(FLOP/s factor, bandwidth factor) of the device tier under ``engine``: with
+    ``achieved_gpu_rates`` GEMMs run at the GPU's achieved fraction of tensor peak (unless
+    a measured FLOP/s-vs-M curve already is achieved) and memory at its streaming
+    efficiency; ``kernel`` applies the engine's MoE-kernel efficiency on top. The emulated
+    tier of a CPU-only host is measured as it runs: factors 1."""
+    ach = rates.achieved
+    if ach is None or rates.shared_unit:
+        return 1.0, 1.0
+    flops, bandwidth = 1.0, 1.0
+    if engine.achieved_gpu_rates:
+        bandwidth = ach.gpu_memory_stream_efficiency
+        flops = 1.0 if rates.gpu_matmul_curve else ach.gpu_gemm_efficiency
+    if kernel:
+        flops *= engine.kernel.factor(ach.architecture)
+    return flops, bandwidth
+
+
+def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL, kernel: bool = False):
+    flops, bandwidth = gpu_rate_factors(rates, engine, kernel)
+    return op_time_s(op, rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
 
 
 def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
     return op_time_s(op, rates.cpu_flops(matmul_rows), rates.cpu_bandwidth_bytes_s)
 
 
-def allreduce_time_s(model: ModelSpec, rates: Rates, tokens):
+# --- engine mechanisms: the host side -------------------------------------------------
+
+def link_bytes_s(rates: Rates, engine: Engine, direction: str, pageable: bool = False) -> float:
+    """Aggregate CPU↔GPU rate of all GPUs (``direction`` h2d or d2h) for pinned or pageable
+    copies. Ranks that share a PCIe switch share its uplink when the engine's ranks share
+    the host (``tensor_parallel.host_shared``); pinned buffers on the far socket of a
+    NUMA host (an engine that is not NUMA-aware: a buffer lands on each node alike) copy
+    at :data:`hrm.achieved.NUMA_REMOTE_FRACTION` of the local rate."""
+    from .achieved import NUMA_REMOTE_FRACTION
+
+    pinned = rates.h2d_bytes_s if direction == "h2d" else rates.d2h_bytes_s
+    ach = rates.achieved
+    if ach is None or rates.shared_unit:
+        return pinned
+    per_gpu = pinned / rates.gpu_count
+    if pageable:
+        per_gpu = ach.h2d_pageable_bytes_s if direction == "h2d" else ach.d2h_pageable_bytes_s
+    links = ach.host_uplinks(rates.gpu_count) if engine.tensor_parallel.host_shared else rates.gpu_count
+    rate = per_gpu * links
+    if not engine.numa_aware and ach.numa_nodes > 1 and not pageable:
+        local = 1.0 / ach.numa_nodes
+        rate = 1.0 / (local / rate + (1.0 - local) / (rate * NUMA_REMOTE_FRACTION))
+    return rate
+
+
+def dram_bytes_s(rates: Rates) -> float:
+    """Host DRAM bandwidth (STREAM counting: every byte read or written counts)."""
+    return rates.cpu_bandwidth_bytes_s
+
+
+def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> dict[str, np.ndarray | float]:
+    """Seconds per resource to bring ``weight_bytes`` of offloaded weights to the GPU:
+
+    - ``pinned``: DMA at the pinned rate; DRAM reads each byte once;
+    - ``pageable-staged``: a CPU team of ``copy_threads`` threads copies pageable → pinned
+      (the ``copy`` lane at the team's memcpy rate; the cores it holds, its share of the
+      ``cpu`` lane), then DMA at the pinned rate; DRAM: read + write + write-allocate of the
+      copy, then the DMA read;
+    - ``pageable-driver``: the driver stages the copy (pageable rate), on the issuing
+      thread's core; DRAM as for the staged path."""
+    from .achieved import COPY_DRAM_BYTES_PER_BYTE
+
+    ach = rates.achieved
+    staged = path != "pinned" and ach is not None and not rates.shared_unit
+    out: dict = {"h2d": weight_bytes / link_bytes_s(rates, engine, "h2d", pageable=staged and path == "pageable-driver")}
+    if staged and path == "pageable-staged":
+        threads = min(engine.copy_threads or ach.cores, ach.cores)
+        out["copy"] = weight_bytes / ach.memcpy_bytes_s(threads)
+        out["cpu"] = out["copy"] * threads / ach.cores
+    elif staged:
+        out["cpu"] = out["h2d"] / ach.cores
+    out["dram"] = weight_bytes * (1.0 + (COPY_DRAM_BYTES_PER_BYTE if staged else 0.0)) / dram_bytes_s(rates)
+    return out
+
+
+def kv_writeback_s(rates: Rates, engine: Engine, path: str, kv_bytes) -> dict[str, np.ndarray | float]:
+    """Seconds per resource to write ``kv_bytes`` of new KV cache to CPU memory: pinned
+    (async DMA) or pageable (driver-staged: the pageable rate, 3 more DRAM bytes per byte)."""
+    from .achieved import COPY_DRAM_BYTES_PER_BYTE
+
+    pageable = path == "pageable" and rates.achieved is not None and not rates.shared_unit
+    extra = COPY_DRAM_BYTES_PER_BYTE if pageable else 0.0
+    return {"d2h": kv_bytes / link_bytes_s(rates, engine, "d2h", pageable=pageable),
+            "dram": kv_bytes * (1.0 + extra) / dram_bytes_s(rates)}
+
+
+def allreduce_s(model: ModelSpec, rates: Rates, engine: Engine, tokens) -> dict[str, np.ndarray | float]:
     """Tensor parallelism: two ring all-reduces of the hidden states per layer (after the
-    attention output projection and after the FFN), 2(p−1)/p of the bytes each over the
-    GPU-to-GPU link. The paper leaves this traffic out; we charge it to the GPU lane."""
+    attention output projection and after the FFN), 2(p−1)/p of the bytes each per GPU, on
+    the compute stream (the ``gpu`` lane waits for them). Over the GPU-to-GPU link
+    (``gpu-link``; NCCL with peer-to-peer); NCCL without P2P stages through host memory:
+    every GPU writes its share to the host and reads the others' back over its own link,
+    so the traffic also loads the h2d/d2h lanes and host DRAM (write + read). The paper
+    leaves this traffic out."""
     p = rates.gpu_count
-    if p <= 1 or not rates.g2g_bytes_s:
-        return 0.0
+    if p <= 1:
+        return {}
     payload = np.asarray(tokens, dtype=float) * model.hidden_size * dtype_bytes(model.activation_dtype)
-    return 2 * 2 * (p - 1) / p * payload / rates.g2g_bytes_s
+    per_gpu = 2 * 2 * (p - 1) / p * payload
+    ach = rates.achieved
+    if engine.tensor_parallel.allreduce == "gpu-link" or ach is None or ach.p2p:
+        return {"gpu": per_gpu / rates.g2g_bytes_s} if rates.g2g_bytes_s else {}
+    d2h, h2d = link_bytes_s(rates, engine, "d2h"), link_bytes_s(rates, engine, "h2d")
+    return {"gpu": per_gpu * p / d2h + per_gpu * p / h2d, "d2h": per_gpu * p / d2h, "h2d": per_gpu * p / h2d,
+            "dram": 2 * per_gpu * p / dram_bytes_s(rates)}
+
+
+def allreduce_time_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = IDEAL):
+    """The compute stream's wait for the all-reduces of one layer (:func:`allreduce_s`)."""
+    return allreduce_s(model, rates, engine, tokens).get("gpu", 0.0)
+
+
+def offloaded_layer_bytes(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gpu=1.0):
+    """Offloadable weights of one layer at r_w = 0 (W_L of eq. 12's D3): the routed experts
+    when they run on the GPU; with ``offloaded_weights: all`` (FlexGen ``--percent``) the
+    layer's other weights too (attention, norms, router, shared experts, a dense MLP)."""
+    experts = costs.layer_expert_bytes(model) * np.asarray(ffn_on_gpu, dtype=float) if moe else 0.0
+    if engine.offloaded_weights != "all":
+        return experts
+    params = costs.moe_layer_static_params(model) if moe else costs.dense_layer_params(model)
+    return experts + params * dtype_bytes(model.weight_dtype)
 
 
 def _alpha(dispatch, name: str) -> float:
@@ -181,10 +298,12 @@ class DecodeTask:
 
 
 def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
-                 moe: bool = True) -> list[DecodeTask]:
+                 moe: bool = True, engine: Engine = IDEAL) -> list[DecodeTask]:
     """The tasks of one micro-batch in a decode layer with their time coefficients (arrays
-    broadcast over μ, c, A_g, F_g; a task absent under a placement costs 0). Dispatch α
-    (:func:`decode_dispatch`) is per lane and added by :func:`decode_resources`."""
+    broadcast over μ, c, A_g, F_g; a task absent under a placement costs 0), as ``engine``
+    runs them. Dispatch α (:func:`decode_dispatch`) is per lane and added by
+    :func:`decode_resources`. Resources ``copy`` (the staging-copy team) and ``dram``
+    (host DRAM traffic) are capacity bounds, not task queues."""
     mu = np.asarray(micro_batch, dtype=float)
     attn = np.asarray(attn_on_gpu, dtype=float)
     ffn = np.asarray(ffn_on_gpu, dtype=float) if moe else 1.0
@@ -194,67 +313,135 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     context = np.asarray(context, dtype=float)
     zero = np.zeros(np.broadcast(mu, context, attn).shape)
     ffn_rows = _expert_rows(model, mu) if moe else mu
+    ffn_op = ops.ffn
+    if moe and engine.moe_reads_all_experts:
+        # the fused kernel walks every resident expert of the layer for each micro-batch
+        ffn_op = OpCost(ffn_op.name, ffn_op.flops, costs.layer_expert_bytes(model) + 0 * mu, 0.0, ffn_op.act_bytes)
+    h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
+    qkv_bytes = (1 - attn) * mu * costs.qkv_width(model) * ab
+    hidden_bytes = (1 - attn) * mu * model.attn_out_dim * ab
+    ffn_bytes = (1 - ffn) * mu * model.hidden_size * ab
+    kv_new = kv_writeback_s(rates, engine, engine.decode.kv_writeback, attn * mu * kv_token)
+    weights = weight_transfer_s(rates, engine, engine.decode.weight_path, offloaded_layer_bytes(model, engine, moe, ffn))
+    reduce = allreduce_s(model, rates, engine, mu)
 
     def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0):
         return DecodeTask(name, resource, kind, Lane(name, per_mb + zero, per_mb_kv + zero, weights + zero))
 
-    return [
-        task("PreAttn", "gpu", "pre_attn", gpu_time_s(ops.pre_attn, rates, mu)),
-        task("GPUAttn", "gpu", "attention", attn * gpu_time_s(ops.attention, rates, attention_rows(model))),
-        task("PostAttn", "gpu", "post_attn", gpu_time_s(ops.post_attn, rates, mu) + allreduce_time_s(model, rates, mu)
-             + ffn * gpu_time_s(ops.ffn, rates, ffn_rows)),
+    tasks = [
+        task("PreAttn", "gpu", "pre_attn", gpu_time_s(ops.pre_attn, rates, mu, engine)),
+        task("GPUAttn", "gpu", "attention", attn * gpu_time_s(ops.attention, rates, attention_rows(model), engine)),
+        task("PostAttn", "gpu", "post_attn", gpu_time_s(ops.post_attn, rates, mu, engine) + reduce.get("gpu", 0.0)
+             + ffn * gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)),
         task("CPUAttn", "cpu", "attention", (1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model))),
         task("CPUExperts", "cpu", "experts", (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows)),
         # D1 QKV to the CPU; hidden states to CPU experts
-        task("QKV→CPU", "d2h", "qkv", (1 - attn) * mu * costs.qkv_width(model) * ab / rates.d2h_bytes_s),
-        task("FFN→CPU", "d2h", "hidden", (1 - ffn) * mu * model.hidden_size * ab / rates.d2h_bytes_s),
+        task("QKV→CPU", "d2h", "qkv", qkv_bytes / d2h),
+        task("FFN→CPU", "d2h", "hidden", ffn_bytes / d2h),
         # the new token's K/V written back to the CPU-resident cache after GPU attention
-        task("KV→CPU", "d2h", "kv", per_mb_kv=attn * mu * kv_token / rates.d2h_bytes_s),
+        task("KV→CPU", "d2h", "kv", per_mb_kv=kv_new["d2h"]),
         # D2 hidden back after CPU attention; expert outputs back when experts run on the CPU
-        task("Hidden→GPU", "h2d", "hidden", (1 - attn) * mu * model.attn_out_dim * ab / rates.h2d_bytes_s),
-        task("FFN→GPU", "h2d", "hidden", (1 - ffn) * mu * model.hidden_size * ab / rates.h2d_bytes_s),
+        task("Hidden→GPU", "h2d", "hidden", hidden_bytes / h2d),
+        task("FFN→GPU", "h2d", "hidden", ffn_bytes / h2d),
         # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
-        task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / rates.h2d_bytes_s),
-        # D3: the offloaded expert weights of the next layer, in n pages
-        task("W", "h2d", "weights", weights=ffn * costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0),
+        task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / h2d),
+        # D3: the offloaded weights of the next layer, in n pages
+        task("W", "h2d", "weights", weights=weights["h2d"]),
     ]
+    if "cpu" in weights:  # the CPU side of a pageable weight path
+        tasks.append(task("StageW", "cpu", "weights", weights=weights["cpu"]))
+    if "copy" in weights:
+        tasks.append(task("CopyTeam", "copy", "weights", weights=weights["copy"]))
+    if "d2h" in reduce:  # all-reduce through host memory
+        tasks += [task("AllReduce→CPU", "d2h", "allreduce", reduce["d2h"]),
+                  task("AllReduce→GPU", "h2d", "allreduce", reduce["h2d"])]
+    if engine.host_dram:
+        dram = dram_bytes_s(rates)
+        cpu_reads = (1 - attn) * ops.attention.bytes + (1 - ffn) * ops.ffn.bytes
+        dma = qkv_bytes + hidden_bytes + 2 * ffn_bytes
+        tasks.append(task("HostDRAM", "dram", "dram", (cpu_reads + dma) / dram + reduce.get("dram", 0.0),
+                          kv_new["dram"] + attn * mu * context * kv_token / dram, weights["dram"]))
+    return tasks
 
 
+#: resources that run tasks (each a queue); ``copy`` and ``dram`` are capacity bounds
 RESOURCES = ("gpu", "cpu", "h2d", "d2h")
+BOUNDS = ("copy", "dram", "gpu+weights")
 
 
 def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
-                     moe: bool = True) -> dict[str, Lane]:
-    """GPU, CPU, H2D and D2H lanes of one decode layer: the sum of each resource's tasks
-    (:func:`decode_tasks`) plus its dispatch α (arrays broadcast over μ, c, A_g, F_g)."""
-    tasks = decode_tasks(model, rates, micro_batch, context, attn_on_gpu, ffn_on_gpu, moe)
-    lanes = {r: _sum_lanes(r, [t.lane for t in tasks if t.resource == r]) for r in RESOURCES}
+                     moe: bool = True, engine: Engine = IDEAL) -> dict[str, Lane]:
+    """GPU, CPU, H2D and D2H lanes of one decode layer (plus the engine's bounds): the sum
+    of each resource's tasks (:func:`decode_tasks`) plus its dispatch α (arrays broadcast
+    over μ, c, A_g, F_g)."""
+    tasks = decode_tasks(model, rates, micro_batch, context, attn_on_gpu, ffn_on_gpu, moe, engine)
+    names = list(RESOURCES) + [r for r in BOUNDS if any(t.resource == r for t in tasks)]
+    lanes = {r: _sum_lanes(r, [t.lane for t in tasks if t.resource == r]) for r in names}
     if rates.gpu_dispatch is not None or rates.cpu_dispatch is not None:
         ffn = np.asarray(ffn_on_gpu, dtype=float) if moe else 1.0
         alpha = decode_dispatch(model, rates, np.asarray(micro_batch, dtype=float),
                                 np.asarray(attn_on_gpu, dtype=float), ffn, moe)
-        lanes = {r: _sum_lanes(r, [lane, Lane(r, *alpha[r])]) for r, lane in lanes.items()}
+        lanes = {r: _sum_lanes(r, [lane, Lane(r, *alpha[r])]) if r in alpha else lane for r, lane in lanes.items()}
     return lanes
 
 
-def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True) -> dict[str, Lane]:
-    """Prefill of one layer (paper §4: all computation on GPU, KV offloaded to the CPU)."""
+def step_sync_s(resources: dict[str, Lane], engine: Engine = IDEAL):
+    """Per decode step, an engine that ends every step with host syncs (``step_sync``)
+    drains its pipeline: the next step starts empty and waits one micro-batch's chain of
+    tasks (the sum of its per-micro-batch task times) before the lanes overlap again."""
+    if not engine.step_sync:
+        return 0.0
+    return sum(resources[r].per_micro_batch_s for r in RESOURCES if r in resources)
+
+
+def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True,
+                      engine: Engine = IDEAL, gen_len: int = 0) -> dict[str, Lane]:
+    """Prefill of one layer, layer-major (every micro-batch of the layer, then the next
+    layer): all computation on the GPU, the layer's offloaded weights loaded once on the
+    engine's prefill weight path, the prompt's KV written back to the CPU (with the slots
+    reserved for the ``gen_len`` tokens to come when the engine allocates them there), and
+    the hidden states' round trip to pinned CPU memory when the engine parks them there.
+
+    The weight load overlaps the layer as ``prefill.weights_overlap`` says: ``full`` — its
+    own lane; ``last-micro-batch-moe`` — issued after the last micro-batch was queued, so
+    the ``gpu+weights`` bound is n·(GPU per micro-batch) − (its MoE) + load; ``none`` —
+    n·(GPU per micro-batch) + load. A pageable KV write-back blocks: it joins the GPU chain."""
     mu = np.asarray(micro_batch, dtype=float)
     tokens = mu * prompt_len
     ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
     rows = _expert_rows(model, tokens) if moe else tokens
-    gpu = (gpu_time_s(ops.pre_attn, rates, tokens) + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len))
-           + gpu_time_s(ops.post_attn, rates, tokens) + gpu_time_s(ops.ffn, rates, rows)
-           + allreduce_time_s(model, rates, tokens))
-    kv_offload = tokens * costs.kv_bytes_per_token(model) / rates.d2h_bytes_s
-    weights = costs.layer_expert_bytes(model) / rates.h2d_bytes_s if moe else 0.0
+    ab = dtype_bytes(model.activation_dtype)
     zero = np.zeros(mu.shape)
+    reduce = allreduce_s(model, rates, engine, tokens)
+    moe_s = gpu_time_s(ops.ffn, rates, rows, engine, kernel=moe)
     alpha = prefill_dispatch(model, rates, mu, prompt_len, moe)
-    return {
-        "gpu": Lane("gpu", gpu + alpha["gpu"] + zero),
-        "h2d": Lane("h2d", alpha["h2d"] + zero, zero, weights + zero),
-        "d2h": Lane("d2h", alpha["d2h"] + zero, kv_offload + zero),
+    gpu = (gpu_time_s(ops.pre_attn, rates, tokens, engine)
+           + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
+           + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"])
+    kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
+    kv = kv_writeback_s(rates, engine, engine.prefill.kv_writeback, kv_tokens * costs.kv_bytes_per_token(model))
+    blocking = engine.prefill.kv_writeback == "pageable"
+    weights = weight_transfer_s(rates, engine, engine.prefill.weight_path, offloaded_layer_bytes(model, engine, moe))
+    hidden = tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0
+    h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
+    kv_chain = kv["d2h"] if blocking else 0.0
+    lanes = {
+        "gpu": Lane("gpu", gpu + zero, kv_chain + zero),
+        "h2d": Lane("h2d", alpha["h2d"] + hidden / h2d + reduce.get("h2d", 0.0) + zero, zero, weights["h2d"] + zero),
+        "d2h": Lane("d2h", alpha["d2h"] + hidden / d2h + reduce.get("d2h", 0.0) + zero,
+                    (0.0 if blocking else kv["d2h"]) + zero),
     }
+    if "cpu" in weights:
+        lanes["cpu"] = Lane("cpu", zero, zero, weights["cpu"] + zero)
+    if "copy" in weights:
+        lanes["copy"] = Lane("copy", zero, zero, weights["copy"] + zero)
+    if engine.prefill.weights_overlap != "full":
+        overlap = moe_s if engine.prefill.weights_overlap == "last-micro-batch-moe" else 0.0
+        lanes["gpu+weights"] = Lane("gpu+weights", gpu + zero, kv_chain + zero, weights["h2d"] + zero, -overlap + zero)
+    if engine.host_dram:
+        lanes["dram"] = Lane("dram", (2 * hidden / dram_bytes_s(rates) + reduce.get("dram", 0.0)) + zero,
+                             kv["dram"] + zero, weights["dram"] + zero)
+    return lanes
 
 
 def prefill_dispatch(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True) -> dict:
@@ -274,24 +461,31 @@ def prefill_dispatch(model: ModelSpec, rates: Rates, micro_batch, prompt_len, mo
     return {"gpu": gpu, "h2d": h2d, "d2h": d2h}
 
 
-def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool) -> list[Lane]:
-    """Combine resources into concurrently running lanes for ``schedule``.
+def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool, phase: str = "decode") -> list[Lane]:
+    """Combine resources into concurrently running lanes for ``schedule``
+    (:mod:`hrm.schedules`):
 
-    - cgopipe / flexgen: every resource is its own lane (eq. 12: T = max(comm, T_cpu, T_gpu));
-    - flexgen-cpu-attn (S3): per micro-batch pre-attn → D1 → CPU attention → D2 → post-attn
-      run back to back; only the weight transfer overlaps them (on the H2D lane);
-    - sequential, or any schedule on a CPU-only host (one unit, one bus): one lane, the sum.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule}")
-    if schedule == "sequential" or shared_unit:
-        return [_sum_lanes("all", resources.values())]
-    if schedule == "flexgen-cpu-attn" and "cpu" in resources:
-        h2d = resources["h2d"]
-        chain = _sum_lanes("chain", [resources["gpu"], resources["cpu"], resources["d2h"],
-                                     Lane("h2d", h2d.per_micro_batch_s, h2d.per_micro_batch_kv_cpu_s)])
-        return [chain, h2d]
-    return list(resources.values())
+    - ``overlap``: every resource is its own lane (eq. 12: T = max(comm, T_cpu, T_gpu));
+    - ``chain`` (decode): per micro-batch pre-attn → D1 → CPU attention → D2 → post-attn
+      run back to back; only the weight transfer overlaps them (the H2D lane, and the CPU
+      side of a pageable weight path); prefill runs on the GPU alone: ``overlap``;
+    - ``serial``, or any schedule on a CPU-only host (one unit, one bus): one lane, the sum.
+
+    Capacity bounds (the staging-copy team, host DRAM, prefill's weight-load chain) stay
+    lanes of their own under every structure: they limit, they do not queue."""
+    lanes = get_schedule(schedule).lanes
+    tasks = {r: lane for r, lane in resources.items() if r in RESOURCES}
+    bounds = [lane for r, lane in resources.items() if r not in RESOURCES]
+    if lanes == "serial" or shared_unit:
+        return [_sum_lanes("all", tasks.values()), *bounds]
+    if lanes == "chain" and phase == "decode" and "cpu" in tasks:
+        h2d, cpu = tasks["h2d"], tasks["cpu"]
+        chain = _sum_lanes("chain", [tasks["gpu"], Lane("cpu", cpu.per_micro_batch_s, cpu.per_micro_batch_kv_cpu_s),
+                                     tasks["d2h"], Lane("h2d", h2d.per_micro_batch_s, h2d.per_micro_batch_kv_cpu_s)])
+        staged = [Lane("cpu", 0.0, 0.0, cpu.per_layer_offloaded_weights_s)] \
+            if np.any(np.asarray(cpu.per_layer_offloaded_weights_s) != 0) else []
+        return [chain, h2d, *staged, *bounds]
+    return [*tasks.values(), *bounds]
 
 
 def lanes_time_s(lanes: list[Lane], num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):

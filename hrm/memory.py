@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
+from .engine import IDEAL, Engine
 from .hardware import HardwareProfile
 from .model import ModelSpec
 from .options import DEFAULT_OPTIONS, ModelOptions
@@ -66,15 +67,28 @@ def gpu_workspace_bytes(model: ModelSpec, workload: Workload, micro_batch, attn_
     return np.maximum(decode, prefill)
 
 
-def gpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, ffn_on_gpu) -> MemoryForm:
-    """Device tier: static non-expert weights, r_w of the expert weights, the double buffer
-    2 × (offloaded part of one layer) when experts run on the GPU, KV kept on the GPU, the
+def offloadable_weight_bytes(model: ModelSpec, engine: Engine = IDEAL) -> tuple[float, float]:
+    """(all layers, one MoE layer) of the weights r_w splits between the tiers: the routed
+    experts, or with ``offloaded_weights: all`` every layer's weights (FlexGen ``--percent``)."""
+    from .latency import offloaded_layer_bytes
+
+    layer = float(offloaded_layer_bytes(model, engine, True))
+    total = model.num_moe_layers * layer + model.first_dense_layers * float(offloaded_layer_bytes(model, engine, False))
+    return total, layer
+
+
+def gpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, ffn_on_gpu,
+                    engine: Engine = IDEAL) -> MemoryForm:
+    """Device tier: weights that always stay on the GPU, r_w of the offloadable weights, the
+    engine's weight buffer (``memory.gpu_weight_buffer_layers`` × the offloaded part of one
+    layer; 2 = the double buffer) when experts run on the GPU, KV kept on the GPU, the
     hidden states of all N sequences, and one micro-batch's workspace."""
     ffn = np.asarray(ffn_on_gpu, dtype=float)
-    layer = costs.layer_expert_bytes(model)
-    total = costs.total_expert_bytes(model)
+    total, layer = offloadable_weight_bytes(model, engine)
     static = costs.static_weight_bytes(model)
-    buffer = 2 * layer * ffn
+    if engine.offloaded_weights == "all":  # only the embeddings stay on the GPU for sure
+        static = static + costs.total_expert_bytes(model) - total
+    buffer = engine.memory.gpu_weight_buffer_layers * layer * ffn
     work = gpu_workspace_bytes(model, workload, micro_batch, attn_on_gpu)
     hidden = 2 * model.hidden_size * dtype_bytes(model.activation_dtype)
     return MemoryForm(
@@ -88,15 +102,18 @@ def gpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
     )
 
 
-def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, ffn_on_gpu) -> MemoryForm:
-    """Host tier: offloaded expert weights, the pinned staging double buffer, the KV cache of
-    the CPU-resident sequences, QKV/hidden staging, and CPU attention/expert workspace."""
+def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, ffn_on_gpu,
+                    engine: Engine = IDEAL) -> MemoryForm:
+    """Host tier: offloaded weights (every expert when the engine's CPU tensor holds them
+    all, ``memory.cpu_holds_all_experts``), the pinned staging buffer
+    (``memory.pinned_staging_layers`` × the offloaded part of one layer), the KV cache of the
+    CPU-resident sequences, QKV/hidden staging, and CPU attention/expert workspace."""
     ffn = np.asarray(ffn_on_gpu, dtype=float)
     attn = np.asarray(attn_on_gpu, dtype=float)
     mu = np.asarray(micro_batch, dtype=float)
-    layer = costs.layer_expert_bytes(model)
-    total = costs.total_expert_bytes(model)
-    pinned = 2 * layer * ffn
+    total, layer = offloadable_weight_bytes(model, engine)
+    pinned = engine.memory.pinned_staging_layers * layer * ffn
+    offloaded_per_rw = 0.0 if engine.memory.cpu_holds_all_experts else -total
     kv_seq = kv_bytes_per_sequence(model, workload)
     staging = (costs.qkv_width(model) + model.hidden_size) * dtype_bytes(model.activation_dtype)
     work = ((1 - attn) * mu * model.num_heads * workload.max_context_len * FP32_BYTES
@@ -104,7 +121,7 @@ def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
     return MemoryForm(
         const=total + pinned + work,
         per_sequence=kv_seq + staging,
-        per_weights_ratio=-(total + pinned),
+        per_weights_ratio=offloaded_per_rw - pinned,
         per_gpu_kv_sequence=-kv_seq,
         components={"expert_weights_at_rw0": total, "pinned_buffer_at_rw0": pinned, "workspace": work,
                     "kv_per_sequence": kv_seq, "staging_per_sequence": staging},

@@ -71,6 +71,7 @@ class Plan(_Frozen):
     workload: Workload
     policy: Policy
     schedule: str
+    engine: str = "ideal"
     estimate: Estimate
     placement: Placement
     solver: SolverInfo

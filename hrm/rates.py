@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from .achieved import Achieved, achieved_rates
 from .hardware import CurvePoint, Dispatch, HardwareProfile, interpolate_curve
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .units import GB, TFLOPS
@@ -35,6 +36,8 @@ class Rates:
     # tasks; None = 0 (datasheet profiles, or ModelOptions.use_dispatch_overhead off)
     gpu_dispatch: Optional[Dispatch] = None
     cpu_dispatch: Optional[Dispatch] = None
+    # achieved rates beside the peaks (engines use them; the ideal engine does not)
+    achieved: Optional[Achieved] = None
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -65,7 +68,7 @@ def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optiona
     copy = emu.copy_gbps * GB
     return Rates(emu.tflops.flops(options.gpu_compute_dtype), bw, emu.tflops.flops(options.cpu_compute_dtype), bw,
                  copy, copy, 1, None, True, _curve(curves, emu.tflops, options.gpu_compute_dtype),
-                 _curve(curves, emu.tflops, options.cpu_compute_dtype), dispatch, dispatch)
+                 _curve(curves, emu.tflops, options.cpu_compute_dtype), dispatch, dispatch, achieved_rates(hw))
 
 
 def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> Rates:
@@ -87,7 +90,7 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         copy = hw.link.h2d_gbps * GB if hw.link else cpu_bw / 2
         copy_back = hw.link.d2h_gbps * GB if hw.link else cpu_bw / 2
         return Rates(hw.cpu.tflops.flops(options.gpu_compute_dtype), cpu_bw, cpu_flops, cpu_bw, copy, copy_back,
-                     1, None, True, dev_curve or cpu_curve, cpu_curve, cpu_dispatch, cpu_dispatch)
+                     1, None, True, dev_curve or cpu_curve, cpu_curve, cpu_dispatch, cpu_dispatch, achieved_rates(hw))
     gpu_curve = _curve(eff.gpu_matmul_tflops_vs_m, hw.gpu.tflops, options.gpu_compute_dtype) if eff else ()
     count = hw.gpu.count
     g2g = hw.gpu.gpu_to_gpu_gbps * GB if hw.gpu.gpu_to_gpu_gbps else None
@@ -105,4 +108,5 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         cpu_curve,
         hw.gpu.dispatch if options.use_dispatch_overhead else None,
         cpu_dispatch,
+        achieved_rates(hw),
     )

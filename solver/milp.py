@@ -7,7 +7,8 @@ F − λG is 0; λ is then the global optimum of F/G over the MILP's feasible se
 Variables (modes k = (μ, A_g, F_g) from :mod:`solver.terms`):
   y_k ∈ {0,1}, Σ y_k = 1           which mode
   n_k ∈ ℤ, y_k ≤ n_k ≤ n̄_k·y_k     micro-batches (N = Σ μ_k·n_k)
-  m_k ∈ ℤ, 0 ≤ m_k ≤ M·y_k·F_k      experts kept on the GPU (r_w = m/M)
+  m_k ∈ ℤ, 0 ≤ m_k ≤ M·y_k·F_k      experts kept on the GPU (r_w = m/M), m_k = g·e_k with
+                                    e_k ∈ ℤ (g: the engine's static-expert granularity)
   0 ≤ z_k ≤ μ_k·n_k·A_g             sequences whose KV stays on the GPU (r_c = z/N)
   s_{κ,t}, p_κ ≥ 0                  layer time per kind κ at decode step t / prefill
 with s_{κ,t} ≥ every lane of the schedule (the linearised max of eq. 12) and the memory
@@ -63,10 +64,11 @@ def total_time_s(terms: Terms, choice: Choice, objective: str = "generation") ->
     mu = terms.mu[k]
     frac_w = 1.0 - m / terms.expert_slots
     kv_cpu = n - z / mu
-    decode = np.max(n * terms.a[k] + kv_cpu * terms.b[k] + frac_w * terms.w[k][..., None], axis=1).sum(axis=-1)
-    total = float(terms.kind_layers @ decode) + terms.steps * n * terms.head[k]
+    decode = np.max(n * terms.a[k] + kv_cpu * terms.b[k] + frac_w * terms.w[k][..., None] + terms.c[k],
+                    axis=1).sum(axis=-1)
+    total = float(terms.kind_layers @ decode) + terms.steps * n * terms.head[k] + float(terms.sync[k].sum())
     if objective == "generation":
-        prefill = np.max(n * terms.pa[k] + kv_cpu * terms.pb[k] + frac_w * terms.pw[k], axis=1)
+        prefill = np.max(n * terms.pa[k] + kv_cpu * terms.pb[k] + frac_w * terms.pw[k] + terms.pc[k], axis=1)
         total += float(terms.kind_layers @ prefill) + n * terms.head[k]
     return total
 
@@ -78,11 +80,14 @@ def tokens(terms: Terms, choice: Choice, objective: str) -> float:
 
 def mode_upper_bounds(terms: Terms, objective: str = "generation") -> np.ndarray:
     """Throughput no policy of mode k can exceed. Every lane time is n·a + (n − z/μ)·b +
-    (1 − m/M)·w with b, w ≥ 0 and z ≤ μn, m ≤ M, so n micro-batches take at least n × (the
-    per-micro-batch parts alone); tokens are μ·n per decode pass, so n cancels."""
-    per_mb = (np.max(terms.a, axis=2).sum(axis=-1) @ terms.kind_layers) + terms.steps * terms.head
+    (1 − m/M)·w + c with b, w ≥ 0 and z ≤ μn, m ≤ M, so n micro-batches take at least n ×
+    (the per-micro-batch parts alone) on every lane whose constant c is ≥ 0 (a lane with a
+    negative constant is left out of the max); the per-step sync is ≥ 0 and left out; tokens
+    are μ·n per decode pass, so n cancels."""
+    per_mb = (np.max(np.where(terms.c >= 0, terms.a, 0.0), axis=2).sum(axis=-1) @ terms.kind_layers
+              + terms.steps * terms.head)
     if objective == "generation":
-        per_mb = per_mb + np.max(terms.pa, axis=2) @ terms.kind_layers + terms.head
+        per_mb = per_mb + np.max(np.where(terms.pc >= 0, terms.pa, 0.0), axis=2) @ terms.kind_layers + terms.head
     per_seq = terms.gen_len if objective == "generation" else terms.steps
     with np.errstate(divide="ignore"):
         return np.where(per_mb > 0, per_seq * terms.mu / np.maximum(per_mb, 1e-300), np.inf)
@@ -160,8 +165,11 @@ def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
     M = terms.expert_slots
     y = {k: pulp.LpVariable(f"y_{k}", cat="Binary") for k in active}
     n = {k: pulp.LpVariable(f"n_{k}", lowBound=0, upBound=int(nbar[k]), cat="Integer") for k in active}
-    m = {k: pulp.LpVariable(f"m_{k}", lowBound=0, upBound=M if terms.modes[k].ffn_on_gpu else 0, cat="Integer")
+    g = terms.expert_step
+    # m_k = g·e_k: the engine keeps whole groups of g expert matrices on the GPU
+    e = {k: pulp.LpVariable(f"e_{k}", lowBound=0, upBound=M // g if terms.modes[k].ffn_on_gpu else 0, cat="Integer")
          for k in active}
+    m = {k: g * e[k] for k in active}
     z = {k: pulp.LpVariable(f"z_{k}", lowBound=0) for k in active}
     problem += pulp.lpSum(y.values()) == 1
     for k in active:
@@ -171,7 +179,7 @@ def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
         problem += m[k] <= M * y[k]
         problem += z[k] <= (terms.mu[k] * n[k] if mode.attn_on_gpu else 0)
     if "weights_gpu_ratio" in fixed:
-        target = round(fixed["weights_gpu_ratio"] * M)
+        target = snapped_expert_count(terms, fixed["weights_gpu_ratio"])
         for k in active:
             problem += m[k] == target * y[k]
     if "kv_gpu_ratio" in fixed:
@@ -212,24 +220,37 @@ def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
                 agg0 += [(n[k], fit_n[0]), (z[k], fit_z[0])]
                 agg1 += [(n[k], fit_n[1]), (z[k], fit_z[1])]
             weights = pulp.lpSum(terms.w[k, q, lane] * (y[k] - m[k] / M) for k in active if terms.w[k, q, lane])
+            dense_c = []  # per-layer constants of the lane (c·y_k), affine in the step or dense
+            for k in active:
+                cc = terms.c[k, q, lane]
+                if not np.any(cc):
+                    continue
+                fit_c = _affine(cc, steps)
+                if fit_c is None:
+                    dense_c.append((k, cc))
+                    continue
+                agg0.append((y[k], fit_c[0]))
+                agg1.append((y[k], fit_c[1]))
             base = pulp.LpVariable(f"base_{q}_{lane}")
             slope = pulp.LpVariable(f"slope_{q}_{lane}")
             problem += base == pulp.LpAffineExpression(agg0) + weights
             problem += slope == pulp.LpAffineExpression(agg1)
             for t in range(terms.steps):
-                extra = pulp.LpAffineExpression([(n[k], cn[t]) for k, cn, _ in dense] + [(z[k], cz[t]) for k, _, cz in dense])
+                extra = pulp.LpAffineExpression([(n[k], cn[t]) for k, cn, _ in dense] + [(z[k], cz[t]) for k, _, cz in dense]
+                                                + [(y[k], cc[t]) for k, cc in dense_c])
                 problem += s[q, t] >= base + float(steps[t]) * slope + extra
         for lane in range(terms.pa.shape[2]):
             problem += p[q] >= pulp.lpSum(
                 (terms.pa[k, q, lane] + terms.pb[k, q, lane]) * n[k] - terms.pb[k, q, lane] / terms.mu[k] * z[k]
-                + terms.pw[k, q, lane] * (y[k] - m[k] / M) for k in active)
+                + terms.pw[k, q, lane] * (y[k] - m[k] / M) + terms.pc[k, q, lane] * y[k] for k in active)
     return problem, {"y": y, "n": n, "m": m, "z": z, "s": s, "p": p, "N": big_n}
 
 
 def _objective(terms: Terms, v, active, objective: str, lam: float):
     n, s, p = v["n"], v["s"], v["p"]
     layers = terms.kind_layers
-    decode = pulp.lpSum(layers[q] * s[q, t] for (q, t) in s) + pulp.lpSum(terms.steps * terms.head[k] * n[k] for k in active)
+    decode = (pulp.lpSum(layers[q] * s[q, t] for (q, t) in s) + pulp.lpSum(terms.steps * terms.head[k] * n[k] for k in active)
+              + pulp.lpSum(float(terms.sync[k].sum()) * v["y"][k] for k in active if np.any(terms.sync[k])))
     if objective == "generation":
         time_expr = decode + pulp.lpSum(layers[q] * p[q] for q in p) + pulp.lpSum(terms.head[k] * n[k] for k in active)
         per_seq = terms.gen_len
@@ -241,9 +262,17 @@ def _objective(terms: Terms, v, active, objective: str, lam: float):
 def _read_choice(terms: Terms, v, active) -> Choice:
     k = max(active, key=lambda j: v["y"][j].value() or 0.0)
     n = int(round(v["n"][k].value()))
-    m = int(round(v["m"][k].value() or 0))
+    m = int(round(pulp.value(v["m"][k]) or 0))
     z = max(0.0, min(float(v["z"][k].value() or 0.0), terms.mu[k] * n))
     return Choice(k, n, m, z)
+
+
+def snapped_expert_count(terms: Terms, weights_gpu_ratio: float) -> int:
+    """m for a pinned r_w: the nearest multiple of the engine's granularity at or below
+    r_w·M (the engine floors, e.g. ``int(E·wg)`` experts per layer)."""
+    g = terms.expert_step
+    raw = weights_gpu_ratio * terms.expert_slots
+    return int(np.floor(raw / g + 1e-9)) * g if g > 1 else int(round(raw))
 
 
 def _affine(values: np.ndarray, steps: np.ndarray, rel_tol: float = 1e-12):

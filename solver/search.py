@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hrm.engine import Engine, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
-from hrm.estimate import EstimateResult, estimate, schedule_problem
+from hrm.estimate import EstimateResult, engine_problem, estimate, snap_weights_ratio
 from hrm.hardware import HardwareProfile
 from hrm.memory import MemoryLimits, memory_limits
 from hrm.model import ModelSpec
@@ -66,36 +67,79 @@ def choice_to_policy(terms: Terms, choice: Choice) -> Policy:
     )
 
 
-def _infeasible_reason(hw: HardwareProfile, model: ModelSpec, workload: Workload, terms: Terms, limits: MemoryLimits) -> str:
-    """Name the binding limit at the smallest footprint (one sequence, μ = 1, best placement)."""
+def _infeasible_reason(hw: HardwareProfile, model: ModelSpec, workload: Workload, terms: Terms, limits: MemoryLimits,
+                       fixed: dict) -> str:
+    """Name the limit that binds at the smallest footprint the constraints allow: per mode,
+    the fewest micro-batches (n = 1, or the pinned n / N), no KV on the GPU, and the split
+    of offloaded weights that is best for each tier (or the pinned r_w); the message gives
+    the tier's need and its usable bytes."""
     from hrm import costs
 
-    weights = costs.static_weight_bytes(model) + costs.total_expert_bytes(model)
     gib = 2**30
     if limits.shared:
+        weights = costs.static_weight_bytes(model) + costs.total_expert_bytes(model)
         if weights > limits.cpu_bytes:
             return (f"model weights {weights / gib:.1f} GiB exceed usable host memory {limits.cpu_bytes / gib:.1f} GiB "
                     f"({hw.name}, CPU-only)")
         return f"even one sequence of {workload.max_context_len} tokens does not fit host memory {limits.cpu_bytes / gib:.1f} GiB"
-    if costs.static_weight_bytes(model) > limits.gpu_bytes:
-        return (f"non-expert weights {costs.static_weight_bytes(model) / gib:.1f} GiB exceed usable GPU memory "
-                f"{limits.gpu_bytes / gib:.1f} GiB")
+    if not len(terms.modes):
+        return "no placement is allowed"
+    M = terms.expert_slots
+    pinned_m = milp.snapped_expert_count(terms, fixed["weights_gpu_ratio"]) if "weights_gpu_ratio" in fixed else None
+    rows = []
+    for k in range(len(terms.modes)):
+        n = fixed.get("num_micro_batches", 1)
+        if "batch_size" in fixed:
+            n = max(1, fixed["batch_size"] // int(terms.mu[k]))
+        big = terms.mu[k] * n
+        gpu_m = pinned_m if pinned_m is not None else (0 if terms.gpu_per_rw[k] > 0 else M)
+        cpu_m = pinned_m if pinned_m is not None else (M if terms.cpu_per_rw[k] < 0 else 0)
+        gpu = terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * gpu_m / M
+        cpu = terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * cpu_m / M
+        rows.append((gpu, cpu))
+    gpu_need = min(r[0] for r in rows)
+    cpu_need = min(r[1] for r in rows)
+    pinned = " with the --fix constraints" if fixed else ""
+    if gpu_need > limits.gpu_bytes and gpu_need / limits.gpu_bytes >= cpu_need / limits.cpu_bytes:
+        what = ("the pinned policy" if fixed else f"one micro-batch of prompt {workload.max_prompt_len}")
+        return (f"GPU memory binds{pinned}: {what} needs at least {gpu_need / gib:.1f} GiB of "
+                f"{limits.gpu_bytes / gib:.1f} GiB usable ({100 * gpu_need / limits.gpu_bytes:.0f}%)")
+    if cpu_need > limits.cpu_bytes:
+        return (f"CPU memory binds{pinned}: offloaded weights + KV of the smallest batch need at least "
+                f"{cpu_need / gib:.1f} GiB of {limits.cpu_bytes / gib:.1f} GiB usable "
+                f"({100 * cpu_need / limits.cpu_bytes:.0f}%)")
+    weights = costs.static_weight_bytes(model) + costs.total_expert_bytes(model)
     if weights > limits.gpu_bytes + limits.cpu_bytes:
         return (f"model weights {weights / gib:.1f} GiB exceed usable GPU + CPU memory "
                 f"{(limits.gpu_bytes + limits.cpu_bytes) / gib:.1f} GiB")
-    i = int(np.argmin(terms.gpu_const)) if len(terms.modes) else 0
-    if len(terms.modes) and terms.gpu_const[i] + terms.gpu_per_seq[i] > limits.gpu_bytes:
-        return (f"GPU memory binds: one micro-batch of prompt {workload.max_prompt_len} needs "
-                f"{terms.gpu_const[i] / gib:.1f} GiB of {limits.gpu_bytes / gib:.1f} GiB usable")
-    return (f"CPU memory binds: offloaded weights + KV of one {workload.max_context_len}-token sequence exceed "
-            f"{limits.cpu_bytes / gib:.1f} GiB usable")
+    return (f"GPU and CPU memory bind together{pinned}: no split of the offloaded weights fits both "
+            f"(GPU {limits.gpu_bytes / gib:.1f} GiB, CPU {limits.cpu_bytes / gib:.1f} GiB usable)")
+
+
+def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, list[str]]:
+    """The user's pins merged with what the engine fixes (a contradiction is refused), and
+    r_w snapped to the engine's granularity (with a note saying so)."""
+    fixed = dict(fixed)
+    for key, value in engine.policy.fixed.items():
+        value = int(value) if key == "num_micro_batches" else float(value)
+        if key in fixed and abs(float(fixed[key]) - value) > 1e-9:
+            raise HRMError(f"--fix {key}={fixed[key]:g}: engine {engine.name} runs {key}={value:g}")
+        fixed[key] = value
+    notes = []
+    if "weights_gpu_ratio" in fixed:
+        snapped = snap_weights_ratio(model, engine, fixed["weights_gpu_ratio"])
+        if snapped != fixed["weights_gpu_ratio"]:
+            notes.append(f"--fix rw={fixed['weights_gpu_ratio']:g} snapped to {snapped:.4g}: engine {engine.name} keeps "
+                         f"whole experts ({round(snapped * model.num_experts)} of {model.num_experts} per layer)")
+            fixed["weights_gpu_ratio"] = snapped
+    return fixed, notes
 
 
 def search(
     hw: HardwareProfile,
     model: ModelSpec,
     workload: Workload,
-    schedule: str = "cgopipe",
+    schedule: str | None = None,
     objective: str = "generation",
     fixed: dict | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
@@ -106,11 +150,14 @@ def search(
     verify: bool = False,
     hw_name: str | None = None,
     model_name: str | None = None,
+    engine: str | Engine | None = None,
 ) -> SearchResult:
-    """Best policy for the model on the machine and workload; raises InfeasibleError
-    (exit 3) with the binding limit when no policy fits."""
+    """Best policy for the model on the machine and workload as ``engine`` runs it (default
+    ``ideal`` with ``schedule``, default cgopipe); raises InfeasibleError (exit 3) with the
+    binding limit when no policy fits."""
     start = time.perf_counter()
-    fixed = dict(fixed or {})
+    engine = resolve_engine(engine, schedule)
+    fixed, notes = engine_fixed(engine, model, dict(fixed or {}))
     if objective not in ("generation", "decode"):
         raise HRMError(f"unknown objective '{objective}' (generation or decode)")
     if objective == "decode" and workload.gen_len < 2:
@@ -125,11 +172,11 @@ def search(
     if fixed.get("kv_gpu_ratio", 0) > 0:
         fixed.setdefault("attn_on_gpu", True)
     mu_grid = (fixed["micro_batch_size"],) if "micro_batch_size" in fixed else MU_GRID
-    modes = enumerate_modes(schedule, mu_grid, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
+    modes = enumerate_modes(engine, mu_grid, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
     if not modes:
-        raise HRMError(schedule_problem(fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True), schedule)
-                       or "no placement is allowed by --fix and the schedule")
-    terms = build_terms(hw, model, workload, schedule, options, limits, modes)
+        raise HRMError(engine_problem(engine, fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True))
+                       or "no placement is allowed by --fix and the engine")
+    terms = build_terms(hw, model, workload, engine, options, limits, modes)
     # warm start: a feasible point from a coarse enumeration (exact for CPU-attention modes)
     screen = exhaustive(terms, max_batch, objective, fixed, m_grid_points=9)
     incumbent = (screen.objective, screen.choice) if screen.choice is not None else None
@@ -142,13 +189,13 @@ def search(
     result = milp.solve_dinkelbach(terms, max_batch, objective, fixed, excluded_modes=pruned, solver=solver,
                                    incumbent=incumbent)
     if result.choice is None:
-        raise InfeasibleError(_infeasible_reason(hw, model, workload, terms, limits) +
-                              (" (with the --fix constraints)" if fixed else ""))
-    best = _candidate(hw, model, workload, schedule, options, limits, terms, result.choice)
+        raise InfeasibleError(_infeasible_reason(hw, model, workload, terms, limits, fixed)
+                              + (f" (engine {engine.name})" if engine.name != "ideal" else ""))
+    best = _candidate(hw, model, workload, engine, options, limits, terms, result.choice)
     # alternatives: the exact optimum of the next-best other (μ, A_g, F_g) modes by the screen
     others = [c.mode_index for _, c in screen.ranked if c.mode_index != result.choice.mode_index][: max(0, top)]
     exact = exhaustive(terms, max_batch, objective, fixed, modes=others) if others else None
-    alternatives = [_candidate(hw, model, workload, schedule, options, limits, terms, c)
+    alternatives = [_candidate(hw, model, workload, engine, options, limits, terms, c)
                     for _, c in (exact.ranked if exact else [])]
     seconds = time.perf_counter() - start
     verified = verify_objective = verify_seconds = None
@@ -162,7 +209,8 @@ def search(
         model=SpecRef(name=model_name or model.name, sha256=model.sha256()),
         workload=workload,
         policy=best.policy,
-        schedule=schedule,
+        schedule=engine.schedule,
+        engine=engine.name,
         estimate=best.estimate.to_plan_estimate(),
         placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches),
         solver=SolverInfo(name=f"MILP/{result.solver_name} (Dinkelbach, {result.iterations} iterations)",
@@ -170,9 +218,10 @@ def search(
         created_by=CREATED_BY,
     )
     return SearchResult(best, alternatives, plan, result.solver_name, seconds, result.iterations, verified,
-                        verify_objective, verify_seconds, {"objective": result.objective, "objective_kind": objective})
+                        verify_objective, verify_seconds, {"objective": result.objective, "objective_kind": objective,
+                                                           "notes": notes, "engine": engine})
 
 
-def _candidate(hw, model, workload, schedule, options, limits, terms, choice) -> Candidate:
+def _candidate(hw, model, workload, engine, options, limits, terms, choice) -> Candidate:
     policy = choice_to_policy(terms, choice)
-    return Candidate(policy, estimate(hw, model, workload, policy, schedule, options, limits), choice)
+    return Candidate(policy, estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine), choice)

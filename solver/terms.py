@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hrm import latency
-from hrm.estimate import schedule_problem
+from hrm.engine import Engine
+from hrm.estimate import engine_problem, static_expert_step
 from hrm.hardware import HardwareProfile
 from hrm.memory import MemoryLimits, cpu_memory_form, gpu_memory_form
 from hrm.model import ModelSpec
@@ -39,15 +40,15 @@ class Mode:
     ffn_on_gpu: bool
 
 
-def enumerate_modes(schedule: str, mu_grid=MU_GRID, attn=None, ffn=None) -> list[Mode]:
-    """All (μ, A_g, F_g) the schedule allows, optionally pinned."""
+def enumerate_modes(engine: Engine, mu_grid=MU_GRID, attn=None, ffn=None) -> list[Mode]:
+    """All (μ, A_g, F_g) the engine runs, optionally pinned."""
     modes = []
     for mu in mu_grid:
         for a in (False, True):
             for f in (True, False):
                 if (attn is not None and a != attn) or (ffn is not None and f != ffn):
                     continue
-                if schedule_problem(a, f, schedule) is None:
+                if engine_problem(engine, a, f) is None:
                     modes.append(Mode(int(mu), a, f))
     return modes
 
@@ -56,8 +57,10 @@ def enumerate_modes(schedule: str, mu_grid=MU_GRID, attn=None, ffn=None) -> list
 class Terms:
     """Arrays indexed [mode, kind, lane, step] (decode) and [mode, kind, lane] (prefill).
 
-    Decode layer time of kind κ at step t = max_ℓ n·a + (n − z/μ)·b + (1 − m/M)·w
-    (w is zero for modes with experts on the CPU); prefill likewise with pa, pb, pw.
+    Decode layer time of kind κ at step t = max_ℓ n·a + (n − z/μ)·b + (1 − m/M)·w + c
+    (w is zero for modes with experts on the CPU); prefill likewise with pa, pb, pw, pc.
+    Each decode step adds ``sync`` (an engine's pipeline drain), m moves in steps of
+    ``expert_step`` (the engine's static-weight granularity).
     Memory: bytes = const + per_seq·N + per_rw·(m/M) + kv_seq·z per tier.
     """
 
@@ -70,10 +73,14 @@ class Terms:
     pa: np.ndarray
     pb: np.ndarray
     pw: np.ndarray
+    c: np.ndarray    # per-layer constants [mode, kind, lane, step]
+    pc: np.ndarray   # [mode, kind, lane]
+    sync: np.ndarray  # per decode step [mode, step]
     head: np.ndarray  # lm_head time per micro-batch, per mode
     steps: int
     gen_len: int
     expert_slots: int  # M
+    expert_step: int  # m ∈ {0, step, 2·step, …, M}
     gpu_const: np.ndarray
     gpu_per_seq: np.ndarray
     gpu_per_rw: np.ndarray
@@ -85,7 +92,7 @@ class Terms:
     limits: MemoryLimits
 
 
-def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, schedule: str, options: ModelOptions,
+def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
                 limits: MemoryLimits, modes: list[Mode]) -> Terms:
     options = options.for_model(model)
     rates = rates_from_profile(hw, options)
@@ -96,33 +103,46 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, sched
     steps = contexts.shape[1]
     shape_t = (len(modes), max(steps, 1))
     kinds = latency.layer_kinds(model)
-    a, b, w, pa, pb, pw = [], [], [], [], [], []
+    a, b, w, c, pa, pb, pw, pc = [], [], [], [], [], [], [], []
+    sync = np.zeros(shape_t)[:, :steps]
     for moe, _count in kinds:
-        lanes = latency.schedule_lanes(
-            latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe), schedule, rates.shared_unit)
+        resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
+        lanes = latency.schedule_lanes(resources, engine.schedule, rates.shared_unit)
         a.append([np.broadcast_to(l.per_micro_batch_s, shape_t)[:, :steps] for l in lanes])
         b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t)[:, :steps] for l in lanes])
         w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
+        c.append([np.broadcast_to(l.per_layer_s, shape_t)[:, :steps] for l in lanes])
+        if moe:
+            sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)[:, :steps]
         plan = latency.schedule_lanes(
-            latency.prefill_resources(model, rates, mu[:, 0], workload.effective_prompt_len, moe), schedule,
-            rates.shared_unit)
+            latency.prefill_resources(model, rates, mu[:, 0], workload.effective_prompt_len, moe, engine,
+                                      workload.gen_len), engine.schedule, rates.shared_unit, "prefill")
         pa.append([np.broadcast_to(l.per_micro_batch_s, (len(modes),)) for l in plan])
         pb.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, (len(modes),)) for l in plan])
         pw.append([np.broadcast_to(l.per_layer_offloaded_weights_s, (len(modes),)) for l in plan])
-    # reorder to [mode, kind, lane, ...]
-    a, b = np.array(a).transpose(2, 0, 1, 3), np.array(b).transpose(2, 0, 1, 3)
-    w = np.array(w).transpose(2, 0, 1)
-    pa, pb, pw = (np.array(x).transpose(2, 0, 1) for x in (pa, pb, pw))
+        pc.append([np.broadcast_to(l.per_layer_s, (len(modes),)) for l in plan])
+    # kinds may have different lane counts (an engine's bounds): pad with empty lanes
+    a, b, c = (_stack(x, 3) for x in (a, b, c))
+    w, pa, pb, pw, pc = (_stack(x, 2) for x in (w, pa, pb, pw, pc))
     head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
-    g = gpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0])
-    c = cpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0])
+    g = gpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0], engine)
+    cm = cpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0], engine)
     ones = np.ones(len(modes))
     return Terms(
         modes=modes, mu=mu[:, 0], kind_layers=np.array([count for _, count in kinds], dtype=float),
-        a=a, b=b, w=w, pa=pa, pb=pb, pw=pw, head=head, steps=steps, gen_len=workload.gen_len,
-        expert_slots=model.num_moe_layers * model.num_experts,
+        a=a, b=b, w=w, pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=sync, head=head, steps=steps, gen_len=workload.gen_len,
+        expert_slots=model.num_moe_layers * model.num_experts, expert_step=static_expert_step(model, engine),
         gpu_const=g.const * ones, gpu_per_seq=g.per_sequence * ones, gpu_per_rw=g.per_weights_ratio * ones,
         gpu_kv_seq=float(g.per_gpu_kv_sequence),
-        cpu_const=c.const * ones, cpu_per_seq=c.per_sequence * ones, cpu_per_rw=c.per_weights_ratio * ones,
-        cpu_kv_seq=float(c.per_gpu_kv_sequence), limits=limits,
+        cpu_const=cm.const * ones, cpu_per_seq=cm.per_sequence * ones, cpu_per_rw=cm.per_weights_ratio * ones,
+        cpu_kv_seq=float(cm.per_gpu_kv_sequence), limits=limits,
     )
+
+
+def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
+    """[kind][lane] arrays over modes (× steps) → [mode, kind, lane(, step)], lanes padded
+    with copies of the kind's first lane (a duplicate lane leaves the max unchanged)."""
+    lanes = max(len(k) for k in per_kind)
+    padded = [k + [k[0]] * (lanes - len(k)) for k in per_kind]
+    arr = np.array(padded)
+    return arr.transpose(2, 0, 1, 3) if ndim == 3 else arr.transpose(2, 0, 1)

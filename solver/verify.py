@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .milp import Choice, max_micro_batches
+from .milp import Choice, max_micro_batches, snapped_expert_count
 from .terms import Terms
 
 
@@ -36,6 +36,7 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
     fixed = fixed or {}
     nbar = max_micro_batches(terms, max_batch)
     M = terms.expert_slots
+    g = terms.expert_step
     lim = terms.limits
     candidates = 0
     per_mode: list = []
@@ -54,11 +55,11 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
         if not mode.ffn_on_gpu:
             ms = np.array([0.0])
         elif "weights_gpu_ratio" in fixed:
-            ms = np.array([float(round(fixed["weights_gpu_ratio"] * M))])
+            ms = np.array([float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))])
         elif m_grid_points:
-            ms = np.unique(np.round(np.linspace(0, M, m_grid_points)))
+            ms = np.unique(np.round(np.linspace(0, M // g, m_grid_points))) * g
         else:
-            ms = np.arange(M + 1, dtype=float)
+            ms = np.arange(0, M + 1, g, dtype=float)
         if mode.ffn_on_gpu and not mode.attn_on_gpu and len(ms) > 1:
             # z = 0: time is non-increasing in m and CPU memory shrinks with m, so the best m
             # for each n is the largest the GPU (or shared) limit admits.
@@ -67,7 +68,7 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
                     if lim.shared else lim.gpu_bytes - terms.gpu_const[k] - terms.gpu_per_seq[k] * big)
             per_rw = (terms.gpu_per_rw[k] + terms.cpu_per_rw[k]) if lim.shared else terms.gpu_per_rw[k]
             if per_rw > 0:
-                best_m = np.clip(np.floor(room / per_rw * M * (1 + 1e-12)), 0, M)
+                best_m = np.clip(np.floor(room / per_rw * M / g * (1 + 1e-12)) * g, 0, M // g * g)
             else:
                 best_m = np.full(ns.shape, float(M))
             grid_n, grid_m = ns, best_m
@@ -114,14 +115,14 @@ def _throughput(terms: Terms, k: int, ns, ms, zs, objective: str, chunk_elements
         n = ns[lo:lo + step, None]
         frac_w = 1.0 - ms[lo:lo + step, None] / terms.expert_slots
         kv_cpu = n - zs[lo:lo + step, None] / mu
-        total = terms.steps * n[:, 0] * terms.head[k]
+        total = terms.steps * n[:, 0] * terms.head[k] + float(terms.sync[k].sum())
         for q, layers in enumerate(terms.kind_layers):
-            lanes = [n * terms.a[k, q, l] + kv_cpu * terms.b[k, q, l] + frac_w * terms.w[k, q, l]
+            lanes = [n * terms.a[k, q, l] + kv_cpu * terms.b[k, q, l] + frac_w * terms.w[k, q, l] + terms.c[k, q, l]
                      for l in range(terms.a.shape[2])]
             total = total + layers * np.max(lanes, axis=0).sum(axis=1)
             if objective == "generation":
                 pre = [n[:, 0] * terms.pa[k, q, l] + kv_cpu[:, 0] * terms.pb[k, q, l] + frac_w[:, 0] * terms.pw[k, q, l]
-                       for l in range(terms.pa.shape[2])]
+                       + terms.pc[k, q, l] for l in range(terms.pa.shape[2])]
                 total = total + layers * np.max(pre, axis=0)
         if objective == "generation":
             total = total + n[:, 0] * terms.head[k]

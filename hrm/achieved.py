@@ -1,0 +1,128 @@
+"""Achieved rates of a machine (SI), with a named default for every value a profile lacks.
+
+A datasheet peak is an upper bound; engines run at what the hardware *achieves*: a host
+memcpy on one thread or on a team of threads, a pageable (driver-staged) copy over PCIe,
+a streaming kernel's share of GPU memory bandwidth, a large GEMM's share of tensor peak.
+A profile may carry each of them (``hrm profile`` measures what it can on its host); a
+value nobody measured falls back to the default below, each with its source, and
+:attr:`Achieved.defaulted` lists which ones were used (``hrm estimate`` prints them).
+To override a default, set the field in the hardware profile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .hardware import HardwareProfile
+from .units import GB
+
+
+@dataclass(frozen=True)
+class Default:
+    """A named default: the value used where a profile lacks the field, and why."""
+
+    field: str
+    source: str
+
+
+#: Every default of this module, by profile field (value rules in :func:`achieved_rates`).
+DEFAULTS: dict[str, Default] = {d.field: d for d in (
+    Default("cpu.memcpy_one_thread_gbps",
+            "10 GB/s: single-thread memcpy on server CPUs (shared/reference/mechanisms.md §1)"),
+    Default("cpu.memcpy_all_threads_gbps",
+            "cpu.memory_bandwidth_gbps / 3: a copy with ordinary stores reads, writes and write-allocates "
+            "each byte (mechanisms.md §1), so DRAM moves 3 bytes per byte copied"),
+    Default("cpu.numa_nodes", "1: one socket (no NUMA penalty)"),
+    Default("link.h2d_pageable_gbps",
+            "h2d_gbps / 2.25: pageable copies are driver-staged, 2-2.5x slower than pinned (mechanisms.md §1)"),
+    Default("link.d2h_pageable_gbps", "d2h_gbps / 2.25: as h2d_pageable_gbps (mechanisms.md §1)"),
+    Default("link.gpus_per_pcie_switch", "1: each GPU on its own x16 root port"),
+    Default("link.p2p", "true: peer-to-peer copies between GPUs work (gpu_to_gpu_gbps applies)"),
+    Default("gpu.memory_stream_efficiency",
+            "0.8: a streaming kernel reaches 70-90% of datasheet HBM/GDDR bandwidth (mechanisms.md §2)"),
+    Default("gpu.gemm_efficiency",
+            "0.8: a large bf16 GEMM reaches ~790 of 989 TFLOP/s on H100 (shared/reference/facts.md)"),
+)}
+
+#: pageable ÷ pinned copy rate when a profile has no pageable figure (mechanisms.md §1: 2–2.5×)
+PAGEABLE_SLOWDOWN = 2.25
+#: bytes of DRAM traffic per byte copied by a CPU memcpy: read + write + write-allocate read
+COPY_DRAM_BYTES_PER_BYTE = 3.0
+#: a pinned copy whose buffer sits on the far socket runs at this fraction of a local one
+#: (gearshifft PR #82: 12.15 → 3.78 GB/s H2D across a NUMA socket)
+NUMA_REMOTE_FRACTION = 3.78 / 12.15
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """Achieved rates in SI units. Link rates are per GPU."""
+
+    memcpy_one_thread_bytes_s: float
+    memcpy_all_threads_bytes_s: float
+    cores: int
+    numa_nodes: int
+    h2d_pinned_bytes_s: float
+    d2h_pinned_bytes_s: float
+    h2d_pageable_bytes_s: float
+    d2h_pageable_bytes_s: float
+    gpus_per_pcie_switch: int
+    p2p: bool
+    gpu_memory_stream_efficiency: float
+    gpu_gemm_efficiency: float
+    architecture: str | None
+    defaulted: tuple[str, ...]
+
+    def memcpy_bytes_s(self, threads: int) -> float:
+        """A host copy on ``threads`` threads: one thread's rate per thread, capped by the
+        all-threads rate (the DRAM roof)."""
+        threads = max(1, min(int(threads), self.cores))
+        return min(threads * self.memcpy_one_thread_bytes_s, self.memcpy_all_threads_bytes_s)
+
+    def host_uplinks(self, gpu_count: int) -> int:
+        """Independent host links of ``gpu_count`` GPUs: GPUs behind one PCIe switch share one."""
+        return max(1, math.ceil(gpu_count / self.gpus_per_pcie_switch))
+
+
+def achieved_rates(hw: HardwareProfile) -> Achieved:
+    """The achieved rates of ``hw`` (a profile without a GPU gets its CPU's copy rates as
+    link rates: the emulated tier copies within host memory)."""
+    used: list[str] = []
+
+    def pick(section, key, default):
+        value = getattr(section, key, None) if section is not None else None
+        if value is None:
+            used.append(key_name(section_name(section), key))
+            return default
+        return value
+
+    cpu, gpu, link = hw.cpu, hw.gpu, hw.link
+    one = pick(cpu, "memcpy_one_thread_gbps", 10.0) * GB
+    all_threads = pick(cpu, "memcpy_all_threads_gbps", cpu.memory_bandwidth_gbps / COPY_DRAM_BYTES_PER_BYTE) * GB
+    numa = pick(cpu, "numa_nodes", 1)
+    if link is not None:
+        h2d, d2h = link.h2d_gbps * GB, link.d2h_gbps * GB
+        h2d_pageable = pick(link, "h2d_pageable_gbps", link.h2d_gbps / PAGEABLE_SLOWDOWN) * GB
+        d2h_pageable = pick(link, "d2h_pageable_gbps", link.d2h_gbps / PAGEABLE_SLOWDOWN) * GB
+        per_switch = pick(link, "gpus_per_pcie_switch", 1)
+        p2p = pick(link, "p2p", True)
+    else:
+        h2d = d2h = h2d_pageable = d2h_pageable = all_threads
+        per_switch, p2p = 1, True
+    # a measured profile's peaks are already achieved rates (device copy, best matmul)
+    datasheet = hw.source.kind != "measured"
+    stream = pick(gpu, "memory_stream_efficiency", 0.8) if gpu is not None and datasheet else \
+        (gpu.memory_stream_efficiency or 1.0) if gpu is not None else 1.0
+    gemm = pick(gpu, "gemm_efficiency", 0.8) if gpu is not None and datasheet else \
+        (gpu.gemm_efficiency or 1.0) if gpu is not None else 1.0
+    return Achieved(one, all_threads, cpu.cores, int(numa), h2d, d2h, h2d_pageable, d2h_pageable, int(per_switch),
+                    bool(p2p), float(stream), float(gemm), gpu.architecture if gpu is not None else None,
+                    tuple(used))
+
+
+def section_name(section) -> str:
+    return type(section).__name__.lower() if section is not None else ""
+
+
+def key_name(section: str, key: str) -> str:
+    return f"{section}.{key}"

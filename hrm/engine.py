@@ -1,0 +1,267 @@
+"""Engines (SPEC §4b): how a real system executes a plan, as data.
+
+An engine is its schedule (lanes, overlap, launch order: :mod:`hrm.schedules`) plus its
+execution mechanisms. Every mechanism is one field whose value in the ``ideal`` engine
+switches it off, so ``ideal`` is today's plain HRM roofline and ``hrm estimate --explain``
+can switch each mechanism off in turn (:func:`without`). Shipped engines are YAML files
+in ``hrm/data/engines/`` (a registry in package data); each cites the source lines of the
+engine it describes. ``--engine FILE.yaml`` loads a user's own.
+
+Mechanisms (field: what it models; ideal value):
+
+- ``decode.weight_path`` / ``prefill.weight_path``: how offloaded weights reach the GPU —
+  ``pinned`` (DMA from pinned memory; ideal), ``pageable-staged`` (a CPU thread team copies
+  pageable → pinned, then DMA), ``pageable-driver`` (``copy_`` from pageable memory: the
+  driver stages it, at the pageable rate);
+- ``decode.kv_writeback`` / ``prefill.kv_writeback``: ``pinned`` (async DMA; ideal) or
+  ``pageable`` (a device→pageable copy returns when complete: it blocks the GPU chain);
+- ``host_dram``: charge host-DRAM traffic (CPU attention reads, staging copies, DMA reads
+  and writes) against the host's bandwidth as a lane of its own (ideal: off);
+- ``achieved_gpu_rates``: GPU memory at its streaming efficiency, GEMMs at their achieved
+  fraction of tensor peak (ideal: datasheet peaks);
+- ``moe_kernel``: a named kernel-efficiency entry (:data:`KERNELS`) for the routed-expert
+  GEMMs (ideal: ``cublas``, factor 1);
+- ``moe_reads_all_experts``: the fused MoE kernel reads every resident expert of the layer
+  per micro-batch, not only those the tokens touch (ideal: off);
+- ``step_sync``: host syncs end each decode step, so the pipeline drains and fills once per
+  step (ideal: off);
+- ``prefill.weights_overlap``: ``full`` (the load overlaps the layer's compute; ideal),
+  ``last-micro-batch-moe`` (issued after the last micro-batch was queued: overlaps only its
+  MoE), ``none``; ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the
+  slots of the tokens still to be generated; ``prefill.hidden_round_trip``: hidden states
+  go to pinned CPU memory and back every layer;
+- ``static_experts``: ``continuous`` (r_w any fraction; ideal) or ``whole-experts-per-layer``
+  (``int(E·r_w)`` experts of every layer stay on the GPU);
+- ``offloaded_weights``: ``experts`` (non-expert weights always on the GPU; ideal) or
+  ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
+- ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
+- ``numa_aware``: pinned buffers on the GPU's socket (ideal) or not;
+- ``tensor_parallel.host_shared``: ranks share the host's PCIe uplinks as the profile's
+  ``gpus_per_pcie_switch`` says (ideal: every GPU its own link);
+  ``tensor_parallel.allreduce``: ``gpu-link`` (ideal: over ``gpu_to_gpu_gbps``) or ``nccl``
+  (peer-to-peer when the profile has it, else through host memory, sharing the DMA links).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import HRMError, pydantic_message
+
+ENGINES_DIR = Path(__file__).resolve().parent / "data" / "engines"
+
+WeightPath = Literal["pinned", "pageable-staged", "pageable-driver"]
+KvPath = Literal["pinned", "pageable"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Kernel(_Frozen):
+    """Achieved fraction of the GPU's cuBLAS-class GEMM rate for a kernel, per architecture
+    (``default`` for the rest), with the public measurement it comes from."""
+
+    fraction: dict[str, float]
+    source: str
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        if "default" not in self.fraction:
+            raise ValueError("kernel fraction needs a 'default' entry")
+        if any(not 0 < v <= 1 for v in self.fraction.values()):
+            raise ValueError("kernel fractions must lie in (0, 1]")
+        return self
+
+    def factor(self, architecture: str | None) -> float:
+        return self.fraction.get(architecture or "default", self.fraction["default"])
+
+
+#: Named kernel efficiencies (relative to a tuned cuBLAS-class GEMM on the same GPU).
+KERNELS: dict[str, Kernel] = {
+    "cublas": Kernel(fraction={"default": 1.0}, source="reference: tuned vendor GEMM"),
+    "triton-fused-moe-untuned": Kernel(
+        fraction={"default": 1 / 1.45, "turing": 0.5 / 1.45},
+        source="vLLM PR #44152: default vs tuned fused-MoE config 1.3-1.6x slower on the Mixtral shape "
+               "(midpoint 1.45); triton issue #189: Triton on Turing (T4) about half of cuBLAS"),
+}
+
+
+class Phase(_Frozen):
+    weight_path: WeightPath = "pinned"
+    kv_writeback: KvPath = "pinned"
+
+
+class Prefill(Phase):
+    weights_overlap: Literal["full", "last-micro-batch-moe", "none"] = "full"
+    kv_reserved_gen_slots: bool = False
+    hidden_round_trip: bool = False
+
+
+class TensorParallel(_Frozen):
+    host_shared: bool = False
+    allreduce: Literal["gpu-link", "nccl"] = "gpu-link"
+
+
+class PolicySpace(_Frozen):
+    """What the engine can run: placements, and parts of the policy it fixes (e.g. ZeRO-
+    Inference: one batch, all weights streamed, the KV cache on the GPU)."""
+
+    attention: tuple[Literal["cpu", "gpu"], ...] = ("cpu", "gpu")
+    ffn: tuple[Literal["cpu", "gpu"], ...] = ("gpu", "cpu")
+    fixed: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self):
+        allowed = {"num_micro_batches", "weights_gpu_ratio", "kv_gpu_ratio"}
+        unknown = set(self.fixed) - allowed
+        if unknown:
+            raise ValueError(f"policy.fixed: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
+        if not self.attention or not self.ffn:
+            raise ValueError("policy: attention and ffn need at least one tier")
+        return self
+
+
+class Memory(_Frozen):
+    """The engine's own memory layout (ideal: the paper's appendix A.1 layout).
+
+    - ``gpu_weight_buffer_layers``: layers of offloaded weights the GPU buffers (2 = double);
+    - ``pinned_staging_layers``: layers of offloaded weights in pinned CPU staging;
+    - ``cpu_holds_all_experts``: the CPU tensor holds every expert, static ones too."""
+
+    gpu_weight_buffer_layers: float = Field(default=2.0, ge=0)
+    pinned_staging_layers: float = Field(default=2.0, ge=0)
+    cpu_holds_all_experts: bool = False
+
+
+class Engine(_Frozen):
+    name: str
+    description: str = ""
+    schedule: str = "cgopipe"
+    policy: PolicySpace = Field(default_factory=PolicySpace)
+    decode: Phase = Field(default_factory=Phase)
+    prefill: Prefill = Field(default_factory=Prefill)
+    host_dram: bool = False
+    achieved_gpu_rates: bool = False
+    moe_kernel: str = "cublas"
+    moe_reads_all_experts: bool = False
+    step_sync: bool = False
+    static_experts: Literal["continuous", "whole-experts-per-layer"] = "continuous"
+    offloaded_weights: Literal["experts", "all"] = "experts"
+    copy_threads: int = Field(default=0, ge=0)
+    numa_aware: bool = True
+    tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
+    memory: Memory = Field(default_factory=Memory)
+    sources: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_names(self):
+        from .schedules import SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule: unknown '{self.schedule}' (one of {', '.join(SCHEDULES)})")
+        if self.moe_kernel not in KERNELS:
+            raise ValueError(f"moe_kernel: unknown '{self.moe_kernel}' (one of {', '.join(KERNELS)})")
+        return self
+
+    @property
+    def kernel(self) -> Kernel:
+        return KERNELS[self.moe_kernel]
+
+    def with_schedule(self, schedule: str) -> "Engine":
+        return Engine.model_validate({**self.model_dump(), "schedule": schedule})
+
+
+IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-14): an upper bound")
+
+#: Mechanisms ``--explain`` switches off one at a time (dotted field paths).
+MECHANISMS: dict[str, str] = {
+    "decode.weight_path": "decode weight path",
+    "decode.kv_writeback": "decode KV write-back path",
+    "host_dram": "host DRAM shared by copies, DMA and CPU attention",
+    "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
+    "moe_kernel": "MoE kernel efficiency",
+    "moe_reads_all_experts": "MoE kernel reads every resident expert",
+    "step_sync": "pipeline drain per decode step",
+    "prefill.weight_path": "prefill weight path",
+    "prefill.weights_overlap": "prefill weight-load overlap",
+    "prefill.kv_writeback": "prefill KV write-back path",
+    "prefill.kv_reserved_gen_slots": "prefill writes reserved KV slots",
+    "prefill.hidden_round_trip": "prefill hidden-state round trip",
+    "copy_threads": "staging-copy thread team",
+    "numa_aware": "NUMA placement of pinned buffers",
+    "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
+    "tensor_parallel.allreduce": "all-reduce path",
+}
+
+
+def _get(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def without(engine: Engine, mechanism: str) -> Engine:
+    """``engine`` with one mechanism switched to its ideal value."""
+    data = engine.model_dump()
+    parts = mechanism.split(".")
+    target = data
+    for part in parts[:-1]:
+        target = target[part]
+    target[parts[-1]] = _get(IDEAL, mechanism)
+    return Engine.model_validate(data)
+
+
+def active_mechanisms(engine: Engine) -> list[str]:
+    """Mechanisms whose value differs from ideal."""
+    return [m for m in MECHANISMS if _get(engine, m) != _get(IDEAL, m)]
+
+
+def list_engines() -> list[str]:
+    return sorted(p.stem for p in ENGINES_DIR.glob("*.yaml"))
+
+
+def load_engine(name_or_path: str | Engine | None) -> Engine:
+    """A shipped engine by name, or an engine YAML file; HRMError (one line) otherwise."""
+    if isinstance(name_or_path, Engine):
+        return name_or_path
+    if name_or_path is None or name_or_path == "ideal":
+        return IDEAL
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = ENGINES_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise HRMError(f"--engine: unknown engine '{name_or_path}' (shipped: {', '.join(list_engines())}; "
+                           f"or a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise HRMError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise HRMError(f"{path}: cannot read ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise HRMError(f"{path}: expected a mapping of engine fields")
+    try:
+        return Engine.model_validate(data)
+    except ValidationError as exc:
+        raise HRMError(pydantic_message(str(path), exc)) from None
+
+
+def resolve_engine(engine: str | Engine | None, schedule: str | None) -> Engine:
+    """The engine of ``--engine`` with ``--schedule``: the schedule is the lane structure of
+    ``ideal``; another engine has its own (a different ``--schedule`` is refused)."""
+    eng = load_engine(engine)
+    if schedule is None or schedule == eng.schedule:
+        return eng
+    if eng.name == "ideal":
+        from .schedules import SCHEDULES
+
+        if schedule not in SCHEDULES:
+            raise HRMError(f"--schedule: unknown '{schedule}' (one of {', '.join(SCHEDULES)})")
+        return eng.with_schedule(schedule)
+    raise HRMError(f"--schedule {schedule}: engine {eng.name} runs its own schedule ({eng.schedule}); "
+                   f"--schedule applies to --engine ideal")
