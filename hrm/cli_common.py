@@ -24,6 +24,24 @@ def add_workload_args(parser) -> None:
     parser.add_argument("--padding", action="store_true", help="pad prompts to the maximum (FlexGen style)")
 
 
+def add_engine_args(parser, schedule_default=None) -> None:
+    """--engine NAME|FILE.yaml and --schedule (the lane structure of engine ideal)."""
+    from .engine import list_engines
+    from .schedules import SCHEDULES
+
+    parser.add_argument("--engine", default="ideal", metavar="NAME|FILE.yaml",
+                        help=f"engine that runs the plan: {', '.join(list_engines())}, or an engine YAML file "
+                             "(default ideal: the plain HRM roofline, an upper bound)")
+    parser.add_argument("--schedule", default=schedule_default, choices=list(SCHEDULES),
+                        help="lane structure of --engine ideal (default cgopipe)")
+
+
+def engine_from_args(args):
+    from .engine import resolve_engine
+
+    return resolve_engine(getattr(args, "engine", None), getattr(args, "schedule", None))
+
+
 def add_memory_args(parser) -> None:
     parser.add_argument("--gpu-mem", type=float, metavar="GIB", help="override total GPU memory (GiB)")
     parser.add_argument("--cpu-mem", type=float, metavar="GIB", help="override CPU memory (GiB)")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from .cli import ArgumentParser
-from .cli_common import (add_machine_args, add_memory_args, add_workload_args, gib, limits_from_args,
-                         machine_from_args, options_from_args, workload_from_args)
-from .estimate import RESOURCE_LABELS, EstimateResult, estimate
-from .latency import SCHEDULES
+from .cli_common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
+                         limits_from_args, machine_from_args, options_from_args, workload_from_args)
+from .estimate import EstimateResult, estimate, lane_label
+from .explain import explain
 from .policy import parse_policy
 
 
@@ -20,10 +20,10 @@ def render_estimate(result: EstimateResult, title: str) -> None:
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_row("policy", result.policy.short())
-    table.add_row("schedule", result.schedule)
+    table.add_row("engine", f"{result.engine} (schedule {result.schedule})")
     for name, seconds in result.resource_layer_s.items():
         share = result.utilization.get(name, 0.0)
-        table.add_row(f"decode time/layer: {RESOURCE_LABELS[name]}", f"{seconds * 1e3:.3f} ms ({share:.0%} busy)")
+        table.add_row(f"decode time/layer: {lane_label(name)}", f"{seconds * 1e3:.3f} ms ({share:.0%} busy)")
     table.add_row("decode layer latency", f"{result.decode_layer_latency_s * 1e3:.3f} ms")
     table.add_row("bottleneck", result.bottleneck)
     table.add_row("prefill", f"{result.prefill_latency_s:.3f} s")
@@ -37,6 +37,10 @@ def render_estimate(result: EstimateResult, title: str) -> None:
         table.add_row("CPU memory", f"{gib(result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
     table.add_row("binding memory", result.binding_memory)
     table.add_row("fits", "yes" if result.feasible else "[red]NO: exceeds a memory limit[/red]")
+    for note in result.notes:
+        table.add_row("note", note)
+    if result.defaulted:
+        table.add_row("defaulted rates", ", ".join(result.defaulted) + " (hrm.achieved.DEFAULTS has each source)")
     Console().print(table)
 
 
@@ -47,19 +51,29 @@ def main(argv) -> int:
     add_memory_args(parser)
     parser.add_argument("--policy", required=True,
                         help="e.g. N=1152,mu=36,attn=cpu,ffn=gpu,rw=0,rc=0 (two of N, mu, n)")
-    parser.add_argument("--schedule", default="cgopipe", choices=SCHEDULES)
+    add_engine_args(parser)
+    parser.add_argument("--explain", action="store_true",
+                        help="each mechanism of the engine: its cost per layer and its share of the gap to ideal")
     parser.add_argument("--json", action="store_true", help="print the plan's estimate block and the policy")
     args = parser.parse_args(argv)
     hw, model = machine_from_args(args)
     workload = workload_from_args(args)
     policy = parse_policy(args.policy)
     options = options_from_args(args)
-    result = estimate(hw, model, workload, policy, args.schedule, options, limits_from_args(hw, options, args))
+    engine = engine_from_args(args)
+    limits = limits_from_args(hw, options, args)
+    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
+    report = explain(hw, model, workload, policy, engine, options, limits) if args.explain else None
     if args.json:
-        print(json.dumps({"policy": policy.model_dump(), "schedule": args.schedule,
-                          "estimate": result.to_plan_estimate(), "feasible": result.feasible}, indent=2))
+        out = {"policy": result.policy.model_dump(), "schedule": result.schedule, "engine": result.engine,
+               "estimate": result.to_plan_estimate(), "feasible": result.feasible}
+        if report is not None:
+            out["explain"] = report.as_dict()
+        print(json.dumps(out, indent=2))
     else:
         render_estimate(result, f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}")
+        if report is not None:
+            report.render()
     return 0
 
 

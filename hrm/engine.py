@@ -23,11 +23,13 @@ Mechanisms (field: what it models; ideal value):
   GEMMs (ideal: ``cublas``, factor 1);
 - ``moe_reads_all_experts``: the fused MoE kernel reads every resident expert of the layer
   per micro-batch, not only those the tokens touch (ideal: off);
-- ``step_sync``: host syncs end each decode step, so the pipeline drains and fills once per
-  step (ideal: off);
+- ``sync``: where the host synchronises — ``none`` (ideal), ``per-step`` (host syncs end
+  each decode step: the pipeline drains and fills once per step), ``per-micro-batch``
+  (every (layer, micro-batch) slot ends with a sync, so the next layer's weight load
+  overlaps only one micro-batch's tasks: FlexGen's loop);
 - ``prefill.weights_overlap``: ``full`` (the load overlaps the layer's compute; ideal),
-  ``last-micro-batch-moe`` (issued after the last micro-batch was queued: overlaps only its
-  MoE), ``none``; ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the
+  ``one-micro-batch`` (overlaps one micro-batch's work), ``last-micro-batch-moe`` (issued
+  after the last micro-batch was queued: overlaps only its MoE), ``none``; ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the
   slots of the tokens still to be generated; ``prefill.hidden_round_trip``: hidden states
   go to pinned CPU memory and back every layer;
 - ``static_experts``: ``continuous`` (r_w any fraction; ideal) or ``whole-experts-per-layer``
@@ -97,7 +99,7 @@ class Phase(_Frozen):
 
 
 class Prefill(Phase):
-    weights_overlap: Literal["full", "last-micro-batch-moe", "none"] = "full"
+    weights_overlap: Literal["full", "one-micro-batch", "last-micro-batch-moe", "none"] = "full"
     kv_reserved_gen_slots: bool = False
     hidden_round_trip: bool = False
 
@@ -149,7 +151,7 @@ class Engine(_Frozen):
     achieved_gpu_rates: bool = False
     moe_kernel: str = "cublas"
     moe_reads_all_experts: bool = False
-    step_sync: bool = False
+    sync: Literal["none", "per-step", "per-micro-batch"] = "none"
     static_experts: Literal["continuous", "whole-experts-per-layer"] = "continuous"
     offloaded_weights: Literal["experts", "all"] = "experts"
     copy_threads: int = Field(default=0, ge=0)
@@ -176,7 +178,7 @@ class Engine(_Frozen):
         return Engine.model_validate({**self.model_dump(), "schedule": schedule})
 
 
-IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-14): an upper bound")
+IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-14) - an upper bound")
 
 #: Mechanisms ``--explain`` switches off one at a time (dotted field paths).
 MECHANISMS: dict[str, str] = {
@@ -186,7 +188,7 @@ MECHANISMS: dict[str, str] = {
     "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
     "moe_kernel": "MoE kernel efficiency",
     "moe_reads_all_experts": "MoE kernel reads every resident expert",
-    "step_sync": "pipeline drain per decode step",
+    "sync": "host synchronisation (pipeline drains)",
     "prefill.weight_path": "prefill weight path",
     "prefill.weights_overlap": "prefill weight-load overlap",
     "prefill.kv_writeback": "prefill KV write-back path",

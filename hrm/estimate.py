@@ -35,6 +35,13 @@ RESOURCE_LABELS = {
 }
 
 
+def lane_label(name: str) -> str:
+    """A lane's name for people (``X+weights``: lane X with the weight load of one slot)."""
+    if name.endswith("+weights") and name not in RESOURCE_LABELS:
+        return f"{lane_label(name[:-len('+weights')])} + weight load (sync per micro-batch)"
+    return RESOURCE_LABELS.get(name, name)
+
+
 def schedule_problem(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
     """Why a placement is not allowed under ``schedule`` (None if it is)."""
     from .schedules import SCHEDULES
@@ -147,7 +154,7 @@ def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Pol
     for moe, count in latency.layer_kinds(model):
         resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
                                              engine)
-        lanes = latency.schedule_lanes(resources, engine.schedule, rates.shared_unit)
+        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
         steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
         if moe:
             steps = steps + latency.step_sync_s(resources, engine)
@@ -157,7 +164,7 @@ def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Pol
             lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
         pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
         prefill += count * float(latency.lanes_time_s(
-            latency.schedule_lanes(pre, engine.schedule, rates.shared_unit, "prefill"), n, rw, rc))
+            latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill"), n, rw, rc))
     per_layer = max(len(contexts), 1) * model.num_layers
     resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
     lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
@@ -221,9 +228,9 @@ def estimate(
     if bottleneck_lane in ("all", "chain") and resource_layer:
         # name the resource that dominates inside the combined lane
         top = max(resource_layer, key=resource_layer.get)
-        bottleneck = f"{RESOURCE_LABELS[bottleneck_lane]} (largest: {RESOURCE_LABELS[top]})"
+        bottleneck = f"{lane_label(bottleneck_lane)} (largest: {lane_label(top)})"
     else:
-        bottleneck = RESOURCE_LABELS[bottleneck_lane]
+        bottleneck = lane_label(bottleneck_lane)
     return EstimateResult(
         policy=policy,
         schedule=engine.schedule,

@@ -386,10 +386,10 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
 
 
 def step_sync_s(resources: dict[str, Lane], engine: Engine = IDEAL):
-    """Per decode step, an engine that ends every step with host syncs (``step_sync``)
+    """Per decode step, an engine that ends every step with host syncs (``sync: per-step``)
     drains its pipeline: the next step starts empty and waits one micro-batch's chain of
     tasks (the sum of its per-micro-batch task times) before the lanes overlap again."""
-    if not engine.step_sync:
+    if engine.sync != "per-step":
         return 0.0
     return sum(resources[r].per_micro_batch_s for r in RESOURCES if r in resources)
 
@@ -436,7 +436,7 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     if "copy" in weights:
         lanes["copy"] = Lane("copy", zero, zero, weights["copy"] + zero)
     if engine.prefill.weights_overlap != "full":
-        overlap = moe_s if engine.prefill.weights_overlap == "last-micro-batch-moe" else 0.0
+        overlap = {"one-micro-batch": gpu, "last-micro-batch-moe": moe_s, "none": 0.0}[engine.prefill.weights_overlap]
         lanes["gpu+weights"] = Lane("gpu+weights", gpu + zero, kv_chain + zero, weights["h2d"] + zero, -overlap + zero)
     if engine.host_dram:
         lanes["dram"] = Lane("dram", (2 * hidden / dram_bytes_s(rates) + reduce.get("dram", 0.0)) + zero,
@@ -461,7 +461,8 @@ def prefill_dispatch(model: ModelSpec, rates: Rates, micro_batch, prompt_len, mo
     return {"gpu": gpu, "h2d": h2d, "d2h": d2h}
 
 
-def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool, phase: str = "decode") -> list[Lane]:
+def schedule_lanes(resources: dict[str, Lane], schedule: str | Engine, shared_unit: bool,
+                   phase: str = "decode") -> list[Lane]:
     """Combine resources into concurrently running lanes for ``schedule``
     (:mod:`hrm.schedules`):
 
@@ -473,7 +474,8 @@ def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool,
 
     Capacity bounds (the staging-copy team, host DRAM, prefill's weight-load chain) stay
     lanes of their own under every structure: they limit, they do not queue."""
-    lanes = get_schedule(schedule).lanes
+    engine = schedule if isinstance(schedule, Engine) else IDEAL
+    lanes = get_schedule(engine.schedule if isinstance(schedule, Engine) else schedule).lanes
     tasks = {r: lane for r, lane in resources.items() if r in RESOURCES}
     bounds = [lane for r, lane in resources.items() if r not in RESOURCES]
     if lanes == "serial" or shared_unit:
@@ -484,8 +486,23 @@ def schedule_lanes(resources: dict[str, Lane], schedule: str, shared_unit: bool,
                                      tasks["d2h"], Lane("h2d", h2d.per_micro_batch_s, h2d.per_micro_batch_kv_cpu_s)])
         staged = [Lane("cpu", 0.0, 0.0, cpu.per_layer_offloaded_weights_s)] \
             if np.any(np.asarray(cpu.per_layer_offloaded_weights_s) != 0) else []
-        return [chain, h2d, *staged, *bounds]
-    return [*tasks.values(), *bounds]
+        combined = [chain, h2d, *staged]
+    else:
+        combined = list(tasks.values())
+    if engine.sync == "per-micro-batch" and phase == "decode" and "h2d" in tasks:
+        combined += micro_batch_sync_lanes(combined, tasks["h2d"].per_layer_offloaded_weights_s)
+    return [*combined, *bounds]
+
+
+def micro_batch_sync_lanes(lanes: list[Lane], weights_s) -> list[Lane]:
+    """An engine that syncs after every (layer, micro-batch) slot issues the next layer's
+    weight load in the first slot (FlexGen: ``load_weight`` copies when k == 0), so the load
+    overlaps one micro-batch's tasks only: the layer takes at least, for every lane ℓ,
+    (n − 1)·(ℓ's work per micro-batch) + the load. Affine: n·a + n(1−r_c)·b + (1−r_w)·W − a
+    (one micro-batch's KV part is kept in, a slight over-count that keeps the form affine)."""
+    return [Lane(f"{lane.name}+weights", lane.per_micro_batch_s, lane.per_micro_batch_kv_cpu_s, weights_s,
+                 -np.asarray(lane.per_micro_batch_s)) for lane in lanes
+            if not np.any(np.asarray(lane.per_layer_offloaded_weights_s) != 0)]
 
 
 def lanes_time_s(lanes: list[Lane], num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from hrm.cli import ArgumentParser
-from hrm.cli_common import (add_machine_args, add_memory_args, add_workload_args, gib, limits_from_args,
-                            machine_from_args, options_from_args, workload_from_args)
+from hrm.cli_common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
+                            limits_from_args, machine_from_args, options_from_args, workload_from_args)
 from hrm.errors import HRMError
-from hrm.latency import SCHEDULES
 from hrm.plan import save_plan
 from hrm.policy import parse_assignments
 
@@ -40,7 +39,7 @@ def build_parser() -> ArgumentParser:
     add_machine_args(parser)
     add_workload_args(parser)
     add_memory_args(parser)
-    parser.add_argument("--schedule", default="cgopipe", choices=SCHEDULES)
+    add_engine_args(parser)
     parser.add_argument("--objective", default="generation", choices=["generation", "decode"],
                         help="maximise end-to-end generation throughput (default) or decode throughput")
     parser.add_argument("--fix", nargs="+", metavar="KEY=VALUE",
@@ -50,7 +49,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "highs"],
                         help="MILP backend: auto = HiGHS when highspy is installed, else CBC")
     parser.add_argument("--verify", action="store_true", help="also run the exhaustive verifier and compare")
-    parser.add_argument("--compare", action="store_true", help="best policy of every schedule side by side")
+    parser.add_argument("--compare", action="store_true",
+                        help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
     parser.add_argument("--json", action="store_true", help="print the plan (SPEC section 6) as JSON")
     parser.add_argument("--out", help="write the plan to this file (atomically)")
     return parser
@@ -67,14 +67,16 @@ def main(argv) -> int:
                   solver=args.solver, hw_name=args.hw, model_name=args.model)
     if args.compare:
         return _compare(hw, model, workload, args, common)
-    result = search(hw, model, workload, args.schedule, top=args.top, verify=args.verify, **common)
+    engine = engine_from_args(args)
+    result = search(hw, model, workload, top=args.top, verify=args.verify, engine=engine, **common)
     if args.out:
         save_plan(result.plan, args.out)
     if args.json:
         print(result.plan.model_dump_json(indent=2))
     else:
         render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
-                       f" (max {workload.max_prompt_len}), gen {workload.gen_len}, schedule {args.schedule}")
+                       f" (max {workload.max_prompt_len}), gen {workload.gen_len}, engine {engine.name}"
+                       f" (schedule {engine.schedule})")
         if args.out:
             print(f"plan written to {args.out}")
     if result.verified is False:
@@ -102,6 +104,10 @@ def render(result: SearchResult, title: str) -> None:
     table.add_row("bottleneck", best.bottleneck + "  (" + ", ".join(
         f"{k} {v:.0%}" for k, v in best.utilization.items()) + " busy)")
     table.add_row("binding memory", best.binding_memory)
+    for note in [*result.extras.get("notes", []), *best.notes]:
+        table.add_row("note", note)
+    if best.defaulted:
+        table.add_row("defaulted rates", ", ".join(best.defaulted))
     if best.shared_memory:
         table.add_row("host memory", f"{gib(best.gpu_peak_bytes + best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
     else:
@@ -126,36 +132,48 @@ def render(result: SearchResult, title: str) -> None:
         console.print(alt)
 
 
+def compare_engines(hw, model, workload, common) -> list[tuple[str, object]]:
+    """Every shipped engine (and ideal's other schedules) at its own best policy: a list of
+    (label, SearchResult or the one-line reason it has none), best first."""
+    from hrm.engine import list_engines, load_engine
+    from hrm.schedules import SCHEDULES
+
+    runs = [(name, load_engine(name)) for name in list_engines()]
+    runs += [(f"ideal/{s}", load_engine("ideal").with_schedule(s)) for s in SCHEDULES if s != "cgopipe"]
+    rows = []
+    for label, engine in runs:
+        try:
+            rows.append((label, search(hw, model, workload, top=0, engine=engine, **common)))
+        except HRMError as exc:
+            rows.append((label, str(exc)))
+    rows.sort(key=lambda r: -(r[1].best.estimate.generation_throughput_tok_s if not isinstance(r[1], str) else -1))
+    return rows
+
+
 def _compare(hw, model, workload, args, common) -> int:
     import json
 
     from rich.console import Console
     from rich.table import Table
 
-    rows = []
-    for schedule in SCHEDULES:
-        try:
-            res = search(hw, model, workload, schedule, top=0, **common)
-            rows.append((schedule, res))
-        except HRMError as exc:
-            rows.append((schedule, str(exc)))
+    rows = compare_engines(hw, model, workload, common)
     ok = [r for _, r in rows if not isinstance(r, str)]
     if not ok:
-        raise HRMError("no schedule admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
-    ref = next((r for s, r in rows if s == "cgopipe" and not isinstance(r, str)), ok[0])
+        raise HRMError("no engine admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
+    ref = next((r for s, r in rows if s == "ideal" and not isinstance(r, str)), ok[0])
     ref_tput = ref.best.estimate.generation_throughput_tok_s
     if args.json:
         print(json.dumps({s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}, indent=2))
         return 0
-    table = Table(title=f"{model.name} on {hw.name}: best policy per schedule")
-    for col in ("schedule", "policy", "gen tok/s", "decode tok/s", "vs cgopipe", "bottleneck"):
+    table = Table(title=f"{model.name} on {hw.name}: every engine at its own best policy")
+    for col in ("engine", "policy", "gen tok/s", "decode tok/s", "vs ideal", "bottleneck"):
         table.add_column(col)
-    for schedule, res in rows:
+    for label, res in rows:
         if isinstance(res, str):
-            table.add_row(schedule, f"[red]{res}[/red]", "-", "-", "-", "-")
+            table.add_row(label, f"[red]{res}[/red]", "-", "-", "-", "-")
             continue
         est = res.best.estimate
-        table.add_row(schedule, res.best.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
+        table.add_row(label, res.best.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
                       f"{est.decode_throughput_tok_s:,.1f}", f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
                       est.bottleneck)
     Console().print(table)

@@ -107,7 +107,7 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     sync = np.zeros(shape_t)[:, :steps]
     for moe, _count in kinds:
         resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
-        lanes = latency.schedule_lanes(resources, engine.schedule, rates.shared_unit)
+        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
         a.append([np.broadcast_to(l.per_micro_batch_s, shape_t)[:, :steps] for l in lanes])
         b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t)[:, :steps] for l in lanes])
         w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
@@ -116,7 +116,7 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
             sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)[:, :steps]
         plan = latency.schedule_lanes(
             latency.prefill_resources(model, rates, mu[:, 0], workload.effective_prompt_len, moe, engine,
-                                      workload.gen_len), engine.schedule, rates.shared_unit, "prefill")
+                                      workload.gen_len), engine, rates.shared_unit, "prefill")
         pa.append([np.broadcast_to(l.per_micro_batch_s, (len(modes),)) for l in plan])
         pb.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, (len(modes),)) for l in plan])
         pw.append([np.broadcast_to(l.per_layer_offloaded_weights_s, (len(modes),)) for l in plan])

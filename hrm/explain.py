@@ -1,0 +1,84 @@
+"""``hrm estimate --explain``: what each mechanism of an engine costs, and its share of the
+gap to the ideal roofline.
+
+For an engine E and a policy, every active mechanism m (a field that differs from
+``ideal``, :data:`hrm.engine.MECHANISMS`) is switched off in turn (:func:`hrm.engine.without`)
+and the policy re-estimated: m costs T(E) − T(E without m) of end-to-end time, in decode
+time per layer and in prefill. Its share is that cost over the whole gap T(E) − T(ideal),
+where ideal is E with every mechanism off (same schedule and policy). Shares need not add
+to 1: mechanisms interact through the max over lanes (one that is hidden behind another
+bottleneck costs nothing alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .engine import MECHANISMS, Engine, active_mechanisms, without
+from .estimate import EstimateResult, estimate
+
+
+@dataclass(frozen=True)
+class MechanismCost:
+    mechanism: str
+    label: str
+    total_s: float           # end-to-end seconds it adds
+    decode_layer_s: float    # mean decode seconds per layer it adds
+    prefill_s: float         # prefill seconds it adds
+    share_of_gap: float      # total_s / (T(engine) − T(ideal))
+
+
+@dataclass(frozen=True)
+class Explanation:
+    engine: str
+    engine_estimate: EstimateResult
+    ideal_estimate: EstimateResult
+    costs: list[MechanismCost]
+
+    @property
+    def gap_s(self) -> float:
+        return self.engine_estimate.total_time_s - self.ideal_estimate.total_time_s
+
+    def as_dict(self) -> dict:
+        return {
+            "engine": self.engine,
+            "generation_throughput_tok_s": self.engine_estimate.generation_throughput_tok_s,
+            "ideal_generation_throughput_tok_s": self.ideal_estimate.generation_throughput_tok_s,
+            "gap_s": self.gap_s,
+            "mechanisms": [c.__dict__ for c in self.costs],
+        }
+
+    def render(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        eng, ideal = self.engine_estimate, self.ideal_estimate
+        table = Table(title=(f"{self.engine}: {eng.generation_throughput_tok_s:,.1f} tok/s vs ideal "
+                             f"{ideal.generation_throughput_tok_s:,.1f} tok/s on the same policy "
+                             f"(gap {self.gap_s:,.1f} s end to end); each mechanism switched off in turn"))
+        for col in ("mechanism", "decode ms/layer", "prefill s", "total s", "share of gap"):
+            table.add_column(col, justify="left" if col == "mechanism" else "right")
+        for c in self.costs:
+            table.add_row(c.label, f"{c.decode_layer_s * 1e3:.3f}", f"{c.prefill_s:.2f}", f"{c.total_s:.2f}",
+                          f"{c.share_of_gap:.0%}")
+        Console().print(table)
+
+
+def explain(hw, model, workload, policy, engine: Engine, options, limits) -> Explanation:
+    """Each active mechanism's cost for ``policy`` under ``engine`` (see the module doc)."""
+    base = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
+    policy = base.policy  # as the engine realises it
+    ideal_engine = engine
+    for mechanism in active_mechanisms(engine):
+        ideal_engine = without(ideal_engine, mechanism)
+    ideal = estimate(hw, model, workload, policy, options=options, limits=limits, engine=ideal_engine)
+    gap = base.total_time_s - ideal.total_time_s
+    costs = []
+    for mechanism in active_mechanisms(engine):
+        other = estimate(hw, model, workload, policy, options=options, limits=limits, engine=without(engine, mechanism))
+        total = base.total_time_s - other.total_time_s
+        costs.append(MechanismCost(
+            mechanism, MECHANISMS[mechanism], total, base.decode_layer_latency_s - other.decode_layer_latency_s,
+            base.prefill_latency_s - other.prefill_latency_s, total / gap if gap > 0 else 0.0))
+    costs.sort(key=lambda c: -c.total_s)
+    return Explanation(engine.name, base, ideal, costs)
