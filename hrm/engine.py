@@ -267,3 +267,15 @@ def resolve_engine(engine: str | Engine | None, schedule: str | None) -> Engine:
         return eng.with_schedule(schedule)
     raise HRMError(f"--schedule {schedule}: engine {eng.name} runs its own schedule ({eng.schedule}); "
                    f"--schedule applies to --engine ideal")
+
+
+def as_engine(engine_or_schedule: "str | Engine | None") -> Engine:
+    """An Engine from an Engine, a schedule name (engine ideal with that lane structure) or
+    an engine name/file (API convenience for callers that held a schedule name)."""
+    from .schedules import SCHEDULES
+
+    if isinstance(engine_or_schedule, Engine):
+        return engine_or_schedule
+    if engine_or_schedule in SCHEDULES:
+        return IDEAL.with_schedule(engine_or_schedule)
+    return load_engine(engine_or_schedule)

@@ -21,6 +21,8 @@ import numpy as np
 
 from . import latency
 from .model import ModelSpec
+from .engine import IDEAL, Engine
+from .schedules import get_schedule
 from .policy import Policy
 from .rates import Rates
 
@@ -38,14 +40,15 @@ class TaskTime:
 
 
 def decode_task_times(model: ModelSpec, rates: Rates, policy: Policy, context: float,
-                      moe: bool = True) -> list[TaskTime]:
+                      moe: bool = True, engine: Engine = IDEAL) -> list[TaskTime]:
     """Seconds of each task of one micro-batch (names of :func:`hrm.latency.decode_tasks`;
     "W" is one of the n weight pages). A measured profile's dispatch α is per lane: it is
     spread evenly over the lane's tasks of the micro-batch (its KV part onto the KV task),
     so each resource's total stays the lane's."""
     n, rw, rc = policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio
-    tasks = latency.decode_tasks(model, rates, policy.micro_batch_size, context,
-                                 policy.attn_on_gpu, policy.ffn_on_gpu, moe)
+    tasks = [t for t in latency.decode_tasks(model, rates, policy.micro_batch_size, context,
+                                             policy.attn_on_gpu, policy.ffn_on_gpu, moe, engine)
+             if t.resource in RESOURCES]  # capacity bounds (copy team, DRAM) are not queues
     times = {t.name: float(t.lane.time_s(n, rw, rc)) / n for t in tasks}
     if rates.gpu_dispatch is not None or rates.cpu_dispatch is not None:
         _spread_dispatch(model, rates, policy, tasks, times, moe)
@@ -169,8 +172,10 @@ def _build_tasks(times: list[TaskTime], n: int, layers: int, schedule: str, gpu_
         done[(i, j)] = p
 
     def page(i, j):
-        # double buffer: layer i+1's pages overwrite layer i−1's, so they wait for its last PostAttn
-        w = add("W", i, j, [done.get((i - 1, n - 1))], f"W L{i + 1} page{j}")
+        # double buffer: layer i+1's pages overwrite layer i−1's, so they wait for its last PostAttn;
+        # a pageable weight path first stages the page on the CPU
+        stage = add("StageW", i, j, [done.get((i - 1, n - 1))], f"StageW L{i + 1} page{j}") if "StageW" in spec else None
+        w = add("W", i, j, [done.get((i - 1, n - 1)), stage], f"W L{i + 1} page{j}")
         pages.setdefault(i + 1, []).append(w)
 
     if gpu_attention:  # FlexGen S4 (and CGOPipe with A_g = 1): KV of the next micro-batch prefetched
@@ -186,7 +191,7 @@ def _build_tasks(times: list[TaskTime], n: int, layers: int, schedule: str, gpu_
             a = gpu_attn[f] = add("GPUAttn", i, j, [p, kv[f]])
             add("KV→CPU", i, j, [a])
             post(f, a)
-    elif schedule == "flexgen-cpu-attn":  # S3: each micro-batch's chain back to back
+    elif get_schedule(schedule).order == "chain":  # S3: each micro-batch's chain back to back
         last = None
         for f, (i, j) in enumerate(flat):
             a = pre(f, after=last)  # waits for the previous micro-batch's whole chain
@@ -205,7 +210,7 @@ def _build_tasks(times: list[TaskTime], n: int, layers: int, schedule: str, gpu_
             post(f, h)
             if f + ahead < len(flat):
                 attn[f + ahead] = pre(f + ahead)
-    if schedule == "sequential":
+    if get_schedule(schedule).order == "serial":
         for before, after in zip(order, order[1:]):
             after.deps.append(before)
     return queues, order
@@ -237,13 +242,14 @@ def _list_schedule(queues: dict[str, list[_Task]]) -> None:
         remaining -= 1
 
 
-def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: str, context: float,
+def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: str | Engine, context: float,
                     layers: int = 4, moe: bool = True) -> Timeline:
-    """List-schedule ``layers`` decode layers of ``policy`` under ``schedule``. A CPU-only
-    host (one unit, ``rates.shared_unit``) runs everything in sequence, as the estimate does."""
-    if schedule not in latency.SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule}")
-    times = decode_task_times(model, rates, policy, context, moe)
+    """List-schedule ``layers`` decode layers of ``policy`` under ``schedule`` (a schedule
+    name of engine ideal, or an engine). A CPU-only host (one unit, ``rates.shared_unit``)
+    runs everything in sequence, as the estimate does."""
+    engine = schedule if isinstance(schedule, Engine) else IDEAL.with_schedule(schedule)
+    schedule = engine.schedule
+    times = decode_task_times(model, rates, policy, context, moe, engine)
     effective = "sequential" if rates.shared_unit else schedule
     cpu_experts = moe and not policy.ffn_on_gpu
     queues, _ = _build_tasks(times, policy.num_micro_batches, layers, effective, policy.attn_on_gpu, cpu_experts)
@@ -252,8 +258,8 @@ def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: st
              for q in queues.values() for t in q if t.duration_s > 0]
     ends = [max(t.end_s for t in tasks if t.layer == i) for i in range(layers)]
     resources = latency.decode_resources(model, rates, policy.micro_batch_size, context,
-                                         policy.attn_on_gpu, policy.ffn_on_gpu, moe)
-    lanes = latency.schedule_lanes(resources, schedule, rates.shared_unit)
+                                         policy.attn_on_gpu, policy.ffn_on_gpu, moe, engine)
+    lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
     bound = float(latency.lanes_time_s(lanes, policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
     return Timeline(effective, sorted(tasks, key=lambda t: (t.start_s, t.resource)), ends, bound,
                     resource_totals_s(times, policy.num_micro_batches))

@@ -50,8 +50,9 @@ def _cell(run: Callable[[], object]) -> dict:
 
 
 def policy_map(hw: HardwareProfile, model: ModelSpec, workload: Workload, h2d_gbps: Iterable[float],
-               cpu_scales: Iterable[float], schedule: str = "cgopipe", objective: str = "generation",
-               options: ModelOptions = DEFAULT_OPTIONS, solver: str = "auto", progress=None) -> pd.DataFrame:
+               cpu_scales: Iterable[float], schedule: str | None = None, objective: str = "generation",
+               options: ModelOptions = DEFAULT_OPTIONS, solver: str = "auto", progress=None,
+               engine=None) -> pd.DataFrame:
     """Best policy per (link bandwidth, CPU scaling ratio) cell; one row per cell."""
     if hw.gpu is None:
         raise HRMError(f"{hw.name}: a policy map varies the CPU→GPU link; this profile has no GPU")
@@ -60,7 +61,7 @@ def policy_map(hw: HardwareProfile, model: ModelSpec, workload: Workload, h2d_gb
     for bandwidth, scale in cells:
         machine = with_link_bandwidth(with_cpu_scaled(hw, scale), bandwidth)
         row = _cell(lambda: search(machine, model, workload, schedule=schedule, objective=objective,
-                                   options=options, top=0, solver=solver))
+                                   options=options, top=0, solver=solver, engine=engine))
         rows.append({"h2d_gbps": float(bandwidth), "cpu_scale": float(scale), **row})
         if progress:
             progress(len(rows), len(cells))
@@ -71,14 +72,17 @@ def cpu_memory_sweep(hw: HardwareProfile, model: ModelSpec, workload: Workload, 
                      schedules: Iterable[str] = ("cgopipe", "flexgen", "flexgen-cpu-attn", "sequential"),
                      objective: str = "generation", options: ModelOptions = DEFAULT_OPTIONS,
                      solver: str = "auto", progress=None) -> pd.DataFrame:
-    """Best policy of each schedule for each CPU memory capacity (GiB, before the
-    utilisation headroom, as ``hrm-search --cpu-mem``)."""
+    """Best policy of each schedule (a schedule of engine ideal, or an engine name) for each
+    CPU memory capacity (GiB, before the utilisation headroom, as ``hrm-search --cpu-mem``)."""
+    from hrm.schedules import SCHEDULES
+
     rows = []
     cells = [(s, c) for s in schedules for c in cpu_mem_gib]
     for schedule, capacity in cells:
         limits = memory_limits(hw, options, cpu_mem_gib=capacity)
-        row = _cell(lambda: search(hw, model, workload, schedule=schedule, objective=objective, options=options,
-                                   limits=limits, top=0, solver=solver))
+        run = {"schedule": schedule} if schedule in SCHEDULES else {"engine": schedule}
+        row = _cell(lambda: search(hw, model, workload, objective=objective, options=options,
+                                   limits=limits, top=0, solver=solver, **run))
         rows.append({"schedule": schedule, "cpu_mem_gib": float(capacity), **row})
         if progress:
             progress(len(rows), len(cells))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hrm import latency
-from hrm.engine import Engine
+from hrm.engine import Engine, as_engine
 from hrm.estimate import engine_problem, static_expert_step
 from hrm.hardware import HardwareProfile
 from hrm.memory import MemoryLimits, cpu_memory_form, gpu_memory_form
@@ -42,6 +42,7 @@ class Mode:
 
 def enumerate_modes(engine: Engine, mu_grid=MU_GRID, attn=None, ffn=None) -> list[Mode]:
     """All (μ, A_g, F_g) the engine runs, optionally pinned."""
+    engine = as_engine(engine)
     modes = []
     for mu in mu_grid:
         for a in (False, True):
@@ -94,6 +95,7 @@ class Terms:
 
 def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
                 limits: MemoryLimits, modes: list[Mode]) -> Terms:
+    engine = as_engine(engine)
     options = options.for_model(model)
     rates = rates_from_profile(hw, options)
     mu = np.array([m.micro_batch_size for m in modes], dtype=float)[:, None]

@@ -54,6 +54,12 @@ def legacy_sha256(profile) -> str:
         if isinstance(data.get(section), dict):
             data[section].pop("dispatch", None)
     data.pop("emulation", None)
+    from hrm.hardware import ACHIEVED_FIELDS
+
+    for section, keys in ACHIEVED_FIELDS.items():  # fields that did not exist then
+        for key in keys:
+            if isinstance(data.get(section), dict) and data[section].get(key) is None:
+                data[section].pop(key)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

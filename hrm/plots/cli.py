@@ -57,7 +57,8 @@ def build_parser() -> ArgumentParser:
     pmap.add_argument("--padding", action="store_true")
     pmap.add_argument("--bandwidths", default=FIG10["bandwidths"], help="CPU→GPU GB/s values (comma-separated)")
     pmap.add_argument("--cpu-scales", default=FIG10["cpu_scales"], help="CPU scaling ratios (comma-separated)")
-    pmap.add_argument("--schedule", default="cgopipe", choices=SCHEDULES)
+    pmap.add_argument("--schedule", choices=SCHEDULES, help="lane structure of --engine ideal (default cgopipe)")
+    pmap.add_argument("--engine", default="ideal", help="engine name or YAML file (default ideal)")
     pmap.add_argument("--objective", default="generation", choices=["generation", "decode"])
     pmap.add_argument("--csv", help="also write the table of best policies")
 
@@ -65,7 +66,8 @@ def build_parser() -> ArgumentParser:
     add_machine_args(mem)
     add_workload_args(mem)
     mem.add_argument("--cpu-mems", help="CPU memory capacities in GiB (default: 0.4× to 2× the profile's)")
-    mem.add_argument("--schedules", default=",".join(SCHEDULES), help="schedules to compare (comma-separated)")
+    mem.add_argument("--schedules", default=",".join(SCHEDULES),
+                     help="schedules of engine ideal and/or engine names to compare (comma-separated)")
     mem.add_argument("--objective", default="generation", choices=["generation", "decode"])
     mem.add_argument("--csv", help="also write the table")
 
@@ -77,6 +79,7 @@ def build_parser() -> ArgumentParser:
     tl.add_argument("--policy", help="policy, e.g. 'N=2496,mu=192,rw=0.11' (default: the trace's policy when "
                     "--trace is given, else the searched optimum)")
     tl.add_argument("--schedule", choices=SCHEDULES, help="schedule (default: the plan's, else cgopipe)")
+    tl.add_argument("--engine", help="engine name or YAML file (default: the plan's, else ideal)")
     tl.add_argument("--context", type=float, help="cached tokens (default: the mean over the decode steps)")
     tl.add_argument("--trace", help="Chrome trace from 'hrm run --trace' to draw below the model")
     tl.add_argument("--trace-step", type=int, help="decode step of the trace to draw (default: the middle one)")
@@ -125,9 +128,10 @@ def _policy_map(args):
     bandwidths, scales = _floats(args.bandwidths, "--bandwidths"), _floats(args.cpu_scales, "--cpu-scales")
     progress, update = _progress("policy map")
     with progress:
-        table = policy_map(hw, model, workload, bandwidths, scales, args.schedule, args.objective, progress=update)
+        table = policy_map(hw, model, workload, bandwidths, scales, args.schedule, args.objective, progress=update,
+                           engine=args.engine)
     _write_csv(table, args.csv)
-    title = (f"best policy ({args.objective} throughput, {args.schedule}): {model.name} on {hw.name} with the "
+    title = (f"best policy ({args.objective} throughput, {args.engine}/{args.schedule or 'cgopipe'}): {model.name} on {hw.name} with the "
              f"link and CPU varied; prompt {workload.prompt_len}, gen {workload.gen_len}")
     return plot_policy_map(table, title)
 
@@ -145,9 +149,12 @@ def _cpu_memory(args):
         base = hw.cpu.memory_gib
         capacities = [round(base * f) for f in (0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0)]
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
-    unknown = [s for s in schedules if s not in SCHEDULES]
+    from ..engine import list_engines
+
+    unknown = [s for s in schedules if s not in SCHEDULES and s not in list_engines()]
     if unknown:
-        raise HRMError(f"--schedules: unknown {', '.join(unknown)} (one of {', '.join(SCHEDULES)})")
+        raise HRMError(f"--schedules: unknown {', '.join(unknown)} (schedules {', '.join(SCHEDULES)}; "
+                       f"engines {', '.join(list_engines())})")
     progress, update = _progress("cpu-memory sweep")
     with progress:
         table = cpu_memory_sweep(hw, model, workload, capacities, schedules, args.objective, progress=update)
@@ -168,21 +175,27 @@ def _timeline(args):
     hw, model = machine_from_args(args)
     options = options_from_args(args)
     workload = workload_from_args(args)
-    schedule = args.schedule
+    from ..engine import resolve_engine
+
+    schedule, engine_name = args.schedule, args.engine
     if args.plan:
         plan = load_plan(args.plan)
-        policy, workload, schedule = plan.policy, plan.workload, schedule or plan.schedule
+        policy, workload = plan.policy, plan.workload
+        engine_name = engine_name or plan.engine
+        schedule = schedule or (plan.schedule if engine_name == "ideal" else None)
+    engine = resolve_engine(engine_name, schedule)
+    if args.plan:
+        pass
     elif args.policy or (args.trace and trace_policy(args.trace)):
         policy = parse_policy(args.policy or trace_policy(args.trace))
     else:
         from solver.search import search
 
-        result = search(hw, model, workload, schedule=schedule or "cgopipe", options=options,
+        result = search(hw, model, workload, engine=engine, options=options,
                         limits=limits_from_args(hw, options, args), top=0)
         policy = result.best.policy
-    schedule = schedule or "cgopipe"
     context = args.context or mid_context(workload.effective_prompt_len, workload.gen_len)
-    timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model)), policy, schedule, context)
+    timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model)), policy, engine, context)
     print(f"layer period {timeline.layer_period_s * 1e3:.4g} ms (list-scheduled), "
           f"eq. 12 bound {timeline.lane_bound_s * 1e3:.4g} ms")
     return plot_timeline(timeline, f"{model.name} on {hw.name}, {policy.short()}, context {context:.0f}",
