@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from hrm.hardware import (CPU, GPU, CurvePoint, Disk, Dispatch, Efficiency, Emulation, Flops, HardwareProfile, Link,
                           Source)
 
-from .cpu import HostInfo, Measured, StreamResult, best_of
+from .cpu import NUMA_NODE_DIR, HostInfo, Measured, MemcpyResult, StreamResult, best_of
 from .dispatch import DispatchResult
 from .emulation import EmulationResult
-from .gpu import GpuResults
+from .gpu import GpuResults, architecture_of
 
 SIG_DIGITS = 4
 
@@ -29,6 +29,7 @@ class CpuResults:
     attention: dict[int, Measured] = field(default_factory=dict)
     disk: Measured | None = None
     dispatch: DispatchResult | None = None  # measured on the emulated tier or, with a GPU, on CUDA
+    memcpy: MemcpyResult | None = None  # host copy, one thread vs all threads
     emulation: EmulationResult | None = None  # the emulated device tier (CPU-only host)
 
 
@@ -103,9 +104,19 @@ def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str]) -> CPU:
     methods["cpu.stream_copy_gbps"] = stream.copy.method()
     methods["cpu.cores"] = "usable CPUs (sched_getaffinity)"
     methods["cpu.memory_gib"] = "MemTotal of /proc/meminfo"
+    memcpy = {}
+    if cpu.memcpy is not None and cpu.memcpy.one_thread.value > 0 and cpu.memcpy.all_threads.value > 0:
+        memcpy = {"memcpy_one_thread_gbps": sig(cpu.memcpy.one_thread.value),
+                  "memcpy_all_threads_gbps": sig(cpu.memcpy.all_threads.value)}
+        methods["cpu.memcpy_one_thread_gbps"] = cpu.memcpy.one_thread.method()
+        methods["cpu.memcpy_all_threads_gbps"] = cpu.memcpy.all_threads.method()
+        if host.numa_nodes > 1:
+            methods["cpu.memcpy_all_threads_gbps"] += (f"; arrays first-touched by one thread, so on this "
+                                                       f"{host.numa_nodes}-node host they sit on one NUMA node")
+    methods["cpu.numa_nodes"] = f"node<N> directories of {NUMA_NODE_DIR} (1 where absent)"
     return CPU(name=host.cpu_name, cores=host.cores, memory_gib=sig(host.memory_gib),
                memory_bandwidth_gbps=sig(stream.triad.value), tflops=Flops(**tflops),
-               dispatch=build_dispatch(cpu.dispatch, "cpu", methods))
+               dispatch=build_dispatch(cpu.dispatch, "cpu", methods), numa_nodes=host.numa_nodes, **memcpy)
 
 
 def build_dispatch(result: DispatchResult | None, section: str, methods: dict[str, str]) -> Dispatch | None:
@@ -135,22 +146,38 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
         else:
             peer_gbps = sig(best_of(gpu.h2d_pinned)[1].value)
             methods["gpu.gpu_to_gpu_gbps"] = "NOT measured (peer copy failed); set to the pinned h2d rate"
+    architecture = architecture_of(gpu.info.capability)
+    if architecture is not None:
+        major, minor = gpu.info.capability
+        methods["gpu.architecture"] = f"compute capability {major}.{minor} of the device properties"
+    for key, peak in (("memory_stream_efficiency", "gpu.memory_bandwidth_gbps (a device copy)"),
+                      ("gemm_efficiency", "gpu.tflops (best matmul of each curve)")):
+        methods[f"gpu.{key}"] = (f"not set: {peak} is already an achieved rate of this GPU "
+                                 f"(hrm.achieved applies no efficiency to a measured profile)")
     gpu_section = GPU(name=gpu.info.name, count=gpu.info.count, memory_gib=sig(gpu.info.memory_bytes / 2**30),
                       memory_bandwidth_gbps=sig(gpu.copy.value), tflops=Flops(**tflops),
-                      gpu_to_gpu_gbps=peer_gbps, dispatch=build_dispatch(gpu.dispatch, "gpu", methods))
+                      gpu_to_gpu_gbps=peer_gbps, dispatch=build_dispatch(gpu.dispatch, "gpu", methods),
+                      architecture=architecture)
     methods["link.h2d_gbps"] = peak_method(gpu.h2d_pinned, "bytes")
     methods["link.d2h_gbps"] = peak_method(gpu.d2h_pinned, "bytes")
     pageable = None
     if gpu.h2d_pageable:
         pageable = sig(best_of(gpu.h2d_pageable)[1].value)
         methods["link.h2d_pageable_gbps"] = peak_method(gpu.h2d_pageable, "bytes")
+    d2h_pageable = None
+    if gpu.d2h_pageable:
+        d2h_pageable = sig(best_of(gpu.d2h_pageable)[1].value)
+        methods["link.d2h_pageable_gbps"] = peak_method(gpu.d2h_pageable, "bytes")
+    if gpu.p2p is not None:
+        methods["link.p2p"] = (f"torch.cuda.can_device_access_peer over every ordered pair of the "
+                               f"{gpu.info.count} GPUs: {'all' if gpu.p2p else 'not all'} True")
     curves = {"link.h2d_gbps_vs_bytes": gpu.h2d_pinned, "link.d2h_gbps_vs_bytes": gpu.d2h_pinned,
               "link.h2d_pageable_gbps_vs_bytes": gpu.h2d_pageable, "link.d2h_pageable_gbps_vs_bytes": gpu.d2h_pageable}
     for key, curve in curves.items():
         if curve:
             methods[key] = curve_values_method(curve, "bytes")
     link = Link(h2d_gbps=sig(best_of(gpu.h2d_pinned)[1].value), d2h_gbps=sig(best_of(gpu.d2h_pinned)[1].value),
-                h2d_pageable_gbps=pageable)
+                h2d_pageable_gbps=pageable, d2h_pageable_gbps=d2h_pageable, p2p=gpu.p2p)
     return gpu_section, link
 
 

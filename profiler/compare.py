@@ -6,9 +6,11 @@ from hrm.hardware import HardwareProfile
 
 COMPARED_FIELDS = (
     "cpu.name", "cpu.cores", "cpu.memory_gib", "cpu.memory_bandwidth_gbps", "cpu.tflops.fp32", "cpu.tflops.bf16",
-    "gpu.name", "gpu.count", "gpu.memory_gib", "gpu.memory_bandwidth_gbps", "gpu.tflops.fp32", "gpu.tflops.fp16",
-    "gpu.tflops.bf16", "gpu.tflops.int8", "gpu.gpu_to_gpu_gbps",
-    "link.h2d_gbps", "link.d2h_gbps", "link.h2d_pageable_gbps", "disk.read_gbps",
+    "cpu.memcpy_one_thread_gbps", "cpu.memcpy_all_threads_gbps", "cpu.numa_nodes",
+    "gpu.name", "gpu.count", "gpu.architecture", "gpu.memory_gib", "gpu.memory_bandwidth_gbps", "gpu.tflops.fp32",
+    "gpu.tflops.fp16", "gpu.tflops.bf16", "gpu.tflops.int8", "gpu.gpu_to_gpu_gbps",
+    "link.h2d_gbps", "link.d2h_gbps", "link.h2d_pageable_gbps", "link.d2h_pageable_gbps", "link.p2p",
+    "disk.read_gbps",
 )
 
 
@@ -30,7 +32,7 @@ def comparison_rows(measured: HardwareProfile, reference: HardwareProfile) -> li
         a, b = field_value(mine, name), field_value(theirs, name)
         if a is None and b is None:
             continue
-        numeric = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b != 0
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)) and b != 0
         rows.append((name, a, b, (a / b) if numeric else None))
     return rows
 

@@ -32,6 +32,9 @@ class ProfileConfig:
     # the last-level cache (8x LLC, at least 256 MiB, at most 1/16 of RAM).
     stream_bytes: int = 0
     copy_sizes_bytes: tuple[int, ...] = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
+    # Host memcpy on one thread vs all threads (bytes moved/s): bytes per array; 0 = the
+    # STREAM array size; < 0 = skip.
+    memcpy_bytes: int = 0
     # CPU matmul curve: achieved FLOP/s of (M x K) @ (K x N) for each M.
     matmul_k: int = 4096
     matmul_n: int = 4096

@@ -39,6 +39,7 @@ class HostInfo:
     cores: int
     memory_gib: float
     llc_bytes: int
+    numa_nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,21 @@ def host_info() -> HostInfo:
         cores=usable_cores(),
         memory_gib=memory_total_bytes(_read_text("/proc/meminfo")) / 2**30,
         llc_bytes=last_level_cache_bytes(),
+        numa_nodes=numa_node_count(),
     )
+
+
+NUMA_NODE_DIR = "/sys/devices/system/node"
+
+
+def numa_node_count(root: str | Path = NUMA_NODE_DIR) -> int:
+    """NUMA nodes the OS reports: the ``node<N>`` directories of sysfs; 1 where there are none
+    (no sysfs, a kernel without NUMA)."""
+    try:
+        nodes = [p for p in Path(root).glob("node*") if p.name[4:].isdigit() and p.is_dir()]
+    except OSError:
+        return 1
+    return max(1, len(nodes))
 
 
 def stream_array_bytes(llc_bytes: int, memory_gib: float) -> int:
@@ -206,6 +221,35 @@ def measure_stream(array_bytes: int, curve_sizes_bytes: tuple[int, ...], threads
                                         "copy b=a over a prefix")
     curve[n * F64_BYTES] = copy
     return StreamResult(copy=copy, triad=triad, copy_curve=curve)
+
+
+# --- host memcpy (one thread vs all threads) -----------------------------------------
+
+@dataclass(frozen=True)
+class MemcpyResult:
+    """Bytes *moved* per second by a large host copy (each byte counted once, not read +
+    write): on one thread, and split over all threads (the DRAM roof of a copy)."""
+
+    one_thread: Measured
+    all_threads: Measured
+
+
+def measure_memcpy(nbytes: int, threads: int, pool: Executor, warmup: int, repeats: int,
+                   budget: Budget | None) -> MemcpyResult:
+    """``dst[:] = src`` of two ``nbytes`` float64 arrays (pages faulted in beforehand): once
+    with ``np.copyto`` on the calling thread (numpy copies on one thread), once split into
+    ``threads`` contiguous chunks over the pool. Rate = bytes copied / time."""
+    n = max(threads, nbytes // F64_BYTES)
+    src, dst = touched_array(n, 1.0), touched_array(n, 0.0)
+    size = n * F64_BYTES
+    what = f"host memcpy dst[:] = src, {size / 2**20:.0f} MiB float64 (numpy copyto)"
+    counted = "bytes moved per second (each byte copied counted once, not read + write)"
+    one_stats = measure(wall_timed(lambda: np.copyto(dst, src)), warmup, repeats, budget)
+    one = Measured(one_stats.median_rate(size) / 1e9, "GB/s", one_stats, f"{what} on 1 thread; {counted}")
+    all_stats = measure(copy_op(src, dst, pool, threads), warmup, repeats, budget)
+    all_threads = Measured(all_stats.median_rate(size) / 1e9, "GB/s", all_stats,
+                           f"{what} split into {threads} contiguous chunks over {threads} threads; {counted}")
+    return MemcpyResult(one_thread=one, all_threads=all_threads)
 
 
 # --- matmul --------------------------------------------------------------------------

@@ -27,6 +27,7 @@ class GpuInfo:
     name: str
     count: int
     memory_bytes: int
+    capability: tuple[int, int] | None = None  # CUDA compute capability (major, minor)
 
 
 class GpuDevice(Protocol):
@@ -60,6 +61,7 @@ class GpuResults:
     d2h_pinned: dict[int, Measured] = field(default_factory=dict)
     d2h_pageable: dict[int, Measured] = field(default_factory=dict)
     peer: Measured | None = None
+    p2p: bool | None = None  # every GPU pair can copy peer-to-peer (None: not queried)
     notes: list[str] = field(default_factory=list)
     dispatch: object | None = None  # profiler.dispatch.DispatchResult of the runtime on CUDA
 
@@ -134,6 +136,34 @@ def measure_peer(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
                     f"GPU0 -> GPU1 copy of {nbytes / 2**20:.0f} MiB")
 
 
+def query_peer_access(device, notes: list[str]) -> bool | None:
+    """Whether every GPU can access every other peer-to-peer (``device.peer_access()``);
+    None, with a note, when the device cannot say or the query fails."""
+    ask = getattr(device, "peer_access", None)
+    if ask is None:
+        notes.append("link.p2p not queried: the GPU device has no peer-access query")
+        return None
+    try:
+        return bool(ask())
+    except Exception as exc:  # noqa: BLE001 - an optional query: its failure is a note
+        notes.append(f"link.p2p not queried: {one_line(exc)}")
+        return None
+
+
+#: CUDA compute capability major (or (major, minor)) -> hrm.hardware.GPU.architecture
+ARCHITECTURES = {(7, 5): "turing", 8: "ampere", (8, 9): "ada", 9: "hopper", 10: "blackwell", 11: "blackwell",
+                 12: "blackwell"}
+
+
+def architecture_of(capability: tuple[int, int] | None) -> str | None:
+    """The GPU architecture of a compute capability (8.9 -> ada, 9.0 -> hopper, 7.0 -> other);
+    None when unknown."""
+    if capability is None:
+        return None
+    major, minor = capability
+    return ARCHITECTURES.get((major, minor)) or ARCHITECTURES.get(major) or "other"
+
+
 def missing_gpu_parts(results: GpuResults) -> list[str]:
     """What a gpu+link section needs but the run did not get (empty = complete)."""
     needed = {"fp32 matmul": bool(results.matmul.get("fp32")), "device copy": results.copy is not None,
@@ -181,7 +211,16 @@ class TorchCudaDevice:
 
     def info(self) -> GpuInfo:
         props = self.torch.cuda.get_device_properties(self.index)
-        return GpuInfo(name=props.name, count=self.torch.cuda.device_count(), memory_bytes=int(props.total_memory))
+        major, minor = getattr(props, "major", None), getattr(props, "minor", None)
+        capability = (int(major), int(minor)) if major is not None and minor is not None else None
+        return GpuInfo(name=props.name, count=self.torch.cuda.device_count(), memory_bytes=int(props.total_memory),
+                       capability=capability)
+
+    def peer_access(self) -> bool:
+        """Every ordered pair of the visible GPUs can access each other peer-to-peer."""
+        cuda = self.torch.cuda
+        count = cuda.device_count()
+        return all(cuda.can_device_access_peer(i, j) for i in range(count) for j in range(count) if i != j)
 
     def supports(self, dtype: str) -> bool:
         cuda = self.torch.cuda

@@ -114,12 +114,19 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
         results.dispatch = optional_measurement(lambda: measure_dispatch("cpu", cfg.dispatch_repeats),
                                                 "dispatch overhead", notes)
 
+    def memcpy() -> None:
+        nbytes = cfg.memcpy_bytes or array_bytes
+        results.memcpy = optional_measurement(
+            lambda: cpu_mod.measure_memcpy(nbytes, threads, pool, w, r, budget), "host memcpy", notes)
+
     def disk() -> None:
         folder = disk_folder or Path(tempfile.gettempdir())
         results.disk = cpu_mod.measure_disk_read(folder, cfg.disk_bytes, max(2, r), budget)
 
     steps = [Step("CPU memory bandwidth (STREAM copy + triad)", True, stream),
              Step("CPU fp32 matmul vs M (numpy)", True, matmul("fp32"))]
+    if cfg.memcpy_bytes >= 0:
+        steps.append(Step("CPU memcpy, one thread vs all threads", False, memcpy))
     for dtype in cfg.cpu_torch_dtypes:
         if torch is None:
             notes.append(f"CPU {dtype} matmul not measured (torch not importable); the model uses fp32 for it")
@@ -199,6 +206,12 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
         steps.append(Step("dispatch overhead per task / operator on CUDA (reference runtime)", False, dispatch,
                           gpu=True))
     if results.info.count > 1:
+        def peer_access() -> None:
+            results.p2p = gpu_mod.query_peer_access(device, notes)
+
+        # a query, not a measurement (never raises): runs whatever the budget
+        steps.append(Step("GPU peer access (can_device_access_peer)", True, peer_access, gpu=True))
+
         def peer() -> None:
             results.peer = gpu_mod.measure_peer(device, gpu_mod.clamp_bytes(cfg.peer_bytes, memory, 1),
                                                 w, r, budget)
