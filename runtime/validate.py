@@ -29,6 +29,9 @@ from hrm.plan import write_atomic
 from hrm.policy import Policy
 from hrm.workload import Workload
 
+#: the engine file that describes what this runtime does (hrm/data/engines/hrm-runtime.yaml)
+RUNTIME_ENGINE = "hrm-runtime"
+
 MEMORY_TOLERANCE = 0.10  # measured device peak may exceed the model's GPU peak by this much
 RESOURCES = ("gpu", "cpu", "h2d", "d2h")
 
@@ -97,7 +100,7 @@ def rescore(hw: HardwareProfile, spec: ModelSpec, workload: Workload, options: M
             outcomes: list["PolicyOutcome"]) -> dict[str, float]:
     """MAPE and Spearman of predictions from ``hw`` / ``options`` against the measurements
     of ``outcomes`` (e.g. a model variant, or a second profile of the same host)."""
-    preds = [estimate(hw, spec, workload, o.policy, "cgopipe", options) for o in outcomes]
+    preds = [estimate(hw, spec, workload, o.policy, options=options, engine=RUNTIME_ENGINE) for o in outcomes]
     mape = statistics.fmean(abs(p.decode_layer_latency_s - o.layer_latency_s) / o.layer_latency_s
                             for p, o in zip(preds, outcomes))
     rank = _spearman([p.generation_throughput_tok_s for p in preds], [o.generation_throughput_tok_s for o in outcomes])
@@ -309,7 +312,7 @@ def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Work
     """Predict, then run once with memory tracking and ``repeats`` times for timing (medians)."""
     from .requests import synthetic_requests
 
-    predicted = estimate(hw, spec, workload, policy, "cgopipe", options)
+    predicted = estimate(hw, spec, workload, policy, options=options, engine=RUNTIME_ENGINE)
     requests = synthetic_requests(workload, policy.batch_size, spec.vocab_size, seed)
     peak = tracked_peak_bytes(spec, weights, workload, policy, requests, device, lanes)
     timed = [timed_run(spec, weights, workload, policy, requests, device, lanes) for _ in range(max(repeats, 1))]
@@ -331,7 +334,7 @@ def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, pol
     options = runtime_options(dtype)
     weights = build_weights(spec, None, seed)
     requests = [synthetic_requests(workload, p.batch_size, spec.vocab_size, seed) for p in policies]
-    predicted = [estimate(hw, spec, workload, p, "cgopipe", options) for p in policies]
+    predicted = [estimate(hw, spec, workload, p, options=options, engine=RUNTIME_ENGINE) for p in policies]
     peaks = [tracked_peak_bytes(spec, weights, workload, p, r, device, lanes) for p, r in zip(policies, requests)]
     timed: list[list] = [[] for _ in policies]
     for round_index in range(max(repeats, 1)):

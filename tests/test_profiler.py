@@ -24,7 +24,7 @@ from profiler.timing import Budget, Stats, measure
 
 TINY = ProfileConfig(
     label="tiny", budget_s=20.0, warmup=1, repeats=3,
-    stream_bytes=4 * MIB, copy_sizes_bytes=(256 * 1024,),
+    stream_bytes=4 * MIB, copy_sizes_bytes=(256 * 1024,), memcpy_bytes=32 * MIB,
     matmul_k=128, matmul_n=128, matmul_ms=(1, 16, 64), cpu_torch_dtypes=(),
     attention_contexts=(64, 256), attention_kv_bytes=2 * MIB, attention=AttentionShape(2, 2, 32),
     disk_bytes=1 * MIB,
@@ -78,6 +78,10 @@ class FakeGpu:
     def peer_op(self, nbytes, src, dst):
         self._check("peer")
         return lambda: nbytes / (self.PEER_GBPS * 1e9)
+
+    def peer_access(self) -> bool:
+        self._check("peer_access")
+        return True
 
     def release(self) -> None:
         self.released += 1
@@ -206,7 +210,9 @@ def test_optional_steps_skipped_when_budget_spent(tmp_path):
     assert run.profile.cpu.tflops.fp32 > 0  # required steps still ran
     assert any("skipped (time budget" in note for note in run.notes)
     assert run.profile.disk is None
-    assert len(reporter.labels) == 4
+    assert len(reporter.labels) == 5
+    assert run.profile.cpu.memcpy_one_thread_gbps is None  # optional: skipped with the rest
+    assert run.profile.cpu.numa_nodes >= 1  # a host fact, not a timed step
 
 
 # --- GPU branch on a fake device --------------------------------------------------------
@@ -224,13 +230,19 @@ def test_fake_gpu_numbers_flow_into_profile(gpu_run, tmp_path):
     assert link.h2d_gbps == pytest.approx(FakeGpu.LINK_GBPS, rel=0.01)
     assert link.d2h_gbps == pytest.approx(FakeGpu.LINK_GBPS, rel=0.01)
     assert link.h2d_pageable_gbps == pytest.approx(FakeGpu.PAGEABLE_GBPS, rel=0.01)
+    assert link.d2h_pageable_gbps == pytest.approx(FakeGpu.PAGEABLE_GBPS, rel=0.01)
+    assert link.p2p is True and "can_device_access_peer" in profile.source.methods["link.p2p"]
+    assert gpu.architecture is None and "gpu.architecture" not in profile.source.methods  # no capability
+    assert gpu.memory_stream_efficiency is None and gpu.gemm_efficiency is None  # peaks are already achieved
+    assert "not set" in profile.source.methods["gpu.memory_stream_efficiency"]
     h2d = eff.h2d_gbps_vs_bytes
     assert [p.x for p in h2d] == sorted(p.x for p in h2d) and h2d[0].y < h2d[-1].y  # latency bites small sizes
     m_curve = eff.gpu_matmul_tflops_vs_m["fp32"]
     assert m_curve[0].y < m_curve[-1].y
     assert "spread" in profile.source.methods["link.d2h_pageable_gbps_vs_bytes"]
     for key in ("gpu.tflops.fp32", "gpu.memory_bandwidth_gbps", "link.h2d_gbps", "link.d2h_gbps",
-                "gpu.gpu_to_gpu_gbps", "efficiency.h2d_gbps_vs_bytes", "link.d2h_gbps_vs_bytes"):
+                "gpu.gpu_to_gpu_gbps", "efficiency.h2d_gbps_vs_bytes", "link.d2h_gbps_vs_bytes",
+                "link.d2h_pageable_gbps"):
         assert key in profile.source.methods, key
     path = tmp_path / "gpu.yaml"
     path.write_text(profiler_cli.profile_yaml(profile))
@@ -289,7 +301,8 @@ def make_fake_torch():
     matmul_flags = types.SimpleNamespace(allow_tf32=True)
     cuda = types.SimpleNamespace(
         is_available=lambda: True, device_count=lambda: 1, is_bf16_supported=lambda: True,
-        get_device_properties=lambda index: types.SimpleNamespace(name="FakeTorchGPU", total_memory=16 * 2**30),
+        get_device_properties=lambda index: types.SimpleNamespace(name="FakeTorchGPU", total_memory=16 * 2**30,
+                                                                  major=8, minor=9),
         synchronize=lambda index=None: None, empty_cache=lambda: None, Event=_FakeEvent)
     return types.SimpleNamespace(
         __version__="0.0-fake", float32="f32", float16="f16", bfloat16="bf16", int8="i8", uint8="u8",
@@ -309,7 +322,9 @@ def test_torch_cuda_device_plumbing_with_a_fake_torch():
     assert any("int8 matmul M=1" in note for note in run.notes)  # _int_mm needs M > 16
     assert profile.cpu.tflops.bf16 > 0 and "torch 0.0-fake" in profile.source.methods["cpu.tflops.bf16"]
     assert fake_torch.backends.cuda.matmul.allow_tf32 is True  # the user's TF32 flag is restored
-    assert profile.link.h2d_pageable_gbps > 0
+    assert profile.link.h2d_pageable_gbps > 0 and profile.link.d2h_pageable_gbps > 0
+    assert profile.gpu.architecture == "ada" and "8.9" in profile.source.methods["gpu.architecture"]
+    assert profile.link.p2p is None  # one GPU: nothing to query
 
 
 def test_clamp_bytes_fits_device_memory():
@@ -451,3 +466,78 @@ def test_emulation_measures_each_runtime_dtype():
     rates = rates_from_profile(hw)  # default device dtype fp16: not measured -> fp32 peak and curve
     assert rates.gpu_peak_flops == pytest.approx(0.05e12)
     assert rates.gpu_flops(1) == pytest.approx(0.01e12)
+
+
+# --- achieved-rate fields (memcpy, NUMA, pageable d2h, p2p, architecture) -----------------
+
+def test_cpu_profile_has_memcpy_and_numa(cpu_run):
+    """The host copy on one thread and on all threads (bytes moved/s) and the NUMA node count."""
+    cpu, methods = cpu_run.profile.cpu, cpu_run.profile.source.methods
+    assert cpu.memcpy_one_thread_gbps > 0 and cpu.memcpy_all_threads_gbps > 0
+    assert cpu.memcpy_one_thread_gbps <= 1.5 * cpu.memcpy_all_threads_gbps  # noise margin only
+    assert cpu.numa_nodes >= 1
+    for key in ("cpu.memcpy_one_thread_gbps", "cpu.memcpy_all_threads_gbps"):
+        assert SPREAD.search(methods[key]) and "counted once" in methods[key], key
+    assert "1 thread" in methods["cpu.memcpy_one_thread_gbps"]
+    assert f"{cpu.cores} threads" in methods["cpu.memcpy_all_threads_gbps"]
+    assert "/sys/devices/system/node" in methods["cpu.numa_nodes"]
+    assert load_hardware_roundtrip(cpu_run.profile) == cpu_run.profile
+
+
+def test_memcpy_counts_bytes_moved_once(monkeypatch):
+    """A copy of S bytes that takes 1 s is S bytes/s (not 2 S, read + write)."""
+    monkeypatch.setattr(cpu_mod, "wall_timed", lambda func: (lambda: 1.0))
+    monkeypatch.setattr(cpu_mod, "copy_op", lambda *a, **k: (lambda: 0.5))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        result = cpu_mod.measure_memcpy(1 * MIB, 2, pool, 0, 2, None)
+    assert result.one_thread.value == pytest.approx(MIB / 1e9)
+    assert result.all_threads.value == pytest.approx(2 * MIB / 1e9)
+
+
+def test_memcpy_failure_is_a_note(monkeypatch):
+    def fail(*args, **kwargs):
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(cpu_mod, "measure_memcpy", fail)
+    cfg = dataclasses.replace(TINY, disk_bytes=0, attention_contexts=())
+    run = run_profile(cfg, device="cpu", torch_module=None)
+    assert run.profile.cpu.memcpy_one_thread_gbps is None and run.profile.cpu.memcpy_all_threads_gbps is None
+    assert any(n.startswith("host memcpy not measured: MemoryError") for n in run.notes)
+    assert "cpu.memcpy_one_thread_gbps" not in run.profile.source.methods
+
+
+def test_numa_node_count(tmp_path):
+    for name in ("node0", "node1", "nodeX"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "possible").write_text("0-1\n")
+    assert cpu_mod.numa_node_count(tmp_path) == 2
+    assert cpu_mod.numa_node_count(tmp_path / "absent") == 1
+
+
+def test_p2p_unknown_is_a_note():
+    """A device that cannot say whether peer access works leaves link.p2p unset, with a note."""
+    class NoPeerQuery(FakeGpu):
+        peer_access = None
+
+    run = run_profile(TINY, device="cuda", gpu_device=NoPeerQuery(count=2), torch_module=None)
+    assert run.profile.link.p2p is None and "link.p2p" not in run.profile.source.methods
+    assert any("link.p2p not queried" in note for note in run.notes)
+    run = run_profile(TINY, device="cuda", gpu_device=FakeGpu(count=2, fail_on="peer_access"), torch_module=None)
+    assert run.profile.gpu is not None and run.profile.link.p2p is None
+    assert any("link.p2p not queried: RuntimeError" in note for note in run.notes)
+
+
+def test_architecture_of_compute_capability():
+    from profiler.gpu import architecture_of
+
+    assert architecture_of(None) is None
+    assert [architecture_of(c) for c in ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0), (7, 0))] == [
+        "turing", "ampere", "ampere", "ada", "hopper", "blackwell", "blackwell", "other"]
+
+
+def test_comparison_rows_no_ratio_for_booleans(gpu_run):
+    rows = {name: (a, b, ratio) for name, a, b, ratio in comparison_rows(gpu_run.profile, gpu_run.profile)}
+    assert rows["link.p2p"] == (True, True, None)
+    assert rows["link.d2h_pageable_gbps"][2] == pytest.approx(1.0)
