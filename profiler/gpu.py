@@ -32,7 +32,8 @@ class GpuInfo:
 
 class GpuDevice(Protocol):
     """What the GPU measurements need. Each ``*_op`` allocates its buffers and returns a
-    timed op (seconds per operation); raising ValueError/RuntimeError means unsupported."""
+    timed op (seconds per operation); raising ValueError/RuntimeError means unsupported.
+    Optional: ``peer_access() -> bool`` (every GPU pair can copy peer-to-peer; ``link.p2p``)."""
 
     def info(self) -> GpuInfo: ...
 
