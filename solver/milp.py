@@ -24,6 +24,7 @@ import numpy as np
 import pulp
 
 from .terms import Terms
+from .terms import total_time_s as terms_time_s
 
 
 @dataclass(frozen=True)
@@ -59,18 +60,8 @@ def pick_solver(name: str = "auto", msg: bool = False):
 
 def total_time_s(terms: Terms, choice: Choice, objective: str = "generation") -> float:
     """The model's time for ``choice`` (prefill + decode steps, or decode only)."""
-    k = choice.mode_index
-    n, m, z = choice.num_micro_batches, choice.gpu_experts, choice.gpu_kv_sequences
-    mu = terms.mu[k]
-    frac_w = 1.0 - m / terms.expert_slots
-    kv_cpu = n - z / mu
-    decode = np.max(n * terms.a[k] + kv_cpu * terms.b[k] + frac_w * terms.w[k][..., None] + terms.c[k],
-                    axis=1).sum(axis=-1)
-    total = float(terms.kind_layers @ decode) + terms.steps * n * terms.head[k] + float(terms.sync[k].sum())
-    if objective == "generation":
-        prefill = np.max(n * terms.pa[k] + kv_cpu * terms.pb[k] + frac_w * terms.pw[k] + terms.pc[k], axis=1)
-        total += float(terms.kind_layers @ prefill) + n * terms.head[k]
-    return total
+    return float(terms_time_s(terms, choice.mode_index, choice.num_micro_batches, choice.gpu_experts,
+                              choice.gpu_kv_sequences, objective)[0])
 
 
 def tokens(terms: Terms, choice: Choice, objective: str) -> float:

@@ -148,3 +148,26 @@ def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
     padded = [k + [k[0]] * (lanes - len(k)) for k in per_kind]
     arr = np.array(padded)
     return arr.transpose(2, 0, 1, 3) if ndim == 3 else arr.transpose(2, 0, 1)
+
+
+def total_time_s(terms: Terms, k: int, n, m, z, objective: str = "generation") -> np.ndarray:
+    """Model time of mode k for candidate arrays (n micro-batches, m static expert
+    matrices, z GPU-KV sequences): Σ_κ layers_κ · Σ_t max_ℓ (eq. 12 per decode step, with
+    the lane form n·a + (n − z/μ)·b + (1 − m/M)·w + c) + the per-step sync and lm_head,
+    plus prefill (same form) for the generation objective. The one home of this sum: the
+    MILP's incumbent check and the exhaustive verifier both call it."""
+    n = np.atleast_1d(np.asarray(n, dtype=float))[:, None]
+    frac_w = 1.0 - np.atleast_1d(np.asarray(m, dtype=float))[:, None] / terms.expert_slots
+    kv_cpu = n - np.atleast_1d(np.asarray(z, dtype=float))[:, None] / terms.mu[k]
+    total = terms.steps * n[:, 0] * terms.head[k] + float(terms.sync[k].sum())
+    for q, layers in enumerate(terms.kind_layers):
+        lanes = [n * terms.a[k, q, lane] + kv_cpu * terms.b[k, q, lane] + frac_w * terms.w[k, q, lane]
+                 + terms.c[k, q, lane] for lane in range(terms.a.shape[2])]
+        total = total + layers * np.max(lanes, axis=0).sum(axis=1)
+        if objective == "generation":
+            pre = [n[:, 0] * terms.pa[k, q, lane] + kv_cpu[:, 0] * terms.pb[k, q, lane]
+                   + frac_w[:, 0] * terms.pw[k, q, lane] + terms.pc[k, q, lane] for lane in range(terms.pa.shape[2])]
+            total = total + layers * np.max(pre, axis=0)
+    if objective == "generation":
+        total = total + n[:, 0] * terms.head[k]
+    return total

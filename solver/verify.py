@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .milp import Choice, max_micro_batches, snapped_expert_count
-from .terms import Terms
+from .terms import Terms, total_time_s
 
 
 @dataclass(frozen=True)
@@ -107,25 +107,12 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
 
 
 def _throughput(terms: Terms, k: int, ns, ms, zs, objective: str, chunk_elements: int) -> np.ndarray:
-    """Vectorised twin of :func:`solver.milp.total_time_s` over candidate arrays."""
+    """Throughput of candidate arrays, in chunks (:func:`solver.terms.total_time_s`)."""
     mu = terms.mu[k]
+    per_seq = terms.gen_len if objective == "generation" else terms.steps
     out = np.empty(len(ns))
     step = max(1, chunk_elements // max(1, terms.steps * terms.a.shape[2]))
     for lo in range(0, len(ns), step):
-        n = ns[lo:lo + step, None]
-        frac_w = 1.0 - ms[lo:lo + step, None] / terms.expert_slots
-        kv_cpu = n - zs[lo:lo + step, None] / mu
-        total = terms.steps * n[:, 0] * terms.head[k] + float(terms.sync[k].sum())
-        for q, layers in enumerate(terms.kind_layers):
-            lanes = [n * terms.a[k, q, l] + kv_cpu * terms.b[k, q, l] + frac_w * terms.w[k, q, l] + terms.c[k, q, l]
-                     for l in range(terms.a.shape[2])]
-            total = total + layers * np.max(lanes, axis=0).sum(axis=1)
-            if objective == "generation":
-                pre = [n[:, 0] * terms.pa[k, q, l] + kv_cpu[:, 0] * terms.pb[k, q, l] + frac_w[:, 0] * terms.pw[k, q, l]
-                       + terms.pc[k, q, l] for l in range(terms.pa.shape[2])]
-                total = total + layers * np.max(pre, axis=0)
-        if objective == "generation":
-            total = total + n[:, 0] * terms.head[k]
-        per_seq = terms.gen_len if objective == "generation" else terms.steps
-        out[lo:lo + step] = per_seq * mu * n[:, 0] / total
+        n = ns[lo:lo + step]
+        out[lo:lo + step] = per_seq * mu * n / total_time_s(terms, k, n, ms[lo:lo + step], zs[lo:lo + step], objective)
     return out
