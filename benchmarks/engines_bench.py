@@ -27,7 +27,7 @@ from solver.search import search
 MACHINES = ("t4", "l4", "2xt4", "4xt4")
 WORKLOADS = (("mtbench", 32), ("mtbench", 128), ("mtbench", 256), ("summarization", 64))
 ORDER = ("ideal", "hrm-runtime", "moe-lightning", "flexgen", "flexgen-cpu-attn", "deepspeed-zero")
-SHORT = {"decode weight path": "dec-W", "decode KV write-back path": "dec-KV",
+SHORT = {"decode weight path": "dec-W", "decode host-KV path (pinned/pageable)": "dec-KV",
          "host DRAM shared by copies, DMA and CPU attention": "DRAM", "achieved GPU memory/GEMM rates": "GPU-eff",
          "MoE kernel efficiency": "kernel", "MoE kernel reads every resident expert": "all-exp",
          "host synchronisation (pipeline drains)": "sync", "prefill weight path": "pre-W",

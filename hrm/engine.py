@@ -13,8 +13,10 @@ Mechanisms (field: what it models; ideal value):
   ``pinned`` (DMA from pinned memory; ideal), ``pageable-staged`` (a CPU thread team copies
   pageable → pinned, then DMA), ``pageable-driver`` (``copy_`` from pageable memory: the
   driver stages it, at the pageable rate);
-- ``decode.kv_writeback`` / ``prefill.kv_writeback``: ``pinned`` (async DMA; ideal) or
-  ``pageable`` (a device→pageable copy returns when complete: it blocks the GPU chain);
+- ``decode.kv_cache`` / ``prefill.kv_cache``: the memory the host KV cache lives in, so
+  the path of its write-back and its prefetch for GPU attention — ``pinned`` (async DMA;
+  ideal) or ``pageable`` (driver-staged at the pageable rate; in prefill a device→pageable
+  copy returns only when complete, so it blocks the GPU chain);
 - ``host_dram``: charge host-DRAM traffic (CPU attention reads, staging copies, DMA reads
   and writes) against the host's bandwidth as a lane of its own (ideal: off);
 - ``achieved_gpu_rates``: GPU memory at its streaming efficiency, GEMMs at their achieved
@@ -88,14 +90,15 @@ KERNELS: dict[str, Kernel] = {
     "cublas": Kernel(fraction={"default": 1.0}, source="reference: tuned vendor GEMM"),
     "triton-fused-moe-untuned": Kernel(
         fraction={"default": 1 / 1.45, "turing": 0.5 / 1.45},
-        source="vLLM PR #44152: default vs tuned fused-MoE config 1.3-1.6x slower on the Mixtral shape "
-               "(midpoint 1.45); triton issue #189: Triton on Turing (T4) about half of cuBLAS"),
+        source="vLLM PR #44152: default vs tuned fused-MoE config on the Mixtral shape 1.31x (batch 1) "
+               "to 1.60x (batch 32) slower (midpoint 1.45; H20); triton issue #189: Triton about half of "
+               "cuBLAS on Turing (RTX 2080, M=4096: 23.77 vs 46.49 TFLOP/s), the T4's generation"),
 }
 
 
 class Phase(_Frozen):
     weight_path: WeightPath = "pinned"
-    kv_writeback: KvPath = "pinned"
+    kv_cache: KvPath = "pinned"
 
 
 class Prefill(Phase):
@@ -183,7 +186,7 @@ IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-1
 #: Mechanisms ``--explain`` switches off one at a time (dotted field paths).
 MECHANISMS: dict[str, str] = {
     "decode.weight_path": "decode weight path",
-    "decode.kv_writeback": "decode KV write-back path",
+    "decode.kv_cache": "decode host-KV path (pinned/pageable)",
     "host_dram": "host DRAM shared by copies, DMA and CPU attention",
     "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
     "moe_kernel": "MoE kernel efficiency",
@@ -191,7 +194,7 @@ MECHANISMS: dict[str, str] = {
     "sync": "host synchronisation (pipeline drains)",
     "prefill.weight_path": "prefill weight path",
     "prefill.weights_overlap": "prefill weight-load overlap",
-    "prefill.kv_writeback": "prefill KV write-back path",
+    "prefill.kv_cache": "prefill KV write-back path",
     "prefill.kv_reserved_gen_slots": "prefill writes reserved KV slots",
     "prefill.hidden_round_trip": "prefill hidden-state round trip",
     "copy_threads": "staging-copy thread team",

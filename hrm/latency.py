@@ -37,6 +37,7 @@ from .model import ModelSpec
 from .rates import Rates
 from .schedules import SCHEDULES as _SCHEDULE_REGISTRY
 from .schedules import get_schedule
+from .achieved import COPY_DRAM_BYTES_PER_BYTE, NUMA_REMOTE_FRACTION
 from .units import dtype_bytes
 
 SCHEDULES = tuple(_SCHEDULE_REGISTRY)
@@ -124,8 +125,6 @@ def link_bytes_s(rates: Rates, engine: Engine, direction: str, pageable: bool = 
     the host (``tensor_parallel.host_shared``); pinned buffers on the far socket of a
     NUMA host (an engine that is not NUMA-aware: a buffer lands on each node alike) copy
     at :data:`hrm.achieved.NUMA_REMOTE_FRACTION` of the local rate."""
-    from .achieved import NUMA_REMOTE_FRACTION
-
     pinned = rates.h2d_bytes_s if direction == "h2d" else rates.d2h_bytes_s
     ach = rates.achieved
     if ach is None or rates.shared_unit:
@@ -156,8 +155,6 @@ def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> 
       copy, then the DMA read;
     - ``pageable-driver``: the driver stages the copy (pageable rate), on the issuing
       thread's core; DRAM as for the staged path."""
-    from .achieved import COPY_DRAM_BYTES_PER_BYTE
-
     ach = rates.achieved
     staged = path != "pinned" and ach is not None and not rates.shared_unit
     out: dict = {"h2d": weight_bytes / link_bytes_s(rates, engine, "h2d", pageable=staged and path == "pageable-driver")}
@@ -171,11 +168,9 @@ def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> 
     return out
 
 
-def kv_writeback_s(rates: Rates, engine: Engine, path: str, kv_bytes) -> dict[str, np.ndarray | float]:
+def kv_cache_s(rates: Rates, engine: Engine, path: str, kv_bytes) -> dict[str, np.ndarray | float]:
     """Seconds per resource to write ``kv_bytes`` of new KV cache to CPU memory: pinned
     (async DMA) or pageable (driver-staged: the pageable rate, 3 more DRAM bytes per byte)."""
-    from .achieved import COPY_DRAM_BYTES_PER_BYTE
-
     pageable = path == "pageable" and rates.achieved is not None and not rates.shared_unit
     extra = COPY_DRAM_BYTES_PER_BYTE if pageable else 0.0
     return {"d2h": kv_bytes / link_bytes_s(rates, engine, "d2h", pageable=pageable),
@@ -318,10 +313,13 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         # the fused kernel walks every resident expert of the layer for each micro-batch
         ffn_op = OpCost(ffn_op.name, ffn_op.flops, costs.layer_expert_bytes(model) + 0 * mu, 0.0, ffn_op.act_bytes)
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
+    # the host KV cache's memory sets the path of its prefetch too (pageable: driver-staged)
+    kv_h2d = link_bytes_s(rates, engine, "h2d", pageable=engine.decode.kv_cache == "pageable"
+                          and rates.achieved is not None and not rates.shared_unit)
     qkv_bytes = (1 - attn) * mu * costs.qkv_width(model) * ab
     hidden_bytes = (1 - attn) * mu * model.attn_out_dim * ab
     ffn_bytes = (1 - ffn) * mu * model.hidden_size * ab
-    kv_new = kv_writeback_s(rates, engine, engine.decode.kv_writeback, attn * mu * kv_token)
+    kv_new = kv_cache_s(rates, engine, engine.decode.kv_cache, attn * mu * kv_token)
     weights = weight_transfer_s(rates, engine, engine.decode.weight_path, offloaded_layer_bytes(model, engine, moe, ffn))
     reduce = allreduce_s(model, rates, engine, mu)
 
@@ -344,7 +342,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         task("Hidden→GPU", "h2d", "hidden", hidden_bytes / h2d),
         task("FFN→GPU", "h2d", "hidden", ffn_bytes / h2d),
         # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
-        task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / h2d),
+        task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / kv_h2d),
         # D3: the offloaded weights of the next layer, in n pages
         task("W", "h2d", "weights", weights=weights["h2d"]),
     ]
@@ -359,8 +357,9 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         dram = dram_bytes_s(rates)
         cpu_reads = (1 - attn) * ops.attention.bytes + (1 - ffn) * ops.ffn.bytes
         dma = qkv_bytes + hidden_bytes + 2 * ffn_bytes
+        kv_read = 1.0 + (COPY_DRAM_BYTES_PER_BYTE if engine.decode.kv_cache == "pageable" else 0.0)
         tasks.append(task("HostDRAM", "dram", "dram", (cpu_reads + dma) / dram + reduce.get("dram", 0.0),
-                          kv_new["dram"] + attn * mu * context * kv_token / dram, weights["dram"]))
+                          kv_new["dram"] + kv_read * attn * mu * context * kv_token / dram, weights["dram"]))
     return tasks
 
 
@@ -419,8 +418,8 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
            + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
            + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"])
     kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
-    kv = kv_writeback_s(rates, engine, engine.prefill.kv_writeback, kv_tokens * costs.kv_bytes_per_token(model))
-    blocking = engine.prefill.kv_writeback == "pageable"
+    kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
+    blocking = engine.prefill.kv_cache == "pageable"
     weights = weight_transfer_s(rates, engine, engine.prefill.weight_path, offloaded_layer_bytes(model, engine, moe))
     hidden = tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")

@@ -161,7 +161,7 @@ def test_pageable_prefill_weight_load_by_hand():
     model = load_model("tiny-mixtral")
     rates = rates_from_profile(hw, ModelOptions().for_model(model))
     engine = Engine(name="p", prefill={"weight_path": "pageable-driver", "weights_overlap": "last-micro-batch-moe",
-                                       "kv_writeback": "pageable", "kv_reserved_gen_slots": True})
+                                       "kv_cache": "pageable", "kv_reserved_gen_slots": True})
     lanes = latency.prefill_resources(model, rates, 2, 64, True, engine, gen_len=16)
     layer = costs.layer_expert_bytes(model)
     assert float(lanes["h2d"].per_layer_offloaded_weights_s) == pytest.approx(layer / (4 * GB))  # pageable 4 GB/s
