@@ -314,3 +314,22 @@ def test_cli_engine_flags():
     comp = _cli("search", "--hw", "t4", "--model", "mixtral", "--gen-len", "16", "--compare", "--json")
     assert comp.returncode == 0, comp.stderr
     assert set(SHIPPED) <= set(json.loads(comp.stdout))
+
+
+def test_hrm_runtime_engine_predicts_what_validate_predicted_before():
+    """hrm validate predicts with the hrm-runtime engine: the runtime runs the plain model's
+    mechanisms (pinned pages, CGOPipe, measured dispatch), so on a measured CPU-only profile
+    its predictions equal ideal's and the validation scores cannot move."""
+    from hrm.hardware import Dispatch
+
+    data = load_hardware("cpu-only").model_dump(mode="json", exclude_none=True)
+    data["cpu"]["dispatch"] = Dispatch(task_s=2e-5, copy_s=1e-5, expert_s=3e-5).model_dump()
+    hw, model = parse_hardware(data), load_model("tiny-mixtral")
+    assert active_mechanisms(load_engine("hrm-runtime")) == []
+    for text in ("N=8,mu=4,attn=cpu,ffn=gpu,rw=0.5", "N=8,mu=2,attn=gpu,ffn=gpu,rw=0,rc=0.5", "N=4,mu=4,attn=cpu,ffn=cpu"):
+        policy = parse_policy(text)
+        wl = make_workload(None, prompt_len=24, gen_len=8)
+        a = estimate(hw, model, wl, policy, engine="hrm-runtime")
+        b = estimate(hw, model, wl, policy, "cgopipe")
+        assert a.decode_layer_latency_s == b.decode_layer_latency_s
+        assert a.generation_throughput_tok_s == b.generation_throughput_tok_s
