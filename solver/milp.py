@@ -268,6 +268,8 @@ def snapped_expert_count(terms: Terms, weights_gpu_ratio: float) -> int:
 
 def _affine(values: np.ndarray, steps: np.ndarray, rel_tol: float = 1e-12):
     """(intercept, slope) if ``values`` is affine in ``steps`` up to rounding, else None."""
+    if len(values) == 0:  # no decode step (gen 1)
+        return 0.0, 0.0
     if len(values) == 1:
         return float(values[0]), 0.0
     slope = (values[-1] - values[0]) / (steps[-1] - steps[0])

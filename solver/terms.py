@@ -103,6 +103,8 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     ffn = np.array([m.ffn_on_gpu for m in modes], dtype=float)[:, None]
     contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)[None, :]
     steps = contexts.shape[1]
+    if not steps:  # gen 1: prefill only; evaluate the lanes at one context, keep no decode step
+        contexts = np.array([[float(workload.effective_prompt_len)]])
     shape_t = (len(modes), max(steps, 1))
     kinds = latency.layer_kinds(model)
     a, b, w, c, pa, pb, pw, pc = [], [], [], [], [], [], [], []

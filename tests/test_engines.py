@@ -333,3 +333,13 @@ def test_hrm_runtime_engine_predicts_what_validate_predicted_before():
         b = estimate(hw, model, wl, policy, "cgopipe")
         assert a.decode_layer_latency_s == b.decode_layer_latency_s
         assert a.generation_throughput_tok_s == b.generation_throughput_tok_s
+
+
+@pytest.mark.parametrize("engine", ["ideal", "moe-lightning", "flexgen"])
+def test_gen_len_one_is_prefill_only(engine):
+    res = search(load_hardware("l4"), load_model("mixtral"), make_workload("mtbench", gen_len=1), engine=engine,
+                 verify=True, top=0)
+    assert res.verified
+    est = res.best.estimate
+    assert est.decode_time_s == 0.0
+    assert est.generation_throughput_tok_s == pytest.approx(res.best.policy.batch_size / est.prefill_latency_s)
