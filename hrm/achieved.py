@@ -62,8 +62,6 @@ class Achieved:
     memcpy_all_threads_bytes_s: float
     cores: int
     numa_nodes: int
-    h2d_pinned_bytes_s: float
-    d2h_pinned_bytes_s: float
     h2d_pageable_bytes_s: float
     d2h_pageable_bytes_s: float
     gpus_per_pcie_switch: int
@@ -85,44 +83,34 @@ class Achieved:
 
 
 def achieved_rates(hw: HardwareProfile) -> Achieved:
-    """The achieved rates of ``hw`` (a profile without a GPU gets its CPU's copy rates as
-    link rates: the emulated tier copies within host memory)."""
+    """The achieved rates of ``hw``; :attr:`Achieved.defaulted` names the defaults used."""
     used: list[str] = []
 
-    def pick(section, key, default):
-        value = getattr(section, key, None) if section is not None else None
+    def pick(section: str, key: str, default):
+        value = getattr(getattr(hw, section), key)
         if value is None:
-            used.append(key_name(section_name(section), key))
+            used.append(f"{section}.{key}")
             return default
         return value
 
     cpu, gpu, link = hw.cpu, hw.gpu, hw.link
-    one = pick(cpu, "memcpy_one_thread_gbps", 10.0) * GB
-    all_threads = pick(cpu, "memcpy_all_threads_gbps", cpu.memory_bandwidth_gbps / COPY_DRAM_BYTES_PER_BYTE) * GB
-    numa = pick(cpu, "numa_nodes", 1)
+    one = pick("cpu", "memcpy_one_thread_gbps", 10.0) * GB
+    all_threads = pick("cpu", "memcpy_all_threads_gbps", cpu.memory_bandwidth_gbps / COPY_DRAM_BYTES_PER_BYTE) * GB
+    numa = pick("cpu", "numa_nodes", 1)
+    # no link (CPU-only host): the emulated tier copies within host memory
+    h2d_pageable = d2h_pageable = all_threads
+    per_switch, p2p = 1, True
     if link is not None:
-        h2d, d2h = link.h2d_gbps * GB, link.d2h_gbps * GB
-        h2d_pageable = pick(link, "h2d_pageable_gbps", link.h2d_gbps / PAGEABLE_SLOWDOWN) * GB
-        d2h_pageable = pick(link, "d2h_pageable_gbps", link.d2h_gbps / PAGEABLE_SLOWDOWN) * GB
-        per_switch = pick(link, "gpus_per_pcie_switch", 1)
-        p2p = pick(link, "p2p", True)
-    else:
-        h2d = d2h = h2d_pageable = d2h_pageable = all_threads
-        per_switch, p2p = 1, True
-    # a measured profile's peaks are already achieved rates (device copy, best matmul)
-    datasheet = hw.source.kind != "measured"
-    stream = pick(gpu, "memory_stream_efficiency", 0.8) if gpu is not None and datasheet else \
-        (gpu.memory_stream_efficiency or 1.0) if gpu is not None else 1.0
-    gemm = pick(gpu, "gemm_efficiency", 0.8) if gpu is not None and datasheet else \
-        (gpu.gemm_efficiency or 1.0) if gpu is not None else 1.0
-    return Achieved(one, all_threads, cpu.cores, int(numa), h2d, d2h, h2d_pageable, d2h_pageable, int(per_switch),
-                    bool(p2p), float(stream), float(gemm), gpu.architecture if gpu is not None else None,
-                    tuple(used))
-
-
-def section_name(section) -> str:
-    return type(section).__name__.lower() if section is not None else ""
-
-
-def key_name(section: str, key: str) -> str:
-    return f"{section}.{key}"
+        h2d_pageable = pick("link", "h2d_pageable_gbps", link.h2d_gbps / PAGEABLE_SLOWDOWN) * GB
+        d2h_pageable = pick("link", "d2h_pageable_gbps", link.d2h_gbps / PAGEABLE_SLOWDOWN) * GB
+        per_switch = pick("link", "gpus_per_pcie_switch", 1)
+        p2p = pick("link", "p2p", True)
+    stream = gemm = 1.0
+    if gpu is not None and hw.source.kind == "measured":
+        # a measured profile's peaks are already achieved rates (device copy, best matmul)
+        stream, gemm = gpu.memory_stream_efficiency or 1.0, gpu.gemm_efficiency or 1.0
+    elif gpu is not None:
+        stream = pick("gpu", "memory_stream_efficiency", 0.8)
+        gemm = pick("gpu", "gemm_efficiency", 0.8)
+    return Achieved(one, all_threads, cpu.cores, int(numa), h2d_pageable, d2h_pageable, int(per_switch), bool(p2p),
+                    float(stream), float(gemm), gpu.architecture if gpu is not None else None, tuple(used))

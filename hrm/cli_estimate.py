@@ -62,8 +62,9 @@ def main(argv) -> int:
     options = options_from_args(args)
     engine = engine_from_args(args)
     limits = limits_from_args(hw, options, args)
-    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     report = explain(hw, model, workload, policy, engine, options, limits) if args.explain else None
+    result = report.engine_estimate if report else estimate(hw, model, workload, policy, options=options,
+                                                              limits=limits, engine=engine)
     if args.json:
         out = {"policy": result.policy.model_dump(), "schedule": result.schedule, "engine": result.engine,
                "estimate": result.to_plan_estimate(), "feasible": result.feasible}

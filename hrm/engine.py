@@ -31,9 +31,10 @@ Mechanisms (field: what it models; ideal value):
   overlaps only one micro-batch's tasks: FlexGen's loop);
 - ``prefill.weights_overlap``: ``full`` (the load overlaps the layer's compute; ideal),
   ``one-micro-batch`` (overlaps one micro-batch's work), ``last-micro-batch-moe`` (issued
-  after the last micro-batch was queued: overlaps only its MoE), ``none``; ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the
-  slots of the tokens still to be generated; ``prefill.hidden_round_trip``: hidden states
-  go to pinned CPU memory and back every layer;
+  after the last micro-batch was queued: overlaps only its MoE), ``none``;
+  ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the slots of the
+  tokens still to be generated; ``prefill.hidden_round_trip``: hidden states go to pinned
+  CPU memory and back every layer;
 - ``static_experts``: ``continuous`` (r_w any fraction; ideal) or ``whole-experts-per-layer``
   (``int(E·r_w)`` experts of every layer stay on the GPU);
 - ``offloaded_weights``: ``experts`` (non-expert weights always on the GPU; ideal) or
@@ -49,7 +50,7 @@ Mechanisms (field: what it models; ideal value):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator

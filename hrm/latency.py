@@ -35,9 +35,9 @@ from .costs import OpCost
 from .engine import IDEAL, Engine
 from .model import ModelSpec
 from .rates import Rates
+from .achieved import COPY_DRAM_BYTES_PER_BYTE, NUMA_REMOTE_FRACTION
 from .schedules import SCHEDULES as _SCHEDULE_REGISTRY
 from .schedules import get_schedule
-from .achieved import COPY_DRAM_BYTES_PER_BYTE, NUMA_REMOTE_FRACTION
 from .units import dtype_bytes
 
 SCHEDULES = tuple(_SCHEDULE_REGISTRY)
@@ -119,6 +119,18 @@ def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
 
 # --- engine mechanisms: the host side -------------------------------------------------
 
+def host_side_modelled(rates: Rates) -> bool:
+    """Whether the host side of transfers is modelled: a real CPU↔GPU link with achieved
+    rates (on a CPU-only host a "transfer" is the emulated tier's measured copy)."""
+    return rates.achieved is not None and not rates.shared_unit
+
+
+def dram_bytes_per_byte(pageable: bool) -> float:
+    """Host DRAM bytes per byte a DMA moves: the DMA's own read or write, plus, for a
+    pageable buffer, the staging copy's read + write + write-allocate."""
+    return 1.0 + (COPY_DRAM_BYTES_PER_BYTE if pageable else 0.0)
+
+
 def link_bytes_s(rates: Rates, engine: Engine, direction: str, pageable: bool = False) -> float:
     """Aggregate CPU↔GPU rate of all GPUs (``direction`` h2d or d2h) for pinned or pageable
     copies. Ranks that share a PCIe switch share its uplink when the engine's ranks share
@@ -126,9 +138,9 @@ def link_bytes_s(rates: Rates, engine: Engine, direction: str, pageable: bool = 
     NUMA host (an engine that is not NUMA-aware: a buffer lands on each node alike) copy
     at :data:`hrm.achieved.NUMA_REMOTE_FRACTION` of the local rate."""
     pinned = rates.h2d_bytes_s if direction == "h2d" else rates.d2h_bytes_s
-    ach = rates.achieved
-    if ach is None or rates.shared_unit:
+    if not host_side_modelled(rates):
         return pinned
+    ach = rates.achieved
     per_gpu = pinned / rates.gpu_count
     if pageable:
         per_gpu = ach.h2d_pageable_bytes_s if direction == "h2d" else ach.d2h_pageable_bytes_s
@@ -156,25 +168,24 @@ def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> 
     - ``pageable-driver``: the driver stages the copy (pageable rate), on the issuing
       thread's core; DRAM as for the staged path."""
     ach = rates.achieved
-    staged = path != "pinned" and ach is not None and not rates.shared_unit
-    out: dict = {"h2d": weight_bytes / link_bytes_s(rates, engine, "h2d", pageable=staged and path == "pageable-driver")}
+    staged = path != "pinned" and host_side_modelled(rates)
+    out: dict = {"h2d": weight_bytes / link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")}
     if staged and path == "pageable-staged":
         threads = min(engine.copy_threads or ach.cores, ach.cores)
         out["copy"] = weight_bytes / ach.memcpy_bytes_s(threads)
         out["cpu"] = out["copy"] * threads / ach.cores
     elif staged:
         out["cpu"] = out["h2d"] / ach.cores
-    out["dram"] = weight_bytes * (1.0 + (COPY_DRAM_BYTES_PER_BYTE if staged else 0.0)) / dram_bytes_s(rates)
+    out["dram"] = weight_bytes * dram_bytes_per_byte(staged) / dram_bytes_s(rates)
     return out
 
 
 def kv_cache_s(rates: Rates, engine: Engine, path: str, kv_bytes) -> dict[str, np.ndarray | float]:
     """Seconds per resource to write ``kv_bytes`` of new KV cache to CPU memory: pinned
     (async DMA) or pageable (driver-staged: the pageable rate, 3 more DRAM bytes per byte)."""
-    pageable = path == "pageable" and rates.achieved is not None and not rates.shared_unit
-    extra = COPY_DRAM_BYTES_PER_BYTE if pageable else 0.0
+    pageable = path == "pageable" and host_side_modelled(rates)
     return {"d2h": kv_bytes / link_bytes_s(rates, engine, "d2h", pageable=pageable),
-            "dram": kv_bytes * (1.0 + extra) / dram_bytes_s(rates)}
+            "dram": kv_bytes * dram_bytes_per_byte(pageable) / dram_bytes_s(rates)}
 
 
 def allreduce_s(model: ModelSpec, rates: Rates, engine: Engine, tokens) -> dict[str, np.ndarray | float]:
@@ -314,8 +325,8 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         ffn_op = OpCost(ffn_op.name, ffn_op.flops, costs.layer_expert_bytes(model) + 0 * mu, 0.0, ffn_op.act_bytes)
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     # the host KV cache's memory sets the path of its prefetch too (pageable: driver-staged)
-    kv_h2d = link_bytes_s(rates, engine, "h2d", pageable=engine.decode.kv_cache == "pageable"
-                          and rates.achieved is not None and not rates.shared_unit)
+    kv_pageable = engine.decode.kv_cache == "pageable" and host_side_modelled(rates)
+    kv_h2d = link_bytes_s(rates, engine, "h2d", pageable=kv_pageable)
     qkv_bytes = (1 - attn) * mu * costs.qkv_width(model) * ab
     hidden_bytes = (1 - attn) * mu * model.attn_out_dim * ab
     ffn_bytes = (1 - ffn) * mu * model.hidden_size * ab
@@ -357,9 +368,9 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         dram = dram_bytes_s(rates)
         cpu_reads = (1 - attn) * ops.attention.bytes + (1 - ffn) * ops.ffn.bytes
         dma = qkv_bytes + hidden_bytes + 2 * ffn_bytes
-        kv_read = 1.0 + (COPY_DRAM_BYTES_PER_BYTE if engine.decode.kv_cache == "pageable" else 0.0)
+        kv_read = dram_bytes_per_byte(kv_pageable) * attn * mu * context * kv_token / dram
         tasks.append(task("HostDRAM", "dram", "dram", (cpu_reads + dma) / dram + reduce.get("dram", 0.0),
-                          kv_new["dram"] + kv_read * attn * mu * context * kv_token / dram, weights["dram"]))
+                          kv_new["dram"] + kv_read, weights["dram"]))
     return tasks
 
 

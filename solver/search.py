@@ -26,7 +26,7 @@ from hrm.workload import Workload
 from . import milp
 from .placement import make_placement
 from .milp import Choice
-from .terms import DEFAULT_MAX_BATCH, MU_GRID, Terms, build_terms, enumerate_modes
+from .terms import DEFAULT_MAX_BATCH, MU_GRID, Terms, build_terms, enumerate_modes, tier_bytes
 from .verify import exhaustive
 
 CREATED_BY = "hrm-search 0.1.0"
@@ -94,9 +94,7 @@ def _infeasible_reason(hw: HardwareProfile, model: ModelSpec, workload: Workload
         big = terms.mu[k] * n
         gpu_m = pinned_m if pinned_m is not None else (0 if terms.gpu_per_rw[k] > 0 else M)
         cpu_m = pinned_m if pinned_m is not None else (M if terms.cpu_per_rw[k] < 0 else 0)
-        gpu = terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * gpu_m / M
-        cpu = terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * cpu_m / M
-        rows.append((gpu, cpu))
+        rows.append((tier_bytes(terms, k, big, gpu_m)[0], tier_bytes(terms, k, big, cpu_m)[1]))
     gpu_need = min(r[0] for r in rows)
     cpu_need = min(r[1] for r in rows)
     pinned = " with the --fix constraints" if fixed else ""

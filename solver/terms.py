@@ -143,6 +143,16 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     )
 
 
+def tier_bytes(terms: Terms, k: int, batch_size, gpu_experts) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU, CPU) bytes of mode k before the KV kept on the GPU: const + per_seq·N +
+    per_rw·(m/M) (:class:`hrm.memory.MemoryForm`'s coefficients; the MILP states the same sum
+    as constraints)."""
+    frac = np.asarray(gpu_experts, dtype=float) / terms.expert_slots
+    big = np.asarray(batch_size, dtype=float)
+    return (terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * frac,
+            terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * frac)
+
+
 def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
     """[kind][lane] arrays over modes (× steps) → [mode, kind, lane(, step)], lanes padded
     with copies of the kind's first lane (a duplicate lane leaves the max unchanged)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .milp import Choice, max_micro_batches, snapped_expert_count
-from .terms import Terms, total_time_s
+from .terms import Terms, tier_bytes, total_time_s
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,7 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
         else:
             grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns, ms, indexing="ij"))
         big = mu * grid_n
-        gpu = terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * grid_m / M
-        cpu = terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * grid_m / M
+        gpu, cpu = tier_bytes(terms, k, big, grid_m)
         if "kv_gpu_ratio" in fixed:
             z = fixed["kv_gpu_ratio"] * big * (1.0 if mode.attn_on_gpu else 0.0)
         elif mode.attn_on_gpu:
