@@ -33,7 +33,7 @@ from runtime.validate import (render_report, rescore, run_validation, runtime_op
 def measured_profile(folder: Path, stem: str = "this-host") -> str:
     """Profile this machine (quick) into ``folder`` and return the YAML path."""
     path = folder / f"{stem}.yaml"
-    subprocess.run([sys.executable, "-m", "hrm.cli", "profile", "--quick", "--no-disk", "--no-progress",
+    subprocess.run([sys.executable, "-m", "hrm_cli", "profile", "--quick", "--no-disk", "--no-progress",
                     "--name", stem, "--out", str(path)], check=True)
     return str(path)
 

@@ -4,7 +4,7 @@ Modules: :mod:`profiler.timing` (timed ops, budget, median/spread), :mod:`profil
 (STREAM copy/triad, matmul curves, GQA decode attention, disk), :mod:`profiler.gpu` (the
 device interface, its torch.cuda implementation and the GPU measurements),
 :mod:`profiler.build` (measurements -> HardwareProfile), :mod:`profiler.runner` (the
-budgeted run), :mod:`profiler.cli` (``hrm profile``). Programmatic use::
+budgeted run), :mod:`hrm_cli.profile` (``hrm profile``). Programmatic use::
 
     from profiler.config import quick_config
     from profiler.runner import run_profile

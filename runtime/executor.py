@@ -44,7 +44,7 @@ from .device import DeviceTier, Task
 from .experts import ExpertStore
 from .measure import RoundResult, RunResult
 from .model import LayerWeights, ModelWeights, check_supported, final_logits, post_attention_static, qkv
-from .placement import make_placement
+from hrm.placement import policy_placement
 from .requests import Request, plan_rounds
 
 LOOKAHEAD = 2  # Algorithm 1: CPU attention is launched two micro-batches ahead
@@ -68,7 +68,7 @@ class PlanExecutor:
         check_policy(policy)
         self.spec, self.policy, self.workload = spec, policy, workload
         self.keep_logits = keep_logits
-        self.placement = placement or make_placement(spec, policy)
+        self.placement = placement or policy_placement(spec, policy)
         self.tier = DeviceTier(device, track_memory=track_memory, lanes=lanes)
         self.dtype = weights.embed.dtype
         self.num_layers = spec.num_layers

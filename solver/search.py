@@ -24,7 +24,7 @@ from hrm.policy import Policy
 from hrm.workload import Workload
 
 from . import milp
-from .placement import make_placement
+from hrm.placement import make_placement
 from .milp import Choice
 from .terms import DEFAULT_MAX_BATCH, MU_GRID, Terms, build_terms, enumerate_modes, tier_bytes
 from .verify import exhaustive

@@ -8,7 +8,7 @@ import pytest
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "hrm.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "hrm_cli", *args], capture_output=True, text=True)
 
 
 def one_line_error(out, code=2, needle=""):

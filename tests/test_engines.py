@@ -296,7 +296,7 @@ def test_explain_costs_and_gap():
 # --- CLI -------------------------------------------------------------------------------------------
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "hrm.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "hrm_cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_cli_engine_flags():

@@ -166,7 +166,7 @@ def test_policy_map_cells_equal_search():
 
 
 def test_cpu_memory_sweep_equals_hrm_search_cli(capsys):
-    from hrm.cli import main
+    from hrm_cli import main
     from solver.sweep import cpu_memory_sweep
 
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench")
@@ -282,7 +282,7 @@ def test_trace_boxes_pick_one_layer(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "hrm.cli", "plot", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "hrm_cli", "plot", *args], capture_output=True, text=True)
 
 
 def test_plot_cli_writes_png_and_rejects_bad_input(tmp_path):

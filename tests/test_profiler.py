@@ -13,7 +13,7 @@ import pytest
 
 from hrm.errors import HRMError
 from hrm.hardware import dump_hardware_yaml, load_hardware
-from profiler import cli as profiler_cli
+from hrm_cli import profile as profiler_cli
 from profiler import cpu as cpu_mod
 from profiler.compare import comparison_rows
 from profiler.config import MIB, AttentionShape, ProfileConfig
@@ -336,7 +336,7 @@ def test_clamp_bytes_fits_device_memory():
 
 @pytest.mark.parametrize("out", ["{tmp}/missing/dir/p.yaml", "{tmp}", "{tmp}/afile/p.yaml"])
 def test_bad_out_path_is_one_line_error(out, tmp_path, capsys):
-    from hrm.cli import main
+    from hrm_cli import main
 
     (tmp_path / "afile").write_text("x")
     code = main(["profile", "--quick", "--out", out.format(tmp=tmp_path)])
@@ -347,7 +347,7 @@ def test_bad_out_path_is_one_line_error(out, tmp_path, capsys):
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_out_folder_is_one_line_error(tmp_path, capsys):
-    from hrm.cli import main
+    from hrm_cli import main
 
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
@@ -364,7 +364,7 @@ def test_unwritable_out_folder_detected(tmp_path, monkeypatch):
 
 
 def test_bad_compare_profile_is_one_line_error(capsys):
-    from hrm.cli import main
+    from hrm_cli import main
 
     assert main(["profile", "--compare", "no-such-profile"]) == 2
     err = capsys.readouterr().err
@@ -372,7 +372,7 @@ def test_bad_compare_profile_is_one_line_error(capsys):
 
 
 def test_cli_writes_profile_and_compares(monkeypatch, tmp_path, capsys):
-    from hrm.cli import main
+    from hrm_cli import main
 
     monkeypatch.setattr(profiler_cli, "quick_config", lambda: TINY)
     out = tmp_path / "me.yaml"
@@ -387,7 +387,7 @@ def test_cli_writes_profile_and_compares(monkeypatch, tmp_path, capsys):
 
 
 def test_cli_prints_yaml_on_stdout_without_out(monkeypatch, capsys):
-    from hrm.cli import main
+    from hrm_cli import main
 
     monkeypatch.setattr(profiler_cli, "quick_config", lambda: TINY)
     assert main(["profile", "--quick", "--device", "cpu", "--no-progress", "--no-disk"]) == 0
@@ -406,8 +406,8 @@ def test_comparison_rows_ratio(cpu_run):
 @pytest.mark.parametrize("which", ["cpu_run", "gpu_run"])
 def test_measured_profile_drives_hrm_search(which, request, tmp_path, capsys):
     """`hrm search --hw measured.yaml` accepts the profile unchanged (CPU-only and with a GPU)."""
-    pytest.importorskip("solver.cli")
-    from hrm.cli import main
+    pytest.importorskip("hrm_cli.search")
+    from hrm_cli import main
 
     path = tmp_path / "measured.yaml"
     path.write_text(profiler_cli.profile_yaml(request.getfixturevalue(which).profile))

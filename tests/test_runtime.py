@@ -19,7 +19,7 @@ from hrm.workload import Workload  # noqa: E402
 from runtime.executor import PlanExecutor, run_plan_once  # noqa: E402
 from runtime.model import (ReferenceModel, build_weights, load_safetensors,  # noqa: E402
                            random_weights, save_safetensors)
-from runtime.placement import round_robin_placement  # noqa: E402
+from hrm.placement import policy_placement as round_robin_placement  # noqa: E402
 from runtime.requests import (Request, plan_rounds, prompt_lengths, request_batching,  # noqa: E402
                               synthetic_requests)
 from runtime.trace import write_chrome_trace  # noqa: E402

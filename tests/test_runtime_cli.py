@@ -8,14 +8,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hrm.cli import main as hrm_main  # noqa: E402
+from hrm_cli import main as hrm_main  # noqa: E402
 from hrm.estimate import estimate  # noqa: E402
 from hrm.hardware import load_hardware  # noqa: E402
 from hrm.model import load_model  # noqa: E402
 from hrm.plan import Estimate, Plan, SolverInfo, SpecRef, save_plan  # noqa: E402
 from hrm.policy import parse_policy  # noqa: E402
 from hrm.workload import Workload  # noqa: E402
-from runtime.placement import round_robin_placement  # noqa: E402
+from hrm.placement import policy_placement as round_robin_placement  # noqa: E402
 
 
 def make_plan(path, policy_text="N=8,mu=4,attn=cpu,rw=0.5", model_sha=None, hw_sha=None):

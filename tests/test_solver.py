@@ -140,7 +140,7 @@ def test_model_larger_than_memory_is_infeasible():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "hrm.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "hrm_cli", *args], capture_output=True, text=True)
 
 
 def test_cli_json_validates_against_committed_schema(tmp_path):

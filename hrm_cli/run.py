@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from hrm.cli import ArgumentParser
+from hrm_cli import ArgumentParser
 from hrm.errors import HRMError
 from hrm.plan import Plan, load_plan
 
-from .report import comparison_rows, render_comparison
+from runtime.report import comparison_rows, render_comparison
 
 
 def build_parser() -> ArgumentParser:
@@ -37,10 +37,10 @@ def run_plan(plan: Plan, args):
     (hardware, model, result)."""
     import torch
 
-    from .executor import PlanExecutor
-    from .model import build_weights
-    from .requests import synthetic_requests
-    from .resolve import plan_hardware, plan_model
+    from runtime.executor import PlanExecutor
+    from runtime.model import build_weights
+    from runtime.requests import synthetic_requests
+    from runtime.resolve import plan_hardware, plan_model
 
     hw = plan_hardware(plan, args.hw)
     spec = plan_model(plan, args.model)
@@ -70,7 +70,7 @@ def main(argv) -> int:
     plan = load_plan(args.plan)
     hw, spec, result = run_plan(plan, args)
     if args.trace:
-        from .trace import write_chrome_trace
+        from runtime.trace import write_chrome_trace
 
         meta = {"plan": str(args.plan), "policy": plan.policy.short(), "model": spec.name, "hardware": hw.name,
                 "device": result.device_kind}

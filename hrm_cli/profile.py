@@ -7,13 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from hrm.cli import ArgumentParser
+from hrm_cli import ArgumentParser
 from hrm.errors import HRMError
 from hrm.hardware import HardwareProfile, dump_hardware_yaml, load_hardware
 from hrm.plan import write_atomic
 
-from .config import full_config, quick_config
-from .runner import DEVICES, run_profile
+from profiler.config import full_config, quick_config
+from profiler.runner import DEVICES, run_profile
 
 HEADER = ("# Hardware profile measured by `hrm profile` (source.methods says how, per number).\n"
           "# Units: *_gib = 2^30 bytes, *_gbps = 1e9 bytes/s, *_tflops = 1e12 FLOP/s.\n")
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     if args.no_progress:
         run = run_profile(cfg, device=args.device, disk_folder=disk_dir, name=args.name)
     else:
-        from .progress import RichReporter
+        from profiler.progress import RichReporter
 
         with RichReporter(err) as reporter:
             run = run_profile(cfg, device=args.device, reporter=reporter, disk_folder=disk_dir, name=args.name)
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     if reference is not None:
-        from .compare import comparison_table
+        from profiler.compare import comparison_table
 
         (Console() if out is not None else err).print(comparison_table(run.profile, reference))
     return 0

@@ -10,17 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import HRMError
+from hrm.errors import HRMError
 
 SUBCOMMANDS = {
-    "estimate": ("hrm.cli_estimate", "predict time, memory and throughput of one policy"),
-    "search": ("solver.cli", "find the best policy (same as hrm-search)"),
-    "show": ("solver.cli_show", "re-print a plan file"),
-    "profile": ("profiler.cli", "measure this machine into a hardware profile"),
-    "run": ("runtime.cli", "execute a plan in the reference runtime"),
-    "validate": ("runtime.cli_validate", "measured vs predicted over several policies"),
-    "plot": ("hrm.plots.cli", "roofline, policy-map, cpu-memory and timeline figures"),
-    "ops": ("hrm.cli_estimate", "per-operator FLOPs, bytes and intensity of a model"),
+    "estimate": ("hrm_cli.estimate", "predict time, memory and throughput of one policy"),
+    "search": ("hrm_cli.search", "find the best policy (same as hrm-search)"),
+    "show": ("hrm_cli.show", "re-print a plan file"),
+    "profile": ("hrm_cli.profile", "measure this machine into a hardware profile"),
+    "run": ("hrm_cli.run", "execute a plan in the reference runtime"),
+    "validate": ("hrm_cli.validate", "measured vs predicted over several policies"),
+    "plot": ("hrm_cli.plot", "roofline, policy-map, cpu-memory and timeline figures"),
+    "ops": ("hrm_cli.estimate", "per-operator FLOPs, bytes and intensity of a model"),
 }
 
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        if (exc.name or "").split(".")[0] in ("hrm", "solver", "profiler", "runtime"):
+        if (exc.name or "").split(".")[0] in ("hrm", "hrm_cli", "solver", "profiler", "runtime"):
             raise
         print(f"error: 'hrm {name}' needs a missing package ({exc.name}); "
               f"install the extra, e.g. pip install -e '.[runtime]'", file=sys.stderr)
@@ -79,5 +79,3 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())

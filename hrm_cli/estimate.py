@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from .cli import ArgumentParser
-from .cli_common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
+from hrm_cli import ArgumentParser
+from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
                          limits_from_args, machine_from_args, options_from_args, workload_from_args)
-from .estimate import EstimateResult, estimate, lane_label
-from .explain import explain
-from .policy import parse_policy
+from hrm.estimate import EstimateResult, estimate, lane_label
+from hrm.explain import explain
+from hrm.policy import parse_policy
 
 
 def render_estimate(result: EstimateResult, title: str) -> None:
@@ -83,8 +83,8 @@ def ops_main(argv) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .costs import operator_table
-    from .model import load_model
+    from hrm.costs import operator_table
+    from hrm.model import load_model
 
     parser = ArgumentParser(prog="hrm ops", description="Per-operator FLOPs, bytes and intensity of one layer.")
     parser.add_argument("--model", required=True)

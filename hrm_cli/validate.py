@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hrm.cli import ArgumentParser
+from hrm_cli import ArgumentParser
 from hrm.errors import HRMError
 from hrm.hardware import load_hardware
 from hrm.model import load_model
@@ -35,7 +35,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv) -> int:
-    from .validate import render_report, run_validation, validation_policies, write_outputs
+    from runtime.validate import render_report, run_validation, validation_policies, write_outputs
 
     args = build_parser().parse_args(argv)
     for flag in ("prompt_len", "gen_len", "repeats"):

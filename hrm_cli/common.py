@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .hardware import load_hardware
-from .model import load_model
-from .units import DTYPES
-from .workload import PRESETS, make_workload
+from hrm.hardware import load_hardware
+from hrm.model import load_model
+from hrm.units import DTYPES
+from hrm.workload import PRESETS, make_workload
 
 
 def add_machine_args(parser, hw_required: bool = True) -> None:
@@ -26,8 +26,8 @@ def add_workload_args(parser) -> None:
 
 def add_engine_args(parser, schedule_default=None) -> None:
     """--engine NAME|FILE.yaml and --schedule (the lane structure of engine ideal)."""
-    from .engine import list_engines
-    from .schedules import SCHEDULES
+    from hrm.engine import list_engines
+    from hrm.schedules import SCHEDULES
 
     parser.add_argument("--engine", default="ideal", metavar="NAME|FILE.yaml",
                         help=f"engine that runs the plan: {', '.join(list_engines())}, or an engine YAML file "
@@ -37,7 +37,7 @@ def add_engine_args(parser, schedule_default=None) -> None:
 
 
 def engine_from_args(args):
-    from .engine import resolve_engine
+    from hrm.engine import resolve_engine
 
     return resolve_engine(getattr(args, "engine", None), getattr(args, "schedule", None))
 
@@ -60,8 +60,8 @@ def workload_from_args(args):
 
 
 def options_from_args(args):
-    from .errors import HRMError
-    from .options import ModelOptions
+    from hrm.errors import HRMError
+    from hrm.options import ModelOptions
 
     update = {}
     for flag, key in (("gpu_util", "gpu_memory_utilization"), ("cpu_util", "cpu_memory_utilization")):
@@ -78,7 +78,7 @@ def options_from_args(args):
 
 
 def limits_from_args(hw, options, args):
-    from .memory import memory_limits
+    from hrm.memory import memory_limits
 
     return memory_limits(hw, options, getattr(args, "gpu_mem", None), getattr(args, "cpu_mem", None))
 

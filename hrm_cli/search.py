@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from hrm.cli import ArgumentParser
-from hrm.cli_common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
+from hrm_cli import ArgumentParser
+from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
                             limits_from_args, machine_from_args, options_from_args, workload_from_args)
 from hrm.errors import HRMError
 from hrm.plan import save_plan
 from hrm.policy import parse_assignments
 
-from .search import SearchResult, search
-from .terms import DEFAULT_MAX_BATCH
+from solver.search import SearchResult, search
+from solver.terms import DEFAULT_MAX_BATCH
 
 
 def parse_fix(items: list[str] | None) -> dict:

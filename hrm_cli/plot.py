@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import ArgumentParser
-from ..cli_common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args,
+from hrm_cli import ArgumentParser
+from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args,
                           machine_from_args, options_from_args, workload_from_args)
-from ..errors import HRMError
-from ..latency import SCHEDULES
-from ..units import DTYPES
-from ..workload import PRESETS, make_workload
-from ._common import save_png
+from hrm.errors import HRMError
+from hrm.latency import SCHEDULES
+from hrm.units import DTYPES
+from hrm.workload import PRESETS, make_workload
+from hrm.plots._common import save_png
 
 KINDS = ("roofline", "policy-map", "cpu-memory", "timeline")
 FIG10 = {"hw": "2xa100-80g", "model": "mixtral", "prompt_len": 512, "gen_len": 32,
@@ -104,7 +104,7 @@ def _progress(label: str):
 
 
 def _roofline(args):
-    from .roofline import plot_roofline, roofline_data
+    from hrm.plots.roofline import plot_roofline, roofline_data
 
     hw, model = machine_from_args(args)
     sizes = [int(v) for v in _floats(args.batch_sizes, "--batch-sizes")]
@@ -118,7 +118,7 @@ def _roofline(args):
 def _policy_map(args):
     from solver.sweep import policy_map
 
-    from .policy_map import plot_policy_map
+    from hrm.plots.policy_map import plot_policy_map
 
     hw, model = machine_from_args(args)
     if args.workload or args.prompt_len or args.gen_len:
@@ -139,7 +139,7 @@ def _policy_map(args):
 def _cpu_memory(args):
     from solver.sweep import cpu_memory_sweep
 
-    from .cpu_memory import plot_cpu_memory
+    from hrm.plots.cpu_memory import plot_cpu_memory
 
     hw, model = machine_from_args(args)
     workload = workload_from_args(args)
@@ -149,7 +149,7 @@ def _cpu_memory(args):
         base = hw.cpu.memory_gib
         capacities = [round(base * f) for f in (0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0)]
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
-    from ..engine import list_engines
+    from hrm.engine import list_engines
 
     unknown = [s for s in schedules if s not in SCHEDULES and s not in list_engines()]
     if unknown:
@@ -166,16 +166,16 @@ def _cpu_memory(args):
 
 
 def _timeline(args):
-    from ..plan import load_plan
-    from ..policy import parse_policy
-    from ..rates import rates_from_profile
-    from ..timeline import decode_timeline, mid_context
-    from .timeline import plot_timeline, trace_policy
+    from hrm.plan import load_plan
+    from hrm.policy import parse_policy
+    from hrm.rates import rates_from_profile
+    from hrm.timeline import decode_timeline, mid_context
+    from hrm.plots.timeline import plot_timeline, trace_policy
 
     hw, model = machine_from_args(args)
     options = options_from_args(args)
     workload = workload_from_args(args)
-    from ..engine import resolve_engine
+    from hrm.engine import resolve_engine
 
     schedule, engine_name = args.schedule, args.engine
     if args.plan:
@@ -204,7 +204,7 @@ def _timeline(args):
 
 def _write_csv(table, path) -> None:
     if path:
-        from ..plan import write_atomic
+        from hrm.plan import write_atomic
 
         write_atomic(path, table.to_csv(index=False))
         print(f"wrote {path}")

@@ -1,0 +1,44 @@
+"""Concrete placement (SPEC §6): which routed experts of which layers are static on the GPU.
+
+r_w is realised in whole experts: m = round(r_w · L_moe · ne), dealt round-robin over the
+MoE layers (layer index fastest, lowest expert ids first) so that every layer offloads
+about the same bytes — the double buffer is sized by the layer with the most offloaded
+experts. One scheme for the solver's plans and the runtime's default.
+"""
+
+from __future__ import annotations
+
+from .model import ModelSpec
+from .plan import LayerPlacement, Placement
+from .policy import Policy
+
+
+def moe_layers(model: ModelSpec) -> list[int]:
+    """Absolute indices of the layers with routed experts (dense first layers excluded)."""
+    return list(range(model.first_dense_layers, model.num_layers))
+
+
+def static_expert_count(model: ModelSpec, policy: Policy) -> int:
+    """round(r_w · L_moe · ne): r_w realised in whole experts (0 when experts run on the CPU)."""
+    ratio = policy.weights_gpu_ratio if policy.ffn_on_gpu else 0.0
+    return round(ratio * len(moe_layers(model)) * model.num_experts)
+
+
+def make_placement(model: ModelSpec, gpu_experts: int, num_micro_batches: int) -> Placement:
+    """Spread ``gpu_experts`` whole experts over the MoE layers round-robin: every layer gets
+    ⌊m/L⌋ experts, the first m mod L layers one more. r_w realised = m / (L·ne)."""
+    layers = moe_layers(model)
+    per_layer, extra = divmod(gpu_experts, len(layers)) if layers else (0, 0)
+    slots = len(layers) * model.num_experts
+    return Placement(
+        layers=[LayerPlacement(layer=layer, gpu_experts=list(range(min(model.num_experts,
+                                                                         per_layer + (1 if i < extra else 0)))))
+                for i, layer in enumerate(layers)],
+        weight_pages=num_micro_batches,
+        weights_gpu_ratio_realised=gpu_experts / slots if slots else 0.0,
+    )
+
+
+def policy_placement(model: ModelSpec, policy: Policy) -> Placement:
+    """The placement of ``policy`` (the runtime's default when a plan gives none)."""
+    return make_placement(model, static_expert_count(model, policy), policy.num_micro_batches)

@@ -1,0 +1,5 @@
+"""``python -m hrm_cli`` = ``hrm``."""
+
+from hrm_cli import main
+
+raise SystemExit(main())
