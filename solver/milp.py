@@ -85,21 +85,30 @@ def mode_upper_bounds(terms: Terms, objective: str = "generation") -> np.ndarray
 
 
 def max_micro_batches(terms: Terms, max_batch: int) -> np.ndarray:
-    """Upper bound n̄_k per mode from the batch cap and the memory limits (loosest case:
-    no weights or KV on the GPU for the GPU limit, all of them for the CPU limit)."""
+    """Upper bound n̄_k per mode from the batch cap and the memory limits, each tier at its
+    loosest over the policies of the mode: m between 0 and m_max (the most experts one
+    micro-batch leaves room for), z between 0 and N with attention on the GPU, 0 without."""
+    from .exact import largest_static_experts
+
     lim = terms.limits
     mu = terms.mu
+    attn = np.asarray(terms.attn_on_gpu, dtype=float)
+    share = largest_static_experts(terms) / terms.expert_slots
     bound = np.floor(max_batch / mu)
-    if lim.shared:
-        per = terms.gpu_per_seq + terms.cpu_per_seq
-        room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const - np.minimum(0, terms.gpu_per_rw + terms.cpu_per_rw)
-        bound = np.minimum(bound, np.floor(room / np.maximum(per, 1e-9) / mu))
-    else:
-        bound = np.minimum(bound, np.floor((lim.gpu_bytes - terms.gpu_const) / np.maximum(terms.gpu_per_seq, 1e-9) / mu))
-        cpu_per = terms.cpu_per_seq + terms.cpu_kv_seq  # all KV on the GPU at best
-        room = lim.cpu_bytes - terms.cpu_const - np.minimum(0, terms.cpu_per_rw)
-        bound = np.minimum(bound, np.floor(room / np.maximum(cpu_per, 1e-9) / mu))
-    return np.maximum(bound, 0).astype(int)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if lim.shared:
+            per = terms.gpu_per_seq + terms.cpu_per_seq + min(0.0, terms.gpu_kv_seq + terms.cpu_kv_seq) * attn
+            room = (lim.cpu_bytes - terms.gpu_const - terms.cpu_const
+                    - np.minimum(0, (terms.gpu_per_rw + terms.cpu_per_rw) * share))
+            bound = np.minimum(bound, np.floor(room / np.maximum(per, 1e-9) / mu))
+        else:
+            per_gpu = terms.gpu_per_seq + min(0.0, terms.gpu_kv_seq) * attn
+            room = lim.gpu_bytes - terms.gpu_const - np.minimum(0, terms.gpu_per_rw * share)
+            bound = np.minimum(bound, np.floor(room / np.maximum(per_gpu, 1e-9) / mu))
+            per_cpu = terms.cpu_per_seq + min(0.0, terms.cpu_kv_seq) * attn
+            room = lim.cpu_bytes - terms.cpu_const - np.minimum(0, terms.cpu_per_rw * share)
+            bound = np.minimum(bound, np.floor(room / np.maximum(per_cpu, 1e-9) / mu))
+    return np.maximum(np.nan_to_num(bound, nan=0.0, neginf=0.0), 0).astype(int)
 
 
 def solve_dinkelbach(terms: Terms, max_batch: int, objective: str = "generation", fixed: dict | None = None,

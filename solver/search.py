@@ -23,11 +23,14 @@ from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
 from hrm.policy import Policy
 from hrm.workload import Workload
 
-from . import milp
 from hrm.placement import make_placement
+
+from . import exact, milp
 from .milp import Choice
-from .terms import DEFAULT_MAX_BATCH, MU_GRID, Terms, build_terms, enumerate_modes, tier_bytes
-from .verify import exhaustive
+from .terms import DEFAULT_MAX_BATCH, Mode, Terms, allowed_placements, build_terms, tier_bytes
+from .verify import verify_optimum
+
+SOLVER_NAME = "exact B&B"
 
 CREATED_BY = "hrm-search 0.1.0"
 
@@ -169,38 +172,28 @@ def search(
         fixed.setdefault("ffn_on_gpu", True)
     if fixed.get("kv_gpu_ratio", 0) > 0:
         fixed.setdefault("attn_on_gpu", True)
-    mu_grid = (fixed["micro_batch_size"],) if "micro_batch_size" in fixed else MU_GRID
-    modes = enumerate_modes(engine, mu_grid, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
-    if not modes:
+    placements = allowed_placements(engine, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
+    if not placements:
         raise HRMError(engine_problem(engine, fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True))
                        or "no placement is allowed by --fix and the engine")
-    terms = build_terms(hw, model, workload, engine, options, limits, modes)
-    # warm start: a feasible point from a coarse enumeration (exact for CPU-attention modes)
-    screen = exhaustive(terms, max_batch, objective, fixed, m_grid_points=9)
-    incumbent = (screen.objective, screen.choice) if screen.choice is not None else None
-    # modes whose throughput bound is below the incumbent cannot hold the optimum: leave them out
-    pruned = ()
-    if incumbent is not None:
-        bounds = milp.mode_upper_bounds(terms, objective)
-        pruned = tuple(int(k) for k in np.flatnonzero(bounds < incumbent[0] * (1 - 1e-9))
-                       if k != incumbent[1].mode_index)
-    result = milp.solve_dinkelbach(terms, max_batch, objective, fixed, excluded_modes=pruned, solver=solver,
-                                   incumbent=incumbent)
-    if result.choice is None:
+    found = exact.solve(hw, model, workload, engine, options, limits, placements, max_batch, objective, fixed)
+    if found.best is None:
+        smallest = [Mode(int(fixed.get("micro_batch_size", 1)), a, f) for a, f in placements]
+        terms = build_terms(hw, model, workload, engine, options, limits, smallest)
         raise InfeasibleError(_infeasible_reason(hw, model, workload, terms, limits, fixed)
                               + (f" (engine {engine.name})" if engine.name != "ideal" else ""))
-    best = _candidate(hw, model, workload, engine, options, limits, terms, result.choice)
-    # alternatives: the exact optimum of the next-best other (μ, A_g, F_g) modes by the screen
-    others = [c.mode_index for _, c in screen.ranked if c.mode_index != result.choice.mode_index][: max(0, top)]
-    exact = exhaustive(terms, max_batch, objective, fixed, modes=others) if others else None
-    alternatives = [_candidate(hw, model, workload, engine, options, limits, terms, c)
-                    for _, c in (exact.ranked if exact else [])]
+    best = _candidate(hw, model, workload, engine, options, limits, found.terms, found.best.choice)
+    # alternatives: the exact optimum of every other placement (A_g, F_g)
+    alternatives = [_candidate(hw, model, workload, engine, options, limits, terms, mode_best.choice)
+                    for mode_best, terms in found.by_placement[1:1 + max(0, top)]]
     seconds = time.perf_counter() - start
+    space = search_space(found, max_batch, fixed)
     verified = verify_objective = verify_seconds = None
     if verify:
-        check = exhaustive(terms, max_batch, objective, fixed)
+        check = verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch, objective, fixed,
+                               found.best.throughput)
         verify_objective, verify_seconds = check.objective, check.seconds
-        verified = abs(check.objective - result.objective) <= 1e-3 * max(check.objective, 1e-12)
+        verified = abs(check.objective - found.best.throughput) <= 1e-9 * max(check.objective, 1e-12)
     plan = Plan(
         schema_version=SCHEMA_VERSION,
         hardware=SpecRef(name=hw_name or hw.name, sha256=hw.sha256()),
@@ -211,13 +204,23 @@ def search(
         engine=engine.name,
         estimate=best.estimate.to_plan_estimate(),
         placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches),
-        solver=SolverInfo(name=f"MILP/{result.solver_name} (Dinkelbach, {result.iterations} iterations)",
-                          seconds=seconds, optimal=True, candidates_evaluated=result.iterations * (1 + len(alternatives))),
+        solver=SolverInfo(name=f"exact branch and bound over {space}", seconds=seconds, optimal=True,
+                          candidates_evaluated=found.candidates),
         created_by=CREATED_BY,
     )
-    return SearchResult(best, alternatives, plan, result.solver_name, seconds, result.iterations, verified,
-                        verify_objective, verify_seconds, {"objective": result.objective, "objective_kind": objective,
-                                                           "notes": notes, "engine": engine})
+    return SearchResult(best, alternatives, plan, SOLVER_NAME, seconds, found.modes_solved, verified,
+                        verify_objective, verify_seconds,
+                        {"objective": found.best.throughput, "objective_kind": objective, "notes": notes,
+                         "engine": engine, "search_space": space, "modes_total": found.modes_total,
+                         "candidates": found.candidates, "mu_max": found.mu_max})
+
+
+def search_space(found: exact.ExactResult, max_batch: int, fixed: dict) -> str:
+    """What "optimal" ranges over, in words (the plan's solver name carries it)."""
+    mu = (f"mu={fixed['micro_batch_size']}" if "micro_batch_size" in fixed
+          else f"every integer mu 1..{found.mu_max}")
+    return (f"{mu} ({found.modes_total} (mu, placement) modes, {found.modes_solved} solved, the rest bounded), "
+            f"every n with N <= {max_batch}, every whole-expert r_w, continuous r_c")
 
 
 def _candidate(hw, model, workload, engine, options, limits, terms, choice) -> Candidate:

@@ -27,9 +27,8 @@ from hrm.options import ModelOptions
 from hrm.rates import rates_from_profile
 from hrm.workload import Workload
 
-# Declared grid of micro-batch sizes (sequences per GPU kernel); --fix mu=K replaces it.
-MU_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-# Default cap on the batch size N (sequences in flight); --max-batch overrides it.
+# Default cap on the batch size N (sequences in flight); --max-batch overrides it. Every
+# integer μ ≤ N is searched (no grid).
 DEFAULT_MAX_BATCH = 16384
 
 
@@ -40,18 +39,17 @@ class Mode:
     ffn_on_gpu: bool
 
 
-def enumerate_modes(engine: Engine, mu_grid=MU_GRID, attn=None, ffn=None) -> list[Mode]:
-    """All (μ, A_g, F_g) the engine runs, optionally pinned."""
+def allowed_placements(engine: Engine, attn=None, ffn=None) -> list[tuple[bool, bool]]:
+    """The (A_g, F_g) the engine runs, optionally pinned."""
     engine = as_engine(engine)
-    modes = []
-    for mu in mu_grid:
-        for a in (False, True):
-            for f in (True, False):
-                if (attn is not None and a != attn) or (ffn is not None and f != ffn):
-                    continue
-                if engine_problem(engine, a, f) is None:
-                    modes.append(Mode(int(mu), a, f))
-    return modes
+    return [(a, f) for a in (False, True) for f in (True, False)
+            if (attn is None or a == attn) and (ffn is None or f == ffn) and engine_problem(engine, a, f) is None]
+
+
+def enumerate_modes(engine: Engine, mu_values, attn=None, ffn=None) -> list[Mode]:
+    """Every (μ, A_g, F_g) with μ from ``mu_values`` that the engine runs, optionally pinned."""
+    places = allowed_placements(engine, attn, ffn)
+    return [Mode(int(mu), a, f) for mu in mu_values for a, f in places]
 
 
 @dataclass(frozen=True)
@@ -63,10 +61,15 @@ class Terms:
     Each decode step adds ``sync`` (an engine's pipeline drain), m moves in steps of
     ``expert_step`` (the engine's static-weight granularity).
     Memory: bytes = const + per_seq·N + per_rw·(m/M) + kv_seq·z per tier.
+    ``step_weight`` is the number of decode steps each evaluated context stands for: 1 for
+    the exact terms (one column per step), ``steps`` for ``build_terms(mean_context=True)`` (one
+    column at the mean context).
     """
 
     modes: list[Mode]
     mu: np.ndarray
+    attn_on_gpu: np.ndarray  # per mode (bool)
+    ffn_on_gpu: np.ndarray
     kind_layers: np.ndarray  # layers per kind
     a: np.ndarray
     b: np.ndarray
@@ -91,10 +94,24 @@ class Terms:
     cpu_per_rw: np.ndarray
     cpu_kv_seq: float
     limits: MemoryLimits
+    step_weight: float = 1.0
+    affine: np.ndarray | None = None  # [mode, kind]: every lane's a, b, c affine in the step
+
+
+def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
+    """Whether each row of ``arr`` [..., step] is affine in the step index (up to rounding)."""
+    steps = arr.shape[-1]
+    if steps < 3:
+        return np.ones(arr.shape[:-1], dtype=bool)
+    line = arr[..., :1] + (arr[..., -1:] - arr[..., :1]) * (np.arange(steps) / (steps - 1))
+    scale = np.maximum(np.max(np.abs(arr), axis=-1), 1e-300)
+    return np.max(np.abs(line - arr), axis=-1) <= rel_tol * steps * scale
 
 
 def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-                limits: MemoryLimits, modes: list[Mode]) -> Terms:
+                limits: MemoryLimits, modes: list[Mode], mean_context: bool = False) -> Terms:
+    """The coefficients of ``modes``: one column per decode step, or (``mean_context``) one
+    column at the mean decode context weighted by the number of steps."""
     engine = as_engine(engine)
     options = options.for_model(model)
     rates = rates_from_profile(hw, options)
@@ -103,21 +120,25 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     ffn = np.array([m.ffn_on_gpu for m in modes], dtype=float)[:, None]
     contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)[None, :]
     steps = contexts.shape[1]
+    step_weight = 1.0
     if not steps:  # gen 1: prefill only; evaluate the lanes at one context, keep no decode step
         contexts = np.array([[float(workload.effective_prompt_len)]])
-    shape_t = (len(modes), max(steps, 1))
+    elif mean_context:
+        contexts, step_weight = contexts.mean(axis=1, keepdims=True), float(steps)
+    columns = contexts.shape[1] if steps else 0
+    shape_t = (len(modes), max(columns, 1))
     kinds = latency.layer_kinds(model)
     a, b, w, c, pa, pb, pw, pc = [], [], [], [], [], [], [], []
-    sync = np.zeros(shape_t)[:, :steps]
+    sync = np.zeros(shape_t)[:, :columns]
     for moe, _count in kinds:
         resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
         lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
-        a.append([np.broadcast_to(l.per_micro_batch_s, shape_t)[:, :steps] for l in lanes])
-        b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t)[:, :steps] for l in lanes])
+        a.append([np.broadcast_to(l.per_micro_batch_s, shape_t)[:, :columns] for l in lanes])
+        b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t)[:, :columns] for l in lanes])
         w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
-        c.append([np.broadcast_to(l.per_layer_s, shape_t)[:, :steps] for l in lanes])
+        c.append([np.broadcast_to(l.per_layer_s, shape_t)[:, :columns] for l in lanes])
         if moe:
-            sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)[:, :steps]
+            sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)[:, :columns]
         plan = latency.schedule_lanes(
             latency.prefill_resources(model, rates, mu[:, 0], workload.effective_prompt_len, moe, engine,
                                       workload.gen_len), engine, rates.shared_unit, "prefill")
@@ -129,18 +150,50 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     a, b, c = (_stack(x, 3) for x in (a, b, c))
     w, pa, pb, pw, pc = (_stack(x, 2) for x in (w, pa, pb, pw, pc))
     head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
-    g = gpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0], engine)
-    cm = cpu_memory_form(model, workload, mu[:, 0], attn[:, 0], ffn[:, 0], engine)
-    ones = np.ones(len(modes))
+    mem = memory_terms(model, workload, engine, limits, mu[:, 0], attn[:, 0], ffn[:, 0])
     return Terms(
-        modes=modes, mu=mu[:, 0], kind_layers=np.array([count for _, count in kinds], dtype=float),
+        modes=modes, mu=mu[:, 0], attn_on_gpu=attn[:, 0] > 0, ffn_on_gpu=ffn[:, 0] > 0, kind_layers=np.array([count for _, count in kinds], dtype=float),
         a=a, b=b, w=w, pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=sync, head=head, steps=steps, gen_len=workload.gen_len,
         expert_slots=model.num_moe_layers * model.num_experts, expert_step=static_expert_step(model, engine),
-        gpu_const=g.const * ones, gpu_per_seq=g.per_sequence * ones, gpu_per_rw=g.per_weights_ratio * ones,
-        gpu_kv_seq=float(g.per_gpu_kv_sequence),
-        cpu_const=cm.const * ones, cpu_per_seq=cm.per_sequence * ones, cpu_per_rw=cm.per_weights_ratio * ones,
-        cpu_kv_seq=float(cm.per_gpu_kv_sequence), limits=limits,
+        gpu_const=mem.gpu_const, gpu_per_seq=mem.gpu_per_seq, gpu_per_rw=mem.gpu_per_rw, gpu_kv_seq=mem.gpu_kv_seq,
+        cpu_const=mem.cpu_const, cpu_per_seq=mem.cpu_per_seq, cpu_per_rw=mem.cpu_per_rw, cpu_kv_seq=mem.cpu_kv_seq,
+        limits=limits, step_weight=step_weight,
+        affine=np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2),
     )
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """The memory part of :class:`Terms` alone (per μ): cheap to evaluate for every μ, it
+    screens the micro-batch sizes before any latency is computed."""
+
+    mu: np.ndarray
+    attn_on_gpu: np.ndarray
+    ffn_on_gpu: np.ndarray
+    expert_slots: int
+    gpu_const: np.ndarray
+    gpu_per_seq: np.ndarray
+    gpu_per_rw: np.ndarray
+    gpu_kv_seq: float
+    cpu_const: np.ndarray
+    cpu_per_seq: np.ndarray
+    cpu_per_rw: np.ndarray
+    cpu_kv_seq: float
+    limits: MemoryLimits
+
+
+def memory_terms(model: ModelSpec, workload: Workload, engine: Engine, limits: MemoryLimits, mu, attn, ffn) -> MemoryTerms:
+    """Per-tier memory coefficients (:class:`hrm.memory.MemoryForm`) for arrays of μ and placement."""
+    mu = np.atleast_1d(np.asarray(mu, dtype=float))
+    ones = np.ones(len(mu))
+    g = gpu_memory_form(model, workload, mu, attn, ffn, engine)
+    cm = cpu_memory_form(model, workload, mu, attn, ffn, engine)
+    return MemoryTerms(mu=mu, attn_on_gpu=np.asarray(attn, dtype=bool) & (ones > 0),
+                       ffn_on_gpu=np.asarray(ffn, dtype=bool) & (ones > 0),
+                       expert_slots=model.num_moe_layers * model.num_experts, gpu_const=g.const * ones, gpu_per_seq=g.per_sequence * ones,
+                       gpu_per_rw=g.per_weights_ratio * ones, gpu_kv_seq=float(g.per_gpu_kv_sequence),
+                       cpu_const=cm.const * ones, cpu_per_seq=cm.per_sequence * ones,
+                       cpu_per_rw=cm.per_weights_ratio * ones, cpu_kv_seq=float(cm.per_gpu_kv_sequence), limits=limits)
 
 
 def tier_bytes(terms: Terms, k: int, batch_size, gpu_experts) -> tuple[np.ndarray, np.ndarray]:
@@ -162,24 +215,69 @@ def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
     return arr.transpose(2, 0, 1, 3) if ndim == 3 else arr.transpose(2, 0, 1)
 
 
-def total_time_s(terms: Terms, k: int, n, m, z, objective: str = "generation") -> np.ndarray:
-    """Model time of mode k for candidate arrays (n micro-batches, m static expert
-    matrices, z GPU-KV sequences): Σ_κ layers_κ · Σ_t max_ℓ (eq. 12 per decode step, with
-    the lane form n·a + (n − z/μ)·b + (1 − m/M)·w + c) + the per-step sync and lm_head,
-    plus prefill (same form) for the generation objective. The one home of this sum: the
-    MILP's incumbent check and the exhaustive verifier both call it."""
+def total_time_s(terms: Terms, k, n, m, z, objective: str = "generation") -> np.ndarray:
+    """Model time of mode k (an index, or one per candidate) for candidate arrays (n
+    micro-batches, m static expert matrices, z GPU-KV sequences): Σ_κ layers_κ · Σ_t max_ℓ
+    (eq. 12 per decode step, with the lane form n·a + (n − z/μ)·b + (1 − m/M)·w + c) + the
+    per-step sync and lm_head, plus prefill (same form) for the generation objective. The
+    one home of this sum: the search, the verifier and the MILP's incumbent check call it."""
     n = np.atleast_1d(np.asarray(n, dtype=float))[:, None]
     frac_w = 1.0 - np.atleast_1d(np.asarray(m, dtype=float))[:, None] / terms.expert_slots
-    kv_cpu = n - np.atleast_1d(np.asarray(z, dtype=float))[:, None] / terms.mu[k]
-    total = terms.steps * n[:, 0] * terms.head[k] + float(terms.sync[k].sum())
+    col = np.asarray(terms.mu[k], dtype=float)[..., None]  # [1] for one mode, [candidates, 1] per candidate
+    kv_cpu = n - np.atleast_1d(np.asarray(z, dtype=float))[:, None] / col
+    head = np.asarray(terms.head[k], dtype=float)
+    total = terms.steps * n[:, 0] * head + terms.step_weight * terms.sync[k].sum(axis=-1)
     for q, layers in enumerate(terms.kind_layers):
-        lanes = [n * terms.a[k, q, lane] + kv_cpu * terms.b[k, q, lane] + frac_w * terms.w[k, q, lane]
-                 + terms.c[k, q, lane] for lane in range(terms.a.shape[2])]
-        total = total + layers * np.max(lanes, axis=0).sum(axis=1)
+        total = total + layers * terms.step_weight * decode_step_sum(terms, k, q, n, kv_cpu, frac_w)
         if objective == "generation":
             pre = [n[:, 0] * terms.pa[k, q, lane] + kv_cpu[:, 0] * terms.pb[k, q, lane]
                    + frac_w[:, 0] * terms.pw[k, q, lane] + terms.pc[k, q, lane] for lane in range(terms.pa.shape[2])]
             total = total + layers * np.max(pre, axis=0)
     if objective == "generation":
-        total = total + n[:, 0] * terms.head[k]
+        total = total + n[:, 0] * head
     return total
+
+
+def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
+    """Σ_t max_ℓ lane_ℓ(t) of kind q for candidates ([candidate, 1] arrays). Where every lane
+    is affine in t and one lane is the largest at both ends of a step range, it is the
+    largest at every step of it (each lane's value is the same convex combination of its two
+    end values): the range sums in closed form, count × the mean of the two ends; ranges
+    whose ends disagree are halved until they agree (a few halvings per change of the
+    leading lane). Modes whose lanes are not affine are summed step by step."""
+    columns = terms.a.shape[-1]
+    if columns < 2 or terms.affine is None:
+        return _dense_step_sum(terms, k, q, n, kv_cpu, frac_w)
+    cand = np.arange(n.shape[0])
+    k_c = np.broadcast_to(np.asarray(k), cand.shape)
+    affine = terms.affine[k_c, q]
+    out = np.zeros(len(cand))
+    if not np.all(affine):
+        dense = np.flatnonzero(~affine)
+        out[dense] = _dense_step_sum(terms, k_c[dense], q, n[dense], kv_cpu[dense], frac_w[dense])
+    idx = np.flatnonzero(affine)
+    t0, t1 = np.zeros(len(idx), dtype=int), np.full(len(idx), columns - 1)
+    nn, kv, fw = n[:, 0], kv_cpu[:, 0], frac_w[:, 0]
+    lanes = range(terms.a.shape[2])
+
+    def values(i, t):
+        kk = k_c[i]
+        return np.array([nn[i] * terms.a[kk, q, ln, t] + kv[i] * terms.b[kk, q, ln, t]
+                         + fw[i] * terms.w[kk, q, ln] + terms.c[kk, q, ln, t] for ln in lanes])
+
+    while len(idx):
+        v0, v1 = values(idx, t0), values(idx, t1)
+        agree = (np.argmax(v0, axis=0) == np.argmax(v1, axis=0)) | (t0 == t1)
+        np.add.at(out, idx[agree], (t1 - t0 + 1)[agree] * (v0.max(axis=0) + v1.max(axis=0))[agree] / 2)
+        split = ~agree
+        mid = (t0[split] + t1[split]) // 2
+        idx = np.concatenate([idx[split], idx[split]])
+        t0, t1 = np.concatenate([t0[split], mid + 1]), np.concatenate([mid, t1[split]])
+    return out
+
+
+def _dense_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
+    lanes = [n * terms.a[k, q, lane] + kv_cpu * terms.b[k, q, lane]
+             + frac_w * np.asarray(terms.w[k, q, lane])[..., None] + terms.c[k, q, lane]
+             for lane in range(terms.a.shape[2])]
+    return np.max(lanes, axis=0).sum(axis=1)

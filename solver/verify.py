@@ -1,10 +1,14 @@
-"""Exhaustive verifier: every mode, every n and every m of the declared grid, vectorised.
+"""Verifier: a proof, by other means than the search, that no policy beats its optimum.
 
-For given (mode, n, m) the time is non-increasing in z (the KV terms have non-negative
-coefficients) while GPU memory grows and CPU memory shrinks with z, so the best z is the
-largest one the GPU limit admits: z* = min(μ·n·A_g, GPU slack / KV bytes per sequence).
-Everything else is enumerated. Uses the same coefficients as the MILP (:mod:`solver.terms`)
-and the same time function, so agreement checks the optimisation, not a second model.
+:func:`verify_optimum` re-derives every (μ, placement) mode's throughput bound with one
+column per decode step (exact sums over the steps: no convexity argument, unlike the
+search's bounds at the mean context) and enumerates every feasible (n, m) of every mode
+whose bound is above the search's optimum — all whole-expert m, not the search's
+bisection. For given (mode, n, m) the time is non-increasing in z (the KV terms have
+non-negative coefficients) while GPU memory grows and CPU memory shrinks with z, so the best
+z is the largest one the GPU limit admits (:func:`solver.exact.kv_on_gpu`). Both use the
+same coefficients and time function, so agreement checks the optimisation, not a second
+model.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .milp import Choice, max_micro_batches, snapped_expert_count
-from .terms import Terms, tier_bytes, total_time_s
+from .exact import best_in_mode, candidate_micro_batch_sizes, throughput_upper_bounds, BOUND_RTOL
+from .milp import Choice, max_micro_batches
+from .terms import Terms, build_terms
+
+# Modes per batch of per-step coefficients (bounds these hold a few MB each).
+VERIFY_MODES_PER_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -24,94 +32,52 @@ class VerifyResult:
     objective: float
     candidates: int
     seconds: float
-    ranked: list  # [(throughput, Choice)] best per mode, descending
+    ranked: list  # [(throughput, Choice)] best per mode enumerated, descending
+    modes_total: int = 0
+    modes_enumerated: int = 0
 
 
 def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixed: dict | None = None,
-               chunk_elements: int = 4_000_000, modes: list[int] | None = None, m_grid_points: int | None = None) -> VerifyResult:
-    """Best policy per mode over the full grid. ``modes`` restricts the modes searched;
-    ``m_grid_points`` thins the m grid of GPU-attention modes to that many points (then the
-    result is a feasible lower bound, used to warm-start the MILP, not a verification)."""
+               modes: list[int] | None = None) -> VerifyResult:
+    """Best policy of every mode of ``terms`` (or of ``modes``) over every feasible (n, m)."""
     start = time.perf_counter()
     fixed = fixed or {}
     nbar = max_micro_batches(terms, max_batch)
-    M = terms.expert_slots
-    g = terms.expert_step
-    lim = terms.limits
-    candidates = 0
-    per_mode: list = []
-    for k, mode in enumerate(terms.modes):
+    per_mode, candidates = [], 0
+    for k in range(len(terms.modes)):
         if modes is not None and k not in modes:
             continue
-        mu = terms.mu[k]
-        ns = np.arange(1, nbar[k] + 1, dtype=float)
-        ns = ns[mu * ns <= max_batch]
-        if "num_micro_batches" in fixed:
-            ns = ns[ns == fixed["num_micro_batches"]]
-        if "batch_size" in fixed:
-            ns = ns[mu * ns == fixed["batch_size"]]
-        if not len(ns):
-            continue
-        if not mode.ffn_on_gpu:
-            ms = np.array([0.0])
-        elif "weights_gpu_ratio" in fixed:
-            ms = np.array([float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))])
-        elif m_grid_points:
-            ms = np.unique(np.round(np.linspace(0, M // g, m_grid_points))) * g
-        else:
-            ms = np.arange(0, M + 1, g, dtype=float)
-        if mode.ffn_on_gpu and not mode.attn_on_gpu and len(ms) > 1:
-            # z = 0: time is non-increasing in m and CPU memory shrinks with m, so the best m
-            # for each n is the largest the GPU (or shared) limit admits.
-            big = mu * ns
-            room = (lim.cpu_bytes - terms.gpu_const[k] - terms.cpu_const[k] - (terms.gpu_per_seq[k] + terms.cpu_per_seq[k]) * big
-                    if lim.shared else lim.gpu_bytes - terms.gpu_const[k] - terms.gpu_per_seq[k] * big)
-            per_rw = (terms.gpu_per_rw[k] + terms.cpu_per_rw[k]) if lim.shared else terms.gpu_per_rw[k]
-            if per_rw > 0:
-                best_m = np.clip(np.floor(room / per_rw * M / g * (1 + 1e-12)) * g, 0, M // g * g)
-            else:
-                best_m = np.full(ns.shape, float(M))
-            grid_n, grid_m = ns, best_m
-        else:
-            grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns, ms, indexing="ij"))
-        big = mu * grid_n
-        gpu, cpu = tier_bytes(terms, k, big, grid_m)
-        if "kv_gpu_ratio" in fixed:
-            z = fixed["kv_gpu_ratio"] * big * (1.0 if mode.attn_on_gpu else 0.0)
-        elif mode.attn_on_gpu:
-            if lim.shared:
-                slack_z = np.full(big.shape, np.inf) if terms.gpu_kv_seq + terms.cpu_kv_seq <= 0 else \
-                    (lim.cpu_bytes - gpu - cpu) / (terms.gpu_kv_seq + terms.cpu_kv_seq)
-            else:
-                slack_z = (lim.gpu_bytes - gpu) / terms.gpu_kv_seq
-            z = np.clip(slack_z, 0.0, big)
-        else:
-            z = np.zeros_like(big)
-        gpu_total = gpu + terms.gpu_kv_seq * z
-        cpu_total = cpu + terms.cpu_kv_seq * z
-        ok = (gpu_total + cpu_total <= lim.cpu_bytes * (1 + 1e-12)) if lim.shared else \
-            (gpu_total <= lim.gpu_bytes * (1 + 1e-12)) & (cpu_total <= lim.cpu_bytes * (1 + 1e-12))
-        grid_n, grid_m, z = grid_n[ok], grid_m[ok], z[ok]
-        if not len(grid_n):
-            continue
-        candidates += len(grid_n)
-        throughput = _throughput(terms, k, grid_n, grid_m, z, objective, chunk_elements)
-        best = int(np.argmax(throughput))
-        per_mode.append((float(throughput[best]), Choice(k, int(grid_n[best]), int(grid_m[best]), float(z[best]))))
+        found = best_in_mode(terms, k, int(nbar[k]), max_batch, objective, fixed, grid=True)
+        if found is not None:
+            candidates += found.candidates
+            per_mode.append((found.throughput, found.choice))
     per_mode.sort(key=lambda item: -item[0])
-    elapsed = time.perf_counter() - start
-    if not per_mode:
-        return VerifyResult(None, 0.0, candidates, elapsed, [])
-    return VerifyResult(per_mode[0][1], per_mode[0][0], candidates, elapsed, per_mode)
+    best = per_mode[0] if per_mode else (0.0, None)
+    return VerifyResult(best[1], best[0], candidates, time.perf_counter() - start, per_mode, len(terms.modes),
+                        len(per_mode))
 
 
-def _throughput(terms: Terms, k: int, ns, ms, zs, objective: str, chunk_elements: int) -> np.ndarray:
-    """Throughput of candidate arrays, in chunks (:func:`solver.terms.total_time_s`)."""
-    mu = terms.mu[k]
-    per_seq = terms.gen_len if objective == "generation" else terms.steps
-    out = np.empty(len(ns))
-    step = max(1, chunk_elements // max(1, terms.steps * terms.a.shape[2]))
-    for lo in range(0, len(ns), step):
-        n = ns[lo:lo + step]
-        out[lo:lo + step] = per_seq * mu * n / total_time_s(terms, k, n, ms[lo:lo + step], zs[lo:lo + step], objective)
-    return out
+def verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch: int, objective: str,
+                   fixed: dict, claimed: float) -> VerifyResult:
+    """The best throughput over every mode whose per-step bound exceeds ``claimed`` (every
+    other mode is proven not to beat it by its bound); equals ``claimed`` when the search is
+    right."""
+    start = time.perf_counter()
+    modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
+    best, candidates, enumerated, ranked = (0.0, None), 0, 0, []
+    for lo in range(0, len(modes), VERIFY_MODES_PER_BATCH):
+        terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + VERIFY_MODES_PER_BATCH])
+        bounds = throughput_upper_bounds(terms, max_batch, objective)
+        open_modes = [int(k) for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
+        if not open_modes:
+            continue
+        part = exhaustive(terms, max_batch, objective, fixed, modes=open_modes)
+        candidates += part.candidates
+        enumerated += len(open_modes)
+        ranked += [(t, Choice(c.mode_index + lo, c.num_micro_batches, c.gpu_experts, c.gpu_kv_sequences))
+                   for t, c in part.ranked]
+        if part.choice is not None and part.objective > best[0]:
+            best = (part.objective, ranked[-len(part.ranked)])
+    ranked.sort(key=lambda item: -item[0])
+    return VerifyResult(ranked[0][1] if ranked else None, ranked[0][0] if ranked else 0.0, candidates,
+                        time.perf_counter() - start, ranked, len(modes), enumerated)

@@ -1,0 +1,423 @@
+"""Exact search over every integer micro-batch size μ (branch and bound over the modes).
+
+A mode k = (μ, A_g, F_g) fixes the part of a policy the model is non-linear in; within a
+mode the time is a sum of maxima of affine functions of (n, m, z) (:mod:`solver.terms`).
+The search is exact over μ = 1 … μ_max (every integer whose smallest batch fits), every n,
+every whole-expert m and continuous z:
+
+1. **Bounds** (:func:`throughput_upper_bounds`): no policy of mode k beats
+   per_seq·μ / (a lower bound of T/n). T/n ≥ Σ_t max_ℓ [a + (r_min·w + c)/n̄] + …, where
+   n̄ bounds n and r_min = 1 − m_max/M bounds the offloaded share from below (lanes whose
+   b, w or c could be negative are left out of the max, which keeps it a lower bound).
+   Evaluated at the mean decode context, Σ_t f(t) ≥ steps·f(t̄) holds by Jensen's inequality
+   because every lane is convex in the context (each operator's time is a roofline maximum
+   of terms affine in the context; sums and maxima keep convexity; tested in
+   ``tests/test_search_exact.py``). The verifier (:func:`solver.verify.verify`) re-derives
+   the bounds with one column per decode step, which needs no convexity.
+2. **Exact solve of a mode** (:func:`best_in_mode`): every n; for each n the best z given m
+   is the largest the memory admits (time is non-increasing in z, CPU memory shrinks with
+   it), and φ(m) = T(n, m, z*(m)) is convex in m — T is jointly convex and non-increasing in
+   z, z*(m) is concave — so a bisection on φ(m + g) − φ(m) over the feasible m interval
+   finds the minimum (O(log M) evaluations instead of M/g + 1).
+3. **Branch and bound** (:func:`solve_placement`): per placement, modes in decreasing bound
+   order are solved exactly until the next bound is at or below the incumbent.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hrm.engine import Engine
+from hrm.hardware import HardwareProfile
+from hrm.memory import MemoryLimits
+from hrm.model import ModelSpec
+from hrm.options import ModelOptions
+from hrm.workload import Workload
+
+from .milp import Choice, max_micro_batches, snapped_expert_count
+from .terms import Mode, Terms, build_terms, memory_terms, tier_bytes, total_time_s
+
+# Relative slack when comparing a bound with an incumbent: a bound within rounding of the
+# incumbent cannot hold a strictly better policy.
+BOUND_RTOL = 1e-9
+# Modes solved exactly per batch of coefficients (the first batch; later ones double up to
+# the cap): small enough not to build terms for modes the bound will prune.
+FIRST_BATCH, MAX_BATCH_OF_MODES = 4, 64
+# Modes per vectorised pass of the mean-context solve (bounds memory, not the result).
+MEAN_CONTEXT_MODES_PER_PASS = 512
+# Elements per vectorised evaluation chunk (candidates × steps × lanes).
+CHUNK_ELEMENTS = 4_000_000
+
+
+@dataclass(frozen=True)
+class ModeBest:
+    throughput: float
+    choice: Choice
+    candidates: int
+
+
+def candidate_micro_batch_sizes(model: ModelSpec, workload: Workload, engine: Engine, limits: MemoryLimits,
+                                placements, max_batch: int, fixed: dict) -> list[Mode]:
+    """Every (μ, A_g, F_g) whose smallest batch (n = 1, or the pinned n / N) fits the memory
+    limits loosely (:func:`solver.milp.max_micro_batches`): μ = 1 … max_batch, or the pinned μ."""
+    modes = []
+    for attn, ffn in placements:
+        if "micro_batch_size" in fixed:
+            mu = np.array([float(fixed["micro_batch_size"])])
+        else:
+            top = max_batch
+            if "num_micro_batches" in fixed:
+                top = max_batch // max(1, int(fixed["num_micro_batches"]))
+            mu = np.arange(1, top + 1, dtype=float)
+        if "batch_size" in fixed:
+            mu = mu[fixed["batch_size"] % mu == 0]
+        mem = memory_terms(model, workload, engine, limits, mu, attn, ffn)
+        nbar = max_micro_batches(mem, max_batch)
+        need = np.ones_like(nbar)
+        if "num_micro_batches" in fixed:
+            need = need * int(fixed["num_micro_batches"])
+        if "batch_size" in fixed:
+            need = (fixed["batch_size"] // mu).astype(int)
+        modes += [Mode(int(m), attn, ffn) for m in mu[nbar >= need]]
+    return modes
+
+
+def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "generation",
+                            nbar: np.ndarray | None = None) -> np.ndarray:
+    """Throughput no policy of each mode can exceed (module docstring, step 1); 0 when not
+    even one micro-batch fits."""
+    nbar = max_micro_batches(terms, max_batch) if nbar is None else nbar
+    inv_n = 1.0 / np.maximum(nbar, 1)
+    rest = 1.0 - largest_static_experts(terms) / terms.expert_slots
+    lane_ok = (np.all(terms.b >= 0, axis=-1) & (terms.w >= 0) & np.all(terms.c >= 0, axis=-1))[..., None]
+    per_lane = terms.a + (rest[:, None, None, None] * terms.w[..., None] + terms.c) * inv_n[:, None, None, None]
+    decode = np.max(np.where(lane_ok, per_lane, 0.0), axis=2).sum(axis=-1) @ terms.kind_layers * terms.step_weight
+    per_mb = decode + terms.steps * terms.head + terms.step_weight * terms.sync.sum(axis=-1) * inv_n
+    if objective == "generation":
+        pre_ok = (terms.pb >= 0) & (terms.pw >= 0) & (terms.pc >= 0)
+        pre = terms.pa + (rest[:, None, None] * terms.pw + terms.pc) * inv_n[:, None, None]
+        per_mb = per_mb + np.max(np.where(pre_ok, pre, 0.0), axis=2) @ terms.kind_layers + terms.head
+    per_seq = terms.gen_len if objective == "generation" else terms.steps
+    with np.errstate(divide="ignore"):
+        bound = np.where(per_mb > 0, per_seq * terms.mu / np.maximum(per_mb, 1e-300), np.inf)
+    return np.where(nbar >= 1, bound, 0.0)
+
+
+def largest_static_experts(terms: Terms) -> np.ndarray:
+    """m_max per mode: the most expert matrices any feasible policy keeps on the GPU — the
+    GPU (or shared) limit at N = μ and z = 0, since N and z only add GPU bytes (checked:
+    otherwise M)."""
+    M = float(terms.expert_slots)
+    lim = terms.limits
+    ffn = terms.ffn_on_gpu
+    if lim.shared:
+        room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const - (terms.gpu_per_seq + terms.cpu_per_seq) * terms.mu
+        per_rw = terms.gpu_per_rw + terms.cpu_per_rw
+        growing = (terms.gpu_per_seq + terms.cpu_per_seq >= 0) & (terms.gpu_kv_seq + terms.cpu_kv_seq >= 0)
+    else:
+        room = lim.gpu_bytes - terms.gpu_const - terms.gpu_per_seq * terms.mu
+        per_rw = terms.gpu_per_rw
+        growing = (terms.gpu_per_seq >= 0) & (terms.gpu_kv_seq >= 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m_max = np.where((per_rw > 0) & growing, np.clip(np.floor(room * M / np.where(per_rw > 0, per_rw, 1.0)), 0, M), M)
+    return np.where(ffn, m_max, 0.0)
+
+
+def kv_on_gpu(terms: Terms, k: int, big, gpu, cpu, fixed: dict) -> np.ndarray:
+    """z for candidates of mode k with tier bytes (gpu, cpu) before GPU KV: the pinned r_c·N,
+    or the largest z the GPU (shared) limit admits, at most N (time is non-increasing in z
+    and CPU bytes shrink with it); 0 with attention on the CPU."""
+    lim = terms.limits
+    big = np.asarray(big, dtype=float) * np.ones_like(gpu)
+    attn = terms.attn_on_gpu[k]
+    if "kv_gpu_ratio" in fixed:
+        return np.where(attn, fixed["kv_gpu_ratio"] * big, 0.0)
+    if lim.shared:
+        per = terms.gpu_kv_seq + terms.cpu_kv_seq
+        slack = np.full(np.shape(gpu), np.inf) if per <= 0 else (lim.cpu_bytes - gpu - cpu) / per
+    else:
+        slack = (lim.gpu_bytes - gpu) / terms.gpu_kv_seq
+    return np.where(attn, np.clip(slack, 0.0, big), 0.0)
+
+
+def fits(terms: Terms, gpu, cpu, z) -> np.ndarray:
+    """Whether candidates with tier bytes (gpu, cpu) before GPU KV and z GPU-KV sequences fit."""
+    lim = terms.limits
+    gpu_total = gpu + terms.gpu_kv_seq * z
+    cpu_total = cpu + terms.cpu_kv_seq * z
+    if lim.shared:
+        return (gpu_total + cpu_total <= lim.cpu_bytes * (1 + 1e-12)) & (z >= 0)
+    return (gpu_total <= lim.gpu_bytes * (1 + 1e-12)) & (cpu_total <= lim.cpu_bytes * (1 + 1e-12)) & (z >= 0)
+
+
+def micro_batch_counts(terms: Terms, k: int, nbar: int, max_batch: int, fixed: dict) -> np.ndarray:
+    """Every n of mode k the batch cap and the pins allow."""
+    mu = terms.mu[k]
+    ns = np.arange(1, nbar + 1, dtype=float)
+    ns = ns[mu * ns <= max_batch]
+    if "num_micro_batches" in fixed:
+        ns = ns[ns == fixed["num_micro_batches"]]
+    if "batch_size" in fixed:
+        ns = ns[mu * ns == fixed["batch_size"]]
+    return ns
+
+
+def best_in_mode(terms: Terms, k: int, nbar: int, max_batch: int, objective: str, fixed: dict,
+                 grid: bool = False) -> ModeBest | None:
+    """The best (n, m, z) of mode k: by :func:`best_in_modes`, or (``grid``) over every
+    feasible (n, m) pair — the verifier's enumeration."""
+    if not grid:
+        return best_in_modes(terms, np.array([k]), np.array([nbar]), max_batch, objective, fixed)[0]
+    ns = micro_batch_counts(terms, k, nbar, max_batch, fixed)
+    return _enumerate(terms, k, ns, static_expert_choices(terms, k, fixed), objective, fixed) if len(ns) else None
+
+
+def static_expert_choices(terms: Terms, k: int, fixed: dict) -> np.ndarray:
+    """Every m mode k may keep on the GPU: 0 with experts on the CPU, the pinned r_w, or every
+    multiple of the engine's granularity g up to M."""
+    if not terms.modes[k].ffn_on_gpu:
+        return np.array([0.0])
+    if "weights_gpu_ratio" in fixed:
+        return np.array([float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))])
+    return np.arange(0, terms.expert_slots // terms.expert_step + 1, dtype=float) * terms.expert_step
+
+
+def _candidates(terms: Terms, k, n, m, fixed: dict):
+    big = terms.mu[k] * np.asarray(n, dtype=float)
+    gpu, cpu = tier_bytes(terms, k, big, m)
+    z = kv_on_gpu(terms, k, big, gpu, cpu, fixed)
+    return z, fits(terms, gpu, cpu, z)
+
+
+def _enumerate(terms: Terms, k: int, ns, ms, objective: str, fixed: dict) -> ModeBest | None:
+    best, count = None, 0
+    rows = max(1, CHUNK_ELEMENTS // max(1, len(ms)))
+    for lo in range(0, len(ns), rows):
+        grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns[lo:lo + rows], ms, indexing="ij"))
+        z, ok = _candidates(terms, k, grid_n, grid_m, fixed)
+        grid_n, grid_m, z = grid_n[ok], grid_m[ok], z[ok]
+        if not len(grid_n):
+            continue
+        count += len(grid_n)
+        value = throughputs(terms, k, grid_n, grid_m, z, objective)
+        i = int(np.argmax(value))
+        if best is None or value[i] > best[0]:
+            best = (float(value[i]), Choice(k, int(grid_n[i]), int(grid_m[i]), float(z[i])))
+    return None if best is None else ModeBest(best[0], best[1], count)
+
+
+def feasible_expert_interval(terms: Terms, k, big, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi] of the m (reals) that fit, per candidate (mode k, N = big). Every constraint
+    is linear in m: with z fixed (0, or r_c·N) both tiers are; with z = z*(m) = min(N, GPU
+    slack / kv) and kv_cpu ≤ 0 the CPU bytes are cpu(m) + max(kv_cpu·N, kv_cpu·slack(m)/kv),
+    i.e. two linear constraints, and z* ≥ 0 is the GPU one."""
+    lim = terms.limits
+    M = terms.expert_slots
+    rel = 1 + 1e-12  # the slack fits() allows
+    lo, hi = np.full(np.shape(big), -np.inf), np.full(np.shape(big), np.inf)
+
+    def at_most(slope, room):  # slope·m ≤ room
+        nonlocal lo, hi
+        slope = np.broadcast_to(slope, np.shape(big))
+        room = np.broadcast_to(room, np.shape(big))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = room / np.where(slope != 0, slope, 1.0)
+        hi = np.where(slope > 0, np.minimum(hi, bound), hi)
+        lo = np.where(slope < 0, np.maximum(lo, bound), lo)
+        hi = np.where((slope == 0) & (room < 0), -np.inf, hi)
+
+    gpu0, cpu0 = tier_bytes(terms, k, big, 0.0)  # bytes at m = 0
+    g_rw, c_rw = terms.gpu_per_rw[k] / M, terms.cpu_per_rw[k] / M
+    attn = terms.attn_on_gpu[k]
+    free_z = attn & ("kv_gpu_ratio" not in fixed)
+    z_fixed = fixed.get("kv_gpu_ratio", 0.0) * big * attn
+    if lim.shared:
+        per = terms.gpu_kv_seq + terms.cpu_kv_seq
+        z_use = np.where(free_z, 0.0 if per > 0 else big, z_fixed)  # z* ≥ 0 iff the rest fits
+        at_most(g_rw + c_rw, lim.cpu_bytes * rel - gpu0 - cpu0 - per * z_use)
+        return lo, hi
+    # fixed z: linear in both tiers
+    zf = np.where(free_z, 0.0, z_fixed)
+    at_most(np.where(free_z, 0.0, g_rw), np.where(free_z, np.inf, lim.gpu_bytes * rel - gpu0 - terms.gpu_kv_seq * zf))
+    at_most(np.where(free_z, 0.0, c_rw), np.where(free_z, np.inf, lim.cpu_bytes * rel - cpu0 - terms.cpu_kv_seq * zf))
+    # free z: gpu(m) ≤ G (z* ≥ 0); cpu(m) + kv_cpu·N ≤ C; cpu(m) + kv_cpu·(G − gpu(m))/kv_gpu ≤ C
+    kv_g, kv_c = terms.gpu_kv_seq, terms.cpu_kv_seq
+    at_most(np.where(free_z, g_rw, 0.0), np.where(free_z, lim.gpu_bytes * rel - gpu0, np.inf))
+    at_most(np.where(free_z, c_rw, 0.0), np.where(free_z, lim.cpu_bytes * rel - cpu0 - kv_c * big, np.inf))
+    at_most(np.where(free_z, c_rw - kv_c * g_rw / kv_g, 0.0),
+            np.where(free_z, lim.cpu_bytes * rel - cpu0 - kv_c * (lim.gpu_bytes - gpu0) / kv_g, np.inf))
+    return lo, hi
+
+
+def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed: dict) -> list[ModeBest | None]:
+    """The best (n, m, z) of each mode in ``ks``, all candidates at once (module docstring,
+    step 2): every n; m = the largest feasible when the time is non-increasing in m and z
+    does not depend on it, else bisection on the convex φ(m); z = z*(m)."""
+    M, g = terms.expert_slots, terms.expert_step
+    pairs_k, pairs_n = [], []
+    for k, nb in zip(ks, nbar):
+        ns = micro_batch_counts(terms, int(k), int(nb), max_batch, fixed)
+        pairs_k.append(np.full(len(ns), int(k)))
+        pairs_n.append(ns)
+    kk = np.concatenate(pairs_k) if pairs_k else np.zeros(0, dtype=int)
+    nn = np.concatenate(pairs_n) if pairs_n else np.zeros(0)
+    out: list[ModeBest | None] = [None] * len(ks)
+    if not len(kk):
+        return out
+    ffn, attn = terms.ffn_on_gpu[kk], terms.attn_on_gpu[kk]
+    big = terms.mu[kk] * nn
+    lo, hi = feasible_expert_interval(terms, kk, big, fixed)
+    top = float(M // g)
+    if "weights_gpu_ratio" in fixed:
+        pinned = float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))
+        lo_i = np.where(ffn, pinned / g, 0.0)
+        hi_i = lo_i.copy()
+        ok = (pinned >= lo * (1 - 1e-12) - 1e-9) & (pinned <= hi + 1e-9) | ~ffn
+    else:
+        lo_i = np.where(ffn, np.maximum(0.0, np.ceil(lo / g - 1e-9)), 0.0)
+        hi_i = np.where(ffn, np.minimum(top, np.floor(hi / g + 1e-9)), 0.0)
+        ok = lo_i <= hi_i
+        ok &= ffn | ((lo <= 1e-9) & (hi >= -1e-9))
+    kk, nn, lo_i, hi_i, attn = kk[ok], nn[ok], lo_i[ok].astype(int), hi_i[ok].astype(int), attn[ok]
+    monotone = (np.all(terms.w >= 0, axis=(1, 2)) & np.all(terms.pw >= 0, axis=(1, 2)))[kk]
+    monotone &= ~(attn & ("kv_gpu_ratio" not in fixed))
+    lo_i = np.where(monotone, hi_i, lo_i)  # time non-increasing in m, z independent of it: the largest m
+    evaluations = len(kk)
+    while np.any(lo_i < hi_i):
+        act = np.flatnonzero(lo_i < hi_i)
+        mid = (lo_i[act] + hi_i[act]) // 2
+        k2, n2 = np.concatenate([kk[act], kk[act]]), np.concatenate([nn[act], nn[act]])
+        m2 = np.concatenate([mid, mid + 1]) * float(g)
+        z2, _ = _candidates(terms, k2, n2, m2, fixed)
+        t = chunked_time_s(terms, k2, n2, m2, z2, objective)
+        right = t[len(act):] < t[:len(act)]
+        lo_i[act] = np.where(right, mid + 1, lo_i[act])
+        hi_i[act] = np.where(right, hi_i[act], mid)
+        evaluations += len(k2)
+    m = lo_i * float(g)
+    z, fit = _candidates(terms, kk, nn, m, fixed)
+    value = np.where(fit, throughputs(terms, kk, nn, m, z, objective), -np.inf)
+    position = {int(k): i for i, k in enumerate(ks)}
+    for k in np.unique(kk):
+        sel = np.flatnonzero(kk == k)
+        j = sel[int(np.argmax(value[sel]))]
+        if np.isfinite(value[j]):
+            out[position[int(k)]] = ModeBest(float(value[j]), Choice(int(k), int(nn[j]), int(m[j]), float(z[j])),
+                                             int(round(evaluations * len(sel) / len(kk))))
+    return out
+
+
+def chunked_time_s(terms: Terms, k: int, ns, ms, zs, objective: str) -> np.ndarray:
+    """:func:`solver.terms.total_time_s` over candidate arrays, in chunks."""
+    out = np.empty(len(ns))
+    step = max(1, CHUNK_ELEMENTS // max(1, terms.a.shape[-1] * terms.a.shape[2]))
+    per_candidate = np.ndim(k) > 0
+    for lo in range(0, len(ns), step):
+        sl = slice(lo, lo + step)
+        out[sl] = total_time_s(terms, k[sl] if per_candidate else k, ns[sl], ms[sl], zs[sl], objective)
+    return out
+
+
+def throughputs(terms: Terms, k: int, ns, ms, zs, objective: str) -> np.ndarray:
+    """Tokens per second of candidate arrays of mode k."""
+    per_seq = terms.gen_len if objective == "generation" else terms.steps
+    return per_seq * terms.mu[k] * ns / chunked_time_s(terms, k, ns, ms, zs, objective)
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    best: ModeBest | None
+    terms: Terms | None  # the exact terms holding best.choice's mode (index into them)
+    modes_solved: int
+    modes_total: int
+    candidates: int
+
+
+def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine,
+                    options: ModelOptions, limits: MemoryLimits, bound_terms: Terms, idx: np.ndarray,
+                    max_batch: int, objective: str, fixed: dict) -> PlacementResult:
+    """Branch and bound over one placement's modes ``idx`` (indices into ``bound_terms``,
+    the mean-context coefficients): (a) the few modes with the highest closed-form bound are
+    solved exactly for an incumbent; (b) every mode whose closed-form bound beats it is
+    solved at the mean context, which bounds its exact optimum tightly (Jensen, per
+    candidate); (c) modes are solved exactly in that order until the next bound is at or
+    below the incumbent."""
+    nbar = max_micro_batches(bound_terms, max_batch)
+    loose = throughput_upper_bounds(bound_terms, max_batch, objective, nbar)[idx]
+    best: tuple[ModeBest, Terms] | None = None
+    solved = candidates = 0
+
+    def incumbent() -> float:
+        return best[0].throughput * (1 + BOUND_RTOL) if best else 0.0
+
+    def solve_exactly(chosen) -> None:
+        nonlocal best, solved, candidates
+        terms = build_terms(hw, model, workload, engine, options, limits, [bound_terms.modes[j] for j in chosen])
+        found = best_in_modes(terms, np.arange(len(chosen)), max_micro_batches(terms, max_batch), max_batch,
+                              objective, fixed)
+        solved += len(chosen)
+        for item in found:
+            if item is None:
+                continue
+            candidates += item.candidates
+            if best is None or item.throughput > best[0].throughput:
+                best = (item, terms)
+
+    order = np.argsort(-loose, kind="stable")
+    seed = [int(idx[i]) for i in order[:FIRST_BATCH] if loose[i] > 0]
+    if seed:
+        solve_exactly(seed)
+    rest = [int(idx[i]) for i in order[FIRST_BATCH:] if loose[i] > incumbent()]
+    tight = np.zeros(len(rest))
+    for lo in range(0, len(rest), MEAN_CONTEXT_MODES_PER_PASS):
+        part = rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS]
+        found = best_in_modes(bound_terms, np.array(part), nbar[part], max_batch, objective, fixed)
+        tight[lo:lo + len(part)] = [f.throughput if f else 0.0 for f in found]
+    rank = np.argsort(-tight, kind="stable")
+    i, size = 0, FIRST_BATCH
+    while i < len(rank) and tight[rank[i]] > incumbent():
+        chosen = [rest[j] for j in rank[i:i + size] if tight[j] > incumbent()]
+        i += size
+        size = min(2 * size, MAX_BATCH_OF_MODES)
+        solve_exactly(chosen)
+    return PlacementResult(best[0] if best else None, best[1] if best else None, solved, len(idx), candidates)
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    best: ModeBest | None
+    terms: Terms | None
+    by_placement: list[tuple[ModeBest, Terms]]  # best of every placement, descending
+    mu_max: int
+    modes_total: int
+    modes_solved: int
+    candidates: int
+    seconds: float
+
+
+def solve(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
+          limits: MemoryLimits, placements, max_batch: int, objective: str, fixed: dict) -> ExactResult:
+    """The optimum over every μ, n, m and z of every allowed placement, and each placement's
+    own optimum (the alternatives)."""
+    start = time.perf_counter()
+    modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
+    per_place, solved, candidates = [], 0, 0
+    if modes:
+        bound_terms = build_terms(hw, model, workload, engine, options, limits, modes, mean_context=True)
+        for attn, ffn in placements:
+            idx = np.flatnonzero((bound_terms.attn_on_gpu == attn) & (bound_terms.ffn_on_gpu == ffn))
+            if not len(idx):
+                continue
+            result = solve_placement(hw, model, workload, engine, options, limits, bound_terms, idx, max_batch,
+                                     objective, fixed)
+            solved += result.modes_solved
+            candidates += result.candidates
+            if result.best is not None:
+                per_place.append((result.best, result.terms))
+    per_place.sort(key=lambda item: -item[0].throughput)
+    top = per_place[0] if per_place else (None, None)
+    return ExactResult(top[0], top[1], per_place, max((m.micro_batch_size for m in modes), default=0), len(modes),
+                       solved, candidates, time.perf_counter() - start)
