@@ -1,14 +1,23 @@
 """Model spec (SPEC §3): from a Hugging Face ``config.json`` path or a catalog name.
 
 The catalog (``hrm/data/models/*.json``) holds real config.json files, so catalog names and
-user paths go through the same key-zoo normaliser (:func:`normalize_hf_config`).
+user paths go through the same key-zoo normaliser (:func:`normalize_hf_config`). It is
+strict (issue 11): explicit values are validated, never rewritten; a bad file, value or
+combination is one HRMError line naming the file and the key; keys it neither reads nor
+knows to be irrelevant are listed in one warning line on stderr.
 """
 
 from __future__ import annotations
 
+import codecs
 import difflib
+import errno
 import hashlib
 import json
+import math
+import os
+import stat
+import sys
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -41,7 +50,10 @@ class ModelSpec(BaseModel):
 
     A dense model is a one-expert MoE (num_experts = top_k = 1) so that its MLP weights are
     offloadable like experts. ``first_dense_layers`` (DeepSeek's first_k_dense_replace)
-    have a dense MLP of ``dense_intermediate_size`` kept with the non-expert weights.
+    have a dense MLP of ``dense_intermediate_size`` kept with the non-expert weights; it
+    counts every dense layer of a MoE model (also DeepSeek's moe_layer_freq and Qwen-MoE's
+    decoder_sparse_step / mlp_only_layers), placed first: the cost model depends on how many
+    layers are dense, not on where they sit.
     MLA (DeepSeek-V2) is on when ``kv_lora_rank`` is set: the KV cache holds the latent
     (kv_lora_rank + qk_rope_head_dim) per token and layer.
     """
@@ -135,70 +147,460 @@ class ModelSpec(BaseModel):
 
 
 # --- Hugging Face key zoo -------------------------------------------------------------
+#
+# Strict: an explicit value is validated, never rewritten (no ``value or default``); only
+# an absent key (or JSON null, which HF writes for "not set") takes the documented default.
+# Every refusal is an HRMError naming the file and the key.
 
-def _first(cfg: dict, *paths: str):
-    """First present key among dotted ``paths`` (``ffn_config.moe_top_k``)."""
-    for path in paths:
-        node = cfg
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node or node[part] is None:
-                node = None
-                break
-            node = node[part]
-        if node is not None:
-            return node
+# Plausible ranges: generous, but finite; a value beyond one is a typo or a unit slip.
+MAX_HIDDEN_SIZE = 1 << 17  # 131072: the widest published decoders have hidden sizes of ~16-25K
+MAX_INTERMEDIATE_SIZE = 1 << 20  # 1M: the widest published FFNs are ~53K (Llama-3.1-405B)
+MAX_LAYERS = 1024  # the deepest published decoders have ~130 layers
+MAX_HEADS = 1024  # the most attention heads published are 128 (DeepSeek-V3)
+MAX_HEAD_DIM = 4096  # published head dims are 64-256
+MAX_VOCAB = 1 << 24  # 16.7M: the largest published vocabularies are ~260K tokens
+MAX_EXPERTS = 1 << 16  # 65536: the most routed experts published are ~512 per layer
+MAX_LORA_RANK = MAX_HIDDEN_SIZE  # MLA ranks compress the hidden state, so never wider than it
+MAX_ROPE_THETA = 1e12  # published RoPE bases are at most ~1e8
+MAX_NORM_EPS = 1.0  # an RMSNorm epsilon is a tiny guard (1e-6..1e-5); 1 or more swamps the signal
+MAX_CONFIG_BYTES = 16 << 20  # real config.json files are under 100 KB
+
+EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "ffn_config.moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "ffn_config.moe_top_k")
+DENSE_WIDTH_KEYS = ("intermediate_size", "ffn_config.ffn_hidden_size", "n_inner")
+EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "ffn_config.ffn_hidden_size")
+KV_HEADS_KEYS = ("num_key_value_heads", "attn_config.kv_n_heads", "num_kv_heads")
+ROPE_THETA_KEYS = ("rope_theta", "attn_config.rope_theta", "rope_parameters.rope_theta")
+MLA_DIM_KEYS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+REQUIRED_KEYS = {  # ModelSpec field: (config keys, plausible maximum, its name)
+    "hidden_size": (("hidden_size", "d_model", "n_embd"), MAX_HIDDEN_SIZE, "MAX_HIDDEN_SIZE"),
+    "num_layers": (("num_hidden_layers", "n_layers", "num_layers", "n_layer"), MAX_LAYERS, "MAX_LAYERS"),
+    "num_heads": (("num_attention_heads", "n_heads", "n_head"), MAX_HEADS, "MAX_HEADS"),
+    "vocab_size": (("vocab_size",), MAX_VOCAB, "MAX_VOCAB"),
+}
+
+#: keys that only a mixture-of-experts config has (a config with one needs an expert count)
+MOE_SIGNAL_KEYS = (
+    *TOP_K_KEYS, "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
+    "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers",
+    "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "router_z_loss_coef",
+    "norm_topk_prob", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "scoring_func",
+    "aux_loss_alpha", "seq_aux",
+)
+MOE_MODEL_TYPES = frozenset({
+    "mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe",
+    "granitemoe", "granitemoeshared", "phimoe", "jetmoe", "jamba", "gpt_oss", "llama4_text", "glm4_moe",
+})
+MOE_ARCH_MARKERS = ("moe", "mixtral", "dbrx", "deepseek")  # in lower-cased ``architectures`` names
+
+#: top-level keys of the model config that the normaliser reads
+READ_KEYS = frozenset({
+    *(k for keys, _, _ in REQUIRED_KEYS.values() for k in keys), *EXPERT_KEYS, *TOP_K_KEYS,
+    *DENSE_WIDTH_KEYS, *EXPERT_WIDTH_KEYS, *KV_HEADS_KEYS, *ROPE_THETA_KEYS, *MLA_DIM_KEYS,
+    "head_dim", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+    "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers", "tie_word_embeddings", "kv_lora_rank",
+    "q_lora_rank", "rms_norm_eps", "model_type", "architectures",
+})
+READ_KEYS = frozenset(k.split(".")[0] for k in READ_KEYS)
+#: top-level keys read from the file itself, also when the model sits under ``text_config``
+FILE_KEYS = frozenset({"torch_dtype", "dtype", "quantization_config", "text_config", "model_type", "architectures"})
+
+#: Hugging Face keys that exist in real configs but do not change the cost model (no warning)
+KNOWN_IGNORED_KEYS = frozenset({
+    # identity, tokens, tooling
+    "architectures", "model_type", "transformers_version", "auto_map", "tokenizer_class", "name_or_path",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "forced_bos_token_id", "forced_eos_token_id", "id2label", "label2id", "finetuning_task", "problem_type",
+    "prefix", "task_specific_params", "return_dict", "output_attentions", "output_hidden_states",
+    "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward",
+    "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
+    "tie_encoder_decoder", "use_cache", "cache_implementation", "initializer_range", "init_std",
+    "pretraining_tp", "ep_size", "use_return_dict",
+    # generation defaults that old nested configs carry
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    # context length, positions, rope variants
+    "max_position_embeddings", "max_seq_len", "max_sequence_length", "seq_length", "n_positions", "n_ctx",
+    "rope_scaling", "rope_type", "rope_interleave", "partial_rotary_factor", "rotary_dim", "rotary_pct",
+    "rotary_emb_base", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "sliding_window_pattern", "attention_chunk_size",
+    # activations, norms, dropouts, biases, soft caps, scalings
+    "hidden_act", "hidden_activation", "activation_function", "layer_norm_eps", "layer_norm_epsilon",
+    "norm_eps", "norm_epsilon", "attention_dropout", "attention_probs_dropout_prob", "hidden_dropout",
+    "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop", "dropout",
+    "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias", "clip_qkv", "qk_layernorm", "use_qk_norm",
+    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "embedding_multiplier",
+    "logits_scaling", "residual_multiplier", "attention_multiplier",
+    # router/training details of MoE configs (the expert count, top-k and widths are read)
+    "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "router_z_loss_coef",
+    "norm_topk_prob", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "scoring_func",
+    "aux_loss_alpha", "seq_aux", "num_nextn_predict_layers",
+    # multimodal wrappers (the text model under text_config is what is modelled)
+    "vision_config", "audio_config", "image_token_index", "image_token_id", "video_token_id",
+    "vision_start_token_id", "vision_end_token_id", "vision_token_id", "audio_token_id",
+    "boi_token_index", "eoi_token_index", "mm_tokens_per_image", "image_seq_length", "ignore_index",
+    "projector_hidden_act", "multimodal_projector_bias", "vision_feature_layer",
+    "vision_feature_select_strategy", "spatial_merge_size",
+})
+
+#: torch_dtype / dtype values → the ModelSpec float dtype. 16-bit checkpoints (float16 and
+#: bfloat16: the same 2 bytes per weight) are modelled as fp16, the spec's default, so that
+#: every GPU profile has a rate for them (T4-class profiles list no bf16 rate); pass
+#: ``--weight-dtype bf16`` to model bf16 kernels.
+TORCH_DTYPES = {
+    "float32": "fp32", "float": "fp32", "fp32": "fp32",
+    "float16": "fp16", "half": "fp16", "fp16": "fp16",
+    "bfloat16": "fp16", "bf16": "fp16",
+}
+QUANT_METHODS = ("awq", "bitsandbytes", "gptq")
+QUANT_BITS = {4: "int4", 8: "int8"}
+
+
+class _Config:
+    """A config mapping plus the prefix its keys carry in messages (``text_config.``)."""
+
+    def __init__(self, data: dict, source: str, prefix: str = ""):
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def refuse(self, key: str, reason: str):
+        raise HRMError(f"{self.source}: {self.prefix}{_show_key(key)}: {reason}")
+
+    def raw(self, path: str):
+        """Value at dotted ``path`` (``ffn_config.moe_top_k``); None if absent or null.
+        A non-object on the way (``ffn_config: 3``) is refused."""
+        node, parts = self.data, path.split(".")
+        for depth, part in enumerate(parts):
+            if depth:
+                if not isinstance(node, dict):
+                    self.refuse(".".join(parts[:depth]), f"must be an object, got {_show_value(node)}")
+            node = node.get(part)
+            if node is None:
+                return None
+        return node
+
+    def pick(self, paths, check):
+        """(key, checked value) of the present key among alias ``paths``; None if none.
+        Aliases present with different values are refused as contradictory."""
+        hits = [(path, check(self, path, raw)) for path in paths if (raw := self.raw(path)) is not None]
+        for path, value in hits[1:]:
+            if value != hits[0][1]:
+                first, shown = hits[0][0], _show_value(self.raw(hits[0][0]))
+                self.refuse(path, f"{_show_value(self.raw(path))} contradicts {self.prefix}{first} = {shown}")
+        return hits[0] if hits else None
+
+
+def _show_key(key) -> str:
+    """A key as printed in one-line messages (quoted if it has commas or unprintable characters)."""
+    text = str(key)
+    if not text.isprintable() or "," in text or not text:
+        text = json.dumps(text)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _show_value(value) -> str:
+    """A JSON value, shortened to 40 characters, for messages."""
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):  # e.g. an int beyond the digit limit of str()
+        text = f"a {value.bit_length()}-bit integer" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return f"the boolean {_show_value(value)}"
+    if isinstance(value, str):
+        return f"the string {_show_value(value)}"
+    if isinstance(value, (list, dict)):
+        return f"{'a list' if isinstance(value, list) else 'an object'}"
+    if value is None:
+        return "null"
+    return _show_value(value)
+
+
+def _int(lo: int, hi: int, why: str = ""):
+    """Checker: an integer (not a bool, float or string) in [lo, hi]."""
+
+    def check(cfg: _Config, key: str, value) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            cfg.refuse(key, f"must be an integer, got {_kind(value)}")
+        if value < lo:
+            cfg.refuse(key, f"must be at least {lo}, got {_show_value(value)}")
+        if value > hi:
+            cfg.refuse(key, f"must be at most {hi}{why}, got {_show_value(value)}")
+        return value
+
+    return check
+
+
+def _number(hi: float):
+    """Checker: a finite real number in (0, hi]."""
+
+    def check(cfg: _Config, key: str, value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            cfg.refuse(key, f"must be a number, got {_kind(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            cfg.refuse(key, f"must be finite, got {_show_value(value)}")
+        if not 0 < value <= hi:
+            cfg.refuse(key, f"must lie in (0, {hi:g}], got {_show_value(value)}")
+        return value
+
+    return check
+
+
+def _bool(cfg: _Config, key: str, value) -> bool:
+    if not isinstance(value, bool):
+        cfg.refuse(key, f"must be true or false, got {_kind(value)}")
+    return value
+
+
+def _string(cfg: _Config, key: str, value) -> str:
+    if not isinstance(value, str):
+        cfg.refuse(key, f"must be a string, got {_kind(value)}")
+    return value
+
+
+def _strings(cfg: _Config, key: str, value) -> tuple:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        cfg.refuse(key, f"must be a list of strings, got {_kind(value)}")
+    return tuple(value)
+
+
+def _ignored_keys(cfg: dict, text: Optional[dict]) -> list[str]:
+    """Keys the normaliser neither reads nor knows to be irrelevant (``_private`` keys aside)."""
+    def unknown(data: dict, read: frozenset, prefix: str):
+        return [prefix + _show_key(k) for k in data
+                if not (isinstance(k, str) and k.startswith("_")) and k not in read and k not in KNOWN_IGNORED_KEYS]
+
+    if text is None:
+        return unknown(cfg, READ_KEYS | FILE_KEYS, "")
+    return unknown(cfg, FILE_KEYS, "") + unknown(text, READ_KEYS | FILE_KEYS, "text_config.")
+
+
+def _moe_reason(cfg: _Config, top: _Config) -> Optional[str]:
+    """Why the config looks like a mixture of experts (None if it does not)."""
+    present = [k for k in MOE_SIGNAL_KEYS if cfg.raw(k) is not None]
+    if present:
+        return f"it has {cfg.prefix}{present[0]}"
+    for conf in (cfg, top) if cfg is not top else (cfg,):
+        model_type = conf.pick(("model_type",), _string)
+        if model_type and (model_type[1] in MOE_MODEL_TYPES or "moe" in model_type[1].lower()):
+            return f"{conf.prefix}model_type is {_show_value(model_type[1])}"
+        archs = conf.pick(("architectures",), _strings)
+        for arch in archs[1] if archs else ():
+            if any(marker in arch.lower() for marker in MOE_ARCH_MARKERS):
+                return f"{conf.prefix}architectures has {_show_value(arch)}"
     return None
 
 
-REQUIRED_KEYS = {
-    "hidden_size": ("hidden_size", "d_model", "n_embd"),
-    "num_layers": ("num_hidden_layers", "n_layers", "num_layers", "n_layer"),
-    "num_heads": ("num_attention_heads", "n_heads", "n_head"),
-    "vocab_size": ("vocab_size",),
-}
+def _float_dtype(cfg: _Config, top: _Config) -> str:
+    """The checkpoint's float dtype from torch_dtype / dtype (the file's, else text_config's)."""
+    def check(conf: _Config, key: str, value) -> str:
+        if not isinstance(value, str):
+            conf.refuse(key, f"must be a dtype name, got {_kind(value)}")
+        name = value.lower().removeprefix("torch.")
+        if name not in TORCH_DTYPES:
+            hint = "; quantised weights are read from quantization_config" if "int" in name or "8" in name else ""
+            conf.refuse(key, f"unsupported dtype {_show_value(value)} (known: {', '.join(sorted(TORCH_DTYPES))}){hint}")
+        return TORCH_DTYPES[name]
+
+    hit = top.pick(("torch_dtype", "dtype"), check)
+    if cfg is not top:
+        inner = cfg.pick(("torch_dtype", "dtype"), check)
+        if hit and inner and inner[1] != hit[1]:
+            shown, outer = _show_value(cfg.raw(inner[0])), _show_value(top.raw(hit[0]))
+            cfg.refuse(inner[0], f"{shown} contradicts {hit[0]} = {outer}")
+        hit = hit or inner
+    return hit[1] if hit else "fp16"  # absent: the spec's default 16-bit weights
 
 
-def normalize_hf_config(cfg: dict, name: str) -> dict:
-    """Map a config.json (Mixtral, DBRX, Qwen-MoE, DeepSeek, OLMoE, Llama/Mistral) to ModelSpec fields."""
+def _quant_dtype(cfg: _Config, top: _Config) -> Optional[str]:
+    """The weight dtype a ``quantization_config`` implies (None when there is none)."""
+    conf = top if top.raw("quantization_config") is not None or cfg is top else cfg
+    q = conf.raw("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        conf.refuse("quantization_config", f"must be an object, got {_kind(q)}")
+    method = conf.pick(("quantization_config.quant_method",), _string)
+    if method is None:
+        conf.refuse("quantization_config.quant_method", f"missing (one of {', '.join(QUANT_METHODS)})")
+    method = method[1].lower()
+    if method not in QUANT_METHODS:
+        conf.refuse("quantization_config.quant_method",
+                    f"unsupported method {_show_value(q['quant_method'])} (supported: {', '.join(QUANT_METHODS)})")
+    if method == "bitsandbytes":
+        four = conf.pick(("quantization_config.load_in_4bit",), _bool)
+        eight = conf.pick(("quantization_config.load_in_8bit",), _bool)
+        four, eight = bool(four and four[1]), bool(eight and eight[1])
+        if four and eight:
+            conf.refuse("quantization_config.load_in_8bit", "contradicts load_in_4bit (both true)")
+        if not (four or eight):
+            conf.refuse("quantization_config.load_in_4bit", "bitsandbytes needs load_in_4bit or load_in_8bit true")
+        return "int4" if four else "int8"
+
+    def bits_check(c: _Config, key: str, value) -> int:
+        bits = _int(1, 64)(c, key, value)
+        if bits not in QUANT_BITS:
+            c.refuse(key, f"unsupported {bits}-bit weights (supported: {', '.join(map(str, QUANT_BITS))})")
+        return bits
+
+    bits = conf.pick(("quantization_config.bits", "quantization_config.w_bit"), bits_check)
+    if bits is None:
+        conf.refuse("quantization_config.bits", f"missing ({method} needs the weight bit width: 4 or 8)")
+    return QUANT_BITS[bits[1]]
+
+
+def _moe_layers(cfg: _Config, num_layers: int) -> tuple[int, list[str]]:
+    """Number of MoE layers among ``num_layers`` and the pattern keys that make layers dense.
+
+    DeepSeek: layer i is MoE iff i ≥ first_k_dense_replace and i % moe_layer_freq == 0;
+    Qwen-MoE: iff (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers."""
+    first = cfg.pick(("first_k_dense_replace",), _int(0, MAX_LAYERS, " (MAX_LAYERS)"))
+    freq = cfg.pick(("moe_layer_freq",), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
+    step = cfg.pick(("decoder_sparse_step",), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
+    only = cfg.raw("mlp_only_layers")
+    dense_set: set[int] = set()
+    if only is not None:
+        if not isinstance(only, list):
+            cfg.refuse("mlp_only_layers", f"must be a list of layer indices, got {_kind(only)}")
+        index = _int(0, num_layers - 1, f" (num_layers - 1; the model has {num_layers} layers)")
+        for i, value in enumerate(only):
+            layer = index(cfg, f"mlp_only_layers[{i}]", value)
+            if layer in dense_set:
+                cfg.refuse(f"mlp_only_layers[{i}]", f"layer {layer} is listed twice")
+            dense_set.add(layer)
+    k, f, s = (first[1] if first else 0), (freq[1] if freq else 1), (step[1] if step else 1)
+    moe = sum(1 for i in range(num_layers) if i >= k and i % f == 0 and (i + 1) % s == 0 and i not in dense_set)
+    used = [key for key, restricts in (("first_k_dense_replace", k > 0), ("moe_layer_freq", f > 1),
+                                       ("decoder_sparse_step", s > 1), ("mlp_only_layers", bool(dense_set)))
+            if restricts]
+    return moe, used
+
+
+def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> dict:
+    """Map a config.json (Mixtral, DBRX, Qwen-MoE, DeepSeek, OLMoE, Llama/Mistral, a multimodal
+    wrapper's ``text_config``) to ModelSpec fields, refusing (HRMError naming the key) any
+    explicit value that is not a plausible integer/number, and contradictory fields.
+
+    Defaults for absent keys: num_key_value_heads = num_attention_heads (no GQA); head_dim =
+    hidden_size / num_attention_heads; no experts (dense) unless the config looks like a MoE,
+    which then needs an expert count and a top-k; rope_theta 10000; rms_norm_eps 1e-5;
+    tie_word_embeddings false; torch_dtype 16-bit. Dense layers of a MoE model
+    (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers) are counted
+    into ``first_dense_layers``: the cost model depends on how many there are, not where.
+    """
+    src = source or name
+    top = _Config(cfg, src)
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        top.refuse("text_config", f"must be an object (the text model's config), got {_kind(text)}")
+    model = _Config(text, src, "text_config.") if text is not None else top
+    ignored = _ignored_keys(cfg, text)
+
+    def hint(keys) -> str:
+        close = [k for k in ignored if difflib.get_close_matches(k.split(".")[-1], keys, n=1, cutoff=0.75)]
+        return f"; unrecognised key {', '.join(close)}: a typo?" if close else ""
+
     out: dict = {"name": name}
-    for field, keys in REQUIRED_KEYS.items():
-        value = _first(cfg, *keys)
-        if value is None:
-            raise HRMError(f"{name}: config lacks required key {' / '.join(keys)}")
-        out[field] = value
-    hidden, heads = out["hidden_size"], out["num_heads"]
-    out["num_kv_heads"] = _first(cfg, "num_key_value_heads", "attn_config.kv_n_heads", "num_kv_heads") or heads
-    out["head_dim"] = _first(cfg, "head_dim") or hidden // heads
-    experts = _first(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "ffn_config.moe_num_experts")
-    out["num_experts"] = experts or 1
-    out["top_k"] = (_first(cfg, "num_experts_per_tok", "moe_top_k", "ffn_config.moe_top_k") or 1) if experts else 1
-    dense_width = _first(cfg, "intermediate_size", "ffn_config.ffn_hidden_size", "n_inner")
-    expert_width = _first(cfg, "moe_intermediate_size", "ffn_config.ffn_hidden_size") if experts else None
-    expert_width = expert_width or dense_width
-    if expert_width is None:
-        raise HRMError(f"{name}: config lacks required key intermediate_size / moe_intermediate_size / ffn_config.ffn_hidden_size")
-    out["expert_intermediate_size"] = expert_width
-    shared = _first(cfg, "shared_expert_intermediate_size")
-    if shared is None and _first(cfg, "n_shared_experts"):
-        shared = _first(cfg, "n_shared_experts") * expert_width
-    out["shared_intermediate_size"] = shared or 0
-    out["shared_expert_gate"] = _first(cfg, "shared_expert_intermediate_size") is not None
-    first_dense = _first(cfg, "first_k_dense_replace") or 0
-    if experts and first_dense:
-        out["first_dense_layers"] = first_dense
-        out["dense_intermediate_size"] = dense_width
-    out["tie_embeddings"] = bool(_first(cfg, "tie_word_embeddings"))
-    for key in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
-        if _first(cfg, key) is not None:
-            out[key] = _first(cfg, key)
-    if out.get("kv_lora_rank"):
-        out["num_kv_heads"] = heads
-    theta = _first(cfg, "rope_theta", "attn_config.rope_theta")
-    if theta:
-        out["rope_theta"] = theta
-    eps = _first(cfg, "rms_norm_eps")
-    if eps:
-        out["rms_norm_eps"] = eps
+    used: dict[str, str] = {}
+    for field, (keys, hi, hi_name) in REQUIRED_KEYS.items():
+        hit = model.pick(keys, _int(1, hi, f" ({hi_name})"))
+        if hit is None:
+            model.refuse(" / ".join(keys), f"missing (required){hint(keys)}")
+        used[field], out[field] = hit
+    hidden, layers, heads = out["hidden_size"], out["num_layers"], out["num_heads"]
+
+    kv = model.pick(KV_HEADS_KEYS, _int(1, MAX_HEADS, " (MAX_HEADS)"))
+    head_dim = model.pick(("head_dim",), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)"))
+    lora = model.pick(("kv_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
+    q_lora = model.pick(("q_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
+    mla_dims = {key: model.pick((key,), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)")) for key in MLA_DIM_KEYS}
+    if head_dim is None and hidden % heads:
+        model.refuse(used["hidden_size"],
+                     f"{hidden} is not a multiple of {used['num_heads']} ({heads}) and head_dim is absent")
+    out["head_dim"] = head_dim[1] if head_dim else hidden // heads
+    out["num_kv_heads"] = kv[1] if kv else heads
+    if lora is not None:
+        missing = [key for key, hit in mla_dims.items() if hit is None]
+        if missing:
+            model.refuse(missing[0],
+                         "missing (MLA: kv_lora_rank needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim)")
+        out["num_kv_heads"] = heads  # MLA: every head reads the shared latent
+    elif kv is not None and heads % kv[1]:
+        model.refuse(kv[0], f"{kv[1]} does not divide {used['num_heads']} ({heads})")
+    for key, hit in (("kv_lora_rank", lora), ("q_lora_rank", q_lora), *mla_dims.items()):
+        if hit is not None:
+            out[key] = hit[1]
+
+    experts = model.pick(EXPERT_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)"))
+    top_k = model.pick(TOP_K_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)"))
+    width = _int(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)")
+    dense_width = model.pick(DENSE_WIDTH_KEYS, width)
+    expert_width = model.pick(EXPERT_WIDTH_KEYS, width)
+    shared_width = model.pick(("shared_expert_intermediate_size",), width)
+    shared_count = model.pick(("n_shared_experts",), _int(1, MAX_EXPERTS, " (MAX_EXPERTS)"))
+    if experts is None:
+        reason = _moe_reason(model, top)
+        if reason:
+            model.refuse(" / ".join(EXPERT_KEYS), f"missing, but the config looks like a mixture of experts "
+                                                  f"({reason}){hint(EXPERT_KEYS)}")
+        out["num_experts"] = out["top_k"] = 1
+        if dense_width is None:
+            model.refuse(" / ".join(DENSE_WIDTH_KEYS), f"missing (required){hint(DENSE_WIDTH_KEYS)}")
+        out["expert_intermediate_size"] = dense_width[1]
+    else:
+        out["num_experts"] = experts[1]
+        if top_k is None and experts[1] > 1:
+            model.refuse(" / ".join(TOP_K_KEYS),
+                         f"missing (experts per token; the config has {experts[1]} experts){hint(TOP_K_KEYS)}")
+        out["top_k"] = top_k[1] if top_k else 1
+        if out["top_k"] > experts[1]:
+            model.refuse(top_k[0], f"{top_k[1]} exceeds {experts[0]} ({experts[1]})")
+        routed = expert_width or dense_width
+        if routed is None:
+            model.refuse("intermediate_size / moe_intermediate_size / ffn_config.ffn_hidden_size",
+                         f"missing (expert width){hint(EXPERT_WIDTH_KEYS + DENSE_WIDTH_KEYS)}")
+        out["expert_intermediate_size"] = routed[1]
+        if shared_width and shared_count:
+            model.refuse("n_shared_experts",
+                         "contradicts shared_expert_intermediate_size (give one shared-expert size)")
+        if shared_width:
+            out["shared_intermediate_size"] = shared_width[1]
+        elif shared_count:
+            out["shared_intermediate_size"] = shared_count[1] * routed[1]  # DeepSeek: n shared experts
+        else:
+            out["shared_intermediate_size"] = 0
+        out["shared_expert_gate"] = shared_width is not None
+        moe_layers, pattern = _moe_layers(model, layers)
+        if moe_layers == 0:
+            keys = f" and {model.prefix}".join(pattern)
+            model.refuse(keys, f"leave{'s' if len(pattern) == 1 else ''} no MoE layer among the {layers} layers")
+        if moe_layers < layers:
+            if dense_width is None:
+                dense = layers - moe_layers
+                model.refuse(" / ".join(DENSE_WIDTH_KEYS),
+                             f"missing (width of the {dense} dense layer{'s' if dense > 1 else ''})")
+            out["first_dense_layers"] = layers - moe_layers
+            out["dense_intermediate_size"] = dense_width[1]
+
+    tie = model.pick(("tie_word_embeddings",), _bool)
+    out["tie_embeddings"] = tie[1] if tie else False
+    theta = model.pick(ROPE_THETA_KEYS, _number(MAX_ROPE_THETA))
+    if theta is not None:
+        out["rope_theta"] = theta[1]
+    eps = model.pick(("rms_norm_eps",), _number(MAX_NORM_EPS))
+    if eps is not None:
+        out["rms_norm_eps"] = eps[1]
+
+    float_dtype = _float_dtype(model, top)
+    quant = _quant_dtype(model, top)
+    out["weight_dtype"] = quant or float_dtype
+    out["activation_dtype"] = float_dtype  # kernels compute in the checkpoint's float type
     return out
 
 
@@ -210,36 +612,137 @@ def catalog_config_path(name: str) -> Path:
     """Catalog file for a name or alias; HRMError with close matches otherwise."""
     key = name.lower()
     key = ALIASES.get(key, key)
-    path = CATALOG_DIR / f"{key}.json"
-    if path.exists():
-        return path
+    if key in list_catalog():
+        return CATALOG_DIR / f"{key}.json"
     choices = list_catalog() + list(ALIASES)
     close = difflib.get_close_matches(key, choices, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(list_catalog())}"
-    raise HRMError(f"unknown model '{name}' (not a config.json path or catalog name){hint}")
+    raise HRMError(f"unknown model {_show_value(name)} (not a config.json path or catalog name){hint}")
 
 
-def load_model(name_or_path: str, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> ModelSpec:
-    """ModelSpec from a config.json path, a directory holding one, or a catalog name/alias."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.exists():
-        name = path.parent.name if path.name == "config.json" else path.stem
-    else:
-        path = catalog_config_path(name_or_path)
-        name = path.stem
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or os.sep in text or text.lower().endswith(".json")
+
+
+def _stat(path: Path):
+    """os.stat of ``path``, or None where there is nothing (or no valid path name) there."""
     try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise HRMError(f"{path}: malformed JSON (line {exc.lineno}: {exc.msg})") from None
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
     except OSError as exc:
-        raise HRMError(f"{path}: cannot read ({exc.strerror})") from None
+        if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+            return None
+        raise HRMError(f"{path}: cannot access ({exc.strerror or exc})") from None
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def resolve_config_path(name_or_path: str) -> tuple[Path, str]:
+    """(config.json path, model name) for a path, a directory holding config.json, or a
+    catalog name/alias; refuses directories without one and anything not a regular file."""
+    text = str(name_or_path)
+    path = Path(text)
+    info = _stat(path) if text else None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        path = path / "config.json"
+        info = _stat(path)
+        if info is None:
+            raise HRMError(f"{text}: a directory without a config.json")
+    if info is None:
+        if _looks_like_path(text):
+            raise HRMError(f"{text}: no such file (and not a catalog model name)")
+        path = catalog_config_path(text)
+        info = _stat(path)
+        if info is None:
+            raise HRMError(f"{path}: cannot read the catalog file")
+        return path, path.stem
+    if not stat.S_ISREG(info.st_mode):
+        raise HRMError(f"{path}: {_file_kind(info.st_mode)}, not a regular file; expected a config.json")
+    return path, path.parent.name if path.name == "config.json" else path.stem
+
+
+def read_config_json(path: Path) -> dict:
+    """The JSON object in ``path`` (UTF-8, at most MAX_CONFIG_BYTES, no duplicate keys).
+    Opened non-blocking and re-checked as a regular file, so a FIFO cannot hang the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError) as exc:
+        raise HRMError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise HRMError(f"{path}: {_file_kind(mode)}, not a regular file; expected a config.json")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise HRMError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise HRMError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB (MAX_CONFIG_BYTES); not a config.json")
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        raise HRMError(f"{path}: UTF-16/UTF-32 text; config.json must be UTF-8")
+    if b"\0" in data:
+        offset = data.index(b"\0")
+        raise HRMError(f"{path}: not UTF-8 text (NUL byte at offset {offset}; binary or UTF-16?)")
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0  # a UTF-8 BOM is still UTF-8
+    try:
+        text = data[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad, at = data[skip + exc.start], skip + exc.start
+        raise HRMError(f"{path}: not UTF-8 text (byte 0x{bad:02x} at offset {at}; Latin-1 or binary?)") from None
+
+    def no_duplicates(pairs):
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise HRMError(f"{path}: {_show_key(key)}: duplicate key (JSON keeps only one; which was meant?)")
+            seen[key] = value
+        return seen
+
+    try:
+        cfg = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise HRMError(f"{path}: malformed JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise HRMError(f"{path}: malformed JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        raise HRMError(f"{path}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
     if not isinstance(cfg, dict):
-        raise HRMError(f"{path}: expected a JSON object")
-    fields = normalize_hf_config(cfg, cfg.get("_hrm_name", name))
+        raise HRMError(f"{path}: expected a JSON object at the top level, got {_kind(cfg)}")
+    return cfg
+
+
+def model_from_config(cfg: dict, name: str, source: str) -> tuple[ModelSpec, list[str]]:
+    """(ModelSpec, ignored keys) from a parsed config.json; HRMError naming the key if refused."""
+    if not isinstance(cfg, dict):
+        raise HRMError(f"{source}: expected a JSON object at the top level, got {_kind(cfg)}")
+    label = cfg.get("_hrm_name")
+    if label is None:
+        label = name
+    elif not isinstance(label, str) or not label.strip() or not label.isprintable():
+        raise HRMError(f"{source}: _hrm_name: must be a non-empty printable string, got {_kind(label)}")
+    fields = normalize_hf_config(cfg, label, source)
     try:
         spec = ModelSpec.model_validate(fields)
     except ValidationError as exc:
-        raise HRMError(pydantic_message(str(path), exc)) from None
+        raise HRMError(pydantic_message(source, exc)) from None
+    text = cfg.get("text_config")
+    return spec, _ignored_keys(cfg, text if isinstance(text, dict) else None)
+
+
+def load_model(name_or_path: str, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> ModelSpec:
+    """ModelSpec from a config.json path, a directory holding one, or a catalog name/alias.
+    Keys neither read nor known to be irrelevant are listed in one warning line on stderr."""
+    path, name = resolve_config_path(name_or_path)
+    spec, ignored = model_from_config(read_config_json(path), name, str(path))
+    if ignored:
+        print(f"warning: {path}: ignored keys: {', '.join(ignored)}", file=sys.stderr)
     return spec.with_dtypes(weight_dtype, kv_dtype)
