@@ -46,6 +46,10 @@ BOUND_RTOL = 1e-9
 # Modes solved exactly per batch of coefficients (the first batch; later ones double up to
 # the cap): small enough not to build terms for modes the bound will prune.
 FIRST_BATCH, MAX_BATCH_OF_MODES = 4, 64
+# Decode steps are cut into this many blocks for the bounds, each evaluated at its mean
+# context (Jensen per block): more blocks tighten the bound where the leading lane changes
+# with the context, at a proportional cost per bound evaluation.
+BOUND_BLOCKS = 4
 # Modes per vectorised pass of the mean-context solve (bounds memory, not the result).
 MEAN_CONTEXT_MODES_PER_PASS = 512
 # Elements per vectorised evaluation chunk (candidates × steps × lanes).
@@ -94,8 +98,8 @@ def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "gene
     rest = 1.0 - largest_static_experts(terms) / terms.expert_slots
     lane_ok = (np.all(terms.b >= 0, axis=-1) & (terms.w >= 0) & np.all(terms.c >= 0, axis=-1))[..., None]
     per_lane = terms.a + (rest[:, None, None, None] * terms.w[..., None] + terms.c) * inv_n[:, None, None, None]
-    decode = np.max(np.where(lane_ok, per_lane, 0.0), axis=2).sum(axis=-1) @ terms.kind_layers * terms.step_weight
-    per_mb = decode + terms.steps * terms.head + terms.step_weight * terms.sync.sum(axis=-1) * inv_n
+    decode = (np.max(np.where(lane_ok, per_lane, 0.0), axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
+    per_mb = decode + terms.steps * terms.head + (terms.step_weight * terms.sync).sum(axis=-1) * inv_n
     if objective == "generation":
         pre_ok = (terms.pb >= 0) & (terms.pw >= 0) & (terms.pc >= 0)
         pre = terms.pa + (rest[:, None, None] * terms.pw + terms.pc) * inv_n[:, None, None]
@@ -406,7 +410,7 @@ def solve(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Eng
     modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
     per_place, solved, candidates = [], 0, 0
     if modes:
-        bound_terms = build_terms(hw, model, workload, engine, options, limits, modes, mean_context=True)
+        bound_terms = build_terms(hw, model, workload, engine, options, limits, modes, blocks=BOUND_BLOCKS)
         for attn, ffn in placements:
             idx = np.flatnonzero((bound_terms.attn_on_gpu == attn) & (bound_terms.ffn_on_gpu == ffn))
             if not len(idx):

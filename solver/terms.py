@@ -61,9 +61,9 @@ class Terms:
     Each decode step adds ``sync`` (an engine's pipeline drain), m moves in steps of
     ``expert_step`` (the engine's static-weight granularity).
     Memory: bytes = const + per_seq·N + per_rw·(m/M) + kv_seq·z per tier.
-    ``step_weight`` is the number of decode steps each evaluated context stands for: 1 for
-    the exact terms (one column per step), ``steps`` for ``build_terms(mean_context=True)`` (one
-    column at the mean context).
+    ``step_weight`` is the number of decode steps each evaluated context (column) stands
+    for: 1 for the exact terms (one column per step); for ``build_terms(blocks=B)`` the
+    steps are cut into B consecutive blocks, each evaluated at its mean context.
     """
 
     modes: list[Mode]
@@ -94,7 +94,7 @@ class Terms:
     cpu_per_rw: np.ndarray
     cpu_kv_seq: float
     limits: MemoryLimits
-    step_weight: float = 1.0
+    step_weight: np.ndarray | float = 1.0  # per column
     affine: np.ndarray | None = None  # [mode, kind]: every lane's a, b, c affine in the step
 
 
@@ -109,9 +109,9 @@ def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
 
 
 def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-                limits: MemoryLimits, modes: list[Mode], mean_context: bool = False) -> Terms:
-    """The coefficients of ``modes``: one column per decode step, or (``mean_context``) one
-    column at the mean decode context weighted by the number of steps."""
+                limits: MemoryLimits, modes: list[Mode], blocks: int | None = None) -> Terms:
+    """The coefficients of ``modes``: one column per decode step, or (``blocks``) one column
+    per block of consecutive steps at the block's mean context, weighted by its size."""
     engine = as_engine(engine)
     options = options.for_model(model)
     rates = rates_from_profile(hw, options)
@@ -123,8 +123,10 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     step_weight = 1.0
     if not steps:  # gen 1: prefill only; evaluate the lanes at one context, keep no decode step
         contexts = np.array([[float(workload.effective_prompt_len)]])
-    elif mean_context:
-        contexts, step_weight = contexts.mean(axis=1, keepdims=True), float(steps)
+    elif blocks:
+        parts = np.array_split(contexts[0], min(blocks, steps))
+        contexts = np.array([[part.mean() for part in parts]])
+        step_weight = np.array([float(len(part)) for part in parts])
     columns = contexts.shape[1] if steps else 0
     shape_t = (len(modes), max(columns, 1))
     kinds = latency.layer_kinds(model)
@@ -158,7 +160,7 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
         gpu_const=mem.gpu_const, gpu_per_seq=mem.gpu_per_seq, gpu_per_rw=mem.gpu_per_rw, gpu_kv_seq=mem.gpu_kv_seq,
         cpu_const=mem.cpu_const, cpu_per_seq=mem.cpu_per_seq, cpu_per_rw=mem.cpu_per_rw, cpu_kv_seq=mem.cpu_kv_seq,
         limits=limits, step_weight=step_weight,
-        affine=np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2),
+        affine=None if blocks else np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2),
     )
 
 
@@ -226,9 +228,9 @@ def total_time_s(terms: Terms, k, n, m, z, objective: str = "generation") -> np.
     col = np.asarray(terms.mu[k], dtype=float)[..., None]  # [1] for one mode, [candidates, 1] per candidate
     kv_cpu = n - np.atleast_1d(np.asarray(z, dtype=float))[:, None] / col
     head = np.asarray(terms.head[k], dtype=float)
-    total = terms.steps * n[:, 0] * head + terms.step_weight * terms.sync[k].sum(axis=-1)
+    total = terms.steps * n[:, 0] * head + (terms.step_weight * terms.sync[k]).sum(axis=-1)
     for q, layers in enumerate(terms.kind_layers):
-        total = total + layers * terms.step_weight * decode_step_sum(terms, k, q, n, kv_cpu, frac_w)
+        total = total + layers * decode_step_sum(terms, k, q, n, kv_cpu, frac_w)
         if objective == "generation":
             pre = [n[:, 0] * terms.pa[k, q, lane] + kv_cpu[:, 0] * terms.pb[k, q, lane]
                    + frac_w[:, 0] * terms.pw[k, q, lane] + terms.pc[k, q, lane] for lane in range(terms.pa.shape[2])]
@@ -246,7 +248,7 @@ def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
     whose ends disagree are halved until they agree (a few halvings per change of the
     leading lane). Modes whose lanes are not affine are summed step by step."""
     columns = terms.a.shape[-1]
-    if columns < 2 or terms.affine is None:
+    if columns < 2 or terms.affine is None or np.ndim(terms.step_weight):
         return _dense_step_sum(terms, k, q, n, kv_cpu, frac_w)
     cand = np.arange(n.shape[0])
     k_c = np.broadcast_to(np.asarray(k), cand.shape)
@@ -280,4 +282,4 @@ def _dense_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
     lanes = [n * terms.a[k, q, lane] + kv_cpu * terms.b[k, q, lane]
              + frac_w * np.asarray(terms.w[k, q, lane])[..., None] + terms.c[k, q, lane]
              for lane in range(terms.a.shape[2])]
-    return np.max(lanes, axis=0).sum(axis=1)
+    return (np.max(lanes, axis=0) * terms.step_weight).sum(axis=1)
