@@ -256,19 +256,36 @@ def feasible_expert_interval(terms: Terms, k, big, fixed: dict) -> tuple[np.ndar
     return lo, hi
 
 
-def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed: dict) -> list[ModeBest | None]:
+def micro_batch_pairs(terms: Terms, ks, nbar, max_batch: int, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(mode, n) for every n of every mode in ``ks`` the batch cap and the pins allow (the
+    vectorised :func:`micro_batch_counts`)."""
+    ks = np.asarray(ks, dtype=int)
+    mu = terms.mu[ks]
+    count = np.minimum(np.asarray(nbar, dtype=int), np.floor(max_batch / mu).astype(int))
+    if "num_micro_batches" in fixed or "batch_size" in fixed:
+        n = (np.full(len(ks), float(fixed["num_micro_batches"])) if "num_micro_batches" in fixed
+             else fixed["batch_size"] / mu)
+        keep = (n >= 1) & (n <= count) & (n == np.floor(n))
+        if "batch_size" in fixed and "num_micro_batches" in fixed:
+            keep &= mu * fixed["num_micro_batches"] == fixed["batch_size"]
+        return ks[keep], n[keep]
+    count = np.maximum(count, 0)
+    kk = np.repeat(ks, count)
+    starts = np.cumsum(count) - count
+    nn = np.arange(len(kk)) - np.repeat(starts, count) + 1.0
+    return kk, nn
+
+
+def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed: dict,
+                  floor: float = 0.0) -> list[ModeBest | None]:
     """The best (n, m, z) of each mode in ``ks``, all candidates at once (module docstring,
     step 2): every n; m = the largest feasible when the time is non-increasing in m and z
-    does not depend on it, else bisection on the convex φ(m); z = z*(m)."""
+    does not depend on it, else bisection on the convex φ(m); z = z*(m). Pairs (mode, n)
+    that cannot beat ``floor`` even with the most experts that fit and all KV on the GPU
+    (time is non-increasing in both) are dropped first; a mode left with none returns None."""
     M, g = terms.expert_slots, terms.expert_step
-    pairs_k, pairs_n = [], []
-    for k, nb in zip(ks, nbar):
-        ns = micro_batch_counts(terms, int(k), int(nb), max_batch, fixed)
-        pairs_k.append(np.full(len(ns), int(k)))
-        pairs_n.append(ns)
-    kk = np.concatenate(pairs_k) if pairs_k else np.zeros(0, dtype=int)
-    nn = np.concatenate(pairs_n) if pairs_n else np.zeros(0)
     out: list[ModeBest | None] = [None] * len(ks)
+    kk, nn = micro_batch_pairs(terms, ks, nbar, max_batch, fixed)
     if not len(kk):
         return out
     ffn, attn = terms.ffn_on_gpu[kk], terms.attn_on_gpu[kk]
@@ -286,10 +303,16 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
         ok = lo_i <= hi_i
         ok &= ffn | ((lo <= 1e-9) & (hi >= -1e-9))
     kk, nn, lo_i, hi_i, attn = kk[ok], nn[ok], lo_i[ok].astype(int), hi_i[ok].astype(int), attn[ok]
-    monotone = (np.all(terms.w >= 0, axis=(1, 2)) & np.all(terms.pw >= 0, axis=(1, 2)))[kk]
-    monotone &= ~(attn & ("kv_gpu_ratio" not in fixed))
-    lo_i = np.where(monotone, hi_i, lo_i)  # time non-increasing in m, z independent of it: the largest m
+    non_increasing = (np.all(terms.w >= 0, axis=(1, 2)) & np.all(terms.pw >= 0, axis=(1, 2))
+                      & np.all(terms.b >= 0, axis=(1, 2, 3)) & np.all(terms.pb >= 0, axis=(1, 2)))[kk]
     evaluations = len(kk)
+    if floor > 0 and len(kk):
+        z_most = np.where(attn, fixed.get("kv_gpu_ratio", 1.0) * terms.mu[kk] * nn, 0.0)
+        optimistic = throughputs(terms, kk, nn, hi_i * float(g), z_most, objective)
+        keep = ~non_increasing | (optimistic > floor * (1 + BOUND_RTOL))
+        kk, nn, lo_i, hi_i, attn, non_increasing = (x[keep] for x in (kk, nn, lo_i, hi_i, attn, non_increasing))
+    monotone = non_increasing & ~(attn & ("kv_gpu_ratio" not in fixed))
+    lo_i = np.where(monotone, hi_i, lo_i)  # time non-increasing in m, z independent of it: the largest m
     while np.any(lo_i < hi_i):
         act = np.flatnonzero(lo_i < hi_i)
         mid = (lo_i[act] + hi_i[act]) // 2
@@ -301,16 +324,19 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
         lo_i[act] = np.where(right, mid + 1, lo_i[act])
         hi_i[act] = np.where(right, hi_i[act], mid)
         evaluations += len(k2)
+    if not len(kk):
+        return out
     m = lo_i * float(g)
     z, fit = _candidates(terms, kk, nn, m, fixed)
     value = np.where(fit, throughputs(terms, kk, nn, m, z, objective), -np.inf)
+    order = np.lexsort((-value, kk))  # by mode, best first
+    first = order[np.r_[True, kk[order][1:] != kk[order][:-1]]]
     position = {int(k): i for i, k in enumerate(ks)}
-    for k in np.unique(kk):
-        sel = np.flatnonzero(kk == k)
-        j = sel[int(np.argmax(value[sel]))]
+    per_mode = max(1, evaluations // max(1, len(first)))
+    for j in first:
         if np.isfinite(value[j]):
-            out[position[int(k)]] = ModeBest(float(value[j]), Choice(int(k), int(nn[j]), int(m[j]), float(z[j])),
-                                             int(round(evaluations * len(sel) / len(kk))))
+            out[position[int(kk[j])]] = ModeBest(float(value[j]), Choice(int(kk[j]), int(nn[j]), int(m[j]), float(z[j])),
+                                                 per_mode)
     return out
 
 
@@ -378,7 +404,8 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
     tight = np.zeros(len(rest))
     for lo in range(0, len(rest), MEAN_CONTEXT_MODES_PER_PASS):
         part = rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS]
-        found = best_in_modes(bound_terms, np.array(part), nbar[part], max_batch, objective, fixed)
+        found = best_in_modes(bound_terms, np.array(part), nbar[part], max_batch, objective, fixed,
+                              floor=best[0].throughput if best else 0.0)
         tight[lo:lo + len(part)] = [f.throughput if f else 0.0 for f in found]
     rank = np.argsort(-tight, kind="stable")
     i, size = 0, FIRST_BATCH

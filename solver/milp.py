@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import pulp
 
 from .terms import Terms
 from .terms import total_time_s as terms_time_s
@@ -48,6 +47,8 @@ class MilpResult:
 
 def pick_solver(name: str = "auto", msg: bool = False):
     """CBC (bundled) by default; HiGHS (highspy, in-process) when installed and asked or auto."""
+    import pulp  # lazy: a search without --verify never loads it
+
     available = pulp.listSolvers(onlyAvailable=True)
     if name in ("auto", "highs") and "HiGHS" in available:
         return pulp.HiGHS(msg=msg, gapRel=1e-9, threads=1), "HiGHS"
@@ -67,21 +68,6 @@ def total_time_s(terms: Terms, choice: Choice, objective: str = "generation") ->
 def tokens(terms: Terms, choice: Choice, objective: str) -> float:
     per_seq = terms.gen_len if objective == "generation" else terms.steps
     return per_seq * terms.mu[choice.mode_index] * choice.num_micro_batches
-
-
-def mode_upper_bounds(terms: Terms, objective: str = "generation") -> np.ndarray:
-    """Throughput no policy of mode k can exceed. Every lane time is n·a + (n − z/μ)·b +
-    (1 − m/M)·w + c with b, w ≥ 0 and z ≤ μn, m ≤ M, so n micro-batches take at least n ×
-    (the per-micro-batch parts alone) on every lane whose constant c is ≥ 0 (a lane with a
-    negative constant is left out of the max); the per-step sync is ≥ 0 and left out; tokens
-    are μ·n per decode pass, so n cancels."""
-    per_mb = (np.max(np.where(terms.c >= 0, terms.a, 0.0), axis=2).sum(axis=-1) @ terms.kind_layers
-              + terms.steps * terms.head)
-    if objective == "generation":
-        per_mb = per_mb + np.max(np.where(terms.pc >= 0, terms.pa, 0.0), axis=2) @ terms.kind_layers + terms.head
-    per_seq = terms.gen_len if objective == "generation" else terms.steps
-    with np.errstate(divide="ignore"):
-        return np.where(per_mb > 0, per_seq * terms.mu / np.maximum(per_mb, 1e-300), np.inf)
 
 
 def max_micro_batches(terms: Terms, max_batch: int) -> np.ndarray:
@@ -118,6 +104,8 @@ def solve_dinkelbach(terms: Terms, max_batch: int, objective: str = "generation"
 
     ``incumbent`` (a feasible point and its throughput) starts λ there: if the MILP then finds
     nothing with F − λ·G > 0, the incumbent is proven optimal in one solve."""
+    import pulp  # lazy: a search without --verify never loads it
+
     start = time.perf_counter()
     fixed = fixed or {}
     nbar = max_micro_batches(terms, max_batch)
@@ -161,6 +149,8 @@ def _time_scale(terms: Terms, choice: Choice, objective: str) -> float:
 
 
 def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
+    import pulp  # lazy: a search without --verify never loads it
+
     problem = pulp.LpProblem("hrm_policy", pulp.LpMaximize)
     M = terms.expert_slots
     y = {k: pulp.LpVariable(f"y_{k}", cat="Binary") for k in active}
@@ -247,6 +237,8 @@ def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
 
 
 def _objective(terms: Terms, v, active, objective: str, lam: float):
+    import pulp  # lazy: a search without --verify never loads it
+
     n, s, p = v["n"], v["s"], v["p"]
     layers = terms.kind_layers
     decode = (pulp.lpSum(layers[q] * s[q, t] for (q, t) in s) + pulp.lpSum(terms.steps * terms.head[k] * n[k] for k in active)
@@ -260,6 +252,8 @@ def _objective(terms: Terms, v, active, objective: str, lam: float):
 
 
 def _read_choice(terms: Terms, v, active) -> Choice:
+    import pulp  # lazy: a search without --verify never loads it
+
     k = max(active, key=lambda j: v["y"][j].value() or 0.0)
     n = int(round(v["n"][k].value()))
     m = int(round(pulp.value(v["m"][k]) or 0))

@@ -191,9 +191,9 @@ def search(
     verified = verify_objective = verify_seconds = None
     if verify:
         check = verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch, objective, fixed,
-                               found.best.throughput)
-        verify_objective, verify_seconds = check.objective, check.seconds
-        verified = abs(check.objective - found.best.throughput) <= 1e-9 * max(check.objective, 1e-12)
+                               found.best.throughput, solver)
+        verify_objective, verify_seconds = max(check.objective, check.milp_objective or 0.0), check.seconds
+        verified = abs(verify_objective - found.best.throughput) <= 1e-9 * max(verify_objective, 1e-12)
     plan = Plan(
         schema_version=SCHEMA_VERSION,
         hardware=SpecRef(name=hw_name or hw.name, sha256=hw.sha256()),
@@ -212,7 +212,8 @@ def search(
                         verify_objective, verify_seconds,
                         {"objective": found.best.throughput, "objective_kind": objective, "notes": notes,
                          "engine": engine, "search_space": space, "modes_total": found.modes_total,
-                         "candidates": found.candidates, "mu_max": found.mu_max})
+                         "candidates": found.candidates, "mu_max": found.mu_max,
+                         "verify_modes": (check.modes_enumerated, check.modes_total) if verify else None})
 
 
 def search_space(found: exact.ExactResult, max_batch: int, fixed: dict) -> str:

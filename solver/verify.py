@@ -6,9 +6,10 @@ search's bounds at the mean context) and enumerates every feasible (n, m) of eve
 whose bound is above the search's optimum — all whole-expert m, not the search's
 bisection. For given (mode, n, m) the time is non-increasing in z (the KV terms have
 non-negative coefficients) while GPU memory grows and CPU memory shrinks with z, so the best
-z is the largest one the GPU limit admits (:func:`solver.exact.kv_on_gpu`). Both use the
-same coefficients and time function, so agreement checks the optimisation, not a second
-model.
+z is the largest one the GPU limit admits (:func:`solver.exact.kv_on_gpu`). Then the MILP
+(:func:`solver.milp.solve_dinkelbach`, started at the enumeration's best) certifies the open
+modes a third way: one solve proving that nothing has F − λ·G > 0. All use the same
+coefficients and time function, so agreement checks the optimisation, not a second model.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exact import best_in_mode, candidate_micro_batch_sizes, throughput_upper_bounds, BOUND_RTOL
-from .milp import Choice, max_micro_batches
+from .exact import BOUND_RTOL, best_in_mode, candidate_micro_batch_sizes, throughput_upper_bounds
+from .milp import Choice, max_micro_batches, solve_dinkelbach
 from .terms import Terms, build_terms
 
 # Modes per batch of per-step coefficients (bounds these hold a few MB each).
@@ -35,6 +36,7 @@ class VerifyResult:
     ranked: list  # [(throughput, Choice)] best per mode enumerated, descending
     modes_total: int = 0
     modes_enumerated: int = 0
+    milp_objective: float | None = None  # the MILP certificate's optimum over the open modes
 
 
 def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixed: dict | None = None,
@@ -58,26 +60,24 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
 
 
 def verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch: int, objective: str,
-                   fixed: dict, claimed: float) -> VerifyResult:
+                   fixed: dict, claimed: float, solver: str = "auto") -> VerifyResult:
     """The best throughput over every mode whose per-step bound exceeds ``claimed`` (every
-    other mode is proven not to beat it by its bound); equals ``claimed`` when the search is
-    right."""
+    other mode is proven not to beat it by its bound), by enumeration and by the MILP;
+    equals ``claimed`` when the search is right."""
     start = time.perf_counter()
     modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
-    best, candidates, enumerated, ranked = (0.0, None), 0, 0, []
+    open_modes = []
     for lo in range(0, len(modes), VERIFY_MODES_PER_BATCH):
         terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + VERIFY_MODES_PER_BATCH])
         bounds = throughput_upper_bounds(terms, max_batch, objective)
-        open_modes = [int(k) for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
-        if not open_modes:
-            continue
-        part = exhaustive(terms, max_batch, objective, fixed, modes=open_modes)
-        candidates += part.candidates
-        enumerated += len(open_modes)
-        ranked += [(t, Choice(c.mode_index + lo, c.num_micro_batches, c.gpu_experts, c.gpu_kv_sequences))
-                   for t, c in part.ranked]
-        if part.choice is not None and part.objective > best[0]:
-            best = (part.objective, ranked[-len(part.ranked)])
-    ranked.sort(key=lambda item: -item[0])
-    return VerifyResult(ranked[0][1] if ranked else None, ranked[0][0] if ranked else 0.0, candidates,
-                        time.perf_counter() - start, ranked, len(modes), enumerated)
+        open_modes += [terms.modes[int(k)] for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
+    if not open_modes:
+        return VerifyResult(None, 0.0, 0, time.perf_counter() - start, [], len(modes), 0)
+    terms = build_terms(hw, model, workload, engine, options, limits, open_modes)
+    found = exhaustive(terms, max_batch, objective, fixed)
+    certificate = None
+    if found.choice is not None:
+        certificate = solve_dinkelbach(terms, max_batch, objective, fixed, solver=solver,
+                                       incumbent=(found.objective, found.choice)).objective
+    return VerifyResult(found.choice, found.objective, found.candidates, time.perf_counter() - start, found.ranked,
+                        len(modes), len(open_modes), certificate)
