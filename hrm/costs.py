@@ -19,7 +19,7 @@ Counting conventions (what a hand computation must reproduce):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,16 +45,6 @@ class OpCost:
     def intensity(self):
         """Operational intensity FLOP/byte over all bytes (paper Def. 3.1, single level)."""
         return self.flops / np.maximum(self.bytes, 1e-30)
-
-
-def _sum(name: str, ops: list[OpCost]) -> OpCost:
-    return OpCost(
-        name,
-        sum(o.flops for o in ops),
-        sum(o.weight_bytes for o in ops),
-        sum(o.kv_bytes for o in ops),
-        sum(o.act_bytes for o in ops),
-    )
 
 
 def expected_distinct_experts(model: ModelSpec, tokens):
@@ -275,7 +265,6 @@ class LayerOps:
     post_attn: OpCost
     ffn: OpCost  # routed experts (MoE layer) or dense MLP (dense layer)
     moe: bool = True
-    extras: dict = field(default_factory=dict)
 
     def all(self) -> list[OpCost]:
         return [self.pre_attn, self.attention, self.post_attn, self.ffn]

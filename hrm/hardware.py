@@ -14,12 +14,25 @@ from typing import Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from .errors import HRMError, pydantic_message
 from .units import GB, GIB, TFLOPS
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+#: shipped profiles inside an installed package (a wheel: setup.py copies the top-level
+#: ``hardware_profiles/`` there at build time) ...
+PACKAGED_PROFILES_DIR = Path(__file__).resolve().parent / "data" / "hardware_profiles"
+#: ... and in a checkout (editable install, or the source tree on sys.path)
+CHECKOUT_PROFILES_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+
+def profile_dirs() -> list[Path]:
+    """Folders of the shipped profiles, in lookup order: package data first, then a checkout."""
+    return [d for d in (PACKAGED_PROFILES_DIR, CHECKOUT_PROFILES_DIR) if d.is_dir()]
+
+
+#: the folder the shipped profiles are read from (the first of :func:`profile_dirs`)
+PROFILES_DIR = next(iter(profile_dirs()), CHECKOUT_PROFILES_DIR)
 
 Positive = Field(gt=0)
 
@@ -63,17 +76,32 @@ class CurvePoint(_Strict):
     y: float = Field(gt=0)
 
 
+#: curves that profiles written by earlier ``hrm profile`` versions carry and nothing reads:
+#: accepted on load, not kept, but hashed as they were so that plans keep their hardware hash
+LEGACY_EFFICIENCY_CURVES = ("h2d_gbps_vs_bytes", "cpu_copy_gbps_vs_bytes", "cpu_attention_gbps_vs_context")
+_CURVES = TypeAdapter(dict[str, list[CurvePoint]])
+
+
 class Efficiency(_Strict):
     """Measured curves that refine the peaks (SPEC §3): achieved TFLOP/s vs matmul rows M
-    per dtype, achieved GB/s vs transfer bytes. Interpolated in log-x, clamped at the ends."""
+    per dtype. Interpolated in log-x, clamped at the ends."""
 
     gpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
     cpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
-    h2d_gbps_vs_bytes: list[CurvePoint] = Field(default_factory=list)
-    cpu_copy_gbps_vs_bytes: list[CurvePoint] = Field(default_factory=list)
-    # CPU decode attention (GQA over a KV cache, fp32): achieved KV-cache read GB/s vs
-    # context tokens per sequence (written by the profiler; optional).
-    cpu_attention_gbps_vs_context: list[CurvePoint] = Field(default_factory=list)
+    _legacy_curves: dict[str, list] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _accept_legacy_curves(cls, data, handler):
+        legacy = {}
+        if isinstance(data, dict) and any(key in data for key in LEGACY_EFFICIENCY_CURVES):
+            data = dict(data)
+            legacy = {key: data.pop(key) for key in LEGACY_EFFICIENCY_CURVES if key in data}
+            legacy = _CURVES.dump_python(_CURVES.validate_python(legacy), mode="json")
+        result = handler(data)
+        if legacy:
+            result._legacy_curves = legacy
+        return result
 
 
 def interpolate_curve(points: list[CurvePoint], x) -> np.ndarray:
@@ -256,6 +284,8 @@ class HardwareProfile(_Strict):
                 data[section].pop("dispatch", None)
         if data.get("emulation") is None:
             data.pop("emulation", None)
+        if self.efficiency is not None:
+            data["efficiency"].update(self.efficiency._legacy_curves)
         for section, keys in ACHIEVED_FIELDS.items():
             for key in keys:
                 if isinstance(data.get(section), dict) and data[section].get(key) is None:
@@ -273,20 +303,23 @@ ACHIEVED_FIELDS = {
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
-    """A path that exists, or a bare name (``l4`` / ``l4.yaml``) in ``hardware_profiles/``."""
+    """A path that exists, or a bare name (``l4`` / ``l4.yaml``) of a shipped profile
+    (:func:`profile_dirs`: the installed package's data, else the checkout's ``hardware_profiles/``)."""
     path = Path(name_or_path)
     if path.exists():
         return path
     stem = path.name[:-5] if path.name.endswith(".yaml") else path.name[:-4] if path.name.endswith(".yml") else path.name
-    for candidate in (PROFILES_DIR / f"{stem}.yaml", PROFILES_DIR / f"{stem}.yml"):
-        if candidate.exists():
-            return candidate
-    known = ", ".join(list_profiles())
+    for folder in profile_dirs():
+        for candidate in (folder / f"{stem}.yaml", folder / f"{stem}.yml"):
+            if candidate.exists():
+                return candidate
+    known = ", ".join(list_profiles()) or f"none found in {PACKAGED_PROFILES_DIR} or {CHECKOUT_PROFILES_DIR}"
     raise HRMError(f"hardware profile '{name_or_path}' not found (not a file; shipped profiles: {known})")
 
 
 def list_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    """Names of the shipped profiles (every folder of :func:`profile_dirs`)."""
+    return sorted({p.stem for folder in profile_dirs() for p in (*folder.glob("*.yaml"), *folder.glob("*.yml"))})
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

@@ -47,6 +47,5 @@ def with_cpu_scaled(hw: HardwareProfile, ratio: float, memory: bool = True) -> H
     # per-call dispatch α stays (a fixed software cost, not a rate the ratio describes).
     data.pop("emulation", None)
     if data.get("efficiency"):  # measured CPU curves describe the old CPU
-        for key in ("cpu_matmul_tflops_vs_m", "cpu_copy_gbps_vs_bytes", "cpu_attention_gbps_vs_context"):
-            data["efficiency"].pop(key, None)
+        data["efficiency"].pop("cpu_matmul_tflops_vs_m", None)
     return _rebuild(hw, data, f"@cpu×{ratio:g}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from hrm.hardware import (CPU, GPU, CurvePoint, Disk, Dispatch, Efficiency, Emulation, Flops, HardwareProfile, Link,
                           Source)
+from hrm.units import GIB, MIB
 
 from .cpu import NUMA_NODE_DIR, HostInfo, Measured, MemcpyResult, StreamResult, best_of
 from .dispatch import DispatchResult
@@ -63,7 +64,7 @@ def curve_points(curve: dict[int, Measured]) -> list[CurvePoint]:
 
 def x_label(x_name: str, x: float) -> str:
     """``M=64``, ``context=2048``, ``bytes=16MiB``."""
-    return f"{x_name}={x / 2**20:g}MiB" if x_name == "bytes" else f"{x_name}={x:g}"
+    return f"{x_name}={x / MIB:g}MiB" if x_name == "bytes" else f"{x_name}={x:g}"
 
 
 def curve_method(curve: dict[int, Measured], x_name: str) -> str:
@@ -154,7 +155,7 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
                       ("gemm_efficiency", "gpu.tflops (best matmul of each curve)")):
         methods[f"gpu.{key}"] = (f"not set: {peak} is already an achieved rate of this GPU "
                                  f"(hrm.achieved applies no efficiency to a measured profile)")
-    gpu_section = GPU(name=gpu.info.name, count=gpu.info.count, memory_gib=sig(gpu.info.memory_bytes / 2**30),
+    gpu_section = GPU(name=gpu.info.name, count=gpu.info.count, memory_gib=sig(gpu.info.memory_bytes / GIB),
                       memory_bandwidth_gbps=sig(gpu.copy.value), tflops=Flops(**tflops),
                       gpu_to_gpu_gbps=peer_gbps, dispatch=build_dispatch(gpu.dispatch, "gpu", methods),
                       architecture=architecture)
@@ -182,29 +183,23 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
 
 
 def build_efficiency(cpu: CpuResults, gpu: GpuResults | None, methods: dict[str, str]) -> Efficiency:
-    """Measured curves: CPU/GPU matmul vs M, CPU copy vs bytes, CPU attention vs context, h2d vs bytes."""
+    """Measured curves: CPU/GPU matmul vs M. The CPU copy-vs-bytes and decode-attention
+    points, which the model does not read, are recorded as notes only."""
     cpu_mm = {dtype: curve_points(c) for dtype, c in cpu.matmul.items() if c}
     for dtype, c in cpu.matmul.items():
         if c:
             methods[f"efficiency.cpu_matmul_tflops_vs_m.{dtype}"] = curve_method(c, "M")
-    copy_curve = curve_points(cpu.stream.copy_curve) if cpu.stream else []
-    if cpu.stream:
-        methods["efficiency.cpu_copy_gbps_vs_bytes"] = curve_method(cpu.stream.copy_curve, "bytes")
-    attention = curve_points(cpu.attention)
-    if cpu.attention:
-        methods["efficiency.cpu_attention_gbps_vs_context"] = curve_method(cpu.attention, "context")
-        for context, m in sorted(cpu.attention.items()):
-            methods[f"cpu.decode_attention.context_{context}"] = m.method()
-    gpu_mm, h2d = {}, []
+    if cpu.stream and cpu.stream.copy_curve:
+        methods["cpu.stream_copy_gbps_vs_bytes"] = curve_values_method(cpu.stream.copy_curve, "bytes")
+    for context, m in sorted(cpu.attention.items()):
+        methods[f"cpu.decode_attention.context_{context}"] = m.method()
+    gpu_mm = {}
     if gpu is not None:
         gpu_mm = {dtype: curve_points(c) for dtype, c in gpu.matmul.items() if c}
         for dtype, c in gpu.matmul.items():
             if c:
                 methods[f"efficiency.gpu_matmul_tflops_vs_m.{dtype}"] = curve_method(c, "M")
-        h2d = curve_points(gpu.h2d_pinned)
-        methods["efficiency.h2d_gbps_vs_bytes"] = curve_method(gpu.h2d_pinned, "bytes")
-    return Efficiency(gpu_matmul_tflops_vs_m=gpu_mm, cpu_matmul_tflops_vs_m=cpu_mm, h2d_gbps_vs_bytes=h2d,
-                      cpu_copy_gbps_vs_bytes=copy_curve, cpu_attention_gbps_vs_context=attention)
+    return Efficiency(gpu_matmul_tflops_vs_m=gpu_mm, cpu_matmul_tflops_vs_m=cpu_mm)
 
 
 def build_profile(facts: RunFacts, host: HostInfo, cpu: CpuResults, gpu: GpuResults | None) -> HardwareProfile:

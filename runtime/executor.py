@@ -26,7 +26,6 @@ as the model assumes there; ``lanes="concurrent"`` gives each lane a thread inst
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Optional
 
@@ -577,7 +576,3 @@ def run_plan_once(spec: ModelSpec, weights: ModelWeights, policy: Policy, worklo
     """Build an executor, run ``requests``, close it."""
     with PlanExecutor(spec, weights, policy, workload, placement, device, track_memory, keep_logits, lanes) as ex:
         return ex.run(requests)
-
-
-def now_s() -> float:
-    return time.perf_counter()
