@@ -90,24 +90,45 @@ def candidate_micro_batch_sizes(model: ModelSpec, workload: Workload, engine: En
 
 
 def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "generation",
-                            nbar: np.ndarray | None = None) -> np.ndarray:
+                            nbar: np.ndarray | None = None, modes: np.ndarray | None = None,
+                            micro_batches: np.ndarray | None = None) -> np.ndarray:
     """Throughput no policy of each mode can exceed (module docstring, step 1); 0 when not
-    even one micro-batch fits."""
+    even one micro-batch fits. With ``micro_batches`` (per mode of ``modes``): the bound for
+    the policies with at most that many micro-batches (T/n only grows as n shrinks)."""
     nbar = max_micro_batches(terms, max_batch) if nbar is None else nbar
-    inv_n = 1.0 / np.maximum(nbar, 1)
-    rest = 1.0 - largest_static_experts(terms) / terms.expert_slots
-    lane_ok = (np.all(terms.b >= 0, axis=-1) & (terms.w >= 0) & np.all(terms.c >= 0, axis=-1))[..., None]
-    per_lane = terms.a + (rest[:, None, None, None] * terms.w[..., None] + terms.c) * inv_n[:, None, None, None]
+    k = np.arange(len(terms.mu)) if modes is None else np.asarray(modes, dtype=int)
+    count = nbar[k] if micro_batches is None else np.minimum(micro_batches, nbar[k])
+    inv_n = 1.0 / np.maximum(count, 1)
+    rest = 1.0 - largest_static_experts(terms)[k] / terms.expert_slots
+    a, b, c, w = terms.a[k], terms.b[k], terms.c[k], terms.w[k]
+    lane_ok = (np.all(b >= 0, axis=-1) & (w >= 0) & np.all(c >= 0, axis=-1))[..., None]
+    per_lane = a + (rest[:, None, None, None] * w[..., None] + c) * inv_n[:, None, None, None]
     decode = (np.max(np.where(lane_ok, per_lane, 0.0), axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
-    per_mb = decode + terms.steps * terms.head + (terms.step_weight * terms.sync).sum(axis=-1) * inv_n
+    per_mb = decode + terms.steps * terms.head[k] + (terms.step_weight * terms.sync[k]).sum(axis=-1) * inv_n
     if objective == "generation":
-        pre_ok = (terms.pb >= 0) & (terms.pw >= 0) & (terms.pc >= 0)
-        pre = terms.pa + (rest[:, None, None] * terms.pw + terms.pc) * inv_n[:, None, None]
-        per_mb = per_mb + np.max(np.where(pre_ok, pre, 0.0), axis=2) @ terms.kind_layers + terms.head
+        pb, pw, pc = terms.pb[k], terms.pw[k], terms.pc[k]
+        pre_ok = (pb >= 0) & (pw >= 0) & (pc >= 0)
+        pre = terms.pa[k] + (rest[:, None, None] * pw + pc) * inv_n[:, None, None]
+        per_mb = per_mb + np.max(np.where(pre_ok, pre, 0.0), axis=2) @ terms.kind_layers + terms.head[k]
     per_seq = terms.gen_len if objective == "generation" else terms.steps
     with np.errstate(divide="ignore"):
-        bound = np.where(per_mb > 0, per_seq * terms.mu / np.maximum(per_mb, 1e-300), np.inf)
-    return np.where(nbar >= 1, bound, 0.0)
+        bound = np.where(per_mb > 0, per_seq * terms.mu[k] / np.maximum(per_mb, 1e-300), np.inf)
+    return np.where(count >= 1, bound, 0.0)
+
+
+def fewest_useful_micro_batches(terms: Terms, modes: np.ndarray, nbar: np.ndarray, max_batch: int, objective: str,
+                                floor: float) -> np.ndarray:
+    """Per mode, the smallest n whose bound for "at most n micro-batches" beats ``floor``
+    (the bound grows with n, so fewer micro-batches cannot beat it): bisection on n."""
+    lo = np.ones(len(modes), dtype=int)
+    hi = np.maximum(nbar[modes], 1).astype(int)
+    while np.any(lo < hi):
+        act = np.flatnonzero(lo < hi)
+        mid = (lo[act] + hi[act]) // 2
+        beats = throughput_upper_bounds(terms, max_batch, objective, nbar, modes[act], mid) > floor * (1 + BOUND_RTOL)
+        hi[act] = np.where(beats, mid, hi[act])
+        lo[act] = np.where(beats, lo[act], mid + 1)
+    return lo
 
 
 def largest_static_experts(terms: Terms) -> np.ndarray:
@@ -256,9 +277,10 @@ def feasible_expert_interval(terms: Terms, k, big, fixed: dict) -> tuple[np.ndar
     return lo, hi
 
 
-def micro_batch_pairs(terms: Terms, ks, nbar, max_batch: int, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(mode, n) for every n of every mode in ``ks`` the batch cap and the pins allow (the
-    vectorised :func:`micro_batch_counts`)."""
+def micro_batch_pairs(terms: Terms, ks, nbar, max_batch: int, fixed: dict,
+                      n_min: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mode, n) for every n ≥ ``n_min`` of every mode in ``ks`` the batch cap and the pins
+    allow (the vectorised :func:`micro_batch_counts`)."""
     ks = np.asarray(ks, dtype=int)
     mu = terms.mu[ks]
     count = np.minimum(np.asarray(nbar, dtype=int), np.floor(max_batch / mu).astype(int))
@@ -269,15 +291,16 @@ def micro_batch_pairs(terms: Terms, ks, nbar, max_batch: int, fixed: dict) -> tu
         if "batch_size" in fixed and "num_micro_batches" in fixed:
             keep &= mu * fixed["num_micro_batches"] == fixed["batch_size"]
         return ks[keep], n[keep]
-    count = np.maximum(count, 0)
+    first = np.ones(len(ks), dtype=int) if n_min is None else np.maximum(np.asarray(n_min, dtype=int), 1)
+    count = np.maximum(count - first + 1, 0)
     kk = np.repeat(ks, count)
     starts = np.cumsum(count) - count
-    nn = np.arange(len(kk)) - np.repeat(starts, count) + 1.0
+    nn = np.arange(len(kk)) - np.repeat(starts, count) + np.repeat(first, count).astype(float)
     return kk, nn
 
 
 def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed: dict,
-                  floor: float = 0.0) -> list[ModeBest | None]:
+                  floor: float = 0.0, n_min: np.ndarray | None = None) -> list[ModeBest | None]:
     """The best (n, m, z) of each mode in ``ks``, all candidates at once (module docstring,
     step 2): every n; m = the largest feasible when the time is non-increasing in m and z
     does not depend on it, else bisection on the convex φ(m); z = z*(m). Pairs (mode, n)
@@ -285,7 +308,7 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     (time is non-increasing in both) are dropped first; a mode left with none returns None."""
     M, g = terms.expert_slots, terms.expert_step
     out: list[ModeBest | None] = [None] * len(ks)
-    kk, nn = micro_batch_pairs(terms, ks, nbar, max_batch, fixed)
+    kk, nn = micro_batch_pairs(terms, ks, nbar, max_batch, fixed, n_min)
     if not len(kk):
         return out
     ffn, attn = terms.ffn_on_gpu[kk], terms.attn_on_gpu[kk]
@@ -376,7 +399,7 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
     candidate); (c) modes are solved exactly in that order until the next bound is at or
     below the incumbent."""
     nbar = max_micro_batches(bound_terms, max_batch)
-    loose = throughput_upper_bounds(bound_terms, max_batch, objective, nbar)[idx]
+    loose = throughput_upper_bounds(bound_terms, max_batch, objective, nbar, idx)
     best: tuple[ModeBest, Terms] | None = None
     solved = candidates = 0
 
@@ -404,8 +427,10 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
     tight = np.zeros(len(rest))
     for lo in range(0, len(rest), MEAN_CONTEXT_MODES_PER_PASS):
         part = rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS]
-        found = best_in_modes(bound_terms, np.array(part), nbar[part], max_batch, objective, fixed,
-                              floor=best[0].throughput if best else 0.0)
+        floor = best[0].throughput if best else 0.0
+        part = np.array(part)
+        n_min = fewest_useful_micro_batches(bound_terms, part, nbar, max_batch, objective, floor) if floor else None
+        found = best_in_modes(bound_terms, part, nbar[part], max_batch, objective, fixed, floor=floor, n_min=n_min)
         tight[lo:lo + len(part)] = [f.throughput if f else 0.0 for f in found]
     rank = np.argsort(-tight, kind="stable")
     i, size = 0, FIRST_BATCH
