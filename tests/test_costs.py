@@ -1,7 +1,6 @@
 """Operator FLOPs/bytes against hand computation (tiny-mixtral: h=64, nq=4, nkv=2, d=16,
 ne=4, k=2, h2=128, vocab 256, fp16 everywhere), parameter counts against published sizes."""
 
-import numpy as np
 import pytest
 
 from hrm import costs
