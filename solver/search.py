@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-
 from hrm.engine import Engine, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import EstimateResult, engine_problem, estimate, snap_weights_ratio
