@@ -13,7 +13,7 @@ affine coefficients (:class:`hrm.latency.Lane`, :class:`hrm.memory.MemoryForm`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -53,7 +53,27 @@ def enumerate_modes(engine: Engine, mu_values, attn=None, ffn=None) -> list[Mode
 
 
 @dataclass(frozen=True)
-class Terms:
+class MemoryTerms:
+    """The memory part of :class:`Terms` alone (per μ): cheap to evaluate for every μ, it
+    screens the micro-batch sizes before any latency is computed."""
+
+    mu: np.ndarray
+    attn_on_gpu: np.ndarray
+    ffn_on_gpu: np.ndarray
+    expert_slots: int  # M
+    gpu_const: np.ndarray
+    gpu_per_seq: np.ndarray
+    gpu_per_rw: np.ndarray
+    gpu_kv_seq: float
+    cpu_const: np.ndarray
+    cpu_per_seq: np.ndarray
+    cpu_per_rw: np.ndarray
+    cpu_kv_seq: float
+    limits: MemoryLimits
+
+
+@dataclass(frozen=True)
+class Terms(MemoryTerms):
     """Arrays indexed [mode, kind, lane, step] (decode) and [mode, kind, lane] (prefill).
 
     Decode layer time of kind κ at step t = max_ℓ n·a + (n − z/μ)·b + (1 − m/M)·w + c
@@ -67,9 +87,6 @@ class Terms:
     """
 
     modes: list[Mode]
-    mu: np.ndarray
-    attn_on_gpu: np.ndarray  # per mode (bool)
-    ffn_on_gpu: np.ndarray
     kind_layers: np.ndarray  # layers per kind
     a: np.ndarray
     b: np.ndarray
@@ -83,17 +100,7 @@ class Terms:
     head: np.ndarray  # lm_head time per micro-batch, per mode
     steps: int
     gen_len: int
-    expert_slots: int  # M
     expert_step: int  # m ∈ {0, step, 2·step, …, M}
-    gpu_const: np.ndarray
-    gpu_per_seq: np.ndarray
-    gpu_per_rw: np.ndarray
-    gpu_kv_seq: float
-    cpu_const: np.ndarray
-    cpu_per_seq: np.ndarray
-    cpu_per_rw: np.ndarray
-    cpu_kv_seq: float
-    limits: MemoryLimits
     step_weight: np.ndarray | float = 1.0  # per column
     affine: np.ndarray | None = None  # [mode, kind]: every lane's a, b, c affine in the step
 
@@ -152,36 +159,15 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
     a, b, c = (_stack(x, 3) for x in (a, b, c))
     w, pa, pb, pw, pc = (_stack(x, 2) for x in (w, pa, pb, pw, pc))
     head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
-    mem = memory_terms(model, workload, engine, limits, mu[:, 0], attn[:, 0], ffn[:, 0])
+    mem = memory_terms(model, workload, engine, limits, mu[:, 0], attn[:, 0] > 0, ffn[:, 0] > 0)
     return Terms(
-        modes=modes, mu=mu[:, 0], attn_on_gpu=attn[:, 0] > 0, ffn_on_gpu=ffn[:, 0] > 0, kind_layers=np.array([count for _, count in kinds], dtype=float),
+        **{f.name: getattr(mem, f.name) for f in fields(MemoryTerms)},
+        modes=modes, kind_layers=np.array([count for _, count in kinds], dtype=float),
         a=a, b=b, w=w, pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=sync, head=head, steps=steps, gen_len=workload.gen_len,
-        expert_slots=model.num_moe_layers * model.num_experts, expert_step=static_expert_step(model, engine),
-        gpu_const=mem.gpu_const, gpu_per_seq=mem.gpu_per_seq, gpu_per_rw=mem.gpu_per_rw, gpu_kv_seq=mem.gpu_kv_seq,
-        cpu_const=mem.cpu_const, cpu_per_seq=mem.cpu_per_seq, cpu_per_rw=mem.cpu_per_rw, cpu_kv_seq=mem.cpu_kv_seq,
-        limits=limits, step_weight=step_weight,
+        expert_step=static_expert_step(model, engine),
+        step_weight=step_weight,
         affine=None if blocks else np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2),
     )
-
-
-@dataclass(frozen=True)
-class MemoryTerms:
-    """The memory part of :class:`Terms` alone (per μ): cheap to evaluate for every μ, it
-    screens the micro-batch sizes before any latency is computed."""
-
-    mu: np.ndarray
-    attn_on_gpu: np.ndarray
-    ffn_on_gpu: np.ndarray
-    expert_slots: int
-    gpu_const: np.ndarray
-    gpu_per_seq: np.ndarray
-    gpu_per_rw: np.ndarray
-    gpu_kv_seq: float
-    cpu_const: np.ndarray
-    cpu_per_seq: np.ndarray
-    cpu_per_rw: np.ndarray
-    cpu_kv_seq: float
-    limits: MemoryLimits
 
 
 def memory_terms(model: ModelSpec, workload: Workload, engine: Engine, limits: MemoryLimits, mu, attn, ffn) -> MemoryTerms:
