@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, TypeAdapter, ValidationError, model_validator
 
-from .errors import HRMError, pydantic_message
+from . import bounds
+from .errors import HRMError, pydantic_message, read_input_text
 from .units import GB, GIB, TFLOPS
 
 #: shipped profiles inside an installed package (a wheel: setup.py copies the top-level
@@ -55,10 +57,10 @@ class Source(_Strict):
 class Flops(_Strict):
     """Peak dense FLOP/s per dtype in TFLOP/s; a missing dtype falls back to fp32."""
 
-    fp32: float = Field(gt=0)
-    fp16: Optional[float] = Field(default=None, gt=0)
-    bf16: Optional[float] = Field(default=None, gt=0)
-    int8: Optional[float] = Field(default=None, gt=0)
+    fp32: bounds.TFLOPS.type
+    fp16: Optional[bounds.TFLOPS.type] = None
+    bf16: Optional[bounds.TFLOPS.type] = None
+    int8: Optional[bounds.TFLOPS.type] = None
 
     def dtype_used(self, dtype: str) -> str:
         """The dtype whose peak computes ``dtype``: int4 is dequantised to fp16; a dtype the
@@ -72,8 +74,8 @@ class Flops(_Strict):
 
 
 class CurvePoint(_Strict):
-    x: float = Field(gt=0)
-    y: float = Field(gt=0)
+    x: bounds.CURVE_VALUE.type
+    y: bounds.CURVE_VALUE.type
 
 
 #: curves that profiles written by earlier ``hrm profile`` versions carry and nothing reads:
@@ -112,7 +114,8 @@ def interpolate_curve(points: list[CurvePoint], x) -> np.ndarray:
     return np.interp(np.log(np.maximum(x, 1e-30)), xs[order], ys[order])
 
 
-NonNegative = Field(default=0.0, ge=0)
+NonNegative = Field(default=0.0)  # bounds.DISPATCH_S: [0, 1] s
+Seconds = bounds.DISPATCH_S.type
 
 
 class Dispatch(_Strict):
@@ -139,17 +142,17 @@ class Dispatch(_Strict):
       written back), per micro-batch.
     """
 
-    task_s: float = NonNegative
-    pre_attn_s: float = NonNegative
-    attention_s: float = NonNegative
-    post_attn_s: float = NonNegative
-    experts_call_s: float = NonNegative
-    expert_s: float = NonNegative
-    head_s: float = NonNegative
-    copy_s: float = NonNegative
-    device_attention_s: Optional[float] = Field(default=None, ge=0)
-    kv_load_s: float = NonNegative
-    kv_store_s: float = NonNegative
+    task_s: Seconds = NonNegative
+    pre_attn_s: Seconds = NonNegative
+    attention_s: Seconds = NonNegative
+    post_attn_s: Seconds = NonNegative
+    experts_call_s: Seconds = NonNegative
+    expert_s: Seconds = NonNegative
+    head_s: Seconds = NonNegative
+    copy_s: Seconds = NonNegative
+    device_attention_s: Optional[Seconds] = None
+    kv_load_s: Seconds = NonNegative
+    kv_store_s: Seconds = NonNegative
 
     def device_attention(self) -> float:
         return self.attention_s if self.device_attention_s is None else self.device_attention_s
@@ -157,16 +160,16 @@ class Dispatch(_Strict):
 
 class GPU(_Strict):
     name: str
-    count: int = Field(default=1, ge=1)
-    memory_gib: float = Positive
-    memory_bandwidth_gbps: float = Positive
+    count: bounds.GPU_COUNT.type = 1
+    memory_gib: bounds.GPU_MEMORY_GIB.type
+    memory_bandwidth_gbps: bounds.BANDWIDTH_GBPS.type
     tflops: Flops
-    gpu_to_gpu_gbps: Optional[float] = Field(default=None, gt=0)
+    gpu_to_gpu_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
     dispatch: Optional[Dispatch] = None
     # achieved rates (optional; hrm.achieved names the default used when one is absent)
     architecture: Optional[Literal["turing", "ampere", "ada", "hopper", "blackwell", "other"]] = None
-    memory_stream_efficiency: Optional[float] = Field(default=None, gt=0, le=1)
-    gemm_efficiency: Optional[float] = Field(default=None, gt=0, le=1)
+    memory_stream_efficiency: Optional[bounds.POSITIVE_FRACTION.type] = None
+    gemm_efficiency: Optional[bounds.POSITIVE_FRACTION.type] = None
 
     @model_validator(mode="after")
     def _multi_gpu_needs_link(self):
@@ -186,16 +189,16 @@ class GPU(_Strict):
 
 class CPU(_Strict):
     name: str
-    cores: int = Field(ge=1)
-    memory_gib: float = Positive
-    memory_bandwidth_gbps: float = Positive
+    cores: bounds.CORES.type
+    memory_gib: bounds.CPU_MEMORY_GIB.type
+    memory_bandwidth_gbps: bounds.BANDWIDTH_GBPS.type
     tflops: Flops
     dispatch: Optional[Dispatch] = None
     # achieved rates (optional): a host memcpy (bytes moved per second) on one thread and on
     # all threads, and the NUMA nodes the cores and DRAM are split into
-    memcpy_one_thread_gbps: Optional[float] = Field(default=None, gt=0)
-    memcpy_all_threads_gbps: Optional[float] = Field(default=None, gt=0)
-    numa_nodes: Optional[int] = Field(default=None, ge=1)
+    memcpy_one_thread_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
+    memcpy_all_threads_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
+    numa_nodes: Optional[bounds.NUMA_NODES.type] = None
 
     @property
     def memory_bytes(self) -> float:
@@ -211,16 +214,16 @@ class Link(_Strict):
     GPUs that share one uplink to the host (1 = each GPU has its own x16 root port);
     ``p2p``: whether GPUs can copy peer-to-peer (False: collectives go through host memory)."""
 
-    h2d_gbps: float = Positive
-    d2h_gbps: float = Positive
-    h2d_pageable_gbps: Optional[float] = Field(default=None, gt=0)
-    d2h_pageable_gbps: Optional[float] = Field(default=None, gt=0)
-    gpus_per_pcie_switch: Optional[int] = Field(default=None, ge=1)
-    p2p: Optional[bool] = None
+    h2d_gbps: bounds.BANDWIDTH_GBPS.type
+    d2h_gbps: bounds.BANDWIDTH_GBPS.type
+    h2d_pageable_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
+    d2h_pageable_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
+    gpus_per_pcie_switch: Optional[bounds.GPU_COUNT.type] = None
+    p2p: Optional[StrictBool] = None
 
 
 class Disk(_Strict):
-    read_gbps: float = Positive
+    read_gbps: bounds.BANDWIDTH_GBPS.type
 
 
 class Emulation(_Strict):
@@ -240,10 +243,10 @@ class Emulation(_Strict):
       weights are), achieved TFLOP/s vs rows M.
     """
 
-    threads: int = Field(ge=1)
+    threads: bounds.CORES.type
     tflops: Flops
-    memory_bandwidth_gbps: float = Positive
-    copy_gbps: float = Positive
+    memory_bandwidth_gbps: bounds.BANDWIDTH_GBPS.type
+    copy_gbps: bounds.BANDWIDTH_GBPS.type
     matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
 
 
@@ -323,16 +326,25 @@ def list_profiles() -> list[str]:
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
-    """Load and validate a hardware profile; raises HRMError with a one-line reason."""
+    """Load and validate a hardware profile; raises HRMError with a one-line reason. A
+    path-looking argument (with a folder separator) must exist: only bare names such as
+    ``l4`` name shipped profiles. The file is stat-ed first (a FIFO is never opened)."""
+    text_arg = str(name_or_path)
+    if not text_arg.strip():
+        raise HRMError("hardware profile: empty name (a YAML path or a shipped name such as l4)")
+    if ("/" in text_arg or os.sep in text_arg) and not os.path.lexists(text_arg):
+        raise HRMError(f"hardware profile '{text_arg}': no such file (only bare names such as l4 name shipped profiles)")
     path = resolve_profile_path(name_or_path)
+    text = read_input_text(path, "a hardware profile YAML")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise HRMError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', None) or exc})") from None
-    except OSError as exc:
-        raise HRMError(f"{path}: cannot read ({exc.strerror})") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise HRMError(f"{path}:{where} malformed YAML ({problem})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. a date such as 2024-02-30, or nesting too deep
+        raise HRMError(f"{path}: malformed YAML ({' '.join(str(exc).split())[:100] or type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise HRMError(f"{path}: expected a mapping of profile fields, got {type(data).__name__}")
     return parse_hardware(data, str(path))

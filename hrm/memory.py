@@ -140,9 +140,20 @@ class MemoryLimits:
 def memory_limits(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS,
                   gpu_mem_gib: float | None = None, cpu_mem_gib: float | None = None) -> MemoryLimits:
     """Capacities × utilisation; overrides (``--gpu-mem/--cpu-mem``, GiB in total) replace
-    the profile's capacity. Tensor parallelism: GPU capacity scales with the GPU count."""
+    the profile's capacity. Tensor parallelism: GPU capacity scales with the GPU count.
+    Overrides are checked against :mod:`hrm.bounds` (finite, plausible per GPU / per host)."""
+    from . import bounds
+    from .errors import HRMError
     from .units import GIB
 
+    if cpu_mem_gib is not None:
+        cpu_mem_gib = bounds.CPU_MEMORY_GIB.check(cpu_mem_gib, "--cpu-mem")
+    if gpu_mem_gib is not None:
+        if hw.gpu is None:
+            raise HRMError(f"--gpu-mem: profile '{hw.name}' has no GPU (its device tier shares the host memory: "
+                           f"use --cpu-mem)")
+        gpu_mem_gib = bounds.TOTAL_GPU_MEMORY_GIB.check(gpu_mem_gib, "--gpu-mem")
+        bounds.GPU_MEMORY_GIB.check(gpu_mem_gib / hw.gpu.count, f"--gpu-mem over {hw.gpu.count} GPU(s)")
     cpu_cap = (cpu_mem_gib * GIB if cpu_mem_gib is not None else hw.cpu.memory_bytes) * options.cpu_memory_utilization
     if hw.gpu is None:
         return MemoryLimits(cpu_cap, cpu_cap, True)

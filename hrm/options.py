@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
+from . import bounds
+from .bounds import Flag
 from .model import Dtype, ModelSpec
 from .units import FLOAT_DTYPES
 
@@ -33,13 +35,13 @@ class ModelOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_memory_utilization: float = Field(default=0.86, gt=0, le=1)
-    cpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    gpu_memory_utilization: bounds.MEMORY_UTILIZATION.type = 0.86
+    cpu_memory_utilization: bounds.MEMORY_UTILIZATION.type = 0.8
     gpu_compute_dtype: Optional[Dtype] = None
     cpu_compute_dtype: Dtype = "fp32"
-    use_efficiency_curves: bool = True
-    use_dispatch_overhead: bool = True
-    use_emulation: bool = True
+    use_efficiency_curves: Flag = True
+    use_dispatch_overhead: Flag = True
+    use_emulation: Flag = True
 
     def for_model(self, model: ModelSpec) -> "ModelOptions":
         """These options with the device compute dtype resolved for ``model``."""

@@ -6,19 +6,38 @@ Key names are stable; ``hrm/data/plan.schema.json`` is generated from :class:`Pl
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
-from .errors import HRMError, pydantic_message
+from . import bounds
+from .bounds import Flag
+from .errors import HRMError, file_kind, pydantic_message, read_input_text
 from .policy import Policy
 from .workload import Workload
 
 SCHEMA_VERSION = "1.0"
+#: plan schema versions this code reads (a plan from a newer tool is refused, not guessed at)
+KNOWN_SCHEMA_VERSIONS = ("1.0",)
 SCHEMA_PATH = Path(__file__).resolve().parent / "data" / "plan.schema.json"
+#: relative tolerance of the estimate re-check on load (a plan's numbers vs a recomputation)
+ESTIMATE_RTOL = 1e-6
+#: the estimate fields re-checked on load (the rest of the block depends on memory limits)
+CHECKED_ESTIMATE_FIELDS = ("decode_layer_latency_s", "prefill_latency_s", "decode_throughput_tok_s",
+                           "generation_throughput_tok_s", "gpu_peak_bytes", "cpu_peak_bytes")
+
+#: a name or label: one non-empty printable line
+Label = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Amount = bounds.NON_NEGATIVE.type
 
 
 class _Frozen(BaseModel):
@@ -28,24 +47,34 @@ class _Frozen(BaseModel):
 class SpecRef(_Frozen):
     """A hardware profile or model spec by name (as the user gave it) and content hash."""
 
-    name: str
-    sha256: str
+    name: Label
+    sha256: Sha256
 
 
 class Estimate(_Frozen):
-    decode_layer_latency_s: float
-    prefill_latency_s: float
-    decode_throughput_tok_s: float
-    generation_throughput_tok_s: float
-    gpu_peak_bytes: float
-    cpu_peak_bytes: float
-    bottleneck: str
+    decode_layer_latency_s: Amount
+    prefill_latency_s: Amount
+    decode_throughput_tok_s: Amount
+    generation_throughput_tok_s: Amount
+    gpu_peak_bytes: Amount
+    cpu_peak_bytes: Amount
+    bottleneck: Label
     breakdown: dict = Field(default_factory=dict)
 
 
 class LayerPlacement(_Frozen):
-    layer: int
-    gpu_experts: list[int]
+    layer: bounds.INDEX.type
+    gpu_experts: list[bounds.INDEX.type]
+
+    @field_validator("gpu_experts")
+    @classmethod
+    def _no_duplicates(cls, experts):
+        seen = set()
+        for expert in experts:
+            if expert in seen:
+                raise ValueError(f"expert {expert} listed twice")
+            seen.add(expert)
+        return experts
 
 
 class Placement(_Frozen):
@@ -53,72 +82,354 @@ class Placement(_Frozen):
     and how the offloaded rest of a layer is cut into ``weight_pages`` (= n) pages."""
 
     layers: list[LayerPlacement]
-    weight_pages: int
-    weights_gpu_ratio_realised: float
+    weight_pages: bounds.SEQUENCES.type
+    weights_gpu_ratio_realised: bounds.FRACTION.type
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_once(cls, layers):
+        seen = set()
+        for entry in layers:
+            if entry.layer in seen:
+                raise ValueError(f"layer {entry.layer} listed twice")
+            seen.add(entry.layer)
+        return layers
+
+    @property
+    def gpu_expert_count(self) -> int:
+        return sum(len(entry.gpu_experts) for entry in self.layers)
 
 
 class SolverInfo(_Frozen):
-    name: str
-    seconds: float
-    optimal: bool
-    candidates_evaluated: int
+    name: Label
+    seconds: bounds.SECONDS.type
+    optimal: Flag
+    candidates_evaluated: bounds.COUNT.type
 
 
 class Plan(_Frozen):
+    """A plan (SPEC §6). Validated whole: known schema version and schedule, the policy's
+    placement one the schedule runs, ``weight_pages`` = n, no GPU experts when the experts
+    run on the CPU. What needs the model or the hardware (layers and experts of the model,
+    the realised ratio, a recomputed estimate) is :func:`plan_problem`, run by :func:`load_plan`."""
+
     schema_version: str = SCHEMA_VERSION
     hardware: SpecRef
     model: SpecRef
     workload: Workload
     policy: Policy
     schedule: str
-    engine: str = "ideal"
+    engine: Label = "ideal"
     estimate: Estimate
     placement: Placement
     solver: SolverInfo
-    created_by: str
+    created_by: Label
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, version):
+        if version not in KNOWN_SCHEMA_VERSIONS:
+            raise ValueError(f"unknown plan schema version {version!r} (this hrm reads {', '.join(KNOWN_SCHEMA_VERSIONS)})")
+        return version
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, schedule):
+        from .schedules import SCHEDULES
+
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
+        return schedule
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        from .schedules import SCHEDULES
+
+        policy, placement = self.policy, self.placement
+        problem = SCHEDULES[self.schedule].problem(policy.attn_on_gpu, policy.ffn_on_gpu)
+        if problem:
+            raise ValueError(f"schedule: {problem}, but the policy has {policy.short()}")
+        if placement.weight_pages != policy.num_micro_batches:
+            raise ValueError(f"placement.weight_pages ({placement.weight_pages}) != the policy's n "
+                             f"({policy.num_micro_batches})")
+        if not policy.ffn_on_gpu and (placement.gpu_expert_count or placement.weights_gpu_ratio_realised):
+            raise ValueError("placement keeps experts on the GPU but the policy runs the experts on the CPU (ffn=cpu)")
+        return self
 
 
 def plan_schema() -> dict:
     return Plan.model_json_schema()
 
 
+# --- output files -----------------------------------------------------------------------
+def check_output_path(path: str | Path, flag: str = "--out") -> Path:
+    """Fail fast (before long work) when ``path`` cannot be written as a file: empty,
+    a directory, a FIFO or device, a missing folder, or a folder where no file can be made
+    (probed by creating and removing a temp file). One-line HRMError naming ``flag``."""
+    text = str(path)
+    if not text.strip():
+        raise HRMError(f"{flag}: empty path")
+    if "\0" in text:
+        raise HRMError(f"{flag}: the path contains a NUL byte")
+    path = Path(text)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise HRMError(f"{flag} {text}: cannot write there ({exc.strerror or exc})") from None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise HRMError(f"{flag} {text}: is a directory, give a file name")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise HRMError(f"{flag} {text}: {file_kind(info.st_mode)}, not a regular file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise HRMError(f"{flag} {text}: folder {folder} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise HRMError(f"{flag} {text}: cannot write in {folder} ({exc.strerror or exc})") from None
+    return path
+
+
+def check_output_folder(path: str | Path, flag: str = "--out") -> Path:
+    """Fail fast when ``path`` is not an existing folder where files can be made."""
+    text = str(path)
+    if not text.strip():
+        raise HRMError(f"{flag}: empty path")
+    folder = Path(text)
+    if not folder.is_dir():
+        raise HRMError(f"{flag} {text}: not a folder" + (" (it does not exist)" if not folder.exists() else ""))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hrm-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise HRMError(f"{flag} {text}: cannot write in this folder ({exc.strerror or exc})") from None
+    return folder
+
+
+def write_files_atomic(items) -> None:
+    """Write every ``(path, content)`` or none: each goes to a temp file in its folder first;
+    only when all are written are they renamed into place. On a failure the temp files are
+    removed (and files this call created are removed again if a rename fails), so a reader
+    never sees half a file nor half of a set. Files are readable by all (0644)."""
+    items = [(Path(path), content) for path, content in items]
+    temps: list[tuple[str, Path]] = []
+    current = items[0][0] if items else Path(".")
+    try:
+        for path, content in items:
+            current = path
+            folder = path.parent if str(path.parent) else Path(".")
+            if not folder.is_dir():
+                raise HRMError(f"{path}: folder {folder} does not exist")
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+            temps.append((tmp, path))
+            with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as handle:
+                handle.write(content)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600
+    except (OSError, HRMError) as exc:
+        for tmp, _ in temps:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, HRMError):
+            raise
+        raise HRMError(f"{current}: cannot write ({exc.strerror or exc})") from None
+    created: list[Path] = []
+    for index, (tmp, path) in enumerate(temps):
+        existed = os.path.lexists(path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            for other, _ in temps[index:]:
+                Path(other).unlink(missing_ok=True)
+            for new in created:
+                new.unlink(missing_ok=True)
+            raise HRMError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        if not existed:
+            created.append(path)
+
+
 def write_atomic(path: str | Path, content: str | bytes) -> None:
     """Write ``content`` to ``path`` via a temp file in the same folder and a rename, so a
     reader never sees half a file. The result is readable by all (0644), as open() makes."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise HRMError(f"{path}: folder {folder} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    except OSError as exc:
-        raise HRMError(f"{path}: cannot write ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as handle:
-            handle.write(content)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise HRMError(f"{path}: cannot write ({exc.strerror})") from None
+    write_files_atomic([(path, content)])
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
     write_atomic(path, plan.model_dump_json(indent=2) + "\n")
 
 
-def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
+# --- reading and checking plans ---------------------------------------------------------
+def _no_duplicate_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise HRMError(f"{key!r}: duplicate key (JSON keeps only one; which was meant?)")
+        seen[key] = value
+    return seen
+
+
+def parse_plan(text: str, source: str = "plan") -> Plan:
+    """A Plan from JSON text: one-line HRMError for malformed JSON, a duplicate key or a
+    field the schema refuses."""
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise HRMError(f"{path}: cannot read ({exc.strerror})") from None
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except HRMError as exc:
+        raise HRMError(f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise HRMError(f"{path}: malformed JSON (line {exc.lineno}: {exc.msg})") from None
+        raise HRMError(f"{source}: malformed JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise HRMError(f"{source}: malformed JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        raise HRMError(f"{source}: malformed JSON ({' '.join(str(exc).split())[:80]})") from None
+    if not isinstance(data, dict):
+        raise HRMError(f"{source}: expected a JSON object (a plan), got {bounds.kind_of(data)}")
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        raise HRMError(pydantic_message(str(path), exc)) from None
+        raise HRMError(pydantic_message(source, exc)) from None
+
+
+def resolve_plan_engine(plan: Plan):
+    """The plan's engine (shipped name, or an engine YAML path), with the plan's schedule."""
+    from .engine import list_engines, load_engine
+
+    name = plan.engine
+    if name != "ideal" and name not in list_engines() and not (name.endswith((".yaml", ".yml")) and Path(name).is_file()):
+        raise HRMError(f"engine: unknown engine {name!r} (shipped: {', '.join(list_engines())}; or an engine YAML path)")
+    engine = load_engine(name)
+    if engine.name == "ideal":
+        return engine.with_schedule(plan.schedule)
+    if engine.schedule != plan.schedule:
+        raise HRMError(f"schedule: {plan.schedule!r}, but engine {engine.name} runs {engine.schedule!r}")
+    return engine
+
+
+def resolve_plan_hardware(plan: Plan):
+    """The plan's hardware profile if its name loads and its hash matches, else None."""
+    from .hardware import load_hardware
+
+    try:
+        hw = load_hardware(plan.hardware.name)
+    except HRMError:
+        return None
+    return hw if hw.sha256() == plan.hardware.sha256 else None
+
+
+def resolve_plan_model(plan: Plan):
+    """The plan's model in the dtypes whose hash the plan recorded, or None (the name does
+    not load, or no dtype choice reproduces the hash). Warnings of the loader are muted."""
+    from itertools import product
+
+    from .model import load_model
+    from .units import DTYPES
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            base = load_model(plan.model.name)
+    except HRMError:
+        return None
+    if base.sha256() == plan.model.sha256:
+        return base
+    for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):
+        spec = base.model_copy(update={"weight_dtype": wd, "kv_dtype": kd, "activation_dtype": ad})
+        if spec.sha256() == plan.model.sha256:
+            return spec
+    return None
+
+
+def placement_problem(plan: Plan, model) -> Optional[str]:
+    """Why the plan's placement does not fit ``model`` and its policy (None if it does):
+    layers must be MoE layers of the model, experts below its expert count, the realised
+    ratio the placement's count / slots and the policy's r_w in whole experts."""
+    from .placement import moe_layers
+
+    layers = moe_layers(model)
+    valid = set(layers)
+    for entry in plan.placement.layers:
+        if entry.layer not in valid:
+            return (f"placement: layer {entry.layer} is not an MoE layer of {model.name} "
+                    f"(MoE layers {layers[0]}..{layers[-1]})" if layers else f"placement: {model.name} has no MoE layer")
+        if entry.gpu_experts and max(entry.gpu_experts) >= model.num_experts:
+            return (f"placement: layer {entry.layer} names expert {max(entry.gpu_experts)}, "
+                    f"but {model.name} has {model.num_experts} (0..{model.num_experts - 1})")
+    slots = len(layers) * model.num_experts
+    count = plan.placement.gpu_expert_count
+    ratio = count / slots if slots else 0.0
+    realised = plan.placement.weights_gpu_ratio_realised
+    if not math.isclose(realised, ratio, rel_tol=ESTIMATE_RTOL, abs_tol=1e-12):
+        return (f"placement.weights_gpu_ratio_realised is {realised:.6g}, but the placement keeps {count} of "
+                f"{slots} experts on the GPU ({ratio:.6g})")
+    rw = plan.policy.weights_gpu_ratio if plan.policy.ffn_on_gpu else 0.0
+    if slots and abs(ratio - rw) > 0.5 / slots + 1e-9 and abs(ratio - _snapped(model, plan, rw)) > 0.5 / slots + 1e-9:
+        return (f"placement keeps {count} of {slots} experts on the GPU (r_w {ratio:.4g}), but the policy has "
+                f"rw={rw:.4g} ({round(rw * slots)} experts)")
+    return None
+
+
+def _snapped(model, plan: Plan, rw: float) -> float:
+    from .engine import load_engine
+    from .estimate import snap_weights_ratio
+
+    try:
+        return snap_weights_ratio(model, load_engine(plan.engine), rw)
+    except HRMError:
+        return rw
+
+
+def estimate_problem(plan: Plan, hw, model, engine) -> Optional[str]:
+    """Why the plan's estimate is stale (None if a recomputation matches it within
+    :data:`ESTIMATE_RTOL`): names the first field that differs."""
+    from .estimate import estimate
+
+    try:
+        fresh = estimate(hw, model, plan.workload, plan.policy, engine=engine).to_plan_estimate()
+    except HRMError as exc:
+        return f"policy: {exc}"
+    for key in CHECKED_ESTIMATE_FIELDS:
+        old, new = float(getattr(plan.estimate, key)), float(fresh[key])
+        if not math.isclose(old, new, rel_tol=ESTIMATE_RTOL, abs_tol=0.0):
+            return (f"estimate.{key} is {old:.7g}, but the plan's hardware, model, workload and policy give "
+                    f"{new:.7g}: a stale estimate (edited plan?); re-plan with hrm search")
+    if plan.estimate.bottleneck != fresh["bottleneck"]:
+        return (f"estimate.bottleneck is {plan.estimate.bottleneck!r}, but a recomputation gives "
+                f"{fresh['bottleneck']!r}: a stale estimate; re-plan with hrm search")
+    return None
+
+
+def plan_problem(plan: Plan, hw=None, model=None) -> Optional[str]:
+    """What :func:`load_plan` checks beyond the schema: the engine is known and runs the
+    plan's schedule; with the model (given, or resolved from the plan's name and hash) the
+    placement fits it; with the hardware too, the estimate equals a recomputation. Checks
+    that need a model or hardware that cannot be resolved are skipped."""
+    try:
+        engine = resolve_plan_engine(plan)
+    except HRMError as exc:
+        return str(exc)
+    model = model if model is not None else resolve_plan_model(plan)
+    if model is None:
+        return None
+    problem = placement_problem(plan, model)
+    if problem:
+        return problem
+    hw = hw if hw is not None else resolve_plan_hardware(plan)
+    if hw is None:
+        return None
+    return estimate_problem(plan, hw, model, engine)
+
+
+def load_plan(path: str | Path, check: bool = True) -> Plan:
+    """Read, parse and validate a plan file whole (schema, then :func:`plan_problem` when
+    ``check``); one-line HRMError naming the file and the field otherwise."""
+    text = read_input_text(path, "a plan JSON file")
+    plan = parse_plan(text, str(path))
+    if check:
+        problem = plan_problem(plan)
+        if problem:
+            raise HRMError(f"{path}: {problem}")
+    return plan
 
 
 if __name__ == "__main__":  # regenerate the committed schema

@@ -2,34 +2,55 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from . import bounds
+from .bounds import Flag
 from .errors import HRMError
+
+
+def policy_problem(fields: dict) -> str | None:
+    """The policy rules, in one place: N = mu x n; rc > 0 needs attn=gpu; rw > 0 needs
+    ffn=gpu. ``fields`` (Policy field names) may be partial — ``hrm-search --fix`` pins part
+    of a policy — and then only the rules whose fields are all given apply."""
+    big, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
+    if big is not None and mu is not None and n is not None:
+        if big != mu * n:
+            return f"N={big} != mu={mu} x n={n} (N is the batch, mu the micro-batch, n the micro-batches)"
+    elif big is not None and mu is not None and big % mu:
+        return f"N={big} is not a multiple of mu={mu}"
+    elif big is not None and n is not None and big % n:
+        return f"N={big} is not a multiple of n={n}"
+    if fields.get("attn_on_gpu") is False and (fields.get("kv_gpu_ratio") or 0) > 0:
+        return "rc > 0 needs attn=gpu (CPU attention reads the KV cache in CPU memory)"
+    if fields.get("ffn_on_gpu") is False and (fields.get("weights_gpu_ratio") or 0) > 0:
+        return "rw > 0 needs ffn=gpu (CPU experts read their weights in CPU memory)"
+    return None
 
 
 class Policy(BaseModel):
     """An offloading policy. ``batch_size`` N counts sequences (tokens per decode pass of the
     whole model); ``micro_batch_size`` μ is one GPU kernel's batch; ``num_micro_batches``
     n = N/μ. ``weights_gpu_ratio`` r_w is the fraction of routed-expert weights kept on the
-    GPU statically; ``kv_gpu_ratio`` r_c the fraction of the KV cache kept on the GPU."""
+    GPU statically; ``kv_gpu_ratio`` r_c the fraction of the KV cache kept on the GPU.
+    Ranges: :mod:`hrm.bounds`; rules (N = μ·n, r_c needs GPU attention, r_w GPU experts):
+    :func:`policy_problem`, checked on every construction."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: int = Field(gt=0)
-    micro_batch_size: int = Field(gt=0)
-    num_micro_batches: int = Field(gt=0)
-    attn_on_gpu: bool = False
-    ffn_on_gpu: bool = True
-    weights_gpu_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
-    kv_gpu_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    batch_size: bounds.SEQUENCES.type
+    micro_batch_size: bounds.SEQUENCES.type
+    num_micro_batches: bounds.SEQUENCES.type
+    attn_on_gpu: Flag = False
+    ffn_on_gpu: Flag = True
+    weights_gpu_ratio: bounds.FRACTION.type = 0.0
+    kv_gpu_ratio: bounds.FRACTION.type = 0.0
 
     @model_validator(mode="after")
-    def _n_times_mu(self):
-        if self.batch_size != self.micro_batch_size * self.num_micro_batches:
-            raise ValueError(
-                f"batch_size ({self.batch_size}) != micro_batch_size ({self.micro_batch_size})"
-                f" x num_micro_batches ({self.num_micro_batches})"
-            )
+    def _rules(self):
+        problem = policy_problem(dict(self))
+        if problem:
+            raise ValueError(problem)
         return self
 
     def short(self) -> str:
@@ -53,8 +74,10 @@ def parse_assignments(text: str, what: str = "policy") -> dict:
     """Parse ``N=512,mu=64,attn=cpu,rw=0.1`` (commas or spaces) into Policy field names.
 
     ``N`` is the batch size and ``n`` the number of micro-batches (case matters for these).
+    Values are checked against :mod:`hrm.bounds`; a key given twice (``mu=36 mu=48``) is refused.
     """
     out: dict = {}
+    given: dict = {}
     for item in text.replace(",", " ").split():
         if "=" not in item:
             raise HRMError(f"{what}: '{item}' is not KEY=VALUE (keys: N, mu, n, attn, ffn, rw, rc)")
@@ -66,48 +89,49 @@ def parse_assignments(text: str, what: str = "policy") -> dict:
             close = difflib.get_close_matches(key, ["N", "mu", "n", "attn", "ffn", "rw", "rc"], n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise HRMError(f"{what}: unknown key '{key}' (keys: N, mu, n, attn, ffn, rw, rc){hint}")
+        if field in given:
+            raise HRMError(f"{what}: {key} given twice ({given[field]} and {item}); give each key once")
+        given[field] = item
+        if field in ("attn_on_gpu", "ffn_on_gpu"):
+            if value.lower() not in TIERS:
+                raise HRMError(f"{what}: {key}={value!r} is not gpu or cpu")
+            out[field] = TIERS[value.lower()]
+            continue
+        rng = bounds.FRACTION if field in ("weights_gpu_ratio", "kv_gpu_ratio") else bounds.SEQUENCES
         try:
-            if field in ("attn_on_gpu", "ffn_on_gpu"):
-                if value.lower() not in TIERS:
-                    raise ValueError
-                out[field] = TIERS[value.lower()]
-            elif field in ("weights_gpu_ratio", "kv_gpu_ratio"):
-                out[field] = float(value)
-                if not 0.0 <= out[field] <= 1.0:
-                    raise HRMError(f"{what}: {key}={value} must lie in [0, 1]")
-            else:
-                out[field] = int(value)
-                if out[field] <= 0:
-                    raise HRMError(f"{what}: {key}={value} must be a positive integer")
+            number = float(value) if rng is bounds.FRACTION else int(value)
         except ValueError:
-            kind = "gpu or cpu" if field in ("attn_on_gpu", "ffn_on_gpu") else "a number"
+            kind = "a number" if rng is bounds.FRACTION else "an integer"
             raise HRMError(f"{what}: {key}={value!r} is not {kind}") from None
+        out[field] = rng.check(number, f"{what}: {key}")
     return out
 
 
-def parse_policy(text: str) -> Policy:
+def parse_policy(text: str, what: str = "policy") -> Policy:
     """A full Policy from a string; two of N, mu, n are enough (the third is derived)."""
-    fields = parse_assignments(text)
+    fields = parse_assignments(text, what)
     big, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
-    if mu is None and big is not None and n is not None:
-        if big % n:
-            raise HRMError(f"policy: N={big} is not a multiple of n={n}")
+    if (big is None) + (mu is None) + (n is None) > 1:
+        raise HRMError(f"{what}: give two of N (batch size), mu (micro-batch size), n (micro-batches)")
+    problem = policy_problem(fields)
+    if problem:
+        raise HRMError(f"{what}: {problem}")
+    if mu is None:
         fields["micro_batch_size"] = big // n
-    elif n is None and big is not None and mu is not None:
-        if big % mu:
-            raise HRMError(f"policy: N={big} is not a multiple of mu={mu}")
+    elif n is None:
         fields["num_micro_batches"] = big // mu
-    elif big is None and mu is not None and n is not None:
-        fields["batch_size"] = mu * n
-    elif big is None or mu is None or n is None:
-        raise HRMError("policy: give two of N (batch size), mu (micro-batch size), n (micro-batches)")
-    if not fields.get("attn_on_gpu", False) and fields.get("kv_gpu_ratio", 0.0) > 0:
-        raise HRMError("policy: rc > 0 needs attn=gpu (CPU attention reads the KV cache in CPU memory)")
-    if not fields.get("ffn_on_gpu", True) and fields.get("weights_gpu_ratio", 0.0) > 0:
-        raise HRMError("policy: rw > 0 needs ffn=gpu (CPU experts read their weights in CPU memory)")
+    elif big is None:
+        fields["batch_size"] = bounds.SEQUENCES.check(mu * n, f"{what}: N = mu x n")
+    return validate_policy(fields, what)
+
+
+def validate_policy(fields: dict, what: str = "policy") -> Policy:
+    """``Policy(**fields)`` with a one-line HRMError naming ``what`` and the field."""
+    from pydantic import ValidationError
+
+    from .errors import pydantic_message
+
     try:
         return Policy(**fields)
-    except Exception as exc:  # pydantic ValidationError: one line
-        from .errors import pydantic_message
-
-        raise HRMError(pydantic_message("policy", exc)) from None
+    except ValidationError as exc:
+        raise HRMError(pydantic_message(what, exc)) from None

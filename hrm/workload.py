@@ -4,26 +4,34 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from .errors import HRMError
+from . import bounds
+from .bounds import Flag
+from .errors import HRMError, pydantic_message
 
 
 class Workload(BaseModel):
     """Average and maximum prompt length, tokens generated per request, and whether prompts
-    are padded to the maximum (FlexGen) or batched by length (MoE-Lightning Algorithm 2)."""
+    are padded to the maximum (FlexGen) or batched by length (MoE-Lightning Algorithm 2).
+    Lengths are whole tokens in :data:`hrm.bounds.TOKENS` (generation:
+    :data:`hrm.bounds.GEN_TOKENS`); a sequence (the longest prompt plus
+    the generated tokens) holds at most :data:`hrm.bounds.MAX_CONTEXT_TOKENS`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prompt_len: int = Field(gt=0)
-    max_prompt_len: int = Field(gt=0)
-    gen_len: int = Field(gt=0)
-    padding: bool = False
+    prompt_len: bounds.TOKENS.type
+    max_prompt_len: bounds.TOKENS.type
+    gen_len: bounds.GEN_TOKENS.type
+    padding: Flag = False
 
     @model_validator(mode="after")
     def _max_at_least_avg(self):
         if self.max_prompt_len < self.prompt_len:
             raise ValueError(f"max_prompt_len ({self.max_prompt_len}) < prompt_len ({self.prompt_len})")
+        if self.max_prompt_len + self.gen_len > bounds.MAX_CONTEXT_TOKENS:
+            raise ValueError(f"max_prompt_len + gen_len = {self.max_prompt_len + self.gen_len} tokens is above the "
+                             f"plausible maximum {bounds.MAX_CONTEXT_TOKENS} tokens of one sequence (MAX_CONTEXT_TOKENS)")
         return self
 
     @property
@@ -70,9 +78,7 @@ def make_workload(
     if missing:
         raise HRMError(f"workload: missing {', '.join(missing)} (give a preset or --prompt-len/--gen-len)")
     base.setdefault("max_prompt_len", base["prompt_len"])
-    for key in ("prompt_len", "max_prompt_len", "gen_len"):
-        if base[key] <= 0:
-            raise HRMError(f"workload: {key} must be positive, got {base[key]}")
-    if base["max_prompt_len"] < base["prompt_len"]:
-        raise HRMError(f"workload: max_prompt_len ({base['max_prompt_len']}) < prompt_len ({base['prompt_len']})")
-    return Workload(padding=padding, **base)
+    try:
+        return Workload(padding=padding, **base)
+    except ValidationError as exc:
+        raise HRMError(pydantic_message("workload", exc)) from None

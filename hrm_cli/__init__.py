@@ -8,9 +8,19 @@ core needs none of them.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 
 from hrm.errors import HRMError
+
+#: the exit codes of every command (each --help ends with them)
+EXIT_CODES = """exit codes:
+  0    success
+  1    standard output closed early by its reader (e.g. | head): the rest is dropped quietly
+  2    bad input: a file, a field, a flag or an output target (one line on stderr: error: ...)
+  3    infeasible: the inputs admit no policy (a memory limit binds)
+  130  interrupted (Ctrl-C)"""
 
 SUBCOMMANDS = {
     "estimate": ("hrm_cli.estimate", "predict time, memory and throughput of one policy"),
@@ -24,24 +34,63 @@ SUBCOMMANDS = {
 }
 
 
-def run_guarded(func, argv) -> int:
-    """Run a subcommand's ``main(argv)``; turn HRMError into one line + exit code."""
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's final flush of what is
+    still buffered cannot fail again (Python's documented recipe for SIGPIPE/EPIPE)."""
     try:
-        return int(func(argv) or 0)
+        fileno = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured, closed)
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fileno)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def _error(message: str, code: int) -> int:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    return code
+
+
+def run_guarded(func, argv) -> int:
+    """Run a subcommand's ``main(argv)`` and flush its output; the one place where failures
+    become exit codes (:data:`EXIT_CODES`): HRMError → its one line and 2 or 3; stdout closed
+    by its reader (BrokenPipeError) → 1, quietly; any other OSError (a full disk, /dev/full
+    as stdout, an unreadable file) or undecodable text → one line and 2; Ctrl-C → 130."""
+    try:
+        try:
+            code = int(func(argv) or 0)
+        except SystemExit:  # argparse: --help (0) or a usage error (2, its line printed)
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
     except HRMError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _error(exc, exc.exit_code)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+    except OSError as exc:
+        if exc.filename is None:  # a write to stdout (print/rich) failed, e.g. ENOSPC on /dev/full
+            _silence_stdout()
+            return _error(f"cannot write the output ({exc.strerror or errno.errorcode.get(exc.errno, exc)})", 2)
+        return _error(f"{exc.filename}: {exc.strerror or exc}", 2)
+    except UnicodeError as exc:
+        return _error(f"input is not valid text ({exc})", 2)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _error("interrupted", 130)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         lines = [f"  {name:<9} {desc}" for name, (_, desc) in SUBCOMMANDS.items()]
-        print("usage: hrm <subcommand> [options]\n\nsubcommands:\n" + "\n".join(lines))
-        return 0 if argv else 2
+        print("usage: hrm <subcommand> [options]\n\nsubcommands:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES)
+        if not argv:
+            return 2
+        return run_guarded(lambda _: 0, [])
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         import difflib
@@ -72,7 +121,13 @@ def search_main(argv=None) -> int:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exit code 2 (no usage dump)."""
+    """argparse that reports usage errors as one line and exit code 2 (no usage dump), and
+    ends every --help with the exit codes (:data:`EXIT_CODES`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         print(f"error: {self.prog}: {message}", file=sys.stderr)

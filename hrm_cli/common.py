@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hrm import bounds
 from hrm.hardware import load_hardware
 from hrm.model import load_model
 from hrm.units import DTYPES
@@ -18,9 +19,10 @@ def add_machine_args(parser, hw_required: bool = True) -> None:
 def add_workload_args(parser) -> None:
     parser.add_argument("--workload", default="mtbench", choices=list(PRESETS),
                         help="workload preset (default mtbench: prompt avg 77 / max 418, gen 128)")
-    parser.add_argument("--prompt-len", type=int, help="average prompt length (tokens)")
-    parser.add_argument("--max-prompt-len", type=int, help="maximum prompt length (tokens)")
-    parser.add_argument("--gen-len", type=int, help="tokens generated per request")
+    parser.add_argument("--prompt-len", type=bounds.TOKENS.flag("--prompt-len"), help="average prompt length (tokens)")
+    parser.add_argument("--max-prompt-len", type=bounds.TOKENS.flag("--max-prompt-len"),
+                        help="maximum prompt length (tokens)")
+    parser.add_argument("--gen-len", type=bounds.GEN_TOKENS.flag("--gen-len"), help="tokens generated per request")
     parser.add_argument("--padding", action="store_true", help="pad prompts to the maximum (FlexGen style)")
 
 
@@ -43,10 +45,14 @@ def engine_from_args(args):
 
 
 def add_memory_args(parser) -> None:
-    parser.add_argument("--gpu-mem", type=float, metavar="GIB", help="override total GPU memory (GiB)")
-    parser.add_argument("--cpu-mem", type=float, metavar="GIB", help="override CPU memory (GiB)")
-    parser.add_argument("--gpu-util", type=float, help="usable fraction of GPU memory (default 0.86)")
-    parser.add_argument("--cpu-util", type=float, help="usable fraction of CPU memory (default 0.8)")
+    parser.add_argument("--gpu-mem", type=bounds.TOTAL_GPU_MEMORY_GIB.flag("--gpu-mem"), metavar="GIB",
+                        help=f"override total GPU memory (GiB; at most {bounds.MAX_GPU_MEMORY_GIB:g} per GPU)")
+    parser.add_argument("--cpu-mem", type=bounds.CPU_MEMORY_GIB.flag("--cpu-mem"), metavar="GIB",
+                        help=f"override CPU memory (GiB, {bounds.CPU_MEMORY_GIB.describe()})")
+    parser.add_argument("--gpu-util", type=bounds.MEMORY_UTILIZATION.flag("--gpu-util"),
+                        help=f"usable fraction of GPU memory, {bounds.MEMORY_UTILIZATION.describe()} (default 0.86)")
+    parser.add_argument("--cpu-util", type=bounds.MEMORY_UTILIZATION.flag("--cpu-util"),
+                        help=f"usable fraction of CPU memory, {bounds.MEMORY_UTILIZATION.describe()} (default 0.8)")
 
 
 def machine_from_args(args):
@@ -60,21 +66,36 @@ def workload_from_args(args):
 
 
 def options_from_args(args):
-    from hrm.errors import HRMError
+    """ModelOptions from --gpu-util/--cpu-util (ranges: the flags' and the model's, hrm.bounds)."""
     from hrm.options import ModelOptions
 
     update = {}
     for flag, key in (("gpu_util", "gpu_memory_utilization"), ("cpu_util", "cpu_memory_utilization")):
         value = getattr(args, flag, None)
         if value is not None:
-            if not 0 < value <= 1:
-                raise HRMError(f"--{flag.replace('_', '-')} must lie in (0, 1], got {value}")
-            update[key] = value
-    for flag in ("gpu_mem", "cpu_mem"):
-        value = getattr(args, flag, None)
-        if value is not None and value <= 0:
-            raise HRMError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+            update[key] = bounds.MEMORY_UTILIZATION.check(value, f"--{flag.replace('_', '-')}")
     return ModelOptions(**update)
+
+
+def check_input_file(path: str | None, flag: str, allow_dir: bool = False) -> None:
+    """Fail fast on an input path that is missing or not a regular file (a FIFO would block;
+    a directory is allowed only where ``allow_dir``)."""
+    import os
+    import stat
+
+    from hrm.errors import HRMError, file_kind
+
+    if path is None:
+        return
+    if not str(path).strip():
+        raise HRMError(f"{flag}: empty path")
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as exc:
+        raise HRMError(f"{flag} {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    if stat.S_ISREG(info.st_mode) or (allow_dir and stat.S_ISDIR(info.st_mode)):
+        return
+    raise HRMError(f"{flag} {path}: {file_kind(info.st_mode)}, not a regular file")
 
 
 def limits_from_args(hw, options, args):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from hrm import bounds
 from hrm_cli import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
                          limits_from_args, machine_from_args, options_from_args, workload_from_args)
@@ -88,9 +89,10 @@ def ops_main(argv) -> int:
 
     parser = ArgumentParser(prog="hrm ops", description="Per-operator FLOPs, bytes and intensity of one layer.")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--mu", type=int, default=64, help="micro-batch size (sequences)")
-    parser.add_argument("--context", type=int, default=512, help="decode context length")
-    parser.add_argument("--prompt-len", type=int, default=512, help="prefill prompt length")
+    parser.add_argument("--mu", type=bounds.SEQUENCES.flag("--mu"), default=64, help="micro-batch size (sequences)")
+    parser.add_argument("--context", type=bounds.TOKENS.flag("--context"), default=512, help="decode context length")
+    parser.add_argument("--prompt-len", type=bounds.TOKENS.flag("--prompt-len"), default=512,
+                        help="prefill prompt length")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     frame = operator_table(load_model(args.model), args.mu, args.context, args.prompt_len)

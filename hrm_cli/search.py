@@ -6,28 +6,23 @@ from hrm_cli import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
                             limits_from_args, machine_from_args, options_from_args, workload_from_args)
 from hrm.errors import HRMError
-from hrm.plan import save_plan
-from hrm.policy import parse_assignments
+from hrm import bounds
+from hrm.plan import check_output_path, save_plan
+from hrm.policy import parse_assignments, policy_problem
 
 from solver.search import SearchResult, search
 from solver.terms import DEFAULT_MAX_BATCH
 
 
 def parse_fix(items: list[str] | None) -> dict:
+    """``--fix`` pins: Policy fields, the policy rules of :func:`hrm.policy.policy_problem`
+    applied to what is given; N with n gives mu."""
     fixed = parse_assignments(" ".join(items or []), what="--fix")
-    if fixed.get("attn_on_gpu") is False and fixed.get("kv_gpu_ratio", 0) > 0:
-        raise HRMError("--fix: rc > 0 needs attn=gpu")
-    if fixed.get("ffn_on_gpu") is False and fixed.get("weights_gpu_ratio", 0) > 0:
-        raise HRMError("--fix: rw > 0 needs ffn=gpu")
+    problem = policy_problem(fixed)
+    if problem:
+        raise HRMError(f"--fix: {problem}")
     big, mu, n = (fixed.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
-    if big and mu and n and big != mu * n:
-        raise HRMError(f"--fix: N={big} != mu={mu} x n={n}")
-    if big and mu and not n:
-        if big % mu:
-            raise HRMError(f"--fix: N={big} is not a multiple of mu={mu}")
     if big and n and not mu:
-        if big % n:
-            raise HRMError(f"--fix: N={big} is not a multiple of n={n}")
         fixed["micro_batch_size"] = big // n
     return fixed
 
@@ -45,20 +40,23 @@ def build_parser() -> ArgumentParser:
                         help="maximise end-to-end generation throughput (default) or decode throughput")
     parser.add_argument("--fix", nargs="+", metavar="KEY=VALUE",
                         help="pin part of the policy: N=, mu=, n=, attn=cpu|gpu, ffn=cpu|gpu, rw=, rc=")
-    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="cap on the batch size N (sequences)")
-    parser.add_argument("--top", type=int, default=3, help="alternatives to show (the best policy of every other attn/ffn placement)")
+    parser.add_argument("--max-batch", type=bounds.SEQUENCES.flag("--max-batch"), default=DEFAULT_MAX_BATCH,
+                        help=f"cap on the batch size N (sequences, {bounds.SEQUENCES.describe()})")
+    parser.add_argument("--top", type=bounds.TOP.flag("--top"), default=3, help="alternatives to show (the best policy of every other attn/ffn placement)")
     parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "highs"],
                         help="MILP backend of the --verify certificate: auto = HiGHS when highspy is installed, else CBC")
     parser.add_argument("--verify", action="store_true", help="also run the exhaustive verifier and compare")
     parser.add_argument("--compare", action="store_true",
                         help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
     parser.add_argument("--json", action="store_true", help="print the plan (SPEC section 6) as JSON")
-    parser.add_argument("--out", help="write the plan to this file (atomically)")
+    parser.add_argument("--out", help="write the plan to this file (atomically; checked before the search)")
     return parser
 
 
 def main(argv) -> int:
     args = build_parser().parse_args(argv)
+    if args.out is not None:
+        check_output_path(args.out, "--out")
     hw, model = machine_from_args(args)
     workload = workload_from_args(args)
     options = options_from_args(args)

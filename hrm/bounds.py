@@ -1,0 +1,244 @@
+"""Plausible ranges of the numbers that enter the toolkit (issue 11: one validation boundary).
+
+Every number a user can give — a hardware-profile field, a workload length, a policy value,
+a CLI flag, a field of a plan file — must be finite and inside a plausible range for its
+unit, or the input is refused with one line naming the field. The ranges are the named
+constants below, each with the reason for its value; a :class:`Range` ties one to a unit and
+serves all three entry points:
+
+- ``Range.type`` — a pydantic ``Annotated`` type for the frozen models (``hrm.hardware``,
+  ``hrm.workload``, ``hrm.policy``, ``hrm.plan``): the invariant lives on the model;
+- ``Range.flag(name)`` — an argparse ``type=`` that validates through the same range;
+- ``Range.check(value, what)`` — the same test for a value computed in code (HRMError).
+
+Booleans are not numbers here (``cores: true`` is refused), nor are strings (YAML 1.1 reads
+``1e3`` without a dot as text: the message says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, WithJsonSchema
+
+from .errors import HRMError
+
+# --- memory -----------------------------------------------------------------------------
+#: no GPU has more than a few hundred GiB (B200: 180 GiB); 4 TiB per GPU catches 1000x unit slips
+MAX_GPU_MEMORY_GIB = 4096.0
+#: the largest single hosts hold 32 TiB of DRAM; 64 TiB catches a 1000x slip of a 192 GiB host
+MAX_CPU_MEMORY_GIB = 65536.0
+#: nothing that runs an LLM has under 10 MiB; catches 1e-300 and underflows
+MIN_MEMORY_GIB = 0.01
+#: a plan must be allowed at least 1% of a memory; below that no policy is meaningful
+MIN_MEMORY_UTILIZATION = 0.01
+
+# --- rates ------------------------------------------------------------------------------
+#: 10 MB/s is slower than any disk, link or memory bus an LLM is offloaded over
+MIN_BANDWIDTH_GBPS = 0.01
+#: HBM3e is ~8 TB/s; 100 TB/s catches 1000x slips (MB/s written as GB/s)
+MAX_BANDWIDTH_GBPS = 100_000.0
+#: 1 MFLOP/s is slower than any computer since the 1980s; catches 1e-300 and sign slips
+MIN_TFLOPS = 1e-6
+#: the fastest single device is ~10 PFLOP/s dense (B200 FP4); 50 PFLOP/s catches 1000x slips (GFLOP/s as TFLOP/s)
+MAX_TFLOPS = 50_000.0
+#: a kernel launch or an operator dispatch costs microseconds to milliseconds; a second means ms written as s
+MAX_DISPATCH_S = 1.0
+#: efficiency curves: matmul rows M (or legacy bytes / tokens) and rates, finite and below 1e15
+MAX_CURVE_VALUE = 1e15
+
+# --- counts -----------------------------------------------------------------------------
+#: the largest shared-memory hosts have a few thousand cores; 4096 catches typos, not machines
+MAX_CORES = 4096
+#: NUMA nodes of one host (the largest have 32)
+MAX_NUMA_NODES = 256
+#: GPUs in one tensor-parallel group: 1024 is beyond any single NVLink/PCIe domain (NVL72: 72)
+MAX_GPU_COUNT = 1024
+
+# --- workload and policy ----------------------------------------------------------------
+#: prompt + generated tokens of one sequence: the longest context windows are 10M tokens (Llama 4 Scout)
+MAX_CONTEXT_TOKENS = 1 << 24
+#: generated tokens per request: outputs stop at ~128K tokens; the decode loop is per token, so 2^18
+#: keeps a search to seconds and catches --gen-len 1000000000 (a 447 GiB, hour-long request)
+MAX_GEN_TOKENS = 1 << 18
+#: sequences in one batch (N, mu, n, --max-batch, --requests): a million sequences' KV caches
+#: exceed every host; the search's default cap is 16384
+MAX_BATCH_SIZE = 1 << 20
+
+# --- CLI knobs --------------------------------------------------------------------------
+#: alternatives printed by hrm-search --top (one per micro-batch/placement mode at most)
+MAX_TOP = 1000
+#: PNG resolution: print quality is 300-600 dpi; 2400 dpi figures run into gigapixels
+MAX_DPI = 2400
+#: CPU scaling factors of hrm plot policy-map: 1000x faster or slower is no longer a what-if
+MIN_SCALE, MAX_SCALE = 1e-3, 1e3
+#: seeds of the runtime's random weights and prompts: what numpy/torch accept
+MAX_SEED = 2**32 - 1
+#: timed runs per policy (hrm validate --repeats)
+MAX_REPEATS = 1000
+#: policies of hrm validate --policies (each is a full runtime run)
+MAX_POLICIES = 1000
+#: hrm profile --budget: a day is the longest measurement anyone waits for
+MAX_BUDGET_S = 86_400.0
+#: seconds a solver may have taken (a plan's solver.seconds): a week
+MAX_SOLVER_S = 7 * 86_400.0
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def kind_of(value) -> str:
+    """A value's kind for a message: 'a boolean', 'a string', 'a list', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, Real):
+        return f"the number {value!r}"
+    return f"a {type(value).__name__}"
+
+
+def strict_bool(value):
+    """A boolean field: true/false only (not 1, "yes" or null); numpy booleans are booleans."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise ValueError(f"expected true or false, got {kind_of(value)}")
+
+
+#: a boolean field that refuses 0/1 and strings (pydantic's lax bool takes "yes" and 1)
+Flag = Annotated[bool, BeforeValidator(strict_bool)]
+
+
+@dataclass(frozen=True)
+class Range:
+    """A plausible range ``[lo, hi]`` (``lo`` excluded when ``lo_open``) of one unit."""
+
+    lo: float
+    hi: float
+    unit: str = ""
+    integer: bool = False
+    lo_open: bool = False
+    why: str = ""
+
+    def _unit(self) -> str:
+        return f" {self.unit}" if self.unit else ""
+
+    def describe(self) -> str:
+        left = "(" if self.lo_open else "["
+        return f"{left}{_fmt(self.lo)}, {_fmt(self.hi)}]{self._unit()}"
+
+    def problem(self, value) -> str | None:
+        """Why ``value`` is not a plausible number of this range (None if it is)."""
+        if isinstance(value, bool) or not isinstance(value, Real):
+            if isinstance(value, str):
+                try:
+                    float(value)
+                except ValueError:
+                    return f"expected a number, got a string {value!r}"
+                return (f"expected a number, got the string {value!r} (YAML 1.1 reads 1e3 without a dot as text; "
+                        f"write 1.0e3)")
+            return f"expected {'an integer' if self.integer else 'a number'}, got {kind_of(value)}"
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf if value > 0 else -math.inf
+        if not math.isfinite(number):
+            return f"{value} is not a finite number"
+        if self.integer and not isinstance(value, Integral) and not number.is_integer():
+            return f"expected an integer, got {_fmt(number)}"
+        if number < self.lo or (self.lo_open and number <= self.lo):
+            bound = "above" if self.lo_open else "at least"
+            return f"{_fmt(value)}{self._unit()} must be {bound} {_fmt(self.lo)}{self._unit()}"
+        if number > self.hi:
+            why = f" ({self.why})" if self.why else ""
+            return f"{_fmt(value)}{self._unit()} is above the plausible maximum {_fmt(self.hi)}{self._unit()}{why}"
+        return None
+
+    def convert(self, value):
+        return int(value) if self.integer else float(value)
+
+    def check(self, value, what: str):
+        """``value`` as int/float, or HRMError ``what: reason``."""
+        problem = self.problem(value)
+        if problem:
+            raise HRMError(f"{what}: {problem}")
+        return self.convert(value)
+
+    def _validate(self, value):
+        problem = self.problem(value)
+        if problem:
+            raise ValueError(problem)
+        return self.convert(value)
+
+    @property
+    def type(self):
+        """A pydantic type: a finite number in this range (bools and strings refused)."""
+        schema = {"type": "integer" if self.integer else "number",
+                  ("exclusiveMinimum" if self.lo_open else "minimum"): self.lo, "maximum": self.hi}
+        base = int if self.integer else float
+        return Annotated[base, BeforeValidator(self._validate), WithJsonSchema(schema)]
+
+    def field(self, **kw):
+        """``Field(...)`` with a description of the range (for defaults)."""
+        return Field(description=f"plausible range {self.describe()}", **kw)
+
+    def flag(self, name: str):
+        """An argparse ``type=`` for flag ``name`` that validates through this range."""
+
+        def parse(text: str):
+            text = text.strip()
+            try:
+                value = int(text) if self.integer else float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"expected {'an integer' if self.integer else 'a number'}, got {text!r}") from None
+            problem = self.problem(value)
+            if problem:
+                raise argparse.ArgumentTypeError(problem)
+            return value
+
+        parse.__name__ = name
+        return parse
+
+
+# --- the ranges the models and flags use ------------------------------------------------
+GPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_GPU_MEMORY_GIB, "GiB", why="per GPU; a 1000x unit slip?")
+CPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_CPU_MEMORY_GIB, "GiB", why="a 1000x unit slip?")
+#: a --gpu-mem total over several GPUs (checked per GPU against the profile in hrm.memory)
+TOTAL_GPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_GPU_MEMORY_GIB * MAX_GPU_COUNT, "GiB")
+MEMORY_UTILIZATION = Range(MIN_MEMORY_UTILIZATION, 1.0, why="a fraction of the capacity")
+BANDWIDTH_GBPS = Range(MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s", why="a 1000x unit slip (MB/s vs GB/s)?")
+TFLOPS = Range(MIN_TFLOPS, MAX_TFLOPS, "TFLOP/s", why="a 1000x unit slip (GFLOP/s vs TFLOP/s)?")
+DISPATCH_S = Range(0.0, MAX_DISPATCH_S, "s", why="milliseconds written as seconds?")
+CURVE_VALUE = Range(0.0, MAX_CURVE_VALUE, lo_open=True)
+FRACTION = Range(0.0, 1.0)
+POSITIVE_FRACTION = Range(0.0, 1.0, lo_open=True)
+CORES = Range(1, MAX_CORES, integer=True, why="cores of one host")
+NUMA_NODES = Range(1, MAX_NUMA_NODES, integer=True)
+GPU_COUNT = Range(1, MAX_GPU_COUNT, integer=True, why="GPUs of one tensor-parallel group")
+TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", integer=True, why="context window of one sequence")
+GEN_TOKENS = Range(1, MAX_GEN_TOKENS, "tokens", integer=True, why="tokens generated per request")
+CONTEXT_TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", why="cached tokens of one sequence")
+SEQUENCES = Range(1, MAX_BATCH_SIZE, integer=True, why="sequences of one batch")
+COUNT = Range(0, 2**53, integer=True)
+INDEX = Range(0, 2**31 - 1, integer=True)
+SECONDS = Range(0.0, MAX_SOLVER_S, "s")
+NON_NEGATIVE = Range(0.0, 1e300)
+TOP = Range(0, MAX_TOP, integer=True)
+DPI = Range(1, MAX_DPI, integer=True)
+SCALE = Range(MIN_SCALE, MAX_SCALE)
+SEED = Range(0, MAX_SEED, integer=True)
+REPEATS = Range(1, MAX_REPEATS, integer=True)
+POLICIES = Range(1, MAX_POLICIES, integer=True)
+BUDGET_S = Range(0.0, MAX_BUDGET_S, "s", lo_open=True)
