@@ -8,27 +8,37 @@ from __future__ import annotations
 
 import sys
 
+from hrm import bounds
 from hrm_cli import ArgumentParser
-from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args,
+from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, check_input_file, limits_from_args,
                           machine_from_args, options_from_args, workload_from_args)
 from hrm.errors import HRMError
 from hrm.latency import SCHEDULES
 from hrm.units import DTYPES
 from hrm.workload import PRESETS, make_workload
-from hrm.plots._common import save_png
 
 KINDS = ("roofline", "policy-map", "cpu-memory", "timeline")
 FIG10 = {"hw": "2xa100-80g", "model": "mixtral", "prompt_len": 512, "gen_len": 32,
          "bandwidths": "100,200,300,400,500", "cpu_scales": "1,2,3,4,5"}
 
 
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise HRMError(f"{flag}: expected comma-separated numbers, got '{text}'") from None
-    if not values or any(v <= 0 for v in values):
-        raise HRMError(f"{flag}: expected positive numbers, got '{text}'")
+def _floats(text: str, flag: str, rng: bounds.Range = bounds.NON_NEGATIVE) -> list[float]:
+    """Comma-separated numbers, each in ``rng`` (hrm.bounds), at most 64 of them."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise HRMError(f"{flag}: expected comma-separated numbers, got {text!r}")
+    if len(items) > 64:
+        raise HRMError(f"{flag}: at most 64 values, got {len(items)}")
+    values = []
+    for item in items:
+        try:
+            value = int(item) if rng.integer else float(item)
+        except ValueError:
+            kind = "integers" if rng.integer else "numbers"
+            raise HRMError(f"{flag}: expected comma-separated {kind}, got {item!r}") from None
+        values.append(rng.check(value, flag))
+    if len(set(values)) != len(values):
+        raise HRMError(f"{flag}: a value is given twice ({text})")
     return values
 
 
@@ -40,8 +50,10 @@ def build_parser() -> ArgumentParser:
     roof = sub.add_parser("roofline", help="HRM roofline of one operator (paper Fig. 4/5)")
     add_machine_args(roof)
     roof.add_argument("--op", default="moe-ffn", choices=["moe-ffn", "attention"], help="operator (default moe-ffn)")
-    roof.add_argument("--context", type=int, default=512, help="attention context length (tokens, default 512)")
-    roof.add_argument("--micro-batch", type=int, default=128, help="MoE FFN kernel micro-batch μ (default 128)")
+    roof.add_argument("--context", type=bounds.TOKENS.flag("--context"), default=512,
+                      help="attention context length (tokens, default 512)")
+    roof.add_argument("--micro-batch", type=bounds.SEQUENCES.flag("--micro-batch"), default=128,
+                      help="MoE FFN kernel micro-batch μ (default 128)")
     roof.add_argument("--batch-sizes", default="16,64,256,1024,4096", help="batch sizes N drawn for the MoE FFN")
     roof.add_argument("--kv-dtypes", default="fp16,int4", help="KV dtypes drawn for attention")
 
@@ -51,9 +63,9 @@ def build_parser() -> ArgumentParser:
     pmap.add_argument("--weight-dtype", choices=list(DTYPES))
     pmap.add_argument("--kv-dtype", choices=list(DTYPES))
     pmap.add_argument("--workload", choices=list(PRESETS), help="workload preset (default: prompt 512, gen 32)")
-    pmap.add_argument("--prompt-len", type=int)
-    pmap.add_argument("--max-prompt-len", type=int)
-    pmap.add_argument("--gen-len", type=int)
+    pmap.add_argument("--prompt-len", type=bounds.TOKENS.flag("--prompt-len"))
+    pmap.add_argument("--max-prompt-len", type=bounds.TOKENS.flag("--max-prompt-len"))
+    pmap.add_argument("--gen-len", type=bounds.GEN_TOKENS.flag("--gen-len"))
     pmap.add_argument("--padding", action="store_true")
     pmap.add_argument("--bandwidths", default=FIG10["bandwidths"], help="CPU→GPU GB/s values (comma-separated)")
     pmap.add_argument("--cpu-scales", default=FIG10["cpu_scales"], help="CPU scaling ratios (comma-separated)")
@@ -80,13 +92,16 @@ def build_parser() -> ArgumentParser:
                     "--trace is given, else the searched optimum)")
     tl.add_argument("--schedule", choices=SCHEDULES, help="schedule (default: the plan's, else cgopipe)")
     tl.add_argument("--engine", help="engine name or YAML file (default: the plan's, else ideal)")
-    tl.add_argument("--context", type=float, help="cached tokens (default: the mean over the decode steps)")
+    tl.add_argument("--context", type=bounds.CONTEXT_TOKENS.flag("--context"),
+                    help="cached tokens (default: the mean over the decode steps)")
     tl.add_argument("--trace", help="Chrome trace from 'hrm run --trace' to draw below the model")
-    tl.add_argument("--trace-step", type=int, help="decode step of the trace to draw (default: the middle one)")
-    tl.add_argument("--trace-layer", type=int, help="layer of the trace to draw (default: the middle one)")
+    tl.add_argument("--trace-step", type=bounds.INDEX.flag("--trace-step"),
+                    help="decode step of the trace to draw (default: the middle one)")
+    tl.add_argument("--trace-layer", type=bounds.INDEX.flag("--trace-layer"),
+                    help="layer of the trace to draw (default: the middle one)")
     for p in (roof, pmap, mem, tl):
-        p.add_argument("--out", required=True, help="PNG file to write (atomically)")
-        p.add_argument("--dpi", type=int, default=150)
+        p.add_argument("--out", required=True, help="PNG file to write (atomically, with --csv: both or neither)")
+        p.add_argument("--dpi", type=bounds.DPI.flag("--dpi"), default=150, help=f"resolution {bounds.DPI.describe()}")
     return parser
 
 
@@ -107,9 +122,12 @@ def _roofline(args):
     from hrm.plots.roofline import plot_roofline, roofline_data
 
     hw, model = machine_from_args(args)
-    sizes = [int(v) for v in _floats(args.batch_sizes, "--batch-sizes")]
-    data = roofline_data(hw, model, args.op, args.context, args.micro_batch, sizes,
-                         [d.strip() for d in args.kv_dtypes.split(",") if d.strip()])
+    sizes = _floats(args.batch_sizes, "--batch-sizes", bounds.SEQUENCES)
+    kv_dtypes = [d.strip() for d in args.kv_dtypes.split(",") if d.strip()]
+    unknown = [d for d in kv_dtypes if d not in DTYPES]
+    if unknown or not kv_dtypes:
+        raise HRMError(f"--kv-dtypes: unknown dtype {', '.join(unknown) or '(none given)'} (of {', '.join(DTYPES)})")
+    data = roofline_data(hw, model, args.op, args.context, args.micro_batch, sizes, kv_dtypes)
     for point in data.points:
         print(f"{point.label}  ({point.flops / 1e12:.3g} TFLOP/s)")
     return plot_roofline(data)
@@ -125,15 +143,15 @@ def _policy_map(args):
         workload = make_workload(args.workload, args.prompt_len, args.max_prompt_len, args.gen_len, args.padding)
     else:
         workload = make_workload(None, FIG10["prompt_len"], args.max_prompt_len, FIG10["gen_len"], args.padding)
-    bandwidths, scales = _floats(args.bandwidths, "--bandwidths"), _floats(args.cpu_scales, "--cpu-scales")
+    bandwidths = _floats(args.bandwidths, "--bandwidths", bounds.BANDWIDTH_GBPS)
+    scales = _floats(args.cpu_scales, "--cpu-scales", bounds.SCALE)
     progress, update = _progress("policy map")
     with progress:
         table = policy_map(hw, model, workload, bandwidths, scales, args.schedule, args.objective, progress=update,
                            engine=args.engine)
-    _write_csv(table, args.csv)
     title = (f"best policy ({args.objective} throughput, {args.engine}/{args.schedule or 'cgopipe'}): {model.name} on {hw.name} with the "
              f"link and CPU varied; prompt {workload.prompt_len}, gen {workload.gen_len}")
-    return plot_policy_map(table, title)
+    return plot_policy_map(table, title), table
 
 
 def _cpu_memory(args):
@@ -144,7 +162,7 @@ def _cpu_memory(args):
     hw, model = machine_from_args(args)
     workload = workload_from_args(args)
     if args.cpu_mems:
-        capacities = _floats(args.cpu_mems, "--cpu-mems")
+        capacities = _floats(args.cpu_mems, "--cpu-mems", bounds.CPU_MEMORY_GIB)
     else:
         base = hw.cpu.memory_gib
         capacities = [round(base * f) for f in (0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0)]
@@ -158,11 +176,10 @@ def _cpu_memory(args):
     progress, update = _progress("cpu-memory sweep")
     with progress:
         table = cpu_memory_sweep(hw, model, workload, capacities, schedules, args.objective, progress=update)
-    _write_csv(table, args.csv)
     title = (f"{model.name} on {hw.name}: best policy per schedule vs CPU memory "
              f"(prompt {workload.prompt_len}, gen {workload.gen_len})")
     column = "generation_throughput_tok_s" if args.objective == "generation" else "decode_throughput_tok_s"
-    return plot_cpu_memory(table, title, column)
+    return plot_cpu_memory(table, title, column), table
 
 
 def _timeline(args):
@@ -202,25 +219,35 @@ def _timeline(args):
                          args.trace, args.trace_step, args.trace_layer)
 
 
-def _write_csv(table, path) -> None:
-    if path:
-        from hrm.plan import write_atomic
+def png_bytes(fig, dpi: int) -> bytes:
+    import io
 
-        write_atomic(path, table.to_csv(index=False))
-        print(f"wrote {path}")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=dpi, format="png")
+    return buffer.getvalue()
 
 
 def main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.dpi <= 0:
-        raise HRMError(f"--dpi must be positive, got {args.dpi}")
     from pathlib import Path
 
-    folder = Path(args.out).parent
-    if not folder.is_dir():  # fail before a long sweep, not after it
-        raise HRMError(f"{args.out}: folder {folder} does not exist")
+    from hrm.plan import check_output_path, write_files_atomic
+
+    args = build_parser().parse_args(argv)
+    # every output target is checked before a long sweep, not after it
+    targets = [("--out", args.out)] + ([("--csv", args.csv)] if getattr(args, "csv", None) is not None else [])
+    for flag, path in targets:
+        check_output_path(path, flag)
+    if len(targets) == 2 and Path(args.out).resolve() == Path(args.csv).resolve():
+        raise HRMError(f"--csv {args.csv}: the same file as --out")
+    if args.kind == "timeline":
+        check_input_file(args.trace, "--trace")
     draw = {"roofline": _roofline, "policy-map": _policy_map, "cpu-memory": _cpu_memory, "timeline": _timeline}
-    fig = draw[args.kind](args)
-    save_png(fig, args.out, args.dpi)
-    print(f"wrote {args.out}")
+    drawn = draw[args.kind](args)
+    fig, table = drawn if isinstance(drawn, tuple) else (drawn, None)
+    files = [(args.out, png_bytes(fig, args.dpi))]
+    if getattr(args, "csv", None) is not None:
+        files.append((args.csv, table.to_csv(index=False)))
+    write_files_atomic(files)  # all or nothing
+    for path, _ in reversed(files):
+        print(f"wrote {path}")
     return 0

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from hrm import bounds
 from hrm_cli import ArgumentParser
 from hrm.errors import HRMError
 from hrm.hardware import HardwareProfile, dump_hardware_yaml, load_hardware
@@ -27,7 +28,8 @@ def parse_args(argv: list[str]):
     parser.add_argument("--out", help="write the profile YAML here (default: print it on stdout)")
     parser.add_argument("--compare", metavar="PROFILE", help="print measured vs this reference profile")
     parser.add_argument("--name", help="profile name (default measured-<hostname>)")
-    parser.add_argument("--budget", type=float, metavar="SECONDS", help="override the time budget")
+    parser.add_argument("--budget", type=bounds.BUDGET_S.flag("--budget"), metavar="SECONDS",
+                        help=f"override the time budget {bounds.BUDGET_S.describe()}")
     parser.add_argument("--no-disk", action="store_true", help="skip the disk read measurement")
     parser.add_argument("--disk-dir", help="folder for the disk probe file (default: the temp folder)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
@@ -36,15 +38,9 @@ def parse_args(argv: list[str]):
 
 def check_out_path(out: str) -> Path:
     """Fail before measuring when ``--out`` cannot be written (one-line HRMError)."""
-    path = Path(out)
-    if path.is_dir():
-        raise HRMError(f"--out {out}: is a directory, give a file name")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise HRMError(f"--out {out}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise HRMError(f"--out {out}: folder {folder} is not writable")
-    return path
+    from hrm.plan import check_output_path
+
+    return check_output_path(out, "--out")
 
 
 def check_disk_dir(disk_dir: str | None) -> Path | None:
@@ -64,13 +60,13 @@ def profile_yaml(profile: HardwareProfile) -> str:
 def main(argv: list[str]) -> int:
     """Entry point of ``hrm profile``; returns the exit code (HRMError for user errors)."""
     args = parse_args(argv)
-    out = check_out_path(args.out) if args.out else None
+    out = check_out_path(args.out) if args.out is not None else None
+    if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
+        raise HRMError(f"--name: must be a non-empty printable name, got {args.name!r}")
     reference = load_hardware(args.compare) if args.compare else None
     disk_dir = check_disk_dir(args.disk_dir)
     cfg = quick_config() if args.quick else full_config()
     if args.budget is not None:
-        if args.budget <= 0:
-            raise HRMError(f"--budget must be > 0 seconds, got {args.budget}")
         cfg = dataclasses.replace(cfg, budget_s=args.budget)
     if args.no_disk:
         cfg = dataclasses.replace(cfg, disk_bytes=0)

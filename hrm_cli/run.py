@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+from hrm import bounds
 from hrm_cli import ArgumentParser
-from hrm.errors import HRMError
-from hrm.plan import Plan, load_plan
+from hrm_cli.common import check_input_file
+from hrm.errors import HRMError, InfeasibleError
+from hrm.plan import Plan, check_output_path, load_plan, plan_problem
 
 from runtime.report import comparison_rows, render_comparison
 
@@ -21,12 +23,13 @@ def build_parser() -> ArgumentParser:
                         help="emulated tier: exclusive = one task at a time on all cores (what the model assumes "
                              "for a CPU-only host), concurrent = a thread per lane (default: exclusive on a CPU-only "
                              "host, concurrent streams on CUDA)")
-    parser.add_argument("--requests", type=int, help="number of requests (default: the plan's batch size N)")
+    parser.add_argument("--requests", type=bounds.SEQUENCES.flag("--requests"),
+                        help="number of requests (default: the plan's batch size N)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing, Perfetto) of every task")
     parser.add_argument("--hw", help="hardware profile to check the plan against (default: the plan's)")
     parser.add_argument("--model", help="model to run (default: the plan's); its hash must match the plan's")
     parser.add_argument("--checkpoint", help="safetensors checkpoint (HF Mixtral names); default: random weights")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts")
+    parser.add_argument("--seed", type=bounds.SEED.flag("--seed"), default=0, help="seed of the random weights and prompts")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up (one full untimed run) before the timed run")
     parser.add_argument("--json", action="store_true", help="print measured and predicted numbers as JSON")
     return parser
@@ -44,8 +47,7 @@ def run_plan(plan: Plan, args):
 
     hw = plan_hardware(plan, args.hw)
     spec = plan_model(plan, args.model)
-    if args.requests is not None and args.requests <= 0:
-        raise HRMError(f"--requests must be positive, got {args.requests}")
+    check_executable(plan, hw, spec)
     torch.manual_seed(args.seed)
     weights = build_weights(spec, args.checkpoint, args.seed)
     count = args.requests or plan.policy.batch_size
@@ -65,8 +67,32 @@ def run_plan(plan: Plan, args):
     return hw, spec, result
 
 
+def check_executable(plan: Plan, hw, spec) -> None:
+    """Refuse, before weights are built, a plan the reference runtime cannot execute: a
+    model it does not support (MLA, quantised dtypes, odd head_dim), a placement that does
+    not fit the model or the policy, a stale estimate, or a policy over its hardware's memory."""
+    from runtime.model import check_supported
+
+    from hrm.estimate import estimate
+    from hrm.options import ModelOptions
+
+    check_supported(spec)
+    problem = plan_problem(plan, hw, spec)
+    if problem:
+        raise HRMError(f"plan: {problem}")
+    whole = ModelOptions(gpu_memory_utilization=1.0, cpu_memory_utilization=1.0)  # the capacity, no headroom
+    result = estimate(hw, spec, plan.workload, plan.policy, options=whole,
+                      engine=None if plan.engine == "ideal" else plan.engine,
+                      schedule=plan.schedule if plan.engine == "ideal" else None)
+    if not result.feasible:
+        raise InfeasibleError(f"plan: the policy needs more memory than {hw.name} has ({result.binding_memory})")
+
+
 def main(argv) -> int:
     args = build_parser().parse_args(argv)
+    if args.trace is not None:
+        check_output_path(args.trace, "--trace")
+    check_input_file(args.checkpoint, "--checkpoint", allow_dir=True)
     plan = load_plan(args.plan)
     hw, spec, result = run_plan(plan, args)
     if args.trace:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from hrm import bounds
 from hrm_cli import ArgumentParser
 from hrm.errors import HRMError
 from hrm.hardware import load_hardware
@@ -18,29 +19,35 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--hw", required=True, help="hardware profile of this machine (e.g. one from hrm profile)")
     parser.add_argument("--model", default="tiny-mixtral", help="model (default tiny-mixtral; small-mixtral for "
                         "compute-bound numbers); MLA models are not supported")
-    parser.add_argument("--policies", type=int, default=10, help="number of policies, at least 8 (default 10)")
-    parser.add_argument("--prompt-len", type=int, default=32, help="prompt length of every request (default 32)")
-    parser.add_argument("--gen-len", type=int, default=16, help="tokens generated per request (default 16)")
+    parser.add_argument("--policies", type=bounds.POLICIES.flag("--policies"), default=10,
+                        help="number of policies, at least 8 (default 10)")
+    parser.add_argument("--prompt-len", type=bounds.TOKENS.flag("--prompt-len"), default=32,
+                        help="prompt length of every request (default 32)")
+    parser.add_argument("--gen-len", type=bounds.GEN_TOKENS.flag("--gen-len"), default=16,
+                        help="tokens generated per request (default 16)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                         help="dtype the runtime computes in; predictions use the same (default fp32)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per policy, median taken (default 3)")
+    parser.add_argument("--repeats", type=bounds.REPEATS.flag("--repeats"), default=3,
+                        help="timed runs per policy, median taken (default 3)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--lanes", default="auto", choices=["auto", "exclusive", "concurrent"],
                         help="emulated tier: exclusive = one task at a time (the CPU-only machine the model sums; "
                              "default there), concurrent = a thread per lane")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", metavar="DIR", help="write validation.csv, validation.png, validation.json here")
+    parser.add_argument("--seed", type=bounds.SEED.flag("--seed"), default=0)
+    parser.add_argument("--out", metavar="DIR", help="write validation.csv, validation.png, validation.json here "
+                        "(all three or none; the folder is checked before the runs)")
     parser.add_argument("--json", action="store_true", help='print {"mape", "spearman", "policies": [...]} only')
     return parser
 
 
 def main(argv) -> int:
-    from runtime.validate import render_report, run_validation, validation_policies, write_outputs
+    from runtime.validate import render_report, run_validation, validation_policies
+
+    from hrm.plan import check_output_folder
 
     args = build_parser().parse_args(argv)
-    for flag in ("prompt_len", "gen_len", "repeats"):
-        if getattr(args, flag) <= 0:
-            raise HRMError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.out is not None:
+        check_output_folder(args.out, "--out")
     hw = load_hardware(args.hw)
     spec = load_model(args.model)
     if spec.is_mla:
@@ -50,7 +57,7 @@ def main(argv) -> int:
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     report = run_validation(hw, spec, workload, policies, args.device, args.dtype, args.repeats, args.seed, progress,
                             args.lanes)
-    written = write_outputs(report, args.out) if args.out else []
+    written = write_outputs(report, args.out) if args.out is not None else []
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -58,3 +65,22 @@ def main(argv) -> int:
         for path in written:
             print(f"wrote {path}")
     return 0
+
+
+def write_outputs(report, out_dir: str) -> list:
+    """validation.csv, validation.png and validation.json in ``out_dir``: all three or none
+    (:func:`hrm.plan.write_files_atomic`)."""
+    import io
+    from pathlib import Path
+
+    from runtime.validate import csv_text, plot_validation
+
+    from hrm.plan import write_files_atomic
+
+    folder = Path(out_dir)
+    png = io.BytesIO()
+    plot_validation(report).savefig(png, dpi=110, format="png")
+    files = [(folder / "validation.csv", csv_text(report)), (folder / "validation.png", png.getvalue()),
+             (folder / "validation.json", json.dumps(report.to_json(), indent=2) + "\n")]
+    write_files_atomic(files)
+    return [path for path, _ in files]
