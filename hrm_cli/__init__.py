@@ -87,10 +87,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         lines = [f"  {name:<9} {desc}" for name, (_, desc) in SUBCOMMANDS.items()]
-        print("usage: hrm <subcommand> [options]\n\nsubcommands:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES)
-        if not argv:
-            return 2
-        return run_guarded(lambda _: 0, [])
+        text = "usage: hrm <subcommand> [options]\n\nsubcommands:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES
+        code = run_guarded(lambda _: print(text), [])
+        return code if code or argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         import difflib
