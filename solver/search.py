@@ -76,7 +76,7 @@ def _infeasible_reason(hw: HardwareProfile, model: ModelSpec, workload: Workload
     the tier's need and its usable bytes."""
     from hrm import costs
 
-    gib = 2**30
+    from hrm.units import GIB as gib
     if limits.shared:
         weights = costs.static_weight_bytes(model) + costs.total_expert_bytes(model)
         if weights > limits.cpu_bytes:
