@@ -75,8 +75,8 @@ def _infeasible_reason(hw: HardwareProfile, model: ModelSpec, workload: Workload
     of offloaded weights that is best for each tier (or the pinned r_w); the message gives
     the tier's need and its usable bytes."""
     from hrm import costs
-
     from hrm.units import GIB as gib
+
     if limits.shared:
         weights = costs.static_weight_bytes(model) + costs.total_expert_bytes(model)
         if weights > limits.cpu_bytes:
