@@ -62,18 +62,21 @@ MAX_GPU_COUNT = 1024
 # --- workload and policy ----------------------------------------------------------------
 #: prompt + generated tokens of one sequence: the longest context windows are 10M tokens (Llama 4 Scout)
 MAX_CONTEXT_TOKENS = 1 << 24
-#: generated tokens per request: outputs stop at ~128K tokens; the decode loop is per token, so 2^18
-#: keeps a search to seconds and catches --gen-len 1000000000 (a 447 GiB, hour-long request)
-MAX_GEN_TOKENS = 1 << 18
+#: generated tokens per request: the longest outputs are 128K tokens; the decode loop is per token, so
+#: 2^17 keeps a search to seconds and catches --gen-len 1000000000 (a 447 GiB, hour-long request)
+MAX_GEN_TOKENS = 1 << 17
 #: sequences in one batch (N, mu, n, --max-batch, --requests): a million sequences' KV caches
 #: exceed every host; the search's default cap is 16384
 MAX_BATCH_SIZE = 1 << 20
+#: hrm-search --max-batch: 4x the default cap (16384); the exact search's time grows faster than the
+#: cap (2^17 takes a minute, 2^20 minutes and GiBs)
+MAX_SEARCH_BATCH = 1 << 16
 
 # --- CLI knobs --------------------------------------------------------------------------
 #: alternatives printed by hrm-search --top (one per micro-batch/placement mode at most)
 MAX_TOP = 1000
-#: PNG resolution: print quality is 300-600 dpi; 2400 dpi figures run into gigapixels
-MAX_DPI = 2400
+#: PNG resolution: print quality is 300-600 dpi; beyond, a figure runs to hundreds of megapixels
+MAX_DPI = 600
 #: CPU scaling factors of hrm plot policy-map: 1000x faster or slower is no longer a what-if
 MIN_SCALE, MAX_SCALE = 1e-3, 1e3
 #: seeds of the runtime's random weights and prompts: what numpy/torch accept
@@ -231,6 +234,7 @@ TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", integer=True, why="context windo
 GEN_TOKENS = Range(1, MAX_GEN_TOKENS, "tokens", integer=True, why="tokens generated per request")
 CONTEXT_TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", why="cached tokens of one sequence")
 SEQUENCES = Range(1, MAX_BATCH_SIZE, integer=True, why="sequences of one batch")
+SEARCH_BATCH = Range(1, MAX_SEARCH_BATCH, integer=True, why="the search's time grows with its batch cap")
 COUNT = Range(0, 2**53, integer=True)
 INDEX = Range(0, 2**31 - 1, integer=True)
 SECONDS = Range(0.0, MAX_SOLVER_S, "s")

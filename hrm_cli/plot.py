@@ -219,6 +219,57 @@ def _timeline(args):
                          args.trace, args.trace_step, args.trace_layer)
 
 
+def check_trace(path: str) -> None:
+    """Refuse (one line naming the event and field) a --trace file that is not the Chrome
+    trace ``hrm run --trace`` writes: the fields the timeline reads must have their types."""
+    import json
+    import math
+
+    from hrm.errors import read_input_text
+
+    text = read_input_text(path, "a Chrome trace JSON (hrm run --trace)")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise HRMError(f"--trace {path}: malformed JSON ({' '.join(str(exc).split())[:80]})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise HRMError(f"--trace {path}: not a Chrome trace (no traceEvents list)")
+    meta = data.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or not isinstance(meta.get("policy", ""), str)):
+        raise HRMError(f"--trace {path}: metadata.policy must be a policy string")
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+    for i, event in enumerate(events):
+        where = f"--trace {path}: traceEvents[{i}]"
+        if not isinstance(event, dict):
+            raise HRMError(f"{where}: expected an event object")
+        args = event.get("args", {})
+        if not isinstance(args, dict):
+            raise HRMError(f"{where}.args: expected an object")
+        if event.get("ph") == "M" and event.get("name") == "thread_name" and not isinstance(args.get("name"), str):
+            raise HRMError(f"{where}.args.name: expected a lane name")
+        if event.get("ph") != "X":
+            continue
+        if not isinstance(event.get("name"), str):
+            raise HRMError(f"{where}.name: expected a task name")
+        for key in ("ts", "dur"):
+            if not number(event.get(key)):
+                raise HRMError(f"{where}.{key}: expected a finite non-negative number")
+        for key in ("step", "layer"):
+            value = args.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise HRMError(f"{where}.args.{key}: expected a non-negative integer")
+        if args.get("phase") == "decode" and "step" in args and "layer" not in args:
+            raise HRMError(f"{where}.args.layer: missing on a decode task")
+        try:
+            hash(event.get("tid"))
+        except TypeError:
+            raise HRMError(f"{where}.tid: expected a thread id") from None
+
+
 def png_bytes(fig, dpi: int) -> bytes:
     import io
 
@@ -239,8 +290,9 @@ def main(argv) -> int:
         check_output_path(path, flag)
     if len(targets) == 2 and Path(args.out).resolve() == Path(args.csv).resolve():
         raise HRMError(f"--csv {args.csv}: the same file as --out")
-    if args.kind == "timeline":
+    if args.kind == "timeline" and args.trace is not None:
         check_input_file(args.trace, "--trace")
+        check_trace(args.trace)
     draw = {"roofline": _roofline, "policy-map": _policy_map, "cpu-memory": _cpu_memory, "timeline": _timeline}
     drawn = draw[args.kind](args)
     fig, table = drawn if isinstance(drawn, tuple) else (drawn, None)

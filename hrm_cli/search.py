@@ -40,8 +40,8 @@ def build_parser() -> ArgumentParser:
                         help="maximise end-to-end generation throughput (default) or decode throughput")
     parser.add_argument("--fix", nargs="+", metavar="KEY=VALUE",
                         help="pin part of the policy: N=, mu=, n=, attn=cpu|gpu, ffn=cpu|gpu, rw=, rc=")
-    parser.add_argument("--max-batch", type=bounds.SEQUENCES.flag("--max-batch"), default=DEFAULT_MAX_BATCH,
-                        help=f"cap on the batch size N (sequences, {bounds.SEQUENCES.describe()})")
+    parser.add_argument("--max-batch", type=bounds.SEARCH_BATCH.flag("--max-batch"), default=DEFAULT_MAX_BATCH,
+                        help=f"cap on the batch size N (sequences, {bounds.SEARCH_BATCH.describe()})")
     parser.add_argument("--top", type=bounds.TOP.flag("--top"), default=3, help="alternatives to show (the best policy of every other attn/ffn placement)")
     parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "highs"],
                         help="MILP backend of the --verify certificate: auto = HiGHS when highspy is installed, else CBC")

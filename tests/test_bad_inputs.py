@@ -186,6 +186,22 @@ def test_hardware_directory_given_as_file(tmp_path, capsys):
     refused(capsys, "estimate", "--hw", tmp_path, *TINY, "--policy", POLICY, needle="a directory")
 
 
+# the issue's own examples, as files (tests/data/bad/EXPECT: file and the needle of its error line)
+BAD_DIR = ROOT / "tests" / "data" / "bad"
+FIXTURES = [line.split(None, 1) for line in (BAD_DIR / "EXPECT").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("name,needle", FIXTURES, ids=[name for name, _ in FIXTURES])
+def test_fixture_refused(capsys, name, needle):
+    path = BAD_DIR / name
+    if name.endswith(".yaml"):
+        line = refused(capsys, "search", "--hw", path, *TINY, "--gen-len", "8", needle=needle)
+    else:
+        line = refused(capsys, "show", path, needle=needle)
+    assert str(path) in line
+
+
 # --- 2. flags -----------------------------------------------------------------------------
 EST = ["estimate", "--hw", "l4", *TINY, "--policy", POLICY]
 SEARCH = ["search", "--hw", "l4", *TINY, "--gen-len", "8"]
@@ -397,6 +413,25 @@ def test_plan_file_refused(tmp_path, capsys, content, needle):
 def test_plan_with_infinity_literal(tmp_path, capsys, plan_dict):
     text = json.dumps(plan_dict).replace('"prefill_latency_s": ', '"prefill_latency_s": Infinity, "x": ', 1)
     refused(capsys, "show", plan_file(tmp_path, text))
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{", "malformed JSON"), ('{"events": []}', "traceEvents"), ('{"traceEvents": [5]}', "traceEvents[0]"),
+    ('{"traceEvents": [{"ph": "X", "name": "t", "ts": NaN, "dur": 1}]}', "ts"),
+    ('{"traceEvents": [{"ph": "X", "name": "t", "ts": 0, "dur": -1}]}', "dur"),
+    ('{"traceEvents": [{"ph": "X", "name": "t", "ts": 0, "dur": 1, "args": {"step": -1}}]}', "step"),
+    ('{"traceEvents": [{"ph": "X", "name": "t", "ts": 0, "dur": 1, "args": {"phase": "decode", "step": 1}}]}',
+     "layer"),
+    ('{"traceEvents": [{"ph": "X", "ts": 0, "dur": 1}]}', "name"),
+    ('{"traceEvents": [], "metadata": {"policy": 5}}', "metadata.policy"),
+    ('{"traceEvents": [{"ph": "M", "name": "thread_name", "args": {}}]}', "args.name"),
+])
+def test_trace_refused(tmp_path, capsys, content, needle):
+    trace = tmp_path / "trace.json"
+    trace.write_text(content)
+    refused(capsys, "plot", "timeline", "--hw", "l4", *TINY, "--policy", POLICY, "--trace", trace,
+            "--out", tmp_path / "t.png", needle=needle)
+    assert not (tmp_path / "t.png").exists()
 
 
 def test_plan_directory_refused(tmp_path, capsys):
