@@ -185,7 +185,9 @@ def check_output_path(path: str | Path, flag: str = "--out") -> Path:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise HRMError(f"{flag} {text}: folder {folder} does not exist")
-    try:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HRMError(f"{flag} {text}: folder {folder} is not writable")
+    try:  # os.access cannot see a read-only file system (nor does it bind root): make a file
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
         os.close(fd)
         os.unlink(probe)
@@ -202,6 +204,8 @@ def check_output_folder(path: str | Path, flag: str = "--out") -> Path:
     folder = Path(text)
     if not folder.is_dir():
         raise HRMError(f"{flag} {text}: not a folder" + (" (it does not exist)" if not folder.exists() else ""))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HRMError(f"{flag} {text}: folder is not writable")
     try:
         fd, probe = tempfile.mkstemp(prefix=".hrm-probe.", dir=folder)
         os.close(fd)

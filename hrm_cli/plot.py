@@ -145,6 +145,7 @@ def _policy_map(args):
         workload = make_workload(None, FIG10["prompt_len"], args.max_prompt_len, FIG10["gen_len"], args.padding)
     bandwidths = _floats(args.bandwidths, "--bandwidths", bounds.BANDWIDTH_GBPS)
     scales = _floats(args.cpu_scales, "--cpu-scales", bounds.SCALE)
+    check_what_if(hw, bandwidths, scales)
     progress, update = _progress("policy map")
     with progress:
         table = policy_map(hw, model, workload, bandwidths, scales, args.schedule, args.objective, progress=update,
@@ -152,6 +153,27 @@ def _policy_map(args):
     title = (f"best policy ({args.objective} throughput, {args.engine}/{args.schedule or 'cgopipe'}): {model.name} on {hw.name} with the "
              f"link and CPU varied; prompt {workload.prompt_len}, gen {workload.gen_len}")
     return plot_policy_map(table, title), table
+
+
+def check_what_if(hw, bandwidths, scales) -> None:
+    """Every scaled machine of the sweep must itself be a plausible profile (hrm.bounds):
+    refuse, before the sweep, a scale that takes a field out of its range."""
+    from pydantic import ValidationError
+
+    from hrm.errors import pydantic_message
+    from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+
+    for scale in (min(scales), max(scales)):
+        try:
+            with_cpu_scaled(hw, scale)
+        except ValidationError as exc:
+            raise HRMError(pydantic_message(f"--cpu-scales {scale:g} on {hw.name}", exc)) from None
+    if hw.link is not None:
+        for bandwidth in (min(bandwidths), max(bandwidths)):
+            try:
+                with_link_bandwidth(hw, bandwidth)
+            except ValidationError as exc:
+                raise HRMError(pydantic_message(f"--bandwidths {bandwidth:g} on {hw.name}", exc)) from None
 
 
 def _cpu_memory(args):

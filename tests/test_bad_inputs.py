@@ -260,6 +260,8 @@ FLAG_CASES = [
     (["plot", "policy-map", *TINY, "--cpu-scales", "0", "--out", "x.png"], "--cpu-scales"),
     (["plot", "policy-map", *TINY, "--cpu-scales", "1e9", "--out", "x.png"], "--cpu-scales"),
     (["plot", "policy-map", *TINY, "--cpu-scales", "1,1", "--out", "x.png"], "twice"),
+    (["plot", "policy-map", *TINY, "--cpu-scales", "1000", "--out", "x.png"], "cpu.memory_gib"),
+    (["plot", "policy-map", "--hw", "cpu-only", *TINY, "--out", "x.png"], "no GPU"),
     (["plot", "cpu-memory", "--hw", "l4", *TINY, "--cpu-mems", "-1", "--out", "x.png"], "--cpu-mems"),
     (["plot", "cpu-memory", "--hw", "l4", *TINY, "--cpu-mems", "inf", "--out", "x.png"], "--cpu-mems"),
     (["plot", "cpu-memory", "--hw", "l4", *TINY, "--schedules", "warp", "--out", "x.png"], "--schedules"),
