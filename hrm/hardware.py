@@ -36,8 +36,6 @@ def profile_dirs() -> list[Path]:
 #: the folder the shipped profiles are read from (the first of :func:`profile_dirs`)
 PROFILES_DIR = next(iter(profile_dirs()), CHECKOUT_PROFILES_DIR)
 
-Positive = Field(gt=0)
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
