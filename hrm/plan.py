@@ -61,6 +61,23 @@ class Estimate(_Frozen):
     bottleneck: Label
     breakdown: dict = Field(default_factory=dict)
 
+    @field_validator("breakdown")
+    @classmethod
+    def _finite_breakdown(cls, breakdown):
+        """Diagnostics (free-form): every number in it finite, nesting at most 4 deep."""
+
+        def walk(node, where: str, depth: int):
+            if depth > 4:
+                raise ValueError(f"{where}: nested too deeply")
+            items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            for key, value in items:
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValueError(f"{where}.{key}: {value} is not a finite number")
+                walk(value, f"{where}.{key}", depth + 1)
+
+        walk(breakdown, "breakdown", 0)
+        return breakdown
+
 
 class LayerPlacement(_Frozen):
     layer: bounds.INDEX.type

@@ -385,6 +385,7 @@ PLAN_EDITS = [
     ("policy.micro_batch_size", 0, "micro_batch_size"), ("policy.ffn_on_gpu", False, "ffn"),
     ("estimate.generation_throughput_tok_s", 1e9, "stale"), ("estimate.gpu_peak_bytes", 1.0, "stale"),
     ("estimate.prefill_latency_s", -1.0, "prefill_latency_s"), ("estimate.decode_layer_latency_s", float("nan"), "finite"),
+    ("estimate.breakdown.resource_layer_s.cpu", float("nan"), "breakdown.resource_layer_s.cpu"),
     ("estimate.bottleneck", "the flux capacitor", "bottleneck"), ("estimate.bottleneck", "", "bottleneck"),
     ("workload.gen_len", 0, "gen_len"), ("workload.gen_len", 4, "stale"), ("workload.max_prompt_len", 4, "max_prompt_len"),
     ("workload.padding", "yes", "padding"), ("hardware.sha256", "abc", "sha256"), ("model.sha256", "Z" * 64, "sha256"),
