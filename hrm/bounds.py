@@ -82,10 +82,14 @@ MAX_DPI = 600
 MIN_SCALE, MAX_SCALE = 1e-3, 1e3
 #: seeds of the runtime's random weights and prompts: what numpy/torch accept
 MAX_SEED = 2**32 - 1
+#: hrm validate runs every policy in the pure-PyTorch reference runtime, --repeats times: beyond a few
+#: thousand tokens per request one validation takes hours
+MAX_VALIDATE_PROMPT_TOKENS = 8192
+MAX_VALIDATE_GEN_TOKENS = 4096
 #: timed runs per policy (hrm validate --repeats)
-MAX_REPEATS = 1000
+MAX_REPEATS = 100
 #: policies of hrm validate --policies (each is a full runtime run)
-MAX_POLICIES = 1000
+MAX_POLICIES = 100
 #: hrm profile --budget: a day is the longest measurement anyone waits for
 MAX_BUDGET_S = 86_400.0
 #: seconds a solver may have taken (a plan's solver.seconds): a week
@@ -244,6 +248,8 @@ TOP = Range(0, MAX_TOP, integer=True)
 DPI = Range(1, MAX_DPI, integer=True)
 SCALE = Range(MIN_SCALE, MAX_SCALE)
 SEED = Range(0, MAX_SEED, integer=True)
+VALIDATE_PROMPT_TOKENS = Range(1, MAX_VALIDATE_PROMPT_TOKENS, "tokens", integer=True, why="a validation run")
+VALIDATE_GEN_TOKENS = Range(1, MAX_VALIDATE_GEN_TOKENS, "tokens", integer=True, why="a validation run")
 REPEATS = Range(1, MAX_REPEATS, integer=True)
 POLICIES = Range(1, MAX_POLICIES, integer=True)
 BUDGET_S = Range(0.0, MAX_BUDGET_S, "s", lo_open=True)

@@ -21,9 +21,9 @@ def build_parser() -> ArgumentParser:
                         "compute-bound numbers); MLA models are not supported")
     parser.add_argument("--policies", type=bounds.POLICIES.flag("--policies"), default=10,
                         help="number of policies, at least 8 (default 10)")
-    parser.add_argument("--prompt-len", type=bounds.TOKENS.flag("--prompt-len"), default=32,
+    parser.add_argument("--prompt-len", type=bounds.VALIDATE_PROMPT_TOKENS.flag("--prompt-len"), default=32,
                         help="prompt length of every request (default 32)")
-    parser.add_argument("--gen-len", type=bounds.GEN_TOKENS.flag("--gen-len"), default=16,
+    parser.add_argument("--gen-len", type=bounds.VALIDATE_GEN_TOKENS.flag("--gen-len"), default=16,
                         help="tokens generated per request (default 16)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                         help="dtype the runtime computes in; predictions use the same (default fp32)")

@@ -286,6 +286,8 @@ def test_flag_refused(tmp_path, monkeypatch, capsys, args, needle):
     (["validate", "--hw", "cpu-only", "--policies", "0"], "--policies"),
     (["validate", "--hw", "cpu-only", "--policies", "3"], "at least 8"),
     (["validate", "--hw", "cpu-only", "--gen-len", "-1"], "--gen-len"),
+    (["validate", "--hw", "cpu-only", "--prompt-len", "1000000"], "--prompt-len"),
+    (["validate", "--hw", "cpu-only", "--repeats", "1000000"], "--repeats"),
     (["validate", "--hw", "cpu-only", "--seed", "-1"], "--seed"),
     (["validate", "--hw", "cpu-only", "--out", "/nonexistent/dir"], "--out"),
     (["validate", "--hw", "cpu-only", "--out", ""], "--out"),
