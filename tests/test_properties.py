@@ -151,6 +151,40 @@ def test_any_hardware_text(text):
     outcome(["estimate", "--hw", path, "--model", "tiny-mixtral", "--policy", "N=8,mu=4", "--gen-len", "16"])
 
 
+def at_the_ends(draw, rng):
+    """A value at either end of a plausible range, or in its middle (hrm.bounds)."""
+    lo = rng.lo * (1 + 1e-9) + (1e-12 if rng.lo_open else 0.0)
+    return draw(st.sampled_from([lo, rng.hi, (rng.lo + rng.hi) / 2]))
+
+
+@examples(12)
+@given(data=st.data())
+def test_extreme_but_plausible_profiles_search(data):
+    """Every field at an end of its range (the solver once failed on a bandwidth of 1e-300):
+    the search finds a policy or says which limit binds."""
+    from hrm import bounds
+
+    draw = data.draw
+    profile = copy.deepcopy(PROFILES["l4"])
+    profile["gpu"]["memory_gib"] = at_the_ends(draw, bounds.GPU_MEMORY_GIB)
+    profile["cpu"]["memory_gib"] = at_the_ends(draw, bounds.CPU_MEMORY_GIB)
+    for section, key in (("gpu", "memory_bandwidth_gbps"), ("cpu", "memory_bandwidth_gbps"), ("link", "h2d_gbps"),
+                         ("link", "d2h_gbps"), ("link", "h2d_pageable_gbps")):
+        profile[section][key] = at_the_ends(draw, bounds.BANDWIDTH_GBPS)
+    for section in ("gpu", "cpu"):
+        for key in profile[section]["tflops"]:
+            profile[section]["tflops"][key] = at_the_ends(draw, bounds.TFLOPS)
+    profile["cpu"]["cores"] = draw(st.sampled_from([1, bounds.MAX_CORES]))
+    count = draw(st.sampled_from([1, bounds.MAX_GPU_COUNT]))
+    profile["gpu"]["count"] = count
+    if count > 1:
+        profile["gpu"]["gpu_to_gpu_gbps"] = at_the_ends(draw, bounds.BANDWIDTH_GBPS)
+    path = WORK / "extreme.yaml"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    outcome(["search", "--hw", path, "--model", draw(st.sampled_from(["tiny-mixtral", "mixtral"])), "--gen-len", "16",
+             "--engine", draw(st.sampled_from(["ideal", "flexgen", "moe-lightning", "deepspeed-zero"]))])
+
+
 # --- 2. policy strings -------------------------------------------------------------------------
 KEYS = st.sampled_from(["N", "mu", "n", "attn", "ffn", "rw", "rc", "μ", "batch_size", "foo", "", "MU", "Rw", "n "])
 POLICY_VALUES = st.one_of(
