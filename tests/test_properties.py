@@ -9,12 +9,14 @@ HRM_PROPERTY_SCALE=10 for ten times the examples) to explore new ones.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import io
 import json
 import math
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -70,6 +72,7 @@ def outcome(args) -> int:
 
 
 WORK = Path(tempfile.mkdtemp(prefix="hrm-properties-"))
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 
 # --- values --------------------------------------------------------------------------------
 ODD = [0, -1, 1e-300, 1e308, 1e9, 22350, 1000000, True, False, None, "", "abc", "1e3", ".inf", [], {}, [1],
