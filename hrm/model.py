@@ -9,7 +9,6 @@ knows to be irrelevant are listed in one warning line on stderr.
 
 from __future__ import annotations
 
-import codecs
 import difflib
 import errno
 import hashlib
@@ -23,7 +22,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import HRMError, pydantic_message
+from .errors import HRMError, file_kind, pydantic_message, read_input_text
 from .units import FLOAT_DTYPES
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data" / "models"
@@ -636,12 +635,6 @@ def _stat(path: Path):
         raise HRMError(f"{path}: cannot access ({exc.strerror or exc})") from None
 
 
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
-
-
 def resolve_config_path(name_or_path: str) -> tuple[Path, str]:
     """(config.json path, model name) for a path, a directory holding config.json, or a
     catalog name/alias; refuses directories without one and anything not a regular file."""
@@ -662,42 +655,14 @@ def resolve_config_path(name_or_path: str) -> tuple[Path, str]:
             raise HRMError(f"{path}: cannot read the catalog file")
         return path, path.stem
     if not stat.S_ISREG(info.st_mode):
-        raise HRMError(f"{path}: {_file_kind(info.st_mode)}, not a regular file; expected a config.json")
+        raise HRMError(f"{path}: {file_kind(info.st_mode)}, not a regular file; expected a config.json")
     return path, path.parent.name if path.name == "config.json" else path.stem
 
 
 def read_config_json(path: Path) -> dict:
     """The JSON object in ``path`` (UTF-8, at most MAX_CONFIG_BYTES, no duplicate keys).
-    Opened non-blocking and re-checked as a regular file, so a FIFO cannot hang the read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (OSError, ValueError) as exc:
-        raise HRMError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise HRMError(f"{path}: {_file_kind(mode)}, not a regular file; expected a config.json")
-        with os.fdopen(fd, "rb") as fh:
-            fd = -1
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise HRMError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise HRMError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB (MAX_CONFIG_BYTES); not a config.json")
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
-        raise HRMError(f"{path}: UTF-16/UTF-32 text; config.json must be UTF-8")
-    if b"\0" in data:
-        offset = data.index(b"\0")
-        raise HRMError(f"{path}: not UTF-8 text (NUL byte at offset {offset}; binary or UTF-16?)")
-    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0  # a UTF-8 BOM is still UTF-8
-    try:
-        text = data[skip:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        bad, at = data[skip + exc.start], skip + exc.start
-        raise HRMError(f"{path}: not UTF-8 text (byte 0x{bad:02x} at offset {at}; Latin-1 or binary?)") from None
+    Read by :func:`hrm.errors.read_input_text` (regular files only, so a FIFO cannot hang it)."""
+    text = read_input_text(path, "a config.json (at most MAX_CONFIG_BYTES)", MAX_CONFIG_BYTES)
 
     def no_duplicates(pairs):
         seen = {}
