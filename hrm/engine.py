@@ -55,7 +55,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import HRMError, pydantic_message
+from .errors import HRMError, pydantic_message, read_input_text
 
 ENGINES_DIR = Path(__file__).resolve().parent / "data" / "engines"
 
@@ -243,12 +243,11 @@ def load_engine(name_or_path: str | Engine | None) -> Engine:
         if not path.is_file():
             raise HRMError(f"--engine: unknown engine '{name_or_path}' (shipped: {', '.join(list_engines())}; "
                            f"or a YAML file)")
+    text = read_input_text(path, "an engine YAML file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise HRMError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
-    except OSError as exc:
-        raise HRMError(f"{path}: cannot read ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise HRMError(f"{path}: expected a mapping of engine fields")
     try:
