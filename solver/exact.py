@@ -91,33 +91,74 @@ def candidate_micro_batch_sizes(model: ModelSpec, workload: Workload, engine: En
 
 def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "generation",
                             nbar: np.ndarray | None = None, modes: np.ndarray | None = None,
-                            micro_batches: np.ndarray | None = None) -> np.ndarray:
+                            micro_batches: np.ndarray | None = None, fixed: dict | None = None) -> np.ndarray:
     """Throughput no policy of each mode can exceed (module docstring, step 1); 0 when not
     even one micro-batch fits. With ``micro_batches`` (per mode of ``modes``): the bound for
     the policies with at most that many micro-batches (T/n only grows as n shrinks)."""
     nbar = max_micro_batches(terms, max_batch) if nbar is None else nbar
     k = np.arange(len(terms.mu)) if modes is None else np.asarray(modes, dtype=int)
     count = nbar[k] if micro_batches is None else np.minimum(micro_batches, nbar[k])
-    inv_n = 1.0 / np.maximum(count, 1)
+    n_top = np.maximum(count, 1).astype(float)
     rest = 1.0 - largest_static_experts(terms)[k] / terms.expert_slots
-    a, b, c, w = terms.a[k], terms.b[k], terms.c[k], terms.w[k]
-    lane_ok = (np.all(b >= 0, axis=-1) & (w >= 0) & np.all(c >= 0, axis=-1))[..., None]
-    per_lane = a + (rest[:, None, None, None] * w[..., None] + c) * inv_n[:, None, None, None]
-    decode = (np.max(np.where(lane_ok, per_lane, 0.0), axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
-    per_mb = decode + terms.steps * terms.head[k] + (terms.step_weight * terms.sync[k]).sum(axis=-1) * inv_n
+    share = smallest_kv_cpu_share(terms, k, fixed or {})
+    decode = _lane_lower_bound(terms.a[k], terms.b[k], terms.w[k][..., None], terms.c[k], share[:, None, None, None],
+                               rest[:, None, None, None], n_top[:, None, None, None])
+    decode = (np.max(decode, axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
+    per_mb = (decode + terms.steps * terms.head[k]
+              + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
     if objective == "generation":
-        pb, pw, pc = terms.pb[k], terms.pw[k], terms.pc[k]
-        pre_ok = (pb >= 0) & (pw >= 0) & (pc >= 0)
-        pre = terms.pa[k] + (rest[:, None, None] * pw + pc) * inv_n[:, None, None]
-        per_mb = per_mb + np.max(np.where(pre_ok, pre, 0.0), axis=2) @ terms.kind_layers + terms.head[k]
+        pre = _lane_lower_bound(terms.pa[k], terms.pb[k], terms.pw[k], terms.pc[k], share[:, None, None],
+                                rest[:, None, None], n_top[:, None, None])
+        per_mb = per_mb + np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
     per_seq = terms.gen_len if objective == "generation" else terms.steps
     with np.errstate(divide="ignore"):
         bound = np.where(per_mb > 0, per_seq * terms.mu[k] / np.maximum(per_mb, 1e-300), np.inf)
     return np.where(count >= 1, bound, 0.0)
 
 
+def smallest_kv_cpu_share(terms: Terms, k: np.ndarray, fixed: dict) -> np.ndarray:
+    """The least share 1 − z/N of the KV on the CPU any policy of modes k has: 1 with
+    attention on the CPU (z = 0), 1 − r_c when r_c is pinned, else 1 − z_max/μ (z ≤ z_max,
+    N ≥ μ)."""
+    attn = terms.attn_on_gpu[k]
+    if "kv_gpu_ratio" in fixed:
+        return np.where(attn, 1.0 - fixed["kv_gpu_ratio"], 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        free = np.clip(1.0 - most_kv_sequences_on_gpu(terms)[k] / terms.mu[k], 0.0, 1.0)
+    return np.where(attn, free, 1.0)
+
+
+def most_kv_sequences_on_gpu(terms: Terms) -> np.ndarray:
+    """z_max per mode: the most sequences whose KV any policy keeps on the GPU — the room
+    the GPU (or shared) limit leaves at N = μ with the expert bytes at their least (inf where
+    a term could shrink with N or the KV costs no bytes)."""
+    lim = terms.limits
+    if lim.shared:
+        per_seq, per_rw = terms.gpu_per_seq + terms.cpu_per_seq, terms.gpu_per_rw + terms.cpu_per_rw
+        room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const
+        kv = terms.gpu_kv_seq + terms.cpu_kv_seq
+    else:
+        per_seq, per_rw, room, kv = terms.gpu_per_seq, terms.gpu_per_rw, lim.gpu_bytes - terms.gpu_const, terms.gpu_kv_seq
+    room = room - per_seq * terms.mu - np.minimum(per_rw, 0.0)
+    if kv <= 0:
+        return np.full(len(terms.mu), np.inf)
+    return np.where(per_seq >= 0, np.maximum(room, 0.0) / kv, np.inf)
+
+
+def _amortised(value: np.ndarray, n_top: np.ndarray) -> np.ndarray:
+    """A lower bound of value/n over 1 ≤ n ≤ n_top: value/n_top, or value itself when negative."""
+    return np.where(value >= 0, value / n_top, value)
+
+
+def _lane_lower_bound(a, b, w, c, share, rest, n_top) -> np.ndarray:
+    """A lower bound of one lane's time per micro-batch, a + s·b + (r·w + c)/n, over the
+    KV-on-CPU share s ∈ [share, 1], the offloaded expert share r ∈ [rest, 1] and
+    1 ≤ n ≤ n_top: each term at its least (no sign of b, w or c is assumed)."""
+    return a + np.minimum(share * b, b) + _amortised(np.minimum(rest * w, w) + c, n_top)
+
+
 def fewest_useful_micro_batches(terms: Terms, modes: np.ndarray, nbar: np.ndarray, max_batch: int, objective: str,
-                                floor: float) -> np.ndarray:
+                                floor: float, fixed: dict) -> np.ndarray:
     """Per mode, the smallest n whose bound for "at most n micro-batches" beats ``floor``
     (the bound grows with n, so fewer micro-batches cannot beat it): bisection on n."""
     lo = np.ones(len(modes), dtype=int)
@@ -125,7 +166,8 @@ def fewest_useful_micro_batches(terms: Terms, modes: np.ndarray, nbar: np.ndarra
     while np.any(lo < hi):
         act = np.flatnonzero(lo < hi)
         mid = (lo[act] + hi[act]) // 2
-        beats = throughput_upper_bounds(terms, max_batch, objective, nbar, modes[act], mid) > floor * (1 + BOUND_RTOL)
+        beats = (throughput_upper_bounds(terms, max_batch, objective, nbar, modes[act], mid, fixed)
+                 > floor * (1 + BOUND_RTOL))
         hi[act] = np.where(beats, mid, hi[act])
         lo[act] = np.where(beats, lo[act], mid + 1)
     return lo
@@ -277,6 +319,14 @@ def feasible_expert_interval(terms: Terms, k, big, fixed: dict) -> tuple[np.ndar
     return lo, hi
 
 
+def most_kv_on_gpu(terms: Terms, kk, nn, m_least, fixed: dict) -> np.ndarray:
+    """An upper bound of z over the m ≥ ``m_least`` of candidates (kk, nn): z*(m_least) where
+    expert bytes take room from the KV (z*(m) is then non-increasing in m), else N."""
+    z_least_m, _ = _candidates(terms, kk, nn, m_least, fixed)
+    per_rw = terms.gpu_per_rw + terms.cpu_per_rw if terms.limits.shared else terms.gpu_per_rw
+    return np.where(per_rw[kk] >= 0, z_least_m, terms.mu[kk] * nn * terms.attn_on_gpu[kk])
+
+
 def micro_batch_pairs(terms: Terms, ks, nbar, max_batch: int, fixed: dict,
                       n_min: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(mode, n) for every n ≥ ``n_min`` of every mode in ``ks`` the batch cap and the pins
@@ -330,7 +380,7 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
                       & np.all(terms.b >= 0, axis=(1, 2, 3)) & np.all(terms.pb >= 0, axis=(1, 2)))[kk]
     evaluations = len(kk)
     if floor > 0 and len(kk):
-        z_most = np.where(attn, fixed.get("kv_gpu_ratio", 1.0) * terms.mu[kk] * nn, 0.0)
+        z_most = most_kv_on_gpu(terms, kk, nn, lo_i * float(g), fixed)
         optimistic = throughputs(terms, kk, nn, hi_i * float(g), z_most, objective)
         keep = ~non_increasing | (optimistic > floor * (1 + BOUND_RTOL))
         kk, nn, lo_i, hi_i, attn, non_increasing = (x[keep] for x in (kk, nn, lo_i, hi_i, attn, non_increasing))
@@ -399,7 +449,7 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
     candidate); (c) modes are solved exactly in that order until the next bound is at or
     below the incumbent."""
     nbar = max_micro_batches(bound_terms, max_batch)
-    loose = throughput_upper_bounds(bound_terms, max_batch, objective, nbar, idx)
+    loose = throughput_upper_bounds(bound_terms, max_batch, objective, nbar, idx, fixed=fixed)
     best: tuple[ModeBest, Terms] | None = None
     solved = candidates = 0
 
@@ -429,7 +479,7 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
         part = rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS]
         floor = best[0].throughput if best else 0.0
         part = np.array(part)
-        n_min = fewest_useful_micro_batches(bound_terms, part, nbar, max_batch, objective, floor) if floor else None
+        n_min = fewest_useful_micro_batches(bound_terms, part, nbar, max_batch, objective, floor, fixed) if floor else None
         found = best_in_modes(bound_terms, part, nbar[part], max_batch, objective, fixed, floor=floor, n_min=n_min)
         tight[lo:lo + len(part)] = [f.throughput if f else 0.0 for f in found]
     rank = np.argsort(-tight, kind="stable")

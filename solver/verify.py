@@ -69,7 +69,7 @@ def verify_optimum(hw, model, workload, engine, options, limits, placements, max
     open_modes = []
     for lo in range(0, len(modes), VERIFY_MODES_PER_BATCH):
         terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + VERIFY_MODES_PER_BATCH])
-        bounds = throughput_upper_bounds(terms, max_batch, objective)
+        bounds = throughput_upper_bounds(terms, max_batch, objective, fixed=fixed)
         open_modes += [terms.modes[int(k)] for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
     if not open_modes:
         return VerifyResult(None, 0.0, 0, time.perf_counter() - start, [], len(modes), 0)

@@ -92,6 +92,31 @@ def test_bisection_equals_enumeration_and_bounds_hold(hw_name, model_name, engin
             assert blocks[k] >= grid.throughput * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("fixed", [{}, {"kv_gpu_ratio": 0.5}, {"weights_gpu_ratio": 0.25}])
+@pytest.mark.parametrize("hw_name,model_name,preset", [("a100-80g", "tiny-deepseek", "summarization"),
+                                                       ("l4", "mixtral", "mtbench"), ("2xt4", "tiny-mixtral", "summarization")])
+def test_bounds_hold_where_memory_binds_the_kv(hw_name, model_name, preset, fixed):
+    """The closed-form bound (KV share at least 1 − z_max/μ, every sign of b, w, c) is above
+    every mode's exact optimum — also at μ where the GPU holds only part of the KV."""
+    hw, model, wl = load_hardware(hw_name), load_model(model_name), make_workload(preset, gen_len=24)
+    eng = resolve_engine("ideal", None)
+    limits = memory_limits(hw, DEFAULT_OPTIONS)
+    max_batch = 16384
+    modes = enumerate_modes(eng, (1, 40, 333, 1000, 4000, 8000, 12000, 14000, 14329, 15000, 16384))
+    terms = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
+    nbar = max_micro_batches(terms, max_batch)
+    bounds = throughput_upper_bounds(terms, max_batch, fixed=fixed)
+    blocks = throughput_upper_bounds(build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes, blocks=4),
+                                     max_batch, fixed=fixed)
+    checked = 0
+    for k in range(len(modes)):
+        grid = best_in_mode(terms, k, int(nbar[k]), max_batch, "generation", fixed, grid=True)
+        if grid is not None:
+            checked += 1
+            assert bounds[k] >= grid.throughput * (1 - 1e-9) and blocks[k] >= grid.throughput * (1 - 1e-9)
+    assert checked >= 4
+
+
 @pytest.mark.parametrize("engine", ["ideal", "moe-lightning", "flexgen", "deepspeed-zero"])
 @pytest.mark.parametrize("hw_name,model_name", [("l4", "mixtral"), ("t4", "deepseek-v2-lite"), ("a100-80g", "dbrx"),
                                                 ("cpu-only", "tiny-mixtral"), ("4xt4", "qwen2-57b-a14b")])
