@@ -45,7 +45,7 @@ from .terms import Mode, Terms, build_terms, memory_terms, tier_bytes, total_tim
 BOUND_RTOL = 1e-9
 # Modes solved exactly per batch of coefficients (the first batch; later ones double up to
 # the cap): small enough not to build terms for modes the bound will prune.
-FIRST_BATCH, MAX_BATCH_OF_MODES = 4, 64
+FIRST_BATCH, MAX_BATCH_OF_MODES = 4, 1024
 # Decode steps are cut into this many blocks for the bounds, each evaluated at its mean
 # context (Jensen per block): more blocks tighten the bound where the leading lane changes
 # with the context, at a proportional cost per bound evaluation.
@@ -101,14 +101,15 @@ def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "gene
     n_top = np.maximum(count, 1).astype(float)
     rest = 1.0 - largest_static_experts(terms)[k] / terms.expert_slots
     share = smallest_kv_cpu_share(terms, k, fixed or {})
+    room = _KvRoom.of(terms, k, fixed or {}, 1.0 - rest)
     decode = _lane_lower_bound(terms.a[k], terms.b[k], terms.w[k][..., None], terms.c[k], share[:, None, None, None],
-                               rest[:, None, None, None], n_top[:, None, None, None])
+                               rest[:, None, None, None], n_top[:, None, None, None], room.expand(3))
     decode = (np.max(decode, axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
     per_mb = (decode + terms.steps * terms.head[k]
               + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
     if objective == "generation":
         pre = _lane_lower_bound(terms.pa[k], terms.pb[k], terms.pw[k], terms.pc[k], share[:, None, None],
-                                rest[:, None, None], n_top[:, None, None])
+                                rest[:, None, None], n_top[:, None, None], room.expand(2))
         per_mb = per_mb + np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
     per_seq = terms.gen_len if objective == "generation" else terms.steps
     with np.errstate(divide="ignore"):
@@ -128,10 +129,10 @@ def smallest_kv_cpu_share(terms: Terms, k: np.ndarray, fixed: dict) -> np.ndarra
     return np.where(attn, free, 1.0)
 
 
-def most_kv_sequences_on_gpu(terms: Terms) -> np.ndarray:
-    """z_max per mode: the most sequences whose KV any policy keeps on the GPU — the room
-    the GPU (or shared) limit leaves at N = μ with the expert bytes at their least (inf where
-    a term could shrink with N or the KV costs no bytes)."""
+def _gpu_room(terms: Terms) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """(room, per_rw, kv, exact) per mode: the bytes the GPU (or shared) limit leaves for the
+    static experts (per_rw per unit of m/M) and the GPU KV (kv per sequence) at N = μ, the
+    least N; ``exact`` where no term could shrink with N (else room is not a bound)."""
     lim = terms.limits
     if lim.shared:
         per_seq, per_rw = terms.gpu_per_seq + terms.cpu_per_seq, terms.gpu_per_rw + terms.cpu_per_rw
@@ -139,10 +140,17 @@ def most_kv_sequences_on_gpu(terms: Terms) -> np.ndarray:
         kv = terms.gpu_kv_seq + terms.cpu_kv_seq
     else:
         per_seq, per_rw, room, kv = terms.gpu_per_seq, terms.gpu_per_rw, lim.gpu_bytes - terms.gpu_const, terms.gpu_kv_seq
-    room = room - per_seq * terms.mu - np.minimum(per_rw, 0.0)
+    return room - per_seq * terms.mu, per_rw, float(kv), per_seq >= 0
+
+
+def most_kv_sequences_on_gpu(terms: Terms) -> np.ndarray:
+    """z_max per mode: the most sequences whose KV any policy keeps on the GPU — the room at
+    N = μ with the expert bytes at their least (inf where a term could shrink with N or the
+    KV costs no bytes)."""
+    room, per_rw, kv, exact = _gpu_room(terms)
     if kv <= 0:
         return np.full(len(terms.mu), np.inf)
-    return np.where(per_seq >= 0, np.maximum(room, 0.0) / kv, np.inf)
+    return np.where(exact, np.maximum(room - np.minimum(per_rw, 0.0), 0.0) / kv, np.inf)
 
 
 def _amortised(value: np.ndarray, n_top: np.ndarray) -> np.ndarray:
@@ -150,11 +158,62 @@ def _amortised(value: np.ndarray, n_top: np.ndarray) -> np.ndarray:
     return np.where(value >= 0, value / n_top, value)
 
 
-def _lane_lower_bound(a, b, w, c, share, rest, n_top) -> np.ndarray:
+@dataclass(frozen=True)
+class _KvRoom:
+    """The GPU bytes shared by static experts and GPU KV, per mode, where z is free:
+    x = m/M ≤ x_hi and y = z/μ ≤ y_hi with expert_bytes·x + kv_bytes·y ≤ room; NaN room
+    where the knapsack does not apply (z pinned or zero, or a term could shrink)."""
+
+    x_hi: np.ndarray
+    y_hi: np.ndarray
+    expert_bytes: np.ndarray
+    kv_bytes: np.ndarray
+    room: np.ndarray
+
+    @classmethod
+    def of(cls, terms: Terms, k: np.ndarray, fixed: dict, x_hi: np.ndarray) -> _KvRoom:
+        room, per_rw, kv, exact = _gpu_room(terms)
+        free = terms.attn_on_gpu[k] & ("kv_gpu_ratio" not in fixed) & exact[k] & (per_rw[k] >= 0) & (kv > 0)
+        mu = terms.mu[k]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y_hi = most_kv_sequences_on_gpu(terms)[k] / mu
+        return cls(x_hi=np.where(terms.ffn_on_gpu[k], x_hi, 0.0), y_hi=np.where(free, y_hi, 0.0),
+                   expert_bytes=per_rw[k] * np.ones(len(k)), kv_bytes=kv * mu,
+                   room=np.where(free, np.maximum(room[k], 0.0), np.nan))
+
+    def expand(self, dims: int) -> _KvRoom:
+        """The per-mode arrays shaped to broadcast against [mode, kind, lane(, step)]."""
+        shape = (-1,) + (1,) * dims
+        return _KvRoom(*(np.reshape(getattr(self, f), shape) for f in ("x_hi", "y_hi", "expert_bytes", "kv_bytes",
+                                                                         "room")))
+
+    def most_gain(self, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """max x·w + y·b over the knapsack (a linear program over two items: its optimum
+        fills one item first, up to its cap or the room, then the other)."""
+        wv, bv = np.maximum(w, 0.0), np.maximum(b, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            def fill(cap, per, left):  # as much of an item as its cap and the room allow
+                return np.minimum(cap, np.where(per > 0, np.maximum(left, 0.0) / np.where(per > 0, per, 1.0), np.inf))
+            x1 = fill(self.x_hi, self.expert_bytes, self.room)
+            y1 = fill(self.y_hi, self.kv_bytes, self.room - self.expert_bytes * x1)
+            y2 = fill(self.y_hi, self.kv_bytes, self.room)
+            x2 = fill(self.x_hi, self.expert_bytes, self.room - self.kv_bytes * y2)
+        return np.maximum(x1 * wv + y1 * bv, x2 * wv + y2 * bv)
+
+
+def _lane_lower_bound(a, b, w, c, share, rest, n_top, room: _KvRoom) -> np.ndarray:
     """A lower bound of one lane's time per micro-batch, a + s·b + (r·w + c)/n, over the
-    KV-on-CPU share s ∈ [share, 1], the offloaded expert share r ∈ [rest, 1] and
-    1 ≤ n ≤ n_top: each term at its least (no sign of b, w or c is assumed)."""
-    return a + np.minimum(share * b, b) + _amortised(np.minimum(rest * w, w) + c, n_top)
+    offloaded expert share r ∈ [rest, 1], 1 ≤ n ≤ n_top and the KV-on-CPU share
+    s = 1 − z/(μn) ∈ [share, 1]; each term at its least (no sign of b, w or c is assumed).
+    Where z is free (``room``), with x = m/M and y = z/μ the lane is also
+    a + b + (w + c − x·w − y·b)/n, and (x, y) share the GPU bytes: the most x·w + y·b the
+    knapsack admits bounds it for every n at once — the KV the GPU cannot hold stays on the
+    CPU however many micro-batches there are, and experts take the room the KV would use."""
+    least_v = np.minimum(rest * w, w) + c
+    first = a + np.minimum(share * b, b) + _amortised(least_v, n_top)
+    usable = np.isfinite(room.room) & (b >= 0)
+    joint = a + b + _amortised(w + c - np.where(usable, room.most_gain(w, b), 0.0), n_top)
+    return np.where(usable, np.maximum(first, joint), first)
 
 
 def fewest_useful_micro_batches(terms: Terms, modes: np.ndarray, nbar: np.ndarray, max_batch: int, objective: str,
@@ -473,22 +532,29 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
     seed = [int(idx[i]) for i in order[:FIRST_BATCH] if loose[i] > 0]
     if seed:
         solve_exactly(seed)
+    done = set(seed)
     rest = [int(idx[i]) for i in order[FIRST_BATCH:] if loose[i] > incumbent()]
     tight = np.zeros(len(rest))
     for lo in range(0, len(rest), MEAN_CONTEXT_MODES_PER_PASS):
-        part = rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS]
+        part = np.array(rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS])
         floor = best[0].throughput if best else 0.0
-        part = np.array(part)
         n_min = fewest_useful_micro_batches(bound_terms, part, nbar, max_batch, objective, floor, fixed) if floor else None
         found = best_in_modes(bound_terms, part, nbar[part], max_batch, objective, fixed, floor=floor, n_min=n_min)
         tight[lo:lo + len(part)] = [f.throughput if f else 0.0 for f in found]
+        # the pass's most promising mode, solved exactly, raises the floor of the next passes
+        top = lo + int(np.argmax(tight[lo:lo + len(part)]))
+        if tight[top] > incumbent():
+            solve_exactly([rest[top]])
+            done.add(rest[top])
     rank = np.argsort(-tight, kind="stable")
     i, size = 0, FIRST_BATCH
     while i < len(rank) and tight[rank[i]] > incumbent():
-        chosen = [rest[j] for j in rank[i:i + size] if tight[j] > incumbent()]
+        chosen = [rest[j] for j in rank[i:i + size] if tight[j] > incumbent() and rest[j] not in done]
         i += size
         size = min(2 * size, MAX_BATCH_OF_MODES)
-        solve_exactly(chosen)
+        if chosen:
+            solve_exactly(chosen)
+            done.update(chosen)
     return PlacementResult(best[0] if best else None, best[1] if best else None, solved, len(idx), candidates)
 
 

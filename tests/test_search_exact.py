@@ -94,7 +94,8 @@ def test_bisection_equals_enumeration_and_bounds_hold(hw_name, model_name, engin
 
 @pytest.mark.parametrize("fixed", [{}, {"kv_gpu_ratio": 0.5}, {"weights_gpu_ratio": 0.25}])
 @pytest.mark.parametrize("hw_name,model_name,preset", [("a100-80g", "tiny-deepseek", "summarization"),
-                                                       ("l4", "mixtral", "mtbench"), ("2xt4", "tiny-mixtral", "summarization")])
+                                                       ("l4", "mixtral", "mtbench"), ("2xt4", "tiny-mixtral", "summarization"),
+                                                       ("h100", "deepseek-v2-lite", "summarization")])
 def test_bounds_hold_where_memory_binds_the_kv(hw_name, model_name, preset, fixed):
     """The closed-form bound (KV share at least 1 − z_max/μ, every sign of b, w, c) is above
     every mode's exact optimum — also at μ where the GPU holds only part of the KV."""
@@ -102,7 +103,7 @@ def test_bounds_hold_where_memory_binds_the_kv(hw_name, model_name, preset, fixe
     eng = resolve_engine("ideal", None)
     limits = memory_limits(hw, DEFAULT_OPTIONS)
     max_batch = 16384
-    modes = enumerate_modes(eng, (1, 40, 333, 1000, 4000, 8000, 12000, 14000, 14329, 15000, 16384))
+    modes = enumerate_modes(eng, (1, 40, 158, 238, 333, 1000, 4000, 8000, 12000, 14000, 14329, 15000, 16384))
     terms = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
     nbar = max_micro_batches(terms, max_batch)
     bounds = throughput_upper_bounds(terms, max_batch, fixed=fixed)
