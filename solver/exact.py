@@ -50,8 +50,6 @@ FIRST_BATCH, MAX_BATCH_OF_MODES = 4, 1024
 # context (Jensen per block): more blocks tighten the bound where the leading lane changes
 # with the context, at a proportional cost per bound evaluation.
 BOUND_BLOCKS = 4
-# Modes per vectorised pass of the mean-context solve (bounds memory, not the result).
-MEAN_CONTEXT_MODES_PER_PASS = 512
 # Elements per vectorised evaluation chunk (candidates × steps × lanes).
 CHUNK_ELEMENTS = 4_000_000
 
@@ -95,6 +93,8 @@ def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "gene
     """Throughput no policy of each mode can exceed (module docstring, step 1); 0 when not
     even one micro-batch fits. With ``micro_batches`` (per mode of ``modes``): the bound for
     the policies with at most that many micro-batches (T/n only grows as n shrinks)."""
+    if terms.step_index is not None:
+        raise ValueError("bounds need terms with one column per step or per block (Jensen), not piecewise terms")
     nbar = max_micro_batches(terms, max_batch) if nbar is None else nbar
     k = np.arange(len(terms.mu)) if modes is None else np.asarray(modes, dtype=int)
     count = nbar[k] if micro_batches is None else np.minimum(micro_batches, nbar[k])
@@ -501,12 +501,12 @@ class PlacementResult:
 def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine,
                     options: ModelOptions, limits: MemoryLimits, bound_terms: Terms, idx: np.ndarray,
                     max_batch: int, objective: str, fixed: dict) -> PlacementResult:
-    """Branch and bound over one placement's modes ``idx`` (indices into ``bound_terms``,
-    the mean-context coefficients): (a) the few modes with the highest closed-form bound are
-    solved exactly for an incumbent; (b) every mode whose closed-form bound beats it is
-    solved at the mean context, which bounds its exact optimum tightly (Jensen, per
-    candidate); (c) modes are solved exactly in that order until the next bound is at or
-    below the incumbent."""
+    """Branch and bound over one placement's modes ``idx`` (indices into ``bound_terms``, the
+    block-context coefficients): modes are solved exactly (piecewise terms, a few columns
+    each) in decreasing order of their closed-form bound, in batches that double in size,
+    until the next bound is at or below the incumbent. Within a batch, the incumbent drops
+    the micro-batch counts (:func:`fewest_useful_micro_batches`) and the (mode, n) pairs
+    (:func:`best_in_modes`) that cannot beat it."""
     nbar = max_micro_batches(bound_terms, max_batch)
     loose = throughput_upper_bounds(bound_terms, max_batch, objective, nbar, idx, fixed=fixed)
     best: tuple[ModeBest, Terms] | None = None
@@ -515,11 +515,18 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
     def incumbent() -> float:
         return best[0].throughput * (1 + BOUND_RTOL) if best else 0.0
 
-    def solve_exactly(chosen) -> None:
-        nonlocal best, solved, candidates
-        terms = build_terms(hw, model, workload, engine, options, limits, [bound_terms.modes[j] for j in chosen])
-        found = best_in_modes(terms, np.arange(len(chosen)), max_micro_batches(terms, max_batch), max_batch,
-                              objective, fixed)
+    order = np.argsort(-loose, kind="stable")
+    i, size = 0, FIRST_BATCH
+    while i < len(order) and loose[order[i]] > incumbent():
+        chosen = np.array([idx[j] for j in order[i:i + size] if loose[j] > incumbent()], dtype=int)
+        i += size
+        size = min(2 * size, MAX_BATCH_OF_MODES)
+        floor = best[0].throughput if best else 0.0
+        n_min = fewest_useful_micro_batches(bound_terms, chosen, nbar, max_batch, objective, floor, fixed) if floor else None
+        terms = build_terms(hw, model, workload, engine, options, limits, [bound_terms.modes[j] for j in chosen],
+                            pieces=True)
+        found = best_in_modes(terms, np.arange(len(chosen)), nbar[chosen], max_batch, objective, fixed, floor=floor,
+                              n_min=n_min)
         solved += len(chosen)
         for item in found:
             if item is None:
@@ -527,34 +534,6 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
             candidates += item.candidates
             if best is None or item.throughput > best[0].throughput:
                 best = (item, terms)
-
-    order = np.argsort(-loose, kind="stable")
-    seed = [int(idx[i]) for i in order[:FIRST_BATCH] if loose[i] > 0]
-    if seed:
-        solve_exactly(seed)
-    done = set(seed)
-    rest = [int(idx[i]) for i in order[FIRST_BATCH:] if loose[i] > incumbent()]
-    tight = np.zeros(len(rest))
-    for lo in range(0, len(rest), MEAN_CONTEXT_MODES_PER_PASS):
-        part = np.array(rest[lo:lo + MEAN_CONTEXT_MODES_PER_PASS])
-        floor = best[0].throughput if best else 0.0
-        n_min = fewest_useful_micro_batches(bound_terms, part, nbar, max_batch, objective, floor, fixed) if floor else None
-        found = best_in_modes(bound_terms, part, nbar[part], max_batch, objective, fixed, floor=floor, n_min=n_min)
-        tight[lo:lo + len(part)] = [f.throughput if f else 0.0 for f in found]
-        # the pass's most promising mode, solved exactly, raises the floor of the next passes
-        top = lo + int(np.argmax(tight[lo:lo + len(part)]))
-        if tight[top] > incumbent():
-            solve_exactly([rest[top]])
-            done.add(rest[top])
-    rank = np.argsort(-tight, kind="stable")
-    i, size = 0, FIRST_BATCH
-    while i < len(rank) and tight[rank[i]] > incumbent():
-        chosen = [rest[j] for j in rank[i:i + size] if tight[j] > incumbent() and rest[j] not in done]
-        i += size
-        size = min(2 * size, MAX_BATCH_OF_MODES)
-        if chosen:
-            solve_exactly(chosen)
-            done.update(chosen)
     return PlacementResult(best[0] if best else None, best[1] if best else None, solved, len(idx), candidates)
 
 

@@ -83,7 +83,10 @@ class Terms(MemoryTerms):
     Memory: bytes = const + per_seq·N + per_rw·(m/M) + kv_seq·z per tier.
     ``step_weight`` is the number of decode steps each evaluated context (column) stands
     for: 1 for the exact terms (one column per step); for ``build_terms(blocks=B)`` the
-    steps are cut into B consecutive blocks, each evaluated at its mean context.
+    steps are cut into B consecutive blocks, each evaluated at its mean context. For
+    ``build_terms(pieces=True)`` the columns are the decode steps ``step_index`` between
+    which every coefficient is affine: sums over the steps are exact from them (and
+    ``step_weight`` holds each column's weight in such a sum).
     """
 
     modes: list[Mode]
@@ -103,6 +106,9 @@ class Terms(MemoryTerms):
     expert_step: int  # m ∈ {0, step, 2·step, …, M}
     step_weight: np.ndarray | float = 1.0  # per column
     affine: np.ndarray | None = None  # [mode, kind]: every lane's a, b, c affine in the step
+    # piecewise terms (build_terms(pieces=True)): the decode step of each column; every
+    # coefficient is affine in the step between consecutive columns
+    step_index: np.ndarray | None = None
 
 
 def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
@@ -116,58 +122,142 @@ def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
 
 
 def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-                limits: MemoryLimits, modes: list[Mode], blocks: int | None = None) -> Terms:
-    """The coefficients of ``modes``: one column per decode step, or (``blocks``) one column
-    per block of consecutive steps at the block's mean context, weighted by its size."""
+                limits: MemoryLimits, modes: list[Mode], blocks: int | None = None, pieces: bool = False) -> Terms:
+    """The coefficients of ``modes``: one column per decode step; or (``blocks``) one column
+    per block of consecutive steps at the block's mean context, weighted by its size; or
+    (``pieces``) columns only at the steps where some coefficient changes slope
+    (:func:`affine_pieces`), from which every step sum is exact."""
     engine = as_engine(engine)
     options = options.for_model(model)
     rates = rates_from_profile(hw, options)
     mu = np.array([m.micro_batch_size for m in modes], dtype=float)[:, None]
     attn = np.array([m.attn_on_gpu for m in modes], dtype=float)[:, None]
     ffn = np.array([m.ffn_on_gpu for m in modes], dtype=float)[:, None]
-    contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)[None, :]
-    steps = contexts.shape[1]
-    step_weight = 1.0
+    prompt = workload.effective_prompt_len
+    contexts = latency.decode_contexts(prompt, workload.gen_len)
+    steps = len(contexts)
+    step_weight, step_index = 1.0, None
+
+    def decode_at(ctx: np.ndarray) -> dict:
+        return _decode_coefficients(model, rates, engine, mu, attn, ffn, ctx[None, :], len(modes))
+
     if not steps:  # gen 1: prefill only; evaluate the lanes at one context, keep no decode step
-        contexts = np.array([[float(workload.effective_prompt_len)]])
+        coef = decode_at(np.array([float(prompt)]))
+        coef = {key: (val if key == "w" else val[..., :0]) for key, val in coef.items()}
+    elif pieces and steps > 2:
+        step_index, coef = affine_pieces(lambda t: decode_at(prompt + t.astype(float)), steps)
+        step_weight = piece_sum_weights(step_index)
     elif blocks:
-        parts = np.array_split(contexts[0], min(blocks, steps))
-        contexts = np.array([[part.mean() for part in parts]])
+        parts = np.array_split(contexts, min(blocks, steps))
+        coef = decode_at(np.array([part.mean() for part in parts]))
         step_weight = np.array([float(len(part)) for part in parts])
-    columns = contexts.shape[1] if steps else 0
-    shape_t = (len(modes), max(columns, 1))
+    else:
+        coef = decode_at(contexts)
+    pre_a, pre_b, pre_w, pre_c = [], [], [], []
     kinds = latency.layer_kinds(model)
-    a, b, w, c, pa, pb, pw, pc = [], [], [], [], [], [], [], []
-    sync = np.zeros(shape_t)[:, :columns]
     for moe, _count in kinds:
-        resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
-        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
-        a.append([np.broadcast_to(l.per_micro_batch_s, shape_t)[:, :columns] for l in lanes])
-        b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t)[:, :columns] for l in lanes])
-        w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
-        c.append([np.broadcast_to(l.per_layer_s, shape_t)[:, :columns] for l in lanes])
-        if moe:
-            sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)[:, :columns]
         plan = latency.schedule_lanes(
-            latency.prefill_resources(model, rates, mu[:, 0], workload.effective_prompt_len, moe, engine,
-                                      workload.gen_len), engine, rates.shared_unit, "prefill")
-        pa.append([np.broadcast_to(l.per_micro_batch_s, (len(modes),)) for l in plan])
-        pb.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, (len(modes),)) for l in plan])
-        pw.append([np.broadcast_to(l.per_layer_offloaded_weights_s, (len(modes),)) for l in plan])
-        pc.append([np.broadcast_to(l.per_layer_s, (len(modes),)) for l in plan])
-    # kinds may have different lane counts (an engine's bounds): pad with empty lanes
-    a, b, c = (_stack(x, 3) for x in (a, b, c))
-    w, pa, pb, pw, pc = (_stack(x, 2) for x in (w, pa, pb, pw, pc))
+            latency.prefill_resources(model, rates, mu[:, 0], prompt, moe, engine, workload.gen_len),
+            engine, rates.shared_unit, "prefill")
+        pre_a.append([np.broadcast_to(l.per_micro_batch_s, (len(modes),)) for l in plan])
+        pre_b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, (len(modes),)) for l in plan])
+        pre_w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, (len(modes),)) for l in plan])
+        pre_c.append([np.broadcast_to(l.per_layer_s, (len(modes),)) for l in plan])
+    pa, pb, pw, pc = (_stack(x, 2) for x in (pre_a, pre_b, pre_w, pre_c))
     head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
     mem = memory_terms(model, workload, engine, limits, mu[:, 0], attn[:, 0] > 0, ffn[:, 0] > 0)
+    a, b, c = coef["a"], coef["b"], coef["c"]
+    if step_index is not None:
+        affine = np.ones(a.shape[:2], dtype=bool)
+    elif blocks and steps:
+        affine = None
+    else:
+        affine = np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2)
     return Terms(
         **{f.name: getattr(mem, f.name) for f in fields(MemoryTerms)},
         modes=modes, kind_layers=np.array([count for _, count in kinds], dtype=float),
-        a=a, b=b, w=w, pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=sync, head=head, steps=steps, gen_len=workload.gen_len,
-        expert_step=static_expert_step(model, engine),
-        step_weight=step_weight,
-        affine=None if blocks else np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2),
+        a=a, b=b, w=coef["w"], pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=coef["sync"], head=head, steps=steps,
+        gen_len=workload.gen_len, expert_step=static_expert_step(model, engine),
+        step_weight=step_weight, affine=affine, step_index=step_index,
     )
+
+
+def _decode_coefficients(model: ModelSpec, rates, engine: Engine, mu, attn, ffn, contexts: np.ndarray,
+                         count: int) -> dict:
+    """Decode lane coefficients a, b, c [mode, kind, lane, column], w [mode, kind, lane] and
+    the per-step sync [mode, column] at ``contexts`` [1, column]."""
+    shape_t = (count, contexts.shape[1])
+    a, b, w, c = [], [], [], []
+    sync = np.zeros(shape_t)
+    for moe, _count in latency.layer_kinds(model):
+        resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
+        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+        a.append([np.broadcast_to(l.per_micro_batch_s, shape_t) for l in lanes])
+        b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t) for l in lanes])
+        w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
+        c.append([np.broadcast_to(l.per_layer_s, shape_t) for l in lanes])
+        if moe:
+            sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)
+    # kinds may have different lane counts (an engine's bounds): pad with empty lanes
+    return {"a": _stack(a, 3), "b": _stack(b, 3), "c": _stack(c, 3), "w": _stack(w, 2), "sync": sync}
+
+
+def affine_pieces(evaluate, steps: int) -> tuple[np.ndarray, dict]:
+    """The decode steps at which to evaluate coefficients so that every coefficient is affine
+    between consecutive ones, and the coefficients there. Each coefficient is convex in the
+    step (a roofline maximum of terms affine in the context; tested), and a convex function
+    that meets its chord at one interior point is affine on the whole interval: a segment
+    whose midpoint lies on every chord is affine, any other is halved (a few halvings per
+    change of slope). ``evaluate(steps)`` returns the coefficient dict at those steps."""
+    known = {0: None, steps - 1: None}
+    first = evaluate(np.array([0, steps - 1]))
+    columns = {0: _column(first, 0), steps - 1: _column(first, 1)}
+    open_segments = [(0, steps - 1)] if steps > 2 else []
+    while open_segments:
+        mids = np.array([(lo + hi) // 2 for lo, hi in open_segments])
+        at_mid = evaluate(mids)
+        still_open = []
+        for j, (lo, hi) in enumerate(open_segments):
+            mid = int(mids[j])
+            columns[mid] = _column(at_mid, j)
+            known[mid] = None
+            if not _on_chord(columns[lo], columns[mid], columns[hi], (mid - lo) / (hi - lo)):
+                still_open += [seg for seg in ((lo, mid), (mid, hi)) if seg[1] - seg[0] > 1]
+        open_segments = still_open
+    index = np.array(sorted(known))
+    coef = {key: (columns[0][key] if key == "w" else np.stack([columns[int(t)][key] for t in index], axis=-1))
+            for key in first}
+    return index, coef
+
+
+def _column(coef: dict, j: int) -> dict:
+    return {key: (val if key == "w" else val[..., j]) for key, val in coef.items()}
+
+
+def _on_chord(left: dict, mid: dict, right: dict, theta: float, rel_tol: float = 1e-12) -> bool:
+    """Whether every step-dependent coefficient at ``mid`` equals the interpolation of its
+    values at ``left`` and ``right`` (up to rounding)."""
+    for key in ("a", "b", "c", "sync"):
+        line = left[key] + (right[key] - left[key]) * theta
+        scale = np.maximum(np.maximum(np.abs(left[key]), np.abs(right[key])), np.abs(mid[key]))
+        if np.any(np.abs(mid[key] - line) > rel_tol * 8 * scale + 1e-300):
+            return False
+    return True
+
+
+def piece_sum_weights(step_index: np.ndarray) -> np.ndarray:
+    """Weights per column such that Σ_t f(t) over the steps 0 … step_index[-1] equals
+    Σ_j weight_j · f(step_index[j]) for every f affine between consecutive columns (each
+    segment's interior steps split between its two ends by their distance)."""
+    weights = np.zeros(len(step_index))
+    weights[0] += 1.0  # the first step itself
+    for j in range(len(step_index) - 1):
+        lo, hi = float(step_index[j]), float(step_index[j + 1])
+        t = np.arange(lo + 1, hi + 1)  # steps (lo, hi], the right end included
+        theta = (t - lo) / (hi - lo)
+        weights[j] += float(np.sum(1 - theta))
+        weights[j + 1] += float(np.sum(theta))
+    return weights
 
 
 def memory_terms(model: ModelSpec, workload: Workload, engine: Engine, limits: MemoryLimits, mu, attn, ffn) -> MemoryTerms:
@@ -228,13 +318,16 @@ def total_time_s(terms: Terms, k, n, m, z, objective: str = "generation") -> np.
 
 def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
     """Σ_t max_ℓ lane_ℓ(t) of kind q for candidates ([candidate, 1] arrays). Where every lane
-    is affine in t and one lane is the largest at both ends of a step range, it is the
-    largest at every step of it (each lane's value is the same convex combination of its two
-    end values): the range sums in closed form, count × the mean of the two ends; ranges
+    is affine in t over a step range and one lane is the largest at both ends of it, it is
+    the largest at every step of it (each lane's value is the same convex combination of its
+    two end values): the range sums in closed form, count × the mean of the two ends; ranges
     whose ends disagree are halved until they agree (a few halvings per change of the
-    leading lane). Modes whose lanes are not affine are summed step by step."""
+    leading lane). The ranges start as the whole decode (terms with one column per step whose
+    rows are affine) or as the pieces of piecewise terms (values between columns
+    interpolated); modes whose lanes are not affine are summed step by step."""
     columns = terms.a.shape[-1]
-    if columns < 2 or terms.affine is None or np.ndim(terms.step_weight):
+    pieces = terms.step_index is not None
+    if columns < 2 or terms.affine is None or (np.ndim(terms.step_weight) and not pieces):
         return _dense_step_sum(terms, k, q, n, kv_cpu, frac_w)
     cand = np.arange(n.shape[0])
     k_c = np.broadcast_to(np.asarray(k), cand.shape)
@@ -244,22 +337,37 @@ def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
         dense = np.flatnonzero(~affine)
         out[dense] = _dense_step_sum(terms, k_c[dense], q, n[dense], kv_cpu[dense], frac_w[dense])
     idx = np.flatnonzero(affine)
-    t0, t1 = np.zeros(len(idx), dtype=int), np.full(len(idx), columns - 1)
+    if pieces:  # ranges [s_0, s_1], [s_1 + 1, s_2], …: every step once, each inside one piece
+        at = terms.step_index
+        segs = np.arange(columns - 1)
+        seg = np.tile(segs, len(idx))
+        t0 = np.tile(np.r_[at[0], at[1:-1] + 1], len(idx))
+        t1 = np.tile(at[1:], len(idx))
+        idx = np.repeat(idx, len(segs))
+    else:
+        seg = np.zeros(len(idx), dtype=int)
+        t0, t1 = np.zeros(len(idx), dtype=int), np.full(len(idx), columns - 1)
     nn, kv, fw = n[:, 0], kv_cpu[:, 0], frac_w[:, 0]
-    lanes = range(terms.a.shape[2])
 
-    def values(i, t):
+    def coefficient(arr, kk, t, j):  # arr[kk, q, lane] at step t (of piece j)
+        if not pieces:
+            return arr[kk, q, :, t]
+        lo, hi = terms.step_index[j], terms.step_index[j + 1]
+        theta = ((t - lo) / (hi - lo))[:, None]
+        return arr[kk, q, :, j] * (1 - theta) + arr[kk, q, :, j + 1] * theta
+
+    def values(i, t, j):
         kk = k_c[i]
-        return np.array([nn[i] * terms.a[kk, q, ln, t] + kv[i] * terms.b[kk, q, ln, t]
-                         + fw[i] * terms.w[kk, q, ln] + terms.c[kk, q, ln, t] for ln in lanes])
+        a, b, c = (coefficient(arr, kk, t, j) for arr in (terms.a, terms.b, terms.c))
+        return (nn[i][:, None] * a + kv[i][:, None] * b + fw[i][:, None] * terms.w[kk, q] + c).T
 
     while len(idx):
-        v0, v1 = values(idx, t0), values(idx, t1)
+        v0, v1 = values(idx, t0, seg), values(idx, t1, seg)
         agree = (np.argmax(v0, axis=0) == np.argmax(v1, axis=0)) | (t0 == t1)
         np.add.at(out, idx[agree], (t1 - t0 + 1)[agree] * (v0.max(axis=0) + v1.max(axis=0))[agree] / 2)
         split = ~agree
         mid = (t0[split] + t1[split]) // 2
-        idx = np.concatenate([idx[split], idx[split]])
+        idx, seg = np.concatenate([idx[split], idx[split]]), np.concatenate([seg[split], seg[split]])
         t0, t1 = np.concatenate([t0[split], mid + 1]), np.concatenate([mid, t1[split]])
     return out
 

@@ -8,6 +8,8 @@ block bounds hold, and every lane is convex in the context (the Jensen step of t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,8 @@ from hrm.workload import make_workload
 from solver.exact import best_in_mode, best_in_modes, throughput_upper_bounds
 from solver.milp import max_micro_batches
 from solver.search import search
-from solver.terms import build_terms, enumerate_modes
+from solver.terms import (affine_in_step, affine_pieces, build_terms, enumerate_modes, piece_sum_weights,
+                          total_time_s)
 
 # hw, model, preset, gen, engine, max_batch, objective, fixed, gpu GiB override
 DENSE = [
@@ -132,3 +135,62 @@ def test_lanes_are_convex_in_the_context(engine, hw_name, model_name):
         second = np.diff(arr, n=2, axis=-1)
         scale = np.max(np.abs(arr), axis=-1, keepdims=True) + 1e-300
         assert np.all(second >= -1e-9 * scale)
+
+
+@pytest.mark.parametrize("hw_name,model_name,engine,preset,gen", [
+    ("l4", "mixtral", "ideal", "mtbench", 128), ("t4", "deepseek-v2-lite", "moe-lightning", "summarization", 64),
+    ("a100-80g", "dbrx", "flexgen", "synthetic-reasoning", 300), ("4xt4", "qwen2-57b-a14b", "deepspeed-zero", "mtbench", 200),
+    ("cpu-only", "tiny-mixtral", "ideal", "mtbench", 3)])
+def test_piecewise_terms_equal_one_column_per_step(hw_name, model_name, engine, preset, gen):
+    """The exact solve's piecewise terms (a few columns) give the same model time as one
+    column per decode step, for random candidates of every mode, both objectives."""
+    hw, model, wl = load_hardware(hw_name), load_model(model_name), make_workload(preset, gen_len=gen)
+    eng = resolve_engine(engine, None)
+    limits = memory_limits(hw, DEFAULT_OPTIONS)
+    modes = enumerate_modes(eng, (1, 3, 17, 64, 250, 2000))
+    full = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
+    piecewise = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes, pieces=True)
+    assert piecewise.a.shape[-1] <= min(full.a.shape[-1], 9)
+    rng = np.random.default_rng(7)
+    k = rng.integers(0, len(modes), 500)
+    n = rng.integers(1, 40, 500).astype(float)
+    m = rng.integers(0, full.expert_slots + 1, 500).astype(float) * full.ffn_on_gpu[k]
+    z = rng.random(500) * full.mu[k] * n * full.attn_on_gpu[k]
+    for objective in ("generation", "decode"):
+        np.testing.assert_allclose(total_time_s(piecewise, k, n, m, z, objective), total_time_s(full, k, n, m, z, objective),
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("kinks", [(37,), (5, 90, 91), (1, 2, 150)])
+def test_piecewise_terms_find_every_change_of_slope(kinks):
+    """Coefficients with changes of slope (convex, as every lane is): the pieces put a column
+    at each, and step sums over the pieces equal the dense sums."""
+    hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench", gen_len=200)
+    eng = resolve_engine("ideal", None)
+    limits = memory_limits(hw, DEFAULT_OPTIONS)
+    modes = enumerate_modes(eng, (2, 40, 300))
+    full = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
+    steps = np.arange(full.steps, dtype=float)
+    rng = np.random.default_rng(len(kinks))
+    bent = {key: getattr(full, key).copy() for key in ("a", "b", "c", "sync")}
+    for kink in kinks:  # a convex bend (slope grows after the kink) on random rows
+        for key in ("a", "c"):
+            rows = rng.random(bent[key].shape[:-1]) < 0.3
+            scale = np.abs(bent[key]).max(axis=-1, keepdims=True) * 1e-2
+            bent[key] = bent[key] + rows[..., None] * scale * np.maximum(steps - kink, 0.0)
+    dense = replace(full, **bent, affine=np.all(affine_in_step(bent["a"]) & affine_in_step(bent["b"])
+                                                & affine_in_step(bent["c"]), axis=2))
+
+    def evaluate(at):
+        cols = {key: val[..., at] for key, val in bent.items()}
+        return {**cols, "w": full.w}
+
+    index, coef = affine_pieces(evaluate, full.steps)
+    assert set(kinks) <= set(index.tolist())
+    piecewise = replace(full, **{key: coef[key] for key in ("a", "b", "c", "sync")}, step_index=index,
+                        step_weight=piece_sum_weights(index), affine=np.ones(full.a.shape[:2], dtype=bool))
+    k = rng.integers(0, len(modes), 300)
+    n = rng.integers(1, 30, 300).astype(float)
+    m = rng.integers(0, full.expert_slots + 1, 300).astype(float)
+    z = rng.random(300) * full.mu[k] * n
+    np.testing.assert_allclose(total_time_s(piecewise, k, n, m, z), total_time_s(dense, k, n, m, z), rtol=1e-11)
