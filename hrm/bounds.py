@@ -63,9 +63,10 @@ MAX_GPU_COUNT = 1024
 # --- workload and policy ----------------------------------------------------------------
 #: prompt + generated tokens of one sequence: the longest context windows are 10M tokens (Llama 4 Scout)
 MAX_CONTEXT_TOKENS = 1 << 24
-#: generated tokens per request: the longest outputs are 128K tokens; the decode loop is per token, so
-#: 2^17 keeps a search to seconds and catches --gen-len 1000000000 (a 447 GiB, hour-long request)
-MAX_GEN_TOKENS = 1 << 17
+#: generated tokens per request: above the longest context window of the catalog (DeepSeek-V2-Lite,
+#: 163840 tokens); a search sums the decode steps in closed form, so 2^18 stays in seconds, and it
+#: catches --gen-len 1000000000 (a 447 GiB request); each model's own window is checked too
+MAX_GEN_TOKENS = 1 << 18
 #: sequences in one batch (N, mu, n, --max-batch, --requests): a million sequences' KV caches
 #: exceed every host; the search's default cap is 16384
 MAX_BATCH_SIZE = 1 << 20

@@ -20,7 +20,7 @@ from .model import ModelSpec
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .policy import Policy
 from .rates import Rates, rates_from_profile
-from .workload import Workload
+from .workload import Workload, check_context_window
 
 RESOURCE_LABELS = {
     "gpu": "GPU compute/HBM",
@@ -202,6 +202,7 @@ def estimate(
     """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
     ``ideal``; ``schedule`` is ideal's lane structure, default cgopipe). Raises HRMError if
     the engine cannot run the placement; r_w is snapped to the engine's granularity (noted)."""
+    check_context_window(model, workload)
     engine = resolve_engine(engine, schedule)
     policy, notes = realised_policy(model, engine, policy)
     options = options.for_model(model)

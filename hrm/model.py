@@ -22,6 +22,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .bounds import MAX_CONTEXT_TOKENS
 from .errors import HRMError, file_kind, pydantic_message, read_input_text
 from .units import FLOAT_DTYPES
 
@@ -79,6 +80,8 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int = Field(default=0, ge=0)
     qk_nope_head_dim: int = Field(default=0, ge=0)
     v_head_dim: int = Field(default=0, ge=0)
+    #: the context window (config.json max_position_embeddings or its aliases); None: not stated
+    max_context_len: Optional[int] = Field(default=None, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
     rms_norm_eps: float = Field(default=1e-5, gt=0)
     weight_dtype: Dtype = "fp16"
@@ -133,7 +136,9 @@ class ModelSpec(BaseModel):
         return 2 * self.kv_dim
 
     def sha256(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """Hash of the fields the cost model reads (the context window only bounds the
+        workload, so plans made before it was read keep their hash)."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"max_context_len"}), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
     def with_dtypes(self, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> "ModelSpec":
@@ -163,6 +168,7 @@ MAX_LORA_RANK = MAX_HIDDEN_SIZE  # MLA ranks compress the hidden state, so never
 MAX_ROPE_THETA = 1e12  # published RoPE bases are at most ~1e8
 MAX_NORM_EPS = 1.0  # an RMSNorm epsilon is a tiny guard (1e-6..1e-5); 1 or more swamps the signal
 MAX_CONFIG_BYTES = 16 << 20  # real config.json files are under 100 KB
+MAX_CONTEXT_WINDOW = MAX_CONTEXT_TOKENS  # the longest published context windows are 10M tokens
 
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "ffn_config.moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "ffn_config.moe_top_k")
@@ -171,6 +177,8 @@ EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "ffn_config.ffn_hidden_size")
 KV_HEADS_KEYS = ("num_key_value_heads", "attn_config.kv_n_heads", "num_kv_heads")
 ROPE_THETA_KEYS = ("rope_theta", "attn_config.rope_theta", "rope_parameters.rope_theta")
 MLA_DIM_KEYS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+#: the context window: Llama/Mixtral/Qwen/DeepSeek/OLMoE, DBRX, others, GPT-2 style
+CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "max_sequence_length", "seq_length", "n_positions", "n_ctx")
 
 REQUIRED_KEYS = {  # ModelSpec field: (config keys, plausible maximum, its name)
     "hidden_size": (("hidden_size", "d_model", "n_embd"), MAX_HIDDEN_SIZE, "MAX_HIDDEN_SIZE"),
@@ -196,7 +204,7 @@ MOE_ARCH_MARKERS = ("moe", "mixtral", "dbrx", "deepseek")  # in lower-cased ``ar
 #: top-level keys of the model config that the normaliser reads
 READ_KEYS = frozenset({
     *(k for keys, _, _ in REQUIRED_KEYS.values() for k in keys), *EXPERT_KEYS, *TOP_K_KEYS,
-    *DENSE_WIDTH_KEYS, *EXPERT_WIDTH_KEYS, *KV_HEADS_KEYS, *ROPE_THETA_KEYS, *MLA_DIM_KEYS,
+    *DENSE_WIDTH_KEYS, *EXPERT_WIDTH_KEYS, *KV_HEADS_KEYS, *ROPE_THETA_KEYS, *MLA_DIM_KEYS, *CONTEXT_KEYS,
     "head_dim", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
     "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers", "tie_word_embeddings", "kv_lora_rank",
     "q_lora_rank", "rms_norm_eps", "model_type", "architectures",
@@ -223,7 +231,6 @@ KNOWN_IGNORED_KEYS = frozenset({
     "num_return_sequences", "output_scores", "return_dict_in_generate", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     # context length, positions, rope variants
-    "max_position_embeddings", "max_seq_len", "max_sequence_length", "seq_length", "n_positions", "n_ctx",
     "rope_scaling", "rope_type", "rope_interleave", "partial_rotary_factor", "rotary_dim", "rotary_pct",
     "rotary_emb_base", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
     "sliding_window_pattern", "attention_chunk_size",
@@ -595,6 +602,9 @@ def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> d
     eps = model.pick(("rms_norm_eps",), _number(MAX_NORM_EPS))
     if eps is not None:
         out["rms_norm_eps"] = eps[1]
+    window = model.pick(CONTEXT_KEYS, _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
+    if window is not None:
+        out["max_context_len"] = window[1]
 
     float_dtype = _float_dtype(model, top)
     quant = _quant_dtype(model, top)

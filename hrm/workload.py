@@ -45,6 +45,20 @@ class Workload(BaseModel):
         return (self.max_prompt_len if self.padding else self.effective_prompt_len) + self.gen_len
 
 
+def check_context_window(model, workload: Workload) -> None:
+    """Refuse (HRMError naming the flags) a workload whose longest sequence — the longest
+    prompt plus the generated tokens — exceeds the model's context window (config.json
+    max_position_embeddings or an alias; models that state none are bounded only by
+    :data:`hrm.bounds.MAX_CONTEXT_TOKENS`)."""
+    window = getattr(model, "max_context_len", None)
+    longest = workload.max_prompt_len + workload.gen_len
+    if window is not None and longest > window:
+        raise HRMError(f"--max-prompt-len + --gen-len = {workload.max_prompt_len} + {workload.gen_len} = {longest} "
+                       f"tokens exceeds the context window of model {model.name} ({window} tokens, "
+                       f"max_position_embeddings); at most --gen-len {max(window - workload.max_prompt_len, 0)} "
+                       f"with these prompts")
+
+
 # Paper Table (workloads): MTBench avg 77 / max 418 (gen 32-256), synthetic reasoning
 # avg 242 / max 256 (gen 50), summarization avg 1693 / max 1984 (gen 64).
 PRESETS: dict[str, dict] = {

@@ -6,21 +6,25 @@ The search is exact over μ = 1 … μ_max (every integer whose smallest batch f
 every whole-expert m and continuous z:
 
 1. **Bounds** (:func:`throughput_upper_bounds`): no policy of mode k beats
-   per_seq·μ / (a lower bound of T/n). T/n ≥ Σ_t max_ℓ [a + (r_min·w + c)/n̄] + …, where
-   n̄ bounds n and r_min = 1 − m_max/M bounds the offloaded share from below (lanes whose
-   b, w or c could be negative are left out of the max, which keeps it a lower bound).
-   Evaluated at the mean decode context, Σ_t f(t) ≥ steps·f(t̄) holds by Jensen's inequality
-   because every lane is convex in the context (each operator's time is a roofline maximum
-   of terms affine in the context; sums and maxima keep convexity; tested in
-   ``tests/test_search_exact.py``). The verifier (:func:`solver.verify.verify`) re-derives
-   the bounds with one column per decode step, which needs no convexity.
-2. **Exact solve of a mode** (:func:`best_in_mode`): every n; for each n the best z given m
+   per_seq·μ / (a lower bound of T/n). Per lane, T/n = a + s·b + (r·w + c)/n with the
+   KV-on-CPU share s = 1 − z/N and the offloaded expert share r = 1 − m/M; each term is
+   taken at its least over the mode's policies (n ≤ n̄, m ≤ m_max, z ≤ z_max, any sign of b,
+   w, c), and where z is free the GPU bytes that static experts and GPU KV share bound
+   m·w + z·b jointly (a two-item knapsack, :class:`_KvRoom`). Evaluated at the mean
+   context of blocks of decode steps, Σ_t f(t) ≥ Σ_blocks |B|·f(t̄_B) holds by Jensen's
+   inequality because every lane is convex in the context (each operator's time is a
+   roofline maximum of terms affine in the context; sums and maxima keep convexity; tested
+   in ``tests/test_search_exact.py``). The verifier (:func:`solver.verify.verify_optimum`)
+   re-derives the bounds with one column per decode step, which needs no convexity.
+2. **Exact solve of a mode** (:func:`best_in_modes`): every n; for each n the best z given m
    is the largest the memory admits (time is non-increasing in z, CPU memory shrinks with
    it), and φ(m) = T(n, m, z*(m)) is convex in m — T is jointly convex and non-increasing in
    z, z*(m) is concave — so a bisection on φ(m + g) − φ(m) over the feasible m interval
-   finds the minimum (O(log M) evaluations instead of M/g + 1).
+   finds the minimum (O(log M) evaluations instead of M/g + 1). The step sums are exact
+   from piecewise terms (:func:`solver.terms.affine_pieces`: columns only where a
+   coefficient changes slope).
 3. **Branch and bound** (:func:`solve_placement`): per placement, modes in decreasing bound
-   order are solved exactly until the next bound is at or below the incumbent.
+   order are solved exactly, in batches, until the next bound is at or below the incumbent.
 """
 
 from __future__ import annotations

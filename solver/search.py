@@ -19,7 +19,7 @@ from hrm.model import ModelSpec
 from hrm.options import DEFAULT_OPTIONS, ModelOptions
 from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
 from hrm.policy import Policy
-from hrm.workload import Workload
+from hrm.workload import Workload, check_context_window
 
 from hrm.placement import make_placement
 
@@ -155,6 +155,7 @@ def search(
     ``ideal`` with ``schedule``, default cgopipe); raises InfeasibleError (exit 3) with the
     binding limit when no policy fits."""
     start = time.perf_counter()
+    check_context_window(model, workload)
     engine = resolve_engine(engine, schedule)
     fixed, notes = engine_fixed(engine, model, dict(fixed or {}))
     if objective not in ("generation", "decode"):

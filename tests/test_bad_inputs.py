@@ -221,6 +221,12 @@ FLAG_CASES = [
     (EST + ["--max-prompt-len", "-1"], "--max-prompt-len"),
     (EST + ["--prompt-len", "500", "--max-prompt-len", "400"], "max_prompt_len"),
     (EST + ["--prompt-len", "16777000", "--gen-len", "1000"], "max_prompt_len + gen_len"),
+    # past the model's own context window (config.json max_position_embeddings)
+    (["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "32351"], "context window of model mixtral-8x7b"),
+    (["search", "--hw", "l4", "--model", "olmoe", "--workload", "summarization", "--gen-len", "2113"],
+     "at most --gen-len 2112"),
+    (["estimate", "--hw", "l4", "--model", "deepseek-moe-16b", "--policy", POLICY, "--prompt-len", "4000",
+      "--gen-len", "97"], "--max-prompt-len + --gen-len"),
     (EST + ["--workload", "nope"], "--workload"), (EST + ["--engine", "warp-drive"], "warp-drive"),
     (EST + ["--engine", ""], "engine"), (EST + ["--schedule", "warp-drive"], "--schedule"),
     (EST + ["--engine", "flexgen", "--schedule", "sequential"], "--schedule"),
@@ -598,3 +604,11 @@ def fifo(tmp_path):
 def test_fifo_never_opened(fifo, tmp_path, args, needle):
     args = [str(fifo) if a == "FIFO" else str(tmp_path / a) if a == "x.png" else a for a in args]
     one_line(hrm(*args, timeout=60), needle=needle)
+
+
+def test_generation_up_to_the_context_window(capsys):
+    """--gen-len right at the model's window is planned (the decode steps are summed in
+    closed form, so this is a second's work), one token more is refused."""
+    code, out, _ = call(capsys, "search", "--hw", "l4", "--model", "mixtral", "--gen-len", "32350", "--json")
+    assert code == 0 and json.loads(out)["workload"]["gen_len"] == 32350
+    refused(capsys, "search", "--hw", "l4", "--model", "mixtral", "--gen-len", "32351", needle="at most --gen-len 32350")
