@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from hrm.units import GB, MIB
 from profiler import cpu as cpu_mod
 from profiler.timing import TimedOp, measure
 
@@ -60,7 +61,7 @@ def independent_copy(a: np.ndarray, b: np.ndarray, threads: int) -> Callable[[],
     def work(lo: int, hi: int) -> None:
         b[lo:hi] = a[lo:hi]
 
-    return lambda: 2 * a.nbytes / _threaded_wall_s(work, a.size, threads) / 1e9
+    return lambda: 2 * a.nbytes / _threaded_wall_s(work, a.size, threads) / GB
 
 
 def independent_triad(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int,
@@ -72,7 +73,7 @@ def independent_triad(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int,
             stop = min(hi, start + block)
             a[start:stop] = b[start:stop] + 3.0 * c[start:stop]
 
-    return lambda: 3 * a.nbytes / _threaded_wall_s(work, a.size, threads) / 1e9
+    return lambda: 3 * a.nbytes / _threaded_wall_s(work, a.size, threads) / GB
 
 
 def independent_matmul(m: int) -> Callable[[], float]:
@@ -121,9 +122,9 @@ def compare(samples: int, array_bytes: int, threads: int) -> list[dict]:
     factory = cpu_mod.numpy_matmul_factory(MATMUL_K, MATMUL_N)
     rows = []
     with ThreadPoolExecutor(threads) as pool:
-        pairs = [("cpu copy GB/s", profiler_sampler(cpu_mod.copy_op(a, b, pool, threads), 2 * a.nbytes, 1e9),
+        pairs = [("cpu copy GB/s", profiler_sampler(cpu_mod.copy_op(a, b, pool, threads), 2 * a.nbytes, GB),
                   independent_copy(a, b, threads)),
-                 ("cpu triad GB/s", profiler_sampler(cpu_mod.triad_op(a, b, c, pool, threads), 3 * a.nbytes, 1e9),
+                 ("cpu triad GB/s", profiler_sampler(cpu_mod.triad_op(a, b, c, pool, threads), 3 * a.nbytes, GB),
                   independent_triad(a, b, c, threads))]
         pairs += [(f"cpu fp32 matmul M={m} TFLOP/s",
                    profiler_sampler(factory(m), 2.0 * m * MATMUL_K * MATMUL_N, 1e12), independent_matmul(m))
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--array-mib", type=int, default=0, help="STREAM array MiB (0 = the profiler's choice)")
     args = parser.parse_args(argv)
     host = cpu_mod.host_info()
-    array_bytes = args.array_mib * 2**20 or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
+    array_bytes = args.array_mib * MIB or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
     start_s = time.perf_counter()
     rows = compare(args.samples, array_bytes, host.cores)
     title = (f"profiler vs independent numpy on {host.cpu_name}, {host.cores} threads, "

@@ -3,6 +3,7 @@
 GB = 1e9  # *_gbps keys: 1e9 bytes/s
 GIB = 2**30  # *_gib keys: 2^30 bytes
 MIB = 2**20  # 2^20 bytes (sizes in messages and measurement notes)
+KIB = 2**10  # 2^10 bytes (cache sizes in /sys and /proc)
 TFLOPS = 1e12  # *_tflops keys: 1e12 FLOP/s
 
 # Bytes per element. int4 counts the packed payload only; quantisation scales

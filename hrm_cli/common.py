@@ -5,7 +5,7 @@ from __future__ import annotations
 from hrm import bounds
 from hrm.hardware import load_hardware
 from hrm.model import load_model
-from hrm.units import DTYPES
+from hrm.units import DTYPES, GIB
 from hrm.workload import PRESETS, make_workload
 
 
@@ -105,4 +105,4 @@ def limits_from_args(hw, options, args):
 
 
 def gib(value_bytes: float) -> str:
-    return f"{value_bytes / 2**30:,.2f} GiB"
+    return f"{value_bytes / GIB:,.2f} GiB"

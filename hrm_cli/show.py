@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hrm_cli import ArgumentParser
 from hrm.plan import load_plan
+from hrm.units import GIB
 
 
 def main(argv) -> int:
@@ -33,7 +34,7 @@ def main(argv) -> int:
     table.add_row("decode layer latency", f"{e.decode_layer_latency_s * 1e3:.3f} ms")
     table.add_row("prefill", f"{e.prefill_latency_s:.2f} s")
     table.add_row("bottleneck", e.bottleneck)
-    table.add_row("GPU / CPU peak", f"{e.gpu_peak_bytes / 2**30:.2f} GiB / {e.cpu_peak_bytes / 2**30:.2f} GiB")
+    table.add_row("GPU / CPU peak", f"{e.gpu_peak_bytes / GIB:.2f} GiB / {e.cpu_peak_bytes / GIB:.2f} GiB")
     gpu_experts = sum(len(layer.gpu_experts) for layer in plan.placement.layers)
     table.add_row("placement", f"{gpu_experts} experts static on GPU over {len(plan.placement.layers)} layers "
                                f"(r_w {plan.placement.weights_gpu_ratio_realised:.4f}), {plan.placement.weight_pages} pages")

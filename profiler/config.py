@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MIB = 2**20
-GIB_BYTES = 2**30
+from hrm.units import GIB, MIB
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,8 @@ class ProfileConfig:
     gpu_matmul_n: int = 8192
     gpu_matmul_ms: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096, 8192)
     gpu_dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
-    gpu_copy_bytes: int = 1 * GIB_BYTES
-    transfer_sizes_bytes: tuple[int, ...] = (64 * 1024, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 * GIB_BYTES)
+    gpu_copy_bytes: int = 1 * GIB
+    transfer_sizes_bytes: tuple[int, ...] = (64 * 1024, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 * GIB)
     peer_bytes: int = 256 * MIB
 
 

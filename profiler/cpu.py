@@ -22,6 +22,8 @@ from typing import Callable
 
 import numpy as np
 
+from hrm.units import GB, GIB, KIB, MIB
+
 from .timing import Budget, Stats, TimedOp, describe, measure, wall_timed
 
 F64_BYTES = 8
@@ -89,13 +91,13 @@ def memory_total_bytes(meminfo_text: str) -> int:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return 8 * 2**30
+        return 8 * GIB
 
 
 def parse_cache_size_bytes(text: str) -> int:
     """``32768K`` / ``8M`` (sysfs cache size) to bytes; 0 when unparsable."""
     text = text.strip().upper()
-    scale = {"K": 2**10, "M": 2**20, "G": 2**30}
+    scale = {"K": KIB, "M": MIB, "G": GIB}
     try:
         if text and text[-1] in scale:
             return int(text[:-1]) * scale[text[-1]]
@@ -108,7 +110,7 @@ def last_level_cache_bytes() -> int:
     """Largest cache of cpu0 from sysfs; 32 MiB when unknown."""
     sizes = [parse_cache_size_bytes(_read_text(str(p)))
              for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
-    return max(sizes, default=0) or 32 * 2**20
+    return max(sizes, default=0) or 32 * MIB
 
 
 def host_info() -> HostInfo:
@@ -117,7 +119,7 @@ def host_info() -> HostInfo:
         hostname=socket.gethostname(),
         cpu_name=cpu_model_name(_read_text("/proc/cpuinfo")),
         cores=usable_cores(),
-        memory_gib=memory_total_bytes(_read_text("/proc/meminfo")) / 2**30,
+        memory_gib=memory_total_bytes(_read_text("/proc/meminfo")) / GIB,
         llc_bytes=last_level_cache_bytes(),
         numa_nodes=numa_node_count(),
     )
@@ -138,8 +140,8 @@ def numa_node_count(root: str | Path = NUMA_NODE_DIR) -> int:
 
 def stream_array_bytes(llc_bytes: int, memory_gib: float) -> int:
     """One STREAM array: 8x the last-level cache, >= 256 MiB, <= 1/16 of RAM."""
-    wanted = max(8 * llc_bytes, 256 * 2**20)
-    return int(min(wanted, memory_gib * 2**30 / 16))
+    wanted = max(8 * llc_bytes, 256 * MIB)
+    return int(min(wanted, memory_gib * GIB / 16))
 
 
 # --- STREAM-like bandwidth -----------------------------------------------------------
@@ -199,15 +201,15 @@ def measure_stream(array_bytes: int, curve_sizes_bytes: tuple[int, ...], threads
     each (smaller) size of ``curve_sizes_bytes`` using prefixes of the same arrays."""
     n = max(threads, array_bytes // F64_BYTES)
     a, b, c = touched_array(n, 1.0), touched_array(n, 2.0), touched_array(n, 0.5)
-    mib = n * F64_BYTES / 2**20
+    mib = n * F64_BYTES / MIB
     copy_stats = measure(copy_op(a, b, pool, threads), warmup, repeats, budget)
     copy_bytes = 2 * n * F64_BYTES
-    copy = Measured(copy_stats.median_rate(copy_bytes) / 1e9, "GB/s", copy_stats,
+    copy = Measured(copy_stats.median_rate(copy_bytes) / GB, "GB/s", copy_stats,
                     f"STREAM copy b=a, float64, {mib:.0f} MiB per array, {threads} threads; "
                     f"bytes = read + write (16 B/element), write-allocate not counted")
     triad_stats = measure(triad_op(a, b, c, pool, threads), warmup, repeats, budget)
     triad_bytes = 3 * n * F64_BYTES
-    triad = Measured(triad_stats.median_rate(triad_bytes) / 1e9, "GB/s", triad_stats,
+    triad = Measured(triad_stats.median_rate(triad_bytes) / GB, "GB/s", triad_stats,
                      f"STREAM triad a=b+s*c, float64, {mib:.0f} MiB per array, {threads} threads, "
                      f"L2-blocked temporary; bytes = 2 reads + 1 write (24 B/element), "
                      f"write-allocate not counted")
@@ -217,7 +219,7 @@ def measure_stream(array_bytes: int, curve_sizes_bytes: tuple[int, ...], threads
             break
         m = max(threads, size_bytes // F64_BYTES)
         stats = measure(copy_op(a[:m], b[:m], pool, threads), warmup, repeats, budget)
-        curve[m * F64_BYTES] = Measured(stats.median_rate(2 * m * F64_BYTES) / 1e9, "GB/s", stats,
+        curve[m * F64_BYTES] = Measured(stats.median_rate(2 * m * F64_BYTES) / GB, "GB/s", stats,
                                         "copy b=a over a prefix")
     curve[n * F64_BYTES] = copy
     return StreamResult(copy=copy, triad=triad, copy_curve=curve)
@@ -242,12 +244,12 @@ def measure_memcpy(nbytes: int, threads: int, pool: Executor, warmup: int, repea
     n = max(threads, nbytes // F64_BYTES)
     src, dst = touched_array(n, 1.0), touched_array(n, 0.0)
     size = n * F64_BYTES
-    what = f"host memcpy dst[:] = src, {size / 2**20:.0f} MiB float64 (numpy copyto)"
+    what = f"host memcpy dst[:] = src, {size / MIB:.0f} MiB float64 (numpy copyto)"
     counted = "bytes moved per second (each byte copied counted once, not read + write)"
     one_stats = measure(wall_timed(lambda: np.copyto(dst, src)), warmup, repeats, budget)
-    one = Measured(one_stats.median_rate(size) / 1e9, "GB/s", one_stats, f"{what} on 1 thread; {counted}")
+    one = Measured(one_stats.median_rate(size) / GB, "GB/s", one_stats, f"{what} on 1 thread; {counted}")
     all_stats = measure(copy_op(src, dst, pool, threads), warmup, repeats, budget)
-    all_threads = Measured(all_stats.median_rate(size) / 1e9, "GB/s", all_stats,
+    all_threads = Measured(all_stats.median_rate(size) / GB, "GB/s", all_stats,
                            f"{what} split into {threads} contiguous chunks over {threads} threads; {counted}")
     return MemcpyResult(one_thread=one, all_threads=all_threads)
 
@@ -376,7 +378,7 @@ def measure_decode_attention(contexts: tuple[int, ...], kv_total_bytes: int, kv_
         kv_bytes = attention_kv_bytes(batch, context, kv_heads, head_dim, F32_BYTES)
         gflops = stats.median_rate(attention_flops(batch, context, kv_heads, group, head_dim)) / 1e9
         curve[context] = Measured(
-            stats.median_rate(kv_bytes) / 1e9, "GB/s", stats,
+            stats.median_rate(kv_bytes) / GB, "GB/s", stats,
             f"GQA decode attention fp32 numpy (blocked over {ATTENTION_CHUNK_TOKENS}-token chunks), batch "
             f"{batch}, context {context}, {kv_heads} kv heads x {group} q/kv, head_dim {head_dim}, "
             f"{threads} threads; KV bytes read / time "
@@ -431,7 +433,7 @@ def write_probe_file(folder: Path, nbytes: int, block_bytes: int) -> Path:
 
 
 def measure_disk_read(folder: Path, nbytes: int, repeats: int, budget: Budget | None,
-                      block_bytes: int = 8 * 2**20) -> Measured:
+                      block_bytes: int = 8 * MIB) -> Measured:
     """Sequential read GB/s of a fresh ``nbytes`` file in ``folder`` (no warm-up: a warm-up
     would fill the page cache; the cache is dropped with posix_fadvise before each read)."""
     path = write_probe_file(folder, nbytes, block_bytes)
@@ -440,9 +442,9 @@ def measure_disk_read(folder: Path, nbytes: int, repeats: int, budget: Budget | 
         stats = measure(read_file_op(path, block_bytes), 0, repeats, budget)
     finally:
         path.unlink(missing_ok=True)
-    how = (f"sequential read of a {size / 2**20:.0f} MiB file in {folder}, {block_bytes >> 20} MiB blocks, "
+    how = (f"sequential read of a {size / MIB:.0f} MiB file in {folder}, {block_bytes >> 20} MiB blocks, "
            f"page cache dropped (posix_fadvise DONTNEED) before each read")
-    return Measured(stats.median_rate(size) / 1e9, "GB/s", stats, how)
+    return Measured(stats.median_rate(size) / GB, "GB/s", stats, how)
 
 
 def optional_torch():

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
-from hrm.units import dtype_bytes
+from hrm.units import GB, MIB, dtype_bytes
 
 from .cpu import F32_BYTES, Measured
 from .timing import Budget, measure
@@ -107,7 +107,7 @@ def measure_emulation(torch, threads: int, ms: tuple[int, ...], k: int, n: int, 
                                     f"({m} x {k}) @ ({n} x {k})^T, cold weights, 2*M*K*N FLOPs")
             matmul[dtype] = curve
         stats = measure(copy_op(torch, copy_bytes), warmup, repeats, budget)
-        copy = Measured(stats.median_rate(copy_bytes) / 1e9, "GB/s", stats,
-                        f"emulated tier torch copy_ of {copy_bytes / 2**20:.0f} MiB fp32 ({threads} thread(s)); "
+        copy = Measured(stats.median_rate(copy_bytes) / GB, "GB/s", stats,
+                        f"emulated tier torch copy_ of {copy_bytes / MIB:.0f} MiB fp32 ({threads} thread(s)); "
                         f"bytes moved per second")
     return EmulationResult(threads, matmul, copy)

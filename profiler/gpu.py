@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from hrm.units import GB, MIB
+
 from .cpu import Measured
 from .timing import Budget, TimedOp, measure
 
@@ -100,8 +102,8 @@ def measure_gpu_copy(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
         stats = measure(device.copy_op(nbytes), warmup, repeats, budget)
     finally:
         device.release()
-    return Measured(stats.median_rate(2.0 * nbytes) / 1e9, "GB/s", stats,
-                    f"device-to-device copy of {nbytes / 2**20:.0f} MiB, bytes = read + write")
+    return Measured(stats.median_rate(2.0 * nbytes) / GB, "GB/s", stats,
+                    f"device-to-device copy of {nbytes / MIB:.0f} MiB, bytes = read + write")
 
 
 def measure_transfer_curve(device: GpuDevice, sizes_bytes: tuple[int, ...], direction: Direction, pinned: bool,
@@ -121,8 +123,8 @@ def measure_transfer_curve(device: GpuDevice, sizes_bytes: tuple[int, ...], dire
             continue
         finally:
             device.release()
-        curve[size] = Measured(stats.median_rate(size) / 1e9, "GB/s", stats,
-                               f"{direction} {kind} copy of {size / 2**20:.3g} MiB")
+        curve[size] = Measured(stats.median_rate(size) / GB, "GB/s", stats,
+                               f"{direction} {kind} copy of {size / MIB:.3g} MiB")
     return curve
 
 
@@ -133,8 +135,8 @@ def measure_peer(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
         stats = measure(device.peer_op(nbytes, 0, 1), warmup, repeats, budget)
     finally:
         device.release()
-    return Measured(stats.median_rate(nbytes) / 1e9, "GB/s", stats,
-                    f"GPU0 -> GPU1 copy of {nbytes / 2**20:.0f} MiB")
+    return Measured(stats.median_rate(nbytes) / GB, "GB/s", stats,
+                    f"GPU0 -> GPU1 copy of {nbytes / MIB:.0f} MiB")
 
 
 def query_peer_access(device, notes: list[str]) -> bool | None:

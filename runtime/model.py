@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from hrm.errors import HRMError
 from hrm.model import ModelSpec
+from hrm.units import GIB
 
 from . import ops
 
@@ -306,8 +307,8 @@ def check_fits_host(spec: ModelSpec, fraction: float = 0.8) -> None:
     need = total_params(spec) * torch.empty(0, dtype=torch_dtype(spec.weight_dtype)).element_size()
     have = host_memory_bytes()
     if have and need > fraction * have:
-        raise HRMError(f"{spec.name}: its weights need {need / 2**30:.1f} GiB of host memory, this host has "
-                       f"{have / 2**30:.1f} GiB; run a smaller model (e.g. tiny-mixtral, small-mixtral)")
+        raise HRMError(f"{spec.name}: its weights need {need / GIB:.1f} GiB of host memory, this host has "
+                       f"{have / GIB:.1f} GiB; run a smaller model (e.g. tiny-mixtral, small-mixtral)")
 
 
 def build_weights(spec: ModelSpec, checkpoint: Optional[str] = None, seed: int = 0) -> ModelWeights:

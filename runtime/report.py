@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from hrm.plan import Estimate
+from hrm.units import MIB
 
 from .measure import RunResult
 
@@ -21,7 +22,7 @@ def comparison_rows(est: Estimate, res: RunResult) -> list[dict]:
         ("prefill time", "s", est.prefill_latency_s, res.prefill_s / max(res.rounds, 1)),
         ("decode throughput", "tok/s", est.decode_throughput_tok_s, res.decode_throughput_tok_s),
         ("generation throughput", "tok/s", est.generation_throughput_tok_s, res.generation_throughput_tok_s),
-        ("device-tier peak memory", "MiB", est.gpu_peak_bytes / 2**20, res.peak_device_bytes / 2**20),
+        ("device-tier peak memory", "MiB", est.gpu_peak_bytes / MIB, res.peak_device_bytes / MIB),
     ]
     out = [{"quantity": q, "unit": u, "predicted": p, "measured": m, "error": _err(p, m)} for q, u, p, m in rows]
     out.append({"quantity": "bottleneck / busiest lane", "unit": "", "predicted": est.bottleneck, "measured": busy,
