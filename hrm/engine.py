@@ -256,6 +256,14 @@ def load_engine(name_or_path: str | Engine | None) -> Engine:
         raise HRMError(pydantic_message(str(path), exc)) from None
 
 
+def is_shipped(engine: Engine) -> bool:
+    """Whether ``engine`` is a shipped engine as shipped (``ideal`` with any schedule): its
+    name alone identifies it in a plan."""
+    if engine.name == "ideal":
+        return engine == IDEAL.with_schedule(engine.schedule)
+    return engine.name in list_engines() and load_engine(engine.name) == engine
+
+
 def resolve_engine(engine: str | Engine | None, schedule: str | None) -> Engine:
     """The engine of ``--engine`` with ``--schedule``: the schedule is the lane structure of
     ``ideal``; another engine has its own (a different ``--schedule`` is refused)."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from . import bounds
 from .bounds import Flag
+from .engine import Engine
 from .errors import HRMError, file_kind, pydantic_message, read_input_text
 from .policy import Policy
 from .workload import Workload
@@ -137,6 +138,9 @@ class Plan(_Frozen):
     policy: Policy
     schedule: str
     engine: Label = "ideal"
+    #: the engine's definition when it is not a shipped one (``--engine FILE.yaml``, or a file
+    #: that reuses a shipped name with other values): the plan then loads without the file
+    engine_definition: Optional[Engine] = None
     estimate: Estimate
     placement: Placement
     solver: SolverInfo
@@ -171,6 +175,8 @@ class Plan(_Frozen):
                              f"({policy.num_micro_batches})")
         if not policy.ffn_on_gpu and (placement.gpu_expert_count or placement.weights_gpu_ratio_realised):
             raise ValueError("placement keeps experts on the GPU but the policy runs the experts on the CPU (ffn=cpu)")
+        if self.engine_definition is not None and self.engine_definition.name != self.engine:
+            raise ValueError(f"engine_definition.name ({self.engine_definition.name!r}) != engine ({self.engine!r})")
         return self
 
 
@@ -314,10 +320,15 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
 
 
 def resolve_plan_engine(plan: Plan):
-    """The plan's engine (shipped name, or an engine YAML path), with the plan's schedule."""
+    """The plan's engine (its embedded definition, a shipped name, or an engine YAML path),
+    with the plan's schedule."""
     from .engine import list_engines, load_engine
 
     name = plan.engine
+    if plan.engine_definition is not None:
+        if plan.engine_definition.schedule != plan.schedule:
+            raise HRMError(f"schedule: {plan.schedule!r}, but engine {name} runs {plan.engine_definition.schedule!r}")
+        return plan.engine_definition
     if name != "ideal" and name not in list_engines() and not (name.endswith((".yaml", ".yml")) and Path(name).is_file()):
         raise HRMError(f"engine: unknown engine {name!r} (shipped: {', '.join(list_engines())}; or an engine YAML path)")
     engine = load_engine(name)
@@ -391,11 +402,10 @@ def placement_problem(plan: Plan, model) -> Optional[str]:
 
 
 def _snapped(model, plan: Plan, rw: float) -> float:
-    from .engine import load_engine
     from .estimate import snap_weights_ratio
 
     try:
-        return snap_weights_ratio(model, load_engine(plan.engine), rw)
+        return snap_weights_ratio(model, resolve_plan_engine(plan), rw)
     except HRMError:
         return rw
 

@@ -205,7 +205,7 @@ def _cpu_memory(args):
 
 
 def _timeline(args):
-    from hrm.plan import load_plan
+    from hrm.plan import load_plan, resolve_plan_engine
     from hrm.policy import parse_policy
     from hrm.rates import rates_from_profile
     from hrm.timeline import decode_timeline, mid_context
@@ -217,12 +217,15 @@ def _timeline(args):
     from hrm.engine import resolve_engine
 
     schedule, engine_name = args.schedule, args.engine
+    plan_engine = None
     if args.plan:
         plan = load_plan(args.plan)
         policy, workload = plan.policy, plan.workload
+        if engine_name is None and schedule is None:
+            plan_engine = resolve_plan_engine(plan)  # its embedded definition, if any
         engine_name = engine_name or plan.engine
         schedule = schedule or (plan.schedule if engine_name == "ideal" else None)
-    engine = resolve_engine(engine_name, schedule)
+    engine = plan_engine or resolve_engine(engine_name, schedule)
     if args.plan:
         pass
     elif args.policy or (args.trace and trace_policy(args.trace)):

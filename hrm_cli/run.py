@@ -9,7 +9,7 @@ from hrm import bounds
 from hrm_cli import ArgumentParser
 from hrm_cli.common import check_input_file
 from hrm.errors import HRMError, InfeasibleError
-from hrm.plan import Plan, check_output_path, load_plan, plan_problem
+from hrm.plan import Plan, check_output_path, load_plan, plan_problem, resolve_plan_engine
 
 from runtime.report import comparison_rows, render_comparison
 
@@ -81,9 +81,7 @@ def check_executable(plan: Plan, hw, spec) -> None:
     if problem:
         raise HRMError(f"plan: {problem}")
     whole = ModelOptions(gpu_memory_utilization=1.0, cpu_memory_utilization=1.0)  # the capacity, no headroom
-    result = estimate(hw, spec, plan.workload, plan.policy, options=whole,
-                      engine=None if plan.engine == "ideal" else plan.engine,
-                      schedule=plan.schedule if plan.engine == "ideal" else None)
+    result = estimate(hw, spec, plan.workload, plan.policy, options=whole, engine=resolve_plan_engine(plan))
     if not result.feasible:
         raise InfeasibleError(f"plan: the policy needs more memory than {hw.name} has ({result.binding_memory})")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hrm.engine import Engine, resolve_engine
+from hrm.engine import Engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import EstimateResult, engine_problem, estimate, snap_weights_ratio
 from hrm.hardware import HardwareProfile
@@ -201,6 +201,7 @@ def search(
         policy=best.policy,
         schedule=engine.schedule,
         engine=engine.name,
+        engine_definition=None if is_shipped(engine) else engine,
         estimate=best.estimate.to_plan_estimate(),
         placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches),
         solver=SolverInfo(name=f"exact branch and bound over {space}", seconds=seconds, optimal=True,

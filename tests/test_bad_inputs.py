@@ -307,7 +307,7 @@ def test_runtime_flag_refused(capsys, args, needle):
 @pytest.mark.parametrize("args", [
     ["search", "--hw", "cpu-only", "--model", "dbrx", "--gen-len", "8"],
     ["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "8", "--gpu-mem", "0.5", "--cpu-mem", "4"],
-    ["search", "--hw", "t4", "--model", "mixtral", "--prompt-len", "2000000", "--gen-len", "4"],
+    ["search", "--hw", "t4", "--model", "small-mixtral", "--prompt-len", "2000000", "--gen-len", "4"],
 ])
 def test_infeasible_exit_3(capsys, args):
     refused(capsys, *args, code=3, needle="memory")

@@ -347,3 +347,36 @@ def test_gen_len_one_is_prefill_only(engine):
     est = res.best.estimate
     assert est.decode_time_s == 0.0
     assert est.generation_throughput_tok_s == pytest.approx(res.best.policy.batch_size / est.prefill_latency_s)
+
+
+def test_plan_of_an_engine_file_carries_its_definition(tmp_path):
+    """A plan made with ``--engine FILE.yaml`` embeds the engine, so it loads, shows and
+    re-estimates without the file; a shipped engine stays a name; an edited definition
+    makes the recorded estimate stale and the plan is refused."""
+    from hrm.engine import is_shipped
+    from hrm.plan import load_plan, resolve_plan_engine, save_plan
+
+    hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench", gen_len=32)
+    data = (ENGINES_DIR / "flexgen.yaml").read_text().replace("name: flexgen", "name: my-flexgen")
+    engine_file = tmp_path / "my.yaml"
+    engine_file.write_text(data)
+    custom = load_engine(str(engine_file))
+    assert not is_shipped(custom) and is_shipped(load_engine("flexgen")) and is_shipped(IDEAL.with_schedule("flexgen"))
+    plan = search(hw, model, wl, engine=str(engine_file), top=0, hw_name="l4", model_name="mixtral").plan
+    assert plan.engine == "my-flexgen" and plan.engine_definition == custom
+    engine_file.unlink()  # the plan no longer needs the file
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    loaded = load_plan(path)
+    assert resolve_plan_engine(loaded) == custom
+    shipped = search(hw, model, wl, engine="flexgen", top=0).plan
+    assert shipped.engine_definition is None
+    edited = json.loads(path.read_text())
+    edited["engine_definition"]["decode"]["weight_path"] = "pinned"  # a faster link than the file says
+    path.write_text(json.dumps(edited))
+    with pytest.raises(HRMError, match="stale|estimate"):
+        load_plan(path)
+    edited["engine_definition"]["name"] = "other"
+    path.write_text(json.dumps(edited))
+    with pytest.raises(HRMError, match="engine_definition.name"):
+        load_plan(path)

@@ -172,5 +172,5 @@ def test_cli_infeasible_exit_3():
     out = _cli("search", "--hw", "cpu-only", "--model", "dbrx")
     assert out.returncode == 3
     assert len(out.stderr.strip().splitlines()) == 1 and "memory" in out.stderr
-    out = _cli("search", "--hw", "t4", "--model", "mixtral", "--prompt-len", "2000000", "--gen-len", "4")
+    out = _cli("search", "--hw", "t4", "--model", "small-mixtral", "--prompt-len", "2000000", "--gen-len", "4")
     assert out.returncode == 3 and "GPU memory" in out.stderr
