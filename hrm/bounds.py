@@ -241,6 +241,10 @@ GEN_TOKENS = Range(1, MAX_GEN_TOKENS, "tokens", integer=True, why="tokens genera
 CONTEXT_TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", why="cached tokens of one sequence")
 SEQUENCES = Range(1, MAX_BATCH_SIZE, integer=True, why="sequences of one batch")
 SEARCH_BATCH = Range(1, MAX_SEARCH_BATCH, integer=True, why="the search's time grows with its batch cap")
+#: layers of offloaded weights an engine buffers: the deepest published decoders have ~130 layers
+MAX_BUFFER_LAYERS = 1024
+BUFFER_LAYERS = Range(0, MAX_BUFFER_LAYERS, "layers", why="layers of weights one buffer holds")
+COPY_THREADS = Range(0, MAX_CORES, integer=True, why="threads of one host (0: the profile's cores)")
 COUNT = Range(0, 2**53, integer=True)
 INDEX = Range(0, 2**31 - 1, integer=True)
 SECONDS = Range(0.0, MAX_SOLVER_S, "s")

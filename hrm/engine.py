@@ -55,6 +55,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from . import bounds
 from .errors import HRMError, pydantic_message, read_input_text
 
 ENGINES_DIR = Path(__file__).resolve().parent / "data" / "engines"
@@ -127,6 +128,10 @@ class PolicySpace(_Frozen):
         unknown = set(self.fixed) - allowed
         if unknown:
             raise ValueError(f"policy.fixed: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
+        for key, value in self.fixed.items():
+            problem = (bounds.SEQUENCES if key == "num_micro_batches" else bounds.FRACTION).problem(value)
+            if problem:
+                raise ValueError(f"fixed.{key}: {problem}")
         if not self.attention or not self.ffn:
             raise ValueError("policy: attention and ffn need at least one tier")
         return self
@@ -139,8 +144,8 @@ class Memory(_Frozen):
     - ``pinned_staging_layers``: layers of offloaded weights in pinned CPU staging;
     - ``cpu_holds_all_experts``: the CPU tensor holds every expert, static ones too."""
 
-    gpu_weight_buffer_layers: float = Field(default=2.0, ge=0)
-    pinned_staging_layers: float = Field(default=2.0, ge=0)
+    gpu_weight_buffer_layers: bounds.BUFFER_LAYERS.type = 2.0
+    pinned_staging_layers: bounds.BUFFER_LAYERS.type = 2.0
     cpu_holds_all_experts: bool = False
 
 
@@ -158,7 +163,7 @@ class Engine(_Frozen):
     sync: Literal["none", "per-step", "per-micro-batch"] = "none"
     static_experts: Literal["continuous", "whole-experts-per-layer"] = "continuous"
     offloaded_weights: Literal["experts", "all"] = "experts"
-    copy_threads: int = Field(default=0, ge=0)
+    copy_threads: bounds.COPY_THREADS.type = 0
     numa_aware: bool = True
     tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
     memory: Memory = Field(default_factory=Memory)

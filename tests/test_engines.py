@@ -68,6 +68,28 @@ def test_bad_engine_inputs_are_one_line_errors(tmp_path):
         load_engine(str(bad))
 
 
+@pytest.mark.parametrize("text,needle", [
+    ("copy_threads: 1000000", "copy_threads: 1000000 is above the plausible maximum 4096"),
+    ("copy_threads: -1", "copy_threads: -1 must be at least 0"),
+    ("copy_threads: .nan", "copy_threads: nan is not a finite number"),
+    ("copy_threads: 2.5", "copy_threads: expected an integer"),
+    ("memory: {gpu_weight_buffer_layers: 1000000}", "gpu_weight_buffer_layers: 1000000 layers is above"),
+    ("memory: {pinned_staging_layers: .inf}", "pinned_staging_layers: inf is not a finite number"),
+    ("memory: {pinned_staging_layers: true}", "pinned_staging_layers: expected a number, got a boolean"),
+    ("policy: {fixed: {kv_gpu_ratio: 5}}", "fixed.kv_gpu_ratio: 5 is above the plausible maximum 1"),
+    ("policy: {fixed: {weights_gpu_ratio: -0.1}}", "fixed.weights_gpu_ratio: -0.1 must be at least 0"),
+    ("policy: {fixed: {num_micro_batches: 0}}", "fixed.num_micro_batches: 0 must be at least 1"),
+    ("policy: {fixed: {num_micro_batches: 0.5}}", "fixed.num_micro_batches: expected an integer"),
+])
+def test_engine_numbers_are_plausible(tmp_path, text, needle):
+    """Every number of an engine YAML is finite and in a named plausible range (one line)."""
+    bad = tmp_path / "e.yaml"
+    bad.write_text(f"name: x\n{text}\n")
+    with pytest.raises(HRMError) as info:
+        load_engine(str(bad))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
 # --- ideal = the model before engines existed ------------------------------------------------
 
 def test_ideal_reproduces_the_plain_model():
