@@ -339,20 +339,22 @@ def resolve_plan_engine(plan: Plan):
     return engine
 
 
-def resolve_plan_hardware(plan: Plan):
-    """The plan's hardware profile if its name loads and its hash matches, else None."""
+def resolve_plan_hardware(plan: Plan, name: str | None = None):
+    """The hardware profile ``name`` (default: the plan's) if it loads and its hash is the
+    plan's, else None."""
     from .hardware import load_hardware
 
     try:
-        hw = load_hardware(plan.hardware.name)
+        hw = load_hardware(name or plan.hardware.name)
     except HRMError:
         return None
     return hw if hw.sha256() == plan.hardware.sha256 else None
 
 
-def resolve_plan_model(plan: Plan):
-    """The plan's model in the dtypes whose hash the plan recorded, or None (the name does
-    not load, or no dtype choice reproduces the hash). Warnings of the loader are muted."""
+def resolve_plan_model(plan: Plan, name: str | None = None):
+    """The model ``name`` (default: the plan's) in the dtypes whose hash the plan recorded,
+    or None (the name does not load, or no dtype choice reproduces the hash). Warnings of
+    the loader are muted."""
     from itertools import product
 
     from .model import load_model
@@ -360,9 +362,16 @@ def resolve_plan_model(plan: Plan):
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            base = load_model(plan.model.name)
+            base = load_model(name or plan.model.name)
     except HRMError:
         return None
+    if base.sha256() == plan.model.sha256:
+        return base
+    for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):
+        spec = base.model_copy(update={"weight_dtype": wd, "kv_dtype": kd, "activation_dtype": ad})
+        if spec.sha256() == plan.model.sha256:
+            return spec
+    return None
     if base.sha256() == plan.model.sha256:
         return base
     for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):

@@ -34,7 +34,7 @@ import torch
 from hrm.errors import HRMError
 from hrm.model import ModelSpec
 from hrm.plan import Placement
-from hrm.policy import Policy
+from hrm.policy import Policy, policy_problem
 from hrm.workload import Workload
 
 from . import ops
@@ -49,14 +49,6 @@ from .requests import Request, plan_rounds
 LOOKAHEAD = 2  # Algorithm 1: CPU attention is launched two micro-batches ahead
 
 
-def check_policy(policy: Policy) -> None:
-    """One-line refusals for placements the runtime cannot execute."""
-    if policy.kv_gpu_ratio > 0 and not policy.attn_on_gpu:
-        raise HRMError("policy: rc > 0 needs attn=gpu (CPU attention reads the KV cache in CPU memory)")
-    if policy.weights_gpu_ratio > 0 and not policy.ffn_on_gpu:
-        raise HRMError("policy: rw > 0 needs ffn=gpu (CPU experts read their weights in CPU memory)")
-
-
 class PlanExecutor:
     """Runs requests under one policy and placement; returns tokens, logits and timings."""
 
@@ -64,7 +56,9 @@ class PlanExecutor:
                  placement: Optional[Placement] = None, device: str = "auto", track_memory: bool = True,
                  keep_logits: bool = True, lanes: str = "auto"):
         check_supported(spec)
-        check_policy(policy)
+        problem = policy_problem(policy.model_dump())  # the one home of the rules (an unvalidated copy too)
+        if problem:
+            raise HRMError(f"policy: {problem}")
         self.spec, self.policy, self.workload = spec, policy, workload
         self.keep_logits = keep_logits
         self.placement = placement or policy_placement(spec, policy)
