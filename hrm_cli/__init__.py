@@ -88,8 +88,11 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         lines = [f"  {name:<9} {desc}" for name, (_, desc) in SUBCOMMANDS.items()]
         text = "usage: hrm <subcommand> [options]\n\nsubcommands:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES
-        code = run_guarded(lambda _: print(text), [])
-        return code if code or argv else 2
+        if argv:  # asked for help: the usage on stdout, exit 0
+            return run_guarded(lambda _: print(text), [])
+        # no subcommand: the usage and one error line on stderr, exit 2 (like a missing flag)
+        print(text + "\nerror: a subcommand is required (" + ", ".join(SUBCOMMANDS) + ")", file=sys.stderr)
+        return 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         import difflib

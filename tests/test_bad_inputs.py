@@ -612,3 +612,11 @@ def test_generation_up_to_the_context_window(capsys):
     code, out, _ = call(capsys, "search", "--hw", "l4", "--model", "mixtral", "--gen-len", "32350", "--json")
     assert code == 0 and json.loads(out)["workload"]["gen_len"] == 32350
     refused(capsys, "search", "--hw", "l4", "--model", "mixtral", "--gen-len", "32351", needle="at most --gen-len 32350")
+
+
+def test_bare_hrm_is_a_one_line_error_after_the_usage(capsys):
+    code, out, err = call(capsys)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].startswith("error: a subcommand is required")
+    code, out, err = call(capsys, "--help")
+    assert code == 0 and out.startswith("usage: hrm") and err == ""
