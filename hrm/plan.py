@@ -372,13 +372,6 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
         if spec.sha256() == plan.model.sha256:
             return spec
     return None
-    if base.sha256() == plan.model.sha256:
-        return base
-    for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):
-        spec = base.model_copy(update={"weight_dtype": wd, "kv_dtype": kd, "activation_dtype": ad})
-        if spec.sha256() == plan.model.sha256:
-            return spec
-    return None
 
 
 def placement_problem(plan: Plan, model) -> Optional[str]:
