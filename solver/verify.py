@@ -23,8 +23,10 @@ from .exact import BOUND_RTOL, best_in_mode, candidate_micro_batch_sizes, throug
 from .milp import Choice, max_micro_batches, solve_dinkelbach
 from .terms import Terms, build_terms
 
-# Modes per batch of per-step coefficients (bounds these hold a few MB each).
+# Modes per batch of per-step coefficients, and the (mode × decode step) columns a batch may
+# hold: long generations take fewer modes per batch, so memory stays a few hundred MB.
 VERIFY_MODES_PER_BATCH = 256
+VERIFY_COLUMNS_PER_BATCH = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,9 @@ def verify_optimum(hw, model, workload, engine, options, limits, placements, max
     start = time.perf_counter()
     modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
     open_modes = []
-    for lo in range(0, len(modes), VERIFY_MODES_PER_BATCH):
-        terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + VERIFY_MODES_PER_BATCH])
+    per_batch = int(np.clip(VERIFY_COLUMNS_PER_BATCH // max(1, workload.gen_len), 1, VERIFY_MODES_PER_BATCH))
+    for lo in range(0, len(modes), per_batch):
+        terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + per_batch])
         bounds = throughput_upper_bounds(terms, max_batch, objective, fixed=fixed)
         open_modes += [terms.modes[int(k)] for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
     if not open_modes:
