@@ -1,0 +1,51 @@
+"""``hrm import --from ENGINE "FLAGS"``: another engine's command line as a policy, estimated."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from hrm_cli import ArgumentParser
+from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
+                            options_from_args, workload_from_args)
+from hrm.engine import list_engines, load_engine
+from hrm.errors import InfeasibleError
+from hrm.estimate import estimate
+from hrm.export import EXPORTERS, get_exporter, import_command
+
+
+def main(argv) -> int:
+    parser = ArgumentParser(prog="hrm import", description=(
+        "Read another engine's flags (one shell string) as the HRM policy they run and print its estimate: "
+        "what does my current command reach? Unknown or malformed flags are refused in one line (exit 2)."))
+    parser.add_argument("--from", dest="source", required=True, choices=list(EXPORTERS), help="the engine the flags are for")
+    parser.add_argument("flags", help='the engine\'s flags in one string, e.g. "-np 64 -ub 16 --n-cpu-moe 20"')
+    add_machine_args(parser)
+    add_workload_args(parser)
+    add_memory_args(parser)
+    parser.add_argument("--engine", choices=list(list_engines()),
+                        help="HRM engine to estimate with (default: the closest shipped one, else ideal)")
+    parser.add_argument("--json", action="store_true", help="print the policy and its estimate as JSON")
+    args = parser.parse_args(argv)
+    hw, model = machine_from_args(args)
+    workload = workload_from_args(args)
+    options = options_from_args(args)
+    limits = limits_from_args(hw, options, args)
+    policy, notes = import_command(args.source, args.flags, model, workload, hw, options.gpu_memory_utilization)
+    target = get_exporter(args.source)
+    engine_name = args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal")
+    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=load_engine(engine_name))
+    if args.json:
+        print(json.dumps({"source": args.source, "policy": result.policy.model_dump(), "policy_short": policy.short(),
+                          "engine": result.engine, "estimate": result.to_plan_estimate(),
+                          "feasible": result.feasible, "notes": notes + list(target.caveats)}, indent=2))
+    else:
+        from hrm_cli.estimate import render_estimate
+
+        render_estimate(result, f"{args.source} flags as an HRM policy: {model.name} on {hw.name}, "
+                                f"prompt {workload.effective_prompt_len}, gen {workload.gen_len}")
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    if not result.feasible:
+        raise InfeasibleError(f"{policy.short()} exceeds a memory limit ({result.binding_memory})")
+    return 0
