@@ -50,6 +50,11 @@ def build_parser() -> ArgumentParser:
                         help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
     parser.add_argument("--json", action="store_true", help="print the plan (SPEC section 6) as JSON")
     parser.add_argument("--out", help="write the plan to this file (atomically; checked before the search)")
+    from hrm.export import EXPORTERS
+
+    parser.add_argument("--export", choices=list(EXPORTERS), metavar="ENGINE",
+                        help=f"also print the plan as ENGINE's command line ({', '.join(EXPORTERS)}); with --json "
+                             "the output is {\"plan\": ..., \"export\": ...}")
     return parser
 
 
@@ -70,7 +75,12 @@ def main(argv) -> int:
     result = search(hw, model, workload, top=args.top, verify=args.verify, engine=engine, **common)
     if args.out:
         save_plan(result.plan, args.out)
-    if args.json:
+    export = _export(result, hw, model, workload, engine, options, args.export) if args.export else None
+    if args.json and export is not None:
+        import json
+
+        print(json.dumps({"plan": json.loads(result.plan.model_dump_json()), "export": export.to_json()}, indent=2))
+    elif args.json:
         print(result.plan.model_dump_json(indent=2))
     else:
         render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
@@ -78,9 +88,23 @@ def main(argv) -> int:
                        f" (schedule {engine.schedule})")
         if args.out:
             print(f"plan written to {args.out}")
+        if export is not None:
+            from hrm_cli.export import print_export
+
+            print(f"{export.engine} ({export.version}):")
+            print_export(export, "text")
     if result.verified is False:
         raise HRMError(f"verifier disagrees: search {result.extras['objective']:.6g} vs verifier {result.verify_objective:.6g}")
     return 0
+
+
+def _export(result: SearchResult, hw, model, workload, engine, options, target: str):
+    """The best policy as ``target``'s command line (:func:`hrm.export.export_policy`)."""
+    from hrm.export import Context, export_policy
+
+    ctx = Context(model=model, workload=workload, hardware=hw, gpu_memory_utilization=options.gpu_memory_utilization)
+    return export_policy(target, result.best.policy, ctx, hw=hw, plan_engine=engine, options=options,
+                         planned_throughput=result.best.estimate.generation_throughput_tok_s)
 
 
 def render(result: SearchResult, title: str) -> None:
