@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -62,6 +62,9 @@ class Context(_Frozen):
     workload: object
     hardware: Optional[object] = None
     gpu_memory_utilization: float = 0.86
+    #: what the policy's r_w is a share of: the routed experts (``ideal``, ``moe-lightning``:
+    #: non-expert weights always on the GPU) or every layer weight (FlexGen's ``--percent``)
+    rw_reads: Literal["experts", "all"] = "experts"
 
     @property
     def gpu_count(self) -> int:
@@ -203,10 +206,26 @@ FLEXGEN_VERSION = "FMInference/FlexLLMGen@004ffef8"
 _FLEX = "flexllmgen/flex_opt.py"
 
 
+def all_weights_ratio(policy: Policy, ctx: Context) -> float:
+    """The policy's GPU share of every layer weight (FlexGen's wg): r_w itself when it already
+    reads so, else the same offloaded bytes, (1 − r_w)·experts, as a share of all the layers'
+    offloadable weights (:func:`hrm.latency.offloaded_layer_bytes` under ``--percent``)."""
+    rw = policy.weights_gpu_ratio if policy.ffn_on_gpu else 0.0
+    if ctx.rw_reads == "all":
+        return rw
+    from .engine import load_engine
+    from .latency import layer_kinds, offloaded_layer_bytes
+
+    every = load_engine("flexgen")  # offloaded_weights: all
+    all_bytes = sum(count * float(offloaded_layer_bytes(ctx.model, every, moe)) for moe, count in layer_kinds(ctx.model))
+    return max(0.0, 1.0 - (1.0 - rw) * _expert_bytes(ctx) / all_bytes) if all_bytes > 0 else rw
+
+
 def _flexgen_nearest(policy: Policy, ctx: Context) -> list[Policy]:
-    # --percent is whole percent of every weight (flex_opt.py:1291-1299); the experts always
-    # run on the GPU (FlexGen has no CPU MLP); with --cpu-cache-compute the cache is on the CPU
-    rws = [0.0] if not policy.ffn_on_gpu else _percent_neighbours(policy.weights_gpu_ratio)
+    # --percent is whole percent of every weight (flex_opt.py:1291-1299), so r_w is first
+    # re-read as a share of all layer weights; the experts always run on the GPU (FlexGen has
+    # no CPU MLP); with --cpu-cache-compute the cache is on the CPU
+    rws = _percent_neighbours(all_weights_ratio(policy, ctx))
     rcs = _percent_neighbours(policy.kv_gpu_ratio) if policy.attn_on_gpu else [0.0]
     out = [_policy(**_fields(policy, ffn_on_gpu=True, weights_gpu_ratio=rw, kv_gpu_ratio=rc)) for rw in rws for rc in rcs]
     return [p for p in out if p]
@@ -296,7 +315,8 @@ FLEXGEN = EngineFlags(
     hrm_engine=lambda p: "flexgen" if p.attn_on_gpu else "flexgen-cpu-attn",
     caveats=("FlexLLMGen's flex_opt.py runs OPT models; MoE models run through the MoE-Lightning artifact's "
              "FlexGen port (benchmarks/flexgen), which takes the same flags",
-             "--percent splits every weight of a layer, not only the routed experts: r_w is that share"),
+             "--percent splits every weight of a layer, not only the routed experts: a plan's r_w (a share of "
+             "the routed experts) is exported as the same offloaded bytes' share of all layer weights"),
     nearest=_flexgen_nearest,
     render=_flexgen_render,
     parse=_flexgen_parse,
@@ -792,6 +812,7 @@ def export_policy(target_name: str, policy: Policy, ctx: Context, hw=None, plan_
 
     target = get_exporter(target_name)
     plan_engine = plan_engine if plan_engine is not None else load_engine("ideal")
+    ctx = ctx.model_copy(update={"rw_reads": plan_engine.offloaded_weights})
 
     def estimate_with(p: Policy):
         return _estimate(hw, ctx.model, ctx.workload, p, _estimate_engine(target, p, plan_engine), options)

@@ -15,6 +15,7 @@ import shlex
 import pytest
 
 import hrm_cli
+from hrm.engine import load_engine
 from hrm.errors import HRMError
 from hrm.export import EXPORTERS, Context, export_plan, export_policy, import_command, import_flags
 from hrm.hardware import load_hardware
@@ -71,7 +72,9 @@ def test_round_trip_over_searched_plans(plans, engine):
         assert same_fields(back, export.exported_policy, target.expressed_fields), (engine, hw_name, model_name,
                                                                                    back.short(), export.exported_policy.short())
         # a policy the engine can express exports unchanged
-        again = export_policy(engine, export.exported_policy, Context(model=model, workload=plan.workload, hardware=hw))
+        reading = load_engine("flexgen") if engine == "flexgen" else None  # the exported r_w's own reading
+        again = export_policy(engine, export.exported_policy, Context(model=model, workload=plan.workload, hardware=hw),
+                              plan_engine=reading)
         assert same_fields(again.exported_policy, export.exported_policy, target.expressed_fields)
 
 
@@ -89,9 +92,10 @@ HAND_BUILT = {  # policies each engine can express exactly (mixtral-8x7b: 32 lay
 def test_round_trip_hand_built(engine):
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
     ctx = Context(model=model, workload=workload, hardware=hw)
+    reading = load_engine("flexgen") if engine == "flexgen" else None  # flexgen's r_w: a share of all weights
     for text in HAND_BUILT[engine]:
         policy = parse_policy(text)
-        export = export_policy(engine, policy, ctx, hw=hw)
+        export = export_policy(engine, policy, ctx, hw=hw, plan_engine=reading)
         assert export.exact and export.exported_policy == policy and not export.differences, (engine, text)
         back = import_flags(engine, flags_of(export), model, workload, hw)
         assert same_fields(back, policy, EXPORTERS[engine].expressed_fields), (engine, text, back.short())
@@ -228,3 +232,26 @@ def test_hrm_search_export_flexgen_end_to_end(capsys):
     assert hrm_cli.main(["search", "--hw", "t4", "--model", "olmoe", "--top", "0", "--export", "flexgen", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["export"]["engine"] == "flexgen" and doc["plan"]["policy"]["batch_size"] > 0
+
+
+def test_flexgen_percent_is_a_share_of_every_weight():
+    """A plan's r_w shares the routed experts (engine ideal); FlexGen's wg shares every layer
+    weight: the export keeps the offloaded bytes, (1 - r_w) x experts = (1 - wg) x all
+    (Mixtral-8x7B in fp16, the bytes by hand below)."""
+    from hrm import costs
+    from hrm.export import all_weights_ratio
+
+    model, workload = load_model("mixtral"), make_workload()
+    experts = 32 * 8 * 3 * 4096 * 14336 * 2  # layers x experts x (w1, w2, w3) x h1 x h2 x fp16
+    others = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 8 * 4096 + 2 * 4096) * 2  # q,k,v,o + router + 2 norms
+    assert costs.total_expert_bytes(model) == experts
+    for rw in (0.0, 0.25, 0.9):
+        policy = parse_policy(f"N=64,mu=16,n=4,attn=gpu,ffn=gpu,rw={rw},rc=0.5")
+        wg = 1 - (1 - rw) * experts / (experts + others)
+        assert all_weights_ratio(policy, Context(model=model, workload=workload)) == pytest.approx(wg, rel=1e-12)
+        assert all_weights_ratio(policy, Context(model=model, workload=workload, rw_reads="all")) == rw
+        export = export_policy("flexgen", policy, Context(model=model, workload=workload))
+        percent = int({f.flag: f.value.split() for f in export.flags}["--percent"][0])
+        assert percent in (math.floor(100 * wg), math.ceil(100 * wg))
+        assert rw > 0 or percent >= 1  # the non-expert weights stay on the GPU: not r_w = 0 copied
+        assert export.exported_policy.weights_gpu_ratio == percent / 100
