@@ -33,7 +33,6 @@ SUBCOMMANDS = {
     "ops": ("hrm_cli.estimate", "per-operator FLOPs, bytes and intensity of a model"),
     "export": ("hrm_cli.export", "a plan as another engine's command line (flexgen, llama.cpp, vllm, ...)"),
     "import": ("hrm_cli.import_flags", "another engine's command line as a policy, estimated"),
-    "sweep": ("hrm_cli.sweep", "a grid of searches (GRID.yaml) to Parquet, on a process pool or Ray"),
 }
 
 
