@@ -33,7 +33,11 @@ SUBCOMMANDS = {
     "ops": ("hrm_cli.estimate", "per-operator FLOPs, bytes and intensity of a model"),
     "export": ("hrm_cli.export", "a plan as another engine's command line (flexgen, llama.cpp, vllm, ...)"),
     "import": ("hrm_cli.import_flags", "another engine's command line as a policy, estimated"),
+    "sweep": ("hrm_cli.sweep", "search every cell of a hardware x model x workload x engine x what-if grid (Parquet)"),
 }
+
+#: the optional extra (pyproject.toml) that brings a package a subcommand may import
+EXTRAS = {"torch": "runtime", "safetensors": "runtime", "ray": "ray", "highspy": "highs"}
 
 
 def _silence_stdout() -> None:
@@ -111,8 +115,10 @@ def main(argv=None) -> int:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] in ("hrm", "hrm_cli", "solver", "profiler", "runtime"):
             raise
+        top = (exc.name or "").split(".")[0]
+        extra = EXTRAS.get(top, "runtime")
         print(f"error: 'hrm {name}' needs a missing package ({exc.name}); "
-              f"install the extra, e.g. pip install -e '.[runtime]'", file=sys.stderr)
+              f"install the extra: pip install 'hrm-moe[{extra}]'", file=sys.stderr)
         return 2
     entry = getattr(module, "ops_main" if name == "ops" else "main")
     return run_guarded(entry, rest)

@@ -106,3 +106,22 @@ def limits_from_args(hw, options, args):
 
 def gib(value_bytes: float) -> str:
     return f"{value_bytes / GIB:,.2f} GiB"
+
+
+def progress_bar(label: str):
+    """(a rich progress bar on stderr, ``update(done, total)``) for sweeps; silent when
+    stderr is not a terminal."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty(),
+                        console=Console(stderr=True))
+    task = progress.add_task(label, total=None)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return progress, update

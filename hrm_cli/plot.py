@@ -6,12 +6,11 @@ draws it. Sweeps can also write their table (``--csv``).
 
 from __future__ import annotations
 
-import sys
 
 from hrm import bounds
 from hrm_cli import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, check_input_file, limits_from_args,
-                          machine_from_args, options_from_args, workload_from_args)
+                            machine_from_args, options_from_args, progress_bar, workload_from_args)
 from hrm.errors import HRMError
 from hrm.latency import SCHEDULES
 from hrm.units import DTYPES
@@ -105,19 +104,6 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def _progress(label: str):
-    """A rich progress bar on stderr for sweeps (silent when not a terminal)."""
-    from rich.progress import Progress
-
-    progress = Progress(transient=True, disable=not sys.stderr.isatty())
-    task = progress.add_task(label, total=None)
-
-    def update(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
-
-    return progress, update
-
-
 def _roofline(args):
     from hrm.plots.roofline import plot_roofline, roofline_data
 
@@ -146,7 +132,7 @@ def _policy_map(args):
     bandwidths = _floats(args.bandwidths, "--bandwidths", bounds.BANDWIDTH_GBPS)
     scales = _floats(args.cpu_scales, "--cpu-scales", bounds.SCALE)
     check_what_if(hw, bandwidths, scales)
-    progress, update = _progress("policy map")
+    progress, update = progress_bar("policy map")
     with progress:
         table = policy_map(hw, model, workload, bandwidths, scales, args.schedule, args.objective, progress=update,
                            engine=args.engine)
@@ -195,7 +181,7 @@ def _cpu_memory(args):
     if unknown:
         raise HRMError(f"--schedules: unknown {', '.join(unknown)} (schedules {', '.join(SCHEDULES)}; "
                        f"engines {', '.join(list_engines())})")
-    progress, update = _progress("cpu-memory sweep")
+    progress, update = progress_bar("cpu-memory sweep")
     with progress:
         table = cpu_memory_sweep(hw, model, workload, capacities, schedules, args.objective, progress=update)
     title = (f"{model.name} on {hw.name}: best policy per schedule vs CPU memory "

@@ -1,0 +1,312 @@
+"""A sweep grid: hardware × model × workload × engine × what-if axes, and its cells.
+
+A grid (``hrm sweep GRID.yaml``, or :class:`SweepGrid` in code) names lists; every
+combination is one :class:`Cell`, one ``hrm-search`` on the machine the what-ifs make.
+Cells carry the resolved profile, model and engine (not file names), so a worker process
+or a Ray node needs the package but none of the grid's files. Each cell has a key — a
+hash of everything its result depends on, the profile's and the model's sha256 included —
+so a resumed sweep skips exactly the cells whose answer it already has and re-runs a cell
+whose profile file changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hrm import bounds
+from hrm.engine import Engine, is_shipped, resolve_engine
+from hrm.errors import HRMError, pydantic_message
+from hrm.hardware import HardwareProfile, load_hardware
+from hrm.model import ModelSpec, load_model
+from hrm.options import ModelOptions
+from hrm.units import GIB
+from hrm.workload import PRESETS, Workload, make_workload
+
+from .terms import DEFAULT_MAX_BATCH
+
+#: bumped when a cell's result for the same inputs may change meaning (it is in every key)
+CELL_FORMAT = 1
+#: plausible number of cells of one grid (4 Mi: a week on 2 cores at the median 0.1 s/search)
+MAX_SWEEP_CELLS = 1 << 22
+SWEEP_CELLS = bounds.Range(1, MAX_SWEEP_CELLS, "cells", integer=True, why="cells of one grid")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadSpec(_Strict):
+    """One workload of the grid: a preset with optional overrides (as the CLI flags)."""
+
+    preset: Optional[Literal[tuple(PRESETS)]] = None  # type: ignore[valid-type]
+    prompt_len: Optional[bounds.TOKENS.type] = None
+    max_prompt_len: Optional[bounds.TOKENS.type] = None
+    gen_len: Optional[bounds.GEN_TOKENS.type] = None
+    padding: bounds.Flag = False
+
+    @model_validator(mode="after")
+    def _complete(self):
+        try:
+            self.resolve()
+        except HRMError as exc:
+            raise ValueError(str(exc).removeprefix("workload: ")) from None
+        return self
+
+    def resolve(self) -> Workload:
+        return make_workload(self.preset, self.prompt_len, self.max_prompt_len, self.gen_len, self.padding)
+
+    def label(self) -> str:
+        """The preset's name when nothing is overridden, else the lengths in short."""
+        w = self.resolve()
+        if self.preset and (self.prompt_len, self.max_prompt_len, self.gen_len) == (None, None, None):
+            return self.preset + ("+pad" if self.padding else "")
+        return f"p{w.prompt_len}/{w.max_prompt_len}-g{w.gen_len}" + ("+pad" if w.padding else "")
+
+
+def _unique(values: list, what: str) -> list:
+    seen = set()
+    for value in values:
+        key = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, (str, float, int)) else value
+        if key in seen:
+            raise ValueError(f"{value!r} is listed twice in {what}")
+        seen.add(key)
+    return values
+
+
+class WhatIf(_Strict):
+    """What-if axes (``hrm.whatif`` and ``--gpu-mem/--cpu-mem``); ``null`` in a list means
+    the profile as measured (the default, one value)."""
+
+    h2d_gbps: list[Optional[bounds.BANDWIDTH_GBPS.type]] = Field(default=[None], min_length=1)
+    cpu_scale: list[bounds.SCALE.type] = Field(default=[1.0], min_length=1)
+    gpu_mem_gib: list[Optional[bounds.TOTAL_GPU_MEMORY_GIB.type]] = Field(default=[None], min_length=1)
+    cpu_mem_gib: list[Optional[bounds.CPU_MEMORY_GIB.type]] = Field(default=[None], min_length=1)
+
+    @field_validator("h2d_gbps", "cpu_scale", "gpu_mem_gib", "cpu_mem_gib")
+    @classmethod
+    def _no_repeats(cls, values, info):
+        return _unique(values, info.field_name)
+
+
+class SweepGrid(_Strict):
+    """The GRID.yaml of ``hrm sweep`` (every list non-empty, no entry twice).
+
+    - ``hardware``: shipped profile names or profile YAML paths (relative to the grid file);
+    - ``models``: catalog names or config.json paths;
+    - ``workloads``: preset names or mappings ``{preset, prompt_len, max_prompt_len, gen_len, padding}``;
+    - ``engines``: engine names, engine YAML paths, or ``ideal/SCHEDULE``;
+    - ``what_if``: :class:`WhatIf` axes; ``objective``, ``max_batch``, ``gpu_util``,
+      ``cpu_util``, ``weight_dtype``, ``kv_dtype`` as the ``hrm-search`` flags.
+    """
+
+    hardware: list[str] = Field(min_length=1)
+    models: list[str] = Field(min_length=1)
+    workloads: list[WorkloadSpec] = Field(default_factory=lambda: [WorkloadSpec(preset="mtbench")], min_length=1)
+    engines: list[str] = Field(default=["ideal"], min_length=1)
+    what_if: WhatIf = Field(default_factory=WhatIf)
+    objective: Literal["generation", "decode"] = "generation"
+    max_batch: bounds.SEARCH_BATCH.type = DEFAULT_MAX_BATCH
+    gpu_util: Optional[bounds.MEMORY_UTILIZATION.type] = None
+    cpu_util: Optional[bounds.MEMORY_UTILIZATION.type] = None
+    weight_dtype: Optional[str] = None
+    kv_dtype: Optional[str] = None
+
+    @field_validator("hardware", "models", "engines")
+    @classmethod
+    def _names(cls, values, info):
+        for value in values:
+            if not value.strip():
+                raise ValueError(f"an empty name in {info.field_name}")
+        return _unique(values, info.field_name)
+
+    @field_validator("workloads", mode="before")
+    @classmethod
+    def _presets(cls, values):
+        """A bare string is a preset name."""
+        if isinstance(values, list):
+            for value in values:
+                if isinstance(value, str) and value not in PRESETS:
+                    raise ValueError(f"unknown preset '{value}' (one of {', '.join(PRESETS)}; or a mapping of lengths)")
+            return [{"preset": v} if isinstance(v, str) else v for v in values]
+        return values
+
+    @field_validator("workloads")
+    @classmethod
+    def _workloads(cls, values):
+        _unique([s.model_dump() for s in values], "workloads")
+        return values
+
+    @model_validator(mode="after")
+    def _size(self):
+        count = self.cell_count()
+        problem = SWEEP_CELLS.problem(count)
+        if problem:
+            raise ValueError(f"the grid has {problem}")
+        return self
+
+    def cell_count(self) -> int:
+        w = self.what_if
+        return math.prod(map(len, (self.hardware, self.models, self.workloads, self.engines,
+                                   w.h2d_gbps, w.cpu_scale, w.gpu_mem_gib, w.cpu_mem_gib)))
+
+    def options(self) -> ModelOptions:
+        given = {"gpu_memory_utilization": self.gpu_util, "cpu_memory_utilization": self.cpu_util}
+        return ModelOptions(**{k: v for k, v in given.items() if v is not None})
+
+
+def read_grid(path: str | Path) -> SweepGrid:
+    """A grid from a YAML file; HRMError (one line naming the file and field) otherwise."""
+    import yaml
+
+    from hrm.errors import read_input_text
+
+    text = read_input_text(path, "a sweep grid YAML file")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise HRMError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise HRMError(f"{path}: expected a mapping (hardware, models, workloads, engines, what_if, ...)")
+    try:
+        return SweepGrid.model_validate(data)
+    except ValidationError as exc:
+        raise HRMError(pydantic_message(str(path), exc)) from None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One search of a sweep: the measured machine, the what-ifs to apply to it, the model,
+    the workload and the engine, resolved. :meth:`key` names it across runs."""
+
+    hardware_name: str
+    hardware: HardwareProfile
+    hardware_sha256: str
+    model_name: str
+    model: ModelSpec
+    model_sha256: str
+    workload_name: str
+    workload: Workload
+    engine: Engine
+    engine_sha256: str
+    h2d_gbps: Optional[float] = None
+    cpu_scale: float = 1.0
+    gpu_mem_gib: Optional[float] = None
+    cpu_mem_gib: Optional[float] = None
+    objective: str = "generation"
+    max_batch: int = DEFAULT_MAX_BATCH
+    options: ModelOptions = ModelOptions()
+
+    def key(self) -> str:
+        """sha256 (hex, 16 digits) of everything the cell's result depends on."""
+        inputs = {"format": CELL_FORMAT, "hardware": self.hardware_sha256, "model": self.model_sha256,
+                  "workload": self.workload.model_dump(), "engine": self.engine_sha256, "h2d_gbps": self.h2d_gbps,
+                  "cpu_scale": self.cpu_scale, "gpu_mem_gib": self.gpu_mem_gib, "cpu_mem_gib": self.cpu_mem_gib,
+                  "objective": self.objective, "max_batch": self.max_batch, "options": self.options.model_dump()}
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+    def machine(self) -> HardwareProfile:
+        """The profile with this cell's what-ifs (CPU scaled first, then the link set, as the
+        paper's Fig. 10 axes); HRMError when a what-if does not apply or leaves the bounds."""
+        from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+
+        hw = self.hardware
+        try:
+            if self.cpu_scale != 1.0:
+                hw = with_cpu_scaled(hw, self.cpu_scale)
+            if self.h2d_gbps is not None:
+                hw = with_link_bandwidth(hw, self.h2d_gbps)
+        except ValidationError as exc:
+            raise HRMError(pydantic_message(f"the what-if machine {hw.name}", exc)) from None
+        return hw
+
+
+def engine_sha256(engine: Engine) -> str:
+    """Shipped engines by name (and schedule); others by their whole definition."""
+    text = f"{engine.name}/{engine.schedule}" if is_shipped(engine) else engine.model_dump_json()
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _engine(spec: str, base: Path | None) -> Engine:
+    """``NAME``, ``FILE.yaml`` (relative to the grid file) or ``ideal/SCHEDULE``."""
+    name, _, schedule = spec.partition("/") if spec.startswith("ideal/") else (spec, "", "")
+    return resolve_engine(_relative(name, base), schedule or None)
+
+
+def _relative(name: str, base: Path | None) -> str:
+    """A path relative to the grid file's folder when that file exists; else as given
+    (a shipped name, or a path relative to the working folder)."""
+    if base is not None and not Path(name).is_absolute() and (base / name).is_file():
+        return str(base / name)
+    return name
+
+
+def make_cells(hardware: Iterable[tuple[str, HardwareProfile]], models: Iterable[tuple[str, ModelSpec]],
+               workloads: Iterable[tuple[str, Workload]], engines: Iterable[Engine], what_if: WhatIf = WhatIf(),
+               objective: str = "generation", max_batch: int = DEFAULT_MAX_BATCH,
+               options: ModelOptions = ModelOptions()) -> list[Cell]:
+    """Every combination, in grid order (hardware slowest, CPU memory fastest)."""
+    hardware = [(name, hw, hw.sha256()) for name, hw in hardware]
+    models = [(name, m, m.sha256()) for name, m in models]
+    engines = [(e, engine_sha256(e)) for e in engines]
+    axes = (hardware, models, list(workloads), engines, what_if.h2d_gbps, what_if.cpu_scale, what_if.gpu_mem_gib,
+            what_if.cpu_mem_gib)
+    return [Cell(hw_name, hw, hw_sha, model_name, model, model_sha, workload_name, workload, engine, eng_sha,
+                 h2d, scale, gpu_mem, cpu_mem, objective, max_batch, options)
+            for (hw_name, hw, hw_sha), (model_name, model, model_sha), (workload_name, workload), (engine, eng_sha),
+            h2d, scale, gpu_mem, cpu_mem in itertools.product(*axes)]
+
+
+def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
+    """Resolve every name of ``grid`` (paths relative to the folder of ``source``, the grid
+    file) and expand it; HRMError naming the grid field on a name that does not resolve."""
+    base = Path(source).parent if source is not None else None
+    where = str(source) if source is not None else "grid"
+
+    def each(field: str, names, load):
+        out = []
+        for index, name in enumerate(names):
+            try:
+                out.append(load(name))
+            except HRMError as exc:
+                raise HRMError(f"{where}: {field}[{index}] {name!r}: {exc}") from None
+        return out
+
+    hardware = each("hardware", grid.hardware, lambda n: (n, load_hardware(_relative(n, base))))
+    models = each("models", grid.models,
+                  lambda n: (n, load_model(_relative(n, base), grid.weight_dtype, grid.kv_dtype)))
+    workloads = each("workloads", grid.workloads, lambda s: (s.label(), s.resolve()))
+    engines = each("engines", grid.engines, lambda n: _engine(n, base))
+    return make_cells(hardware, models, workloads, engines, grid.what_if, grid.objective, grid.max_batch,
+                      grid.options())
+
+
+def effective_inputs(cell: Cell) -> dict:
+    """The input columns of a cell's row: names, hashes, the workload's lengths, and the
+    what-if values in effect (the machine's link and capacities, the requested ones or the
+    profile's; NaN where the machine has no such part)."""
+    hw = cell.hardware
+    link = cell.h2d_gbps if cell.h2d_gbps is not None else (hw.link.h2d_gbps if hw.link else math.nan)
+    if cell.gpu_mem_gib is not None:
+        gpu_mem = cell.gpu_mem_gib
+    else:
+        gpu_mem = hw.gpu.memory_bytes * hw.gpu.count / GIB if hw.gpu else math.nan
+    cpu_mem = cell.cpu_mem_gib if cell.cpu_mem_gib is not None else hw.cpu.memory_bytes * cell.cpu_scale / GIB
+    w = cell.workload
+    return {
+        "cell_key": cell.key(), "hardware": cell.hardware_name, "hardware_sha256": cell.hardware_sha256,
+        "model": cell.model_name, "model_sha256": cell.model_sha256, "workload": cell.workload_name,
+        "prompt_len": w.prompt_len, "max_prompt_len": w.max_prompt_len, "gen_len": w.gen_len, "padding": w.padding,
+        "engine": cell.engine.name, "schedule": cell.engine.schedule, "h2d_gbps": float(link),
+        "cpu_scale": float(cell.cpu_scale), "gpu_mem_gib": float(gpu_mem), "cpu_mem_gib": float(cpu_mem),
+        "objective": cell.objective, "max_batch": cell.max_batch,
+        "gpu_memory_utilization": cell.options.gpu_memory_utilization,
+        "cpu_memory_utilization": cell.options.cpu_memory_utilization,
+    }
