@@ -1,7 +1,7 @@
 """hrm sweep throughput: cells per second of one grid on each backend, in one run.
 
 The grid (default: every shipped GPU profile × Mixtral-8x7B, 8x22B × the three presets ×
-ideal, moe-lightning, flexgen × two links × two CPU scales; 1,440 cells) is run in this
+ideal, moe-lightning, flexgen × two links × two CPU scales: 720 cells) is run in this
 process (``inline``), on the local process pool with 1 .. --workers workers, and as Ray
 tasks on a local Ray (start-up included). Every backend's table must equal the inline one
 but for the measured ``solve_s`` column; the run stops with an error otherwise.
