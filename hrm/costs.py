@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import ModelSpec
+from .routing import uniform_distinct_experts
 from .units import dtype_bytes
 
 
@@ -50,9 +51,7 @@ class OpCost:
 def expected_distinct_experts(model: ModelSpec, tokens):
     """Expected number of distinct experts touched by ``tokens`` tokens under uniform
     top-k routing: ne·(1 − (1 − k/ne)^tokens) (SPEC §4.1). Equals k for one token."""
-    ne, k = model.num_experts, model.top_k
-    tokens = np.asarray(tokens, dtype=float)
-    return ne * (1.0 - (1.0 - k / ne) ** tokens)
+    return uniform_distinct_experts(model.num_experts, model.top_k, tokens)
 
 
 # --- parameter counts -------------------------------------------------------------------

@@ -1,0 +1,220 @@
+"""Expert routing distributions: which experts a micro-batch touches (issue 13, part 1).
+
+A distribution is, per MoE layer, each expert's *activation probability* q_e: the chance
+that one token's top-k set contains expert e (so Σ_e q_e = k and 0 ≤ q_e ≤ 1). Tokens are
+taken as independent, so for a micro-batch of t tokens
+
+- expected distinct experts:   D(t) = Σ_e 1 − (1 − q_e)^t
+  (uniform routing, q_e = k/ne: ne·(1 − (1 − k/ne)^t), SPEC §4.1);
+- hit rate of a cache holding the set S of experts (per token activation):
+  h(S) = Σ_{e∈S} q_e / k, best for S = the C hottest experts;
+- bytes of the hot set: |S| × expert bytes; the cold set loads on demand.
+
+Distributions: ``uniform``; ``zipf:S`` — expert popularity ∝ 1/rank^S, q = k·popularity
+with any q above 1 capped and the excess spread over the rest (water-filling); ``trace:FILE``
+— per-layer expert activation counts (MoE-Infinity's expert activation matrix summed over
+sequences). :func:`sample_top_k_sets` draws token top-k sets with exactly these marginals
+(systematic sampling), which is what the Monte-Carlo tests compare the formulas with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import HRMError, read_input_text
+
+TRACE_FORMAT = "hrm-routing-trace/1"
+#: tolerance on Σ_e q_e = k of a distribution given as probabilities (float rounding)
+PROBABILITY_SUM_TOLERANCE = 1e-6
+
+
+class Routing(BaseModel):
+    """A routing distribution over ``num_experts`` experts with top-``top_k`` per token.
+    ``probabilities``: one row of q_e per MoE layer (a trace), or one row for all layers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["uniform", "zipf", "trace"]
+    num_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    zipf_s: Optional[float] = Field(default=None, ge=0, le=100)
+    source: str = ""
+    probabilities: tuple[tuple[float, ...], ...]
+
+    @model_validator(mode="after")
+    def _marginals(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        q = np.asarray(self.probabilities, dtype=float)
+        if q.ndim != 2 or q.shape[1] != self.num_experts or q.shape[0] < 1:
+            raise ValueError(f"probabilities: expected rows of {self.num_experts} experts")
+        if not np.all(np.isfinite(q)) or q.min() < 0 or q.max() > 1 + PROBABILITY_SUM_TOLERANCE:
+            raise ValueError("probabilities: each q_e must be in [0, 1]")
+        sums = q.sum(axis=1)
+        if np.abs(sums - self.top_k).max() > PROBABILITY_SUM_TOLERANCE * self.top_k:
+            raise ValueError(f"probabilities: each layer's q_e must sum to top_k = {self.top_k} "
+                             f"(found {sums.min():.6g}..{sums.max():.6g})")
+        return self
+
+    @property
+    def q(self) -> np.ndarray:
+        """[layers, experts] activation probabilities (one row when layer-independent)."""
+        return np.asarray(self.probabilities, dtype=float)
+
+    def label(self) -> str:
+        """The ``--routing`` text that names this distribution."""
+        argument = {"uniform": "", "zipf": f":{self.zipf_s:g}" if self.zipf_s is not None else "",
+                    "trace": f":{self.source}"}
+        return self.kind + argument[self.kind]
+
+
+def uniform(num_experts: int, top_k: int) -> Routing:
+    return Routing(kind="uniform", num_experts=num_experts, top_k=top_k,
+                   probabilities=((top_k / num_experts,) * num_experts,))
+
+
+def capped_marginals(weights, top_k: int) -> np.ndarray:
+    """q = k·w/Σw with every q ≤ 1: experts whose share would exceed 1 are set to 1 and the
+    rest of the k activations are spread over the others in proportion to w (water-filling;
+    exact in at most ne rounds)."""
+    w = np.asarray(weights, dtype=float)
+    if w.ndim != 1 or w.size < top_k or np.any(w < 0) or np.count_nonzero(w) < top_k:
+        raise HRMError(f"expert weights: need at least top_k = {top_k} experts with positive weight")
+    q = np.zeros_like(w)
+    capped = np.zeros(w.size, dtype=bool)
+    for _ in range(w.size):
+        free = ~capped
+        q[free] = (top_k - capped.sum()) * w[free] / w[free].sum()
+        over = free & (q > 1.0)
+        if not over.any():
+            break
+        capped |= over
+        q[capped] = 1.0
+    return q
+
+
+def zipf(num_experts: int, top_k: int, s: float) -> Routing:
+    """Expert e (rank e+1) chosen with popularity ∝ (e+1)^−s; s = 0 is uniform."""
+    q = capped_marginals(np.arange(1, num_experts + 1, dtype=float) ** -float(s), top_k)
+    return Routing(kind="zipf", num_experts=num_experts, top_k=top_k, zipf_s=float(s),
+                   probabilities=(tuple(q.tolist()),))
+
+
+def from_counts(counts, tokens, top_k: int, source: str = "") -> Routing:
+    """A trace distribution from per-layer activation counts [layers, experts] and the
+    tokens each layer routed (q = counts / tokens)."""
+    counts = np.asarray(counts, dtype=float)
+    tokens = np.asarray(tokens, dtype=float).reshape(-1, 1)
+    if counts.ndim != 2 or tokens.shape[0] != counts.shape[0] or np.any(tokens <= 0):
+        raise HRMError(f"routing trace {source}: expected expert counts per layer and a positive token count per layer")
+    return Routing(kind="trace", num_experts=counts.shape[1], top_k=top_k, source=source,
+                   probabilities=tuple(tuple(row) for row in (counts / tokens).tolist()))
+
+
+def load_trace(path: str | Path) -> Routing:
+    """A routing trace file (JSON, :data:`TRACE_FORMAT`): ``top_k``, ``layers`` — a list of
+    ``{"tokens": T, "expert_counts": [c_0, ..., c_ne-1]}`` (Σ c = k·T per layer)."""
+    text = read_input_text(path, "a routing trace (JSON)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HRMError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
+        raise HRMError(f"{path}: not a routing trace (expected \"format\": \"{TRACE_FORMAT}\")")
+    try:
+        layers = data["layers"]
+        counts = [layer["expert_counts"] for layer in layers]
+        tokens = [layer["tokens"] for layer in layers]
+        top_k = int(data["top_k"])
+    except (KeyError, TypeError) as exc:
+        raise HRMError(f"{path}: missing or malformed field ({exc})") from None
+    if not layers or len({len(c) for c in counts}) != 1:
+        raise HRMError(f"{path}: layers: every layer needs expert_counts of the same length")
+    try:
+        return from_counts(counts, tokens, top_k, source=str(path))
+    except ValueError as exc:  # pydantic: marginals out of range
+        raise HRMError(f"{path}: {' '.join(str(exc).split())}") from None
+
+
+def parse_routing(text: str, num_experts: int, top_k: int) -> Routing:
+    """``uniform``, ``zipf:S`` or ``trace:FILE`` (the ``--routing`` syntax)."""
+    kind, _, arg = text.partition(":")
+    if kind == "uniform" and not arg:
+        return uniform(num_experts, top_k)
+    if kind == "zipf":
+        try:
+            s = float(arg)
+        except ValueError:
+            raise HRMError(f"--routing {text}: zipf needs an exponent, e.g. zipf:1.2") from None
+        if not 0 <= s <= 100:
+            raise HRMError(f"--routing {text}: the zipf exponent must be in [0, 100]")
+        return zipf(num_experts, top_k, s)
+    if kind == "trace" and arg:
+        routing = load_trace(arg)
+        if (routing.num_experts, routing.top_k) != (num_experts, top_k):
+            raise HRMError(f"--routing {text}: the trace has {routing.num_experts} experts, top-{routing.top_k}; "
+                           f"the model has {num_experts}, top-{top_k}")
+        return routing
+    raise HRMError(f"--routing {text}: expected uniform, zipf:S or trace:FILE")
+
+
+# --- the quantities a distribution gives ----------------------------------------------------
+def uniform_distinct_experts(num_experts: int, top_k: int, tokens) -> np.ndarray:
+    """D(t) of uniform routing, ne·(1 − (1 − k/ne)^t) (SPEC §4.1); k for one token."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** np.asarray(tokens, dtype=float))
+
+
+def expected_distinct_experts(routing: Routing, tokens) -> np.ndarray:
+    """D(t) = Σ_e 1 − (1 − q_e)^t averaged over layers, for each t of ``tokens``."""
+    t = np.asarray(tokens, dtype=float)
+    if routing.kind == "uniform":
+        return uniform_distinct_experts(routing.num_experts, routing.top_k, t)
+    q = routing.q  # [layers, ne]
+    untouched = (1.0 - q)[..., None] ** t.reshape(-1)  # [layers, ne, tokens]
+    return (routing.num_experts - untouched.sum(axis=1)).mean(axis=0).reshape(t.shape)
+
+
+def hottest_experts(routing: Routing, count: int) -> np.ndarray:
+    """[layers, count] indices of each layer's ``count`` most activated experts."""
+    return np.argsort(-routing.q, axis=1, kind="stable")[:, :count]
+
+
+def cache_hit_rate(routing: Routing, cached_experts: int) -> float:
+    """Share of token activations that find their expert among the ``cached_experts``
+    hottest of its layer (a static hot-expert cache), averaged over layers: Σ_{top C} q / k."""
+    count = max(0, min(int(cached_experts), routing.num_experts))
+    top = np.take_along_axis(routing.q, hottest_experts(routing, count), axis=1)
+    return float(top.sum(axis=1).mean() / routing.top_k)
+
+
+def expected_misses(routing: Routing, cached_experts: int, tokens) -> np.ndarray:
+    """Expected distinct experts a micro-batch of ``tokens`` needs that are not in the cache
+    of the ``cached_experts`` hottest (each is one expert load): Σ_{e∉S} 1 − (1 − q_e)^t."""
+    t = np.asarray(tokens, dtype=float)
+    q = routing.q
+    cold = np.ones_like(q, dtype=bool)
+    np.put_along_axis(cold, hottest_experts(routing, max(0, min(int(cached_experts), routing.num_experts))), False,
+                      axis=1)
+    touched = 1.0 - (1.0 - q)[..., None] ** t.reshape(-1)
+    return (touched * cold[..., None]).sum(axis=1).mean(axis=0).reshape(t.shape)
+
+
+def sample_top_k_sets(routing: Routing, tokens: int, rng: np.random.Generator, layer: int = 0) -> np.ndarray:
+    """[tokens, k] expert ids drawn independently per token with inclusion probabilities
+    exactly q (systematic sampling over a random order: with every q ≤ 1 no expert is drawn
+    twice, and P(e drawn) = q_e)."""
+    q = routing.q[min(layer, routing.q.shape[0] - 1)]
+    k = routing.top_k
+    out = np.empty((tokens, k), dtype=np.int64)
+    for i in range(tokens):
+        order = rng.permutation(q.size)
+        edges = np.concatenate(([0.0], np.cumsum(q[order])))
+        edges[-1] = k  # absorb float rounding so every point lands in an interval
+        points = rng.random() + np.arange(k)
+        out[i] = order[np.searchsorted(edges, points, side="right") - 1]
+    return out

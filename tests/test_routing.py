@@ -1,0 +1,140 @@
+"""Routing distributions (issue 13, part 1): the closed forms against Monte-Carlo sampling
+of the same distribution, the marginals of the sampler, and refusals of bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hrm import costs
+from hrm.errors import HRMError
+from hrm.model import load_model
+from hrm.routing import (TRACE_FORMAT, cache_hit_rate, capped_marginals, expected_distinct_experts, expected_misses,
+                         from_counts, hottest_experts, load_trace, parse_routing, sample_top_k_sets, uniform, zipf)
+
+TOKENS = [1, 2, 4, 8, 16, 32, 64]
+
+
+def monte_carlo(routing, tokens, draws, seed=0, cached=None, layer=0):
+    """(mean distinct experts, mean misses of the `cached` hottest, hit rate, standard error
+    of the mean misses) over `draws` micro-batches."""
+    rng = np.random.default_rng(seed)
+    hot = set(hottest_experts(routing, cached or 0)[layer].tolist())
+    distinct, misses, hits, total = [], [], 0, 0
+    for _ in range(draws):
+        sets = sample_top_k_sets(routing, tokens, rng, layer)
+        touched = set(np.unique(sets).tolist())
+        distinct.append(len(touched))
+        misses.append(len(touched - hot))
+        hits += int(np.isin(sets, list(hot)).sum())
+        total += sets.size
+    return float(np.mean(distinct)), float(np.mean(misses)), hits / total, float(np.std(misses) / np.sqrt(draws))
+
+
+def test_uniform_is_the_spec_formula_and_the_cost_model_uses_it():
+    model = load_model("mixtral")
+    routing = uniform(8, 2)
+    t = np.array(TOKENS, dtype=float)
+    np.testing.assert_allclose(expected_distinct_experts(routing, t), 8 * (1 - (1 - 2 / 8) ** t))
+    np.testing.assert_allclose(costs.expected_distinct_experts(model, t), expected_distinct_experts(routing, t))
+    assert expected_distinct_experts(routing, 1) == pytest.approx(2.0)
+
+
+def test_zipf_marginals_sum_to_k_and_are_capped():
+    q = zipf(64, 6, 1.5).q[0]
+    assert q.sum() == pytest.approx(6.0) and q.max() <= 1.0 + 1e-12
+    assert np.all(np.diff(q) <= 1e-15)  # popularity falls with rank
+    assert np.sum(q == 1.0) >= 1  # the hottest expert is in every token's set at this skew
+    np.testing.assert_allclose(zipf(8, 2, 0.0).q[0], 0.25)  # s = 0 is uniform
+    np.testing.assert_allclose(capped_marginals([10, 1, 1, 1], 2), [1, 1 / 3, 1 / 3, 1 / 3])
+
+
+@pytest.mark.parametrize("routing", [uniform(8, 2), zipf(8, 2, 1.2), zipf(64, 6, 0.8), zipf(60, 4, 2.0)],
+                         ids=lambda r: f"{r.label()}-{r.num_experts}x{r.top_k}")
+def test_sampler_has_the_marginals(routing):
+    rng = np.random.default_rng(1)
+    sets = sample_top_k_sets(routing, 20000, rng)
+    assert all(len(set(row)) == routing.top_k for row in sets.tolist()[:2000])  # no expert twice
+    freq = np.bincount(sets.ravel(), minlength=routing.num_experts) / 20000
+    np.testing.assert_allclose(freq, routing.q[0], atol=0.015)
+
+
+@pytest.mark.parametrize("routing", [uniform(8, 2), zipf(8, 2, 1.2), zipf(64, 6, 1.0), zipf(60, 4, 2.0)],
+                         ids=lambda r: f"{r.label()}-{r.num_experts}x{r.top_k}")
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64])
+def test_distinct_experts_and_misses_match_monte_carlo(routing, tokens):
+    cached = routing.num_experts // 4
+    mc_distinct, mc_misses, mc_hit, misses_se = monte_carlo(routing, tokens, draws=1500, seed=tokens, cached=cached)
+    assert expected_distinct_experts(routing, tokens) == pytest.approx(mc_distinct, rel=0.03)
+    # within 4 standard errors of the sample mean (a false alarm once in ~16,000 runs)
+    assert abs(expected_misses(routing, cached, tokens) - mc_misses) <= 4 * misses_se + 1e-3
+    assert cache_hit_rate(routing, cached) == pytest.approx(mc_hit, abs=0.02)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ne=st.integers(2, 64), k_frac=st.floats(0.01, 1.0), s=st.floats(0.0, 3.0), t=st.integers(1, 4096))
+def test_distinct_experts_bounds(ne, k_frac, s, t):
+    k = max(1, min(ne, round(k_frac * ne)))
+    routing = zipf(ne, k, s)
+    d = float(expected_distinct_experts(routing, t))
+    # at least k (one token's set), at most ne and at most k·t; skew never touches more than uniform
+    assert k - 1e-9 <= d <= min(ne, k * t) + 1e-9
+    assert d <= float(expected_distinct_experts(uniform(ne, k), t)) + 1e-9
+    assert cache_hit_rate(routing, ne) == pytest.approx(1.0) and cache_hit_rate(routing, 0) == 0.0
+    assert float(expected_misses(routing, 0, t)) == pytest.approx(d)
+
+
+def test_trace_round_trip_per_layer(tmp_path):
+    rng = np.random.default_rng(7)
+    layers = [zipf(8, 2, 0.5), zipf(8, 2, 2.0)]
+    counts, tokens = [], 4000
+    for routing in layers:
+        sets = sample_top_k_sets(routing, tokens, rng)
+        counts.append(np.bincount(sets.ravel(), minlength=8).tolist())
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"format": TRACE_FORMAT, "top_k": 2,
+                                "layers": [{"tokens": tokens, "expert_counts": c} for c in counts]}))
+    trace = parse_routing(f"trace:{path}", 8, 2)
+    assert trace.kind == "trace" and trace.q.shape == (2, 8)
+    np.testing.assert_allclose(trace.q, np.vstack([r.q[0] for r in layers]), atol=0.03)
+    for t in (1, 8, 64):  # the layer average of the two layers' distinct counts
+        want = np.mean([float(expected_distinct_experts(r, t)) for r in layers])
+        assert float(expected_distinct_experts(trace, t)) == pytest.approx(want, rel=0.02)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("zipf", "zipf needs an exponent"), ("zipf:-1", "must be in [0, 100]"), ("lognormal:2", "expected uniform"),
+    ("trace:", "expected uniform"), ("uniform:3", "expected uniform"),
+])
+def test_bad_routing_flag(text, needle):
+    with pytest.raises(HRMError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        parse_routing(text, 8, 2)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{", "not JSON"), ('{"format": "x"}', "not a routing trace"),
+    (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": []}), "every layer needs"),
+    (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": [{"tokens": 10}]}), "missing or malformed"),
+    (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": [{"tokens": 10, "expert_counts": [5, 5, 5, 6]}]}),
+     "must sum to top_k"),
+    (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": [{"tokens": 10, "expert_counts": [20, 0, 0, 0]}]}),
+     "in \\[0, 1\\]"),
+])
+def test_bad_trace_refused(tmp_path, content, needle):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.raises(HRMError, match=needle):
+        load_trace(path)
+
+
+def test_trace_must_match_the_model(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": TRACE_FORMAT, "top_k": 2,
+                                "layers": [{"tokens": 10, "expert_counts": [5, 5, 5, 5]}]}))
+    with pytest.raises(HRMError, match="the model has 8, top-2"):
+        parse_routing(f"trace:{path}", 8, 2)
+    assert from_counts([[5, 5, 5, 5]], [10], 2).q.shape == (1, 4)
