@@ -52,11 +52,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import bounds
-from .errors import HRMError, pydantic_message, read_input_text
+from .errors import HRMError, read_yaml_mapping, validated
 
 ENGINES_DIR = Path(__file__).resolve().parent / "data" / "engines"
 
@@ -248,17 +247,7 @@ def load_engine(name_or_path: str | Engine | None) -> Engine:
         if not path.is_file():
             raise HRMError(f"--engine: unknown engine '{name_or_path}' (shipped: {', '.join(list_engines())}; "
                            f"or a YAML file)")
-    text = read_input_text(path, "an engine YAML file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise HRMError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise HRMError(f"{path}: expected a mapping of engine fields")
-    try:
-        return Engine.model_validate(data)
-    except ValidationError as exc:
-        raise HRMError(pydantic_message(str(path), exc)) from None
+    return validated(Engine, read_yaml_mapping(path, "an engine YAML file", "engine fields"), str(path))
 
 
 def is_shipped(engine: Engine) -> bool:

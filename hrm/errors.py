@@ -90,3 +90,35 @@ def read_input_text(path: str | Path, expected: str = "a file", max_bytes: int =
     except UnicodeDecodeError as exc:
         raise HRMError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}; "
                        f"Latin-1 or binary?)") from None
+
+
+def read_yaml_mapping(path: str | Path, expected: str, fields: str) -> dict:
+    """The mapping the YAML file ``path`` holds (:func:`read_input_text` first); HRMError,
+    one line naming the file (and the line of a syntax error), when it is not YAML or not
+    a mapping of ``fields``."""
+    import yaml
+
+    text = read_input_text(path, expected)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise HRMError(f"{path}:{where} malformed YAML ({problem})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. a date such as 2024-02-30, or nesting too deep
+        raise HRMError(f"{path}: malformed YAML ({' '.join(str(exc).split())[:100] or type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise HRMError(f"{path}: expected a mapping of {fields}, got {type(data).__name__}")
+    return data
+
+
+def validated(model_class, data: dict, source: str):
+    """``model_class.model_validate(data)``; a pydantic error becomes one HRMError line
+    naming ``source`` and the field (:func:`pydantic_message`)."""
+    from pydantic import ValidationError
+
+    try:
+        return model_class.model_validate(data)
+    except ValidationError as exc:
+        raise HRMError(pydantic_message(source, exc)) from None

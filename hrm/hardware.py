@@ -15,10 +15,10 @@ from typing import Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, TypeAdapter, model_validator
 
 from . import bounds
-from .errors import HRMError, pydantic_message, read_input_text
+from .errors import HRMError, read_yaml_mapping, validated
 from .units import GB, GIB, TFLOPS
 
 #: shipped profiles inside an installed package (a wheel: setup.py copies the top-level
@@ -333,26 +333,11 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     if ("/" in text_arg or os.sep in text_arg) and not os.path.lexists(text_arg):
         raise HRMError(f"hardware profile '{text_arg}': no such file (only bare names such as l4 name shipped profiles)")
     path = resolve_profile_path(name_or_path)
-    text = read_input_text(path, "a hardware profile YAML")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise HRMError(f"{path}:{where} malformed YAML ({problem})") from None
-    except (ValueError, RecursionError) as exc:  # e.g. a date such as 2024-02-30, or nesting too deep
-        raise HRMError(f"{path}: malformed YAML ({' '.join(str(exc).split())[:100] or type(exc).__name__})") from None
-    if not isinstance(data, dict):
-        raise HRMError(f"{path}: expected a mapping of profile fields, got {type(data).__name__}")
-    return parse_hardware(data, str(path))
+    return parse_hardware(read_yaml_mapping(path, "a hardware profile YAML", "profile fields"), str(path))
 
 
 def parse_hardware(data: dict, source: str = "hardware profile") -> HardwareProfile:
-    try:
-        return HardwareProfile.model_validate(data)
-    except ValidationError as exc:
-        raise HRMError(pydantic_message(source, exc)) from None
+    return validated(HardwareProfile, data, source)
 
 
 def dump_hardware_yaml(profile: HardwareProfile) -> str:

@@ -164,21 +164,10 @@ class SweepGrid(_Strict):
 
 def read_grid(path: str | Path) -> SweepGrid:
     """A grid from a YAML file; HRMError (one line naming the file and field) otherwise."""
-    import yaml
+    from hrm.errors import read_yaml_mapping, validated
 
-    from hrm.errors import read_input_text
-
-    text = read_input_text(path, "a sweep grid YAML file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise HRMError(f"{path}: malformed YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise HRMError(f"{path}: expected a mapping (hardware, models, workloads, engines, what_if, ...)")
-    try:
-        return SweepGrid.model_validate(data)
-    except ValidationError as exc:
-        raise HRMError(pydantic_message(str(path), exc)) from None
+    fields = "grid fields (hardware, models, workloads, engines, what_if, ...)"
+    return validated(SweepGrid, read_yaml_mapping(path, "a sweep grid YAML file", fields), str(path))
 
 
 @dataclass(frozen=True)
