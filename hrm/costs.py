@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import ModelSpec
-from .routing import uniform_distinct_experts
+from .routing import expected_distinct_experts as expected_distinct_given, uniform_distinct_experts
 from .units import dtype_bytes
 
 
@@ -49,8 +49,12 @@ class OpCost:
 
 
 def expected_distinct_experts(model: ModelSpec, tokens):
-    """Expected number of distinct experts touched by ``tokens`` tokens under uniform
-    top-k routing: ne·(1 − (1 − k/ne)^tokens) (SPEC §4.1). Equals k for one token."""
+    """Expected number of distinct experts touched by ``tokens`` tokens: under uniform
+    top-k routing ne·(1 − (1 − k/ne)^tokens) (SPEC §4.1; k for one token); under the
+    model's routing distribution Σ_e 1 − (1 − q_e)^tokens averaged over layers
+    (:mod:`hrm.routing`)."""
+    if model.routing is not None:
+        return expected_distinct_given(model.routing, tokens)
     return uniform_distinct_experts(model.num_experts, model.top_k, tokens)
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .bounds import MAX_CONTEXT_TOKENS
 from .errors import HRMError, file_kind, pydantic_message, read_input_text
+from .routing import Routing
 from .units import FLOAT_DTYPES
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data" / "models"
@@ -87,6 +88,8 @@ class ModelSpec(BaseModel):
     weight_dtype: Dtype = "fp16"
     kv_dtype: Dtype = "fp16"
     activation_dtype: Dtype = "fp16"
+    #: which experts tokens choose (hrm.routing); None: uniform and independent (SPEC §4.1)
+    routing: Optional[Routing] = None
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -100,6 +103,9 @@ class ModelSpec(BaseModel):
             raise ValueError("first_dense_layers needs dense_intermediate_size")
         if self.kv_lora_rank is not None and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             raise ValueError("MLA (kv_lora_rank) needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        if self.routing is not None and (self.routing.num_experts, self.routing.top_k) != (self.num_experts, self.top_k):
+            raise ValueError(f"routing: a distribution over {self.routing.num_experts} experts, top-{self.routing.top_k}; "
+                             f"the model has {self.num_experts}, top-{self.top_k}")
         return self
 
     # --- derived --------------------------------------------------------------------
@@ -137,9 +143,15 @@ class ModelSpec(BaseModel):
 
     def sha256(self) -> str:
         """Hash of the fields the cost model reads (the context window only bounds the
-        workload, so plans made before it was read keep their hash)."""
-        blob = json.dumps(self.model_dump(mode="json", exclude={"max_context_len"}), sort_keys=True).encode()
+        workload, so plans made before it was read keep their hash; so does uniform routing)."""
+        exclude = {"max_context_len"} | ({"routing"} if self.routing is None else set())
+        blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    def with_routing(self, routing: Optional[Routing]) -> "ModelSpec":
+        """The spec with another routing distribution (None or uniform: the SPEC's uniform routing)."""
+        routing = None if routing is None or routing.kind == "uniform" else routing
+        return self if routing == self.routing else ModelSpec.model_validate({**self.model_dump(), "routing": routing})
 
     def with_dtypes(self, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> "ModelSpec":
         """The spec with other weight/KV dtypes. Float weights also set the activation dtype

@@ -23,6 +23,7 @@ from .bounds import Flag
 from .engine import Engine
 from .errors import HRMError, file_kind, pydantic_message, read_input_text
 from .policy import Policy
+from .routing import Routing
 from .workload import Workload
 
 SCHEMA_VERSION = "1.0"
@@ -141,6 +142,8 @@ class Plan(_Frozen):
     #: the engine's definition when it is not a shipped one (``--engine FILE.yaml``, or a file
     #: that reuses a shipped name with other values): the plan then loads without the file
     engine_definition: Optional[Engine] = None
+    #: the routing distribution the plan was made for (``--routing``); None: uniform
+    routing: Optional[Routing] = None
     estimate: Estimate
     placement: Placement
     solver: SolverInfo
@@ -365,6 +368,11 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
             base = load_model(name or plan.model.name)
     except HRMError:
         return None
+    if plan.routing is not None:
+        try:
+            base = base.with_routing(plan.routing)
+        except ValueError:  # the routing is over another expert count than the model's
+            return None
     if base.sha256() == plan.model.sha256:
         return base
     for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):

@@ -14,6 +14,22 @@ def add_machine_args(parser, hw_required: bool = True) -> None:
     parser.add_argument("--model", required=hw_required, help="catalog name/alias (mixtral, dbrx, ...) or a config.json path")
     parser.add_argument("--weight-dtype", choices=list(DTYPES), help="override the weight dtype")
     parser.add_argument("--kv-dtype", choices=list(DTYPES), help="override the KV-cache dtype")
+    add_routing_arg(parser)
+
+
+def add_routing_arg(parser) -> None:
+    parser.add_argument("--routing", metavar="uniform|zipf:S|trace:FILE",
+                        help="which experts tokens choose: uniform (default), zipf:S (expert popularity ~ 1/rank^S), "
+                             "or trace:FILE (per-layer expert counts, e.g. from hrm run --routing-trace)")
+
+
+def routed_model(model, routing: str | None):
+    """``model`` with the ``--routing`` distribution (unchanged without one)."""
+    if not routing:
+        return model
+    from hrm.routing import parse_routing
+
+    return model.with_routing(parse_routing(routing, model.num_experts, model.top_k))
 
 
 def add_workload_args(parser) -> None:
@@ -58,7 +74,7 @@ def add_memory_args(parser) -> None:
 def machine_from_args(args):
     hw = load_hardware(args.hw)
     model = load_model(args.model, getattr(args, "weight_dtype", None), getattr(args, "kv_dtype", None))
-    return hw, model
+    return hw, routed_model(model, getattr(args, "routing", None))
 
 
 def workload_from_args(args):

@@ -6,8 +6,9 @@ import json
 
 from hrm import bounds
 from hrm_cli import ArgumentParser
-from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
-                         limits_from_args, machine_from_args, options_from_args, workload_from_args)
+from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
+                            engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, routed_model,
+                            workload_from_args)
 from hrm.estimate import EstimateResult, estimate, lane_label
 from hrm.explain import explain
 from hrm.policy import parse_policy
@@ -93,9 +94,10 @@ def ops_main(argv) -> int:
     parser.add_argument("--context", type=bounds.TOKENS.flag("--context"), default=512, help="decode context length")
     parser.add_argument("--prompt-len", type=bounds.TOKENS.flag("--prompt-len"), default=512,
                         help="prefill prompt length")
+    add_routing_arg(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    frame = operator_table(load_model(args.model), args.mu, args.context, args.prompt_len)
+    frame = operator_table(routed_model(load_model(args.model), args.routing), args.mu, args.context, args.prompt_len)
     if args.json:
         print(frame.to_json(orient="records", indent=2))
         return 0

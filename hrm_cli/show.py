@@ -26,6 +26,7 @@ def main(argv) -> int:
     table.add_row("model", f"{plan.model.name} ({plan.model.sha256[:12]})")
     w = plan.workload
     table.add_row("workload", f"prompt {w.prompt_len} (max {w.max_prompt_len}), gen {w.gen_len}, padding {w.padding}")
+    table.add_row("routing", plan.routing.label() if plan.routing is not None else "uniform")
     table.add_row("policy", plan.policy.short())
     table.add_row("schedule", plan.schedule)
     e = plan.estimate

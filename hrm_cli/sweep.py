@@ -14,6 +14,7 @@ GRID_HELP = """GRID.yaml (every combination of the lists is one cell; paths are 
   models: [mixtral, mixtral-8x22b]          # catalog names or config.json files
   workloads: [mtbench, {prompt_len: 512, gen_len: 32}]
   engines: [ideal, moe-lightning, flexgen]  # names, YAML files, or ideal/SCHEDULE
+  routings: [uniform, zipf:1.2]             # applied to every model (default uniform)
   what_if:                                  # each axis optional; null = as profiled
     h2d_gbps: [16, 32, 64]                  # CPU->GPU link
     cpu_scale: [1, 2]                       # CPU FLOP/s, bandwidth and memory x ratio

@@ -103,6 +103,7 @@ class SweepGrid(_Strict):
     - ``models``: catalog names or config.json paths;
     - ``workloads``: preset names or mappings ``{preset, prompt_len, max_prompt_len, gen_len, padding}``;
     - ``engines``: engine names, engine YAML paths, or ``ideal/SCHEDULE``;
+    - ``routings``: ``uniform``, ``zipf:S`` or ``trace:FILE`` (``--routing``), applied to every model;
     - ``what_if``: :class:`WhatIf` axes; ``objective``, ``max_batch``, ``gpu_util``,
       ``cpu_util``, ``weight_dtype``, ``kv_dtype`` as the ``hrm-search`` flags.
     """
@@ -111,6 +112,7 @@ class SweepGrid(_Strict):
     models: list[str] = Field(min_length=1)
     workloads: list[WorkloadSpec] = Field(default_factory=lambda: [WorkloadSpec(preset="mtbench")], min_length=1)
     engines: list[str] = Field(default=["ideal"], min_length=1)
+    routings: list[str] = Field(default=["uniform"], min_length=1)
     what_if: WhatIf = Field(default_factory=WhatIf)
     objective: Literal["generation", "decode"] = "generation"
     max_batch: bounds.SEARCH_BATCH.type = DEFAULT_MAX_BATCH
@@ -119,7 +121,7 @@ class SweepGrid(_Strict):
     weight_dtype: Optional[str] = None
     kv_dtype: Optional[str] = None
 
-    @field_validator("hardware", "models", "engines")
+    @field_validator("hardware", "models", "engines", "routings")
     @classmethod
     def _names(cls, values, info):
         for value in values:
@@ -154,7 +156,7 @@ class SweepGrid(_Strict):
 
     def cell_count(self) -> int:
         w = self.what_if
-        return math.prod(map(len, (self.hardware, self.models, self.workloads, self.engines,
+        return math.prod(map(len, (self.hardware, self.models, self.routings, self.workloads, self.engines,
                                    w.h2d_gbps, w.cpu_scale, w.gpu_mem_gib, w.cpu_mem_gib)))
 
     def options(self) -> ModelOptions:
@@ -237,6 +239,15 @@ def _relative(name: str, base: Path | None) -> str:
     return name
 
 
+def _routing(text: str, model: ModelSpec, base: Path | None):
+    """``--routing`` text for ``model``; a trace path relative to the grid file."""
+    from hrm.routing import parse_routing
+
+    kind, _, arg = text.partition(":")
+    return parse_routing(f"trace:{_relative(arg, base)}" if kind == "trace" and arg else text, model.num_experts,
+                         model.top_k)
+
+
 def make_cells(hardware: Iterable[tuple[str, HardwareProfile]], models: Iterable[tuple[str, ModelSpec]],
                workloads: Iterable[tuple[str, Workload]], engines: Iterable[Engine], what_if: WhatIf = WhatIf(),
                objective: str = "generation", max_batch: int = DEFAULT_MAX_BATCH,
@@ -269,8 +280,10 @@ def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
         return out
 
     hardware = each("hardware", grid.hardware, lambda n: (n, load_hardware(_relative(n, base))))
-    models = each("models", grid.models,
-                  lambda n: (n, load_model(_relative(n, base), grid.weight_dtype, grid.kv_dtype)))
+    models = each("models", grid.models, lambda n: (n, load_model(_relative(n, base), grid.weight_dtype, grid.kv_dtype)))
+    models = [(name, model.with_routing(routing))
+              for name, model in models
+              for routing in each("routings", grid.routings, lambda r: _routing(r, model, base))]
     workloads = each("workloads", grid.workloads, lambda s: (s.label(), s.resolve()))
     engines = each("engines", grid.engines, lambda n: _engine(n, base))
     return make_cells(hardware, models, workloads, engines, grid.what_if, grid.objective, grid.max_batch,
@@ -291,7 +304,9 @@ def effective_inputs(cell: Cell) -> dict:
     w = cell.workload
     return {
         "cell_key": cell.key(), "hardware": cell.hardware_name, "hardware_sha256": cell.hardware_sha256,
-        "model": cell.model_name, "model_sha256": cell.model_sha256, "workload": cell.workload_name,
+        "model": cell.model_name, "model_sha256": cell.model_sha256,
+        "routing": cell.model.routing.label() if cell.model.routing is not None else "uniform",
+        "workload": cell.workload_name,
         "prompt_len": w.prompt_len, "max_prompt_len": w.max_prompt_len, "gen_len": w.gen_len, "padding": w.padding,
         "engine": cell.engine.name, "schedule": cell.engine.schedule, "h2d_gbps": float(link),
         "cpu_scale": float(cell.cpu_scale), "gpu_mem_gib": float(gpu_mem), "cpu_mem_gib": float(cpu_mem),

@@ -202,6 +202,7 @@ def search(
         schedule=engine.schedule,
         engine=engine.name,
         engine_definition=None if is_shipped(engine) else engine,
+        routing=model.routing,
         estimate=best.estimate.to_plan_estimate(),
         placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches),
         solver=SolverInfo(name=f"exact branch and bound over {space}", seconds=seconds, optimal=True,

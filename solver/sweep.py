@@ -40,7 +40,7 @@ MAX_CELLS_PER_TASK = 8
 
 INPUT_COLUMNS = {
     "cell_key": "string", "hardware": "string", "hardware_sha256": "string", "model": "string",
-    "model_sha256": "string", "workload": "string", "prompt_len": "int64", "max_prompt_len": "int64",
+    "model_sha256": "string", "routing": "string", "workload": "string", "prompt_len": "int64", "max_prompt_len": "int64",
     "gen_len": "int64", "padding": "bool", "engine": "string", "schedule": "string", "h2d_gbps": "float64",
     "cpu_scale": "float64", "gpu_mem_gib": "float64", "cpu_mem_gib": "float64", "objective": "string",
     "max_batch": "int64", "gpu_memory_utilization": "float64", "cpu_memory_utilization": "float64",

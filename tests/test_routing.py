@@ -138,3 +138,54 @@ def test_trace_must_match_the_model(tmp_path):
     with pytest.raises(HRMError, match="the model has 8, top-2"):
         parse_routing(f"trace:{path}", 8, 2)
     assert from_counts([[5, 5, 5, 5]], [10], 2).q.shape == (1, 4)
+
+
+# --- the distribution in the cost model, plans and the CLI ------------------------------------
+def test_model_routing_drives_the_cost_model_and_keeps_uniform_hashes():
+    base = load_model("mixtral")
+    skewed = base.with_routing(zipf(8, 2, 1.2))
+    assert base.with_routing(uniform(8, 2)) is base and base.routing is None
+    assert skewed.sha256() != base.sha256()
+    assert base.model_copy().sha256() == base.sha256()
+    t = np.array(TOKENS, dtype=float)
+    np.testing.assert_allclose(costs.expected_distinct_experts(skewed, t),
+                               expected_distinct_experts(zipf(8, 2, 1.2), t))
+    assert np.all(costs.expected_distinct_experts(skewed, t[1:]) < costs.expected_distinct_experts(base, t[1:]))
+    with pytest.raises(ValueError, match="the model has 8, top-2"):
+        base.with_routing(zipf(16, 2, 1.0))
+
+
+def test_skew_never_slows_a_policy_and_plans_keep_their_routing(tmp_path):
+    from hrm.estimate import estimate
+    from hrm.hardware import load_hardware
+    from hrm.plan import load_plan, resolve_plan_model, save_plan
+    from hrm.workload import make_workload
+    from solver.search import search
+
+    hw, wl = load_hardware("l4"), make_workload("mtbench", gen_len=16)
+    base = load_model("mixtral")
+    skewed = base.with_routing(zipf(8, 2, 1.5))
+    found = search(hw, skewed, wl, top=0)
+    policy = found.best.policy
+    # fewer distinct experts per micro-batch: fewer HBM bytes and calls, fuller expert GEMMs
+    assert (estimate(hw, skewed, wl, policy).decode_throughput_tok_s
+            >= estimate(hw, base, wl, policy).decode_throughput_tok_s)
+    assert found.plan.routing == skewed.routing
+    path = tmp_path / "plan.json"
+    save_plan(found.plan, path)
+    plan = load_plan(path)  # re-estimated on load: a stale estimate would be refused
+    assert resolve_plan_model(plan) == skewed
+
+
+def test_routing_flag(tmp_path, capsys):
+    from hrm_cli import main
+
+    assert main(["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "16", "--routing", "zipf:1.2",
+                 "--out", str(tmp_path / "p.json")]) == 0
+    assert main(["show", str(tmp_path / "p.json")]) == 0
+    assert "zipf:1.2" in capsys.readouterr().out
+    assert main(["ops", "--model", "mixtral", "--routing", "zipf:2", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["search", "--hw", "l4", "--model", "mixtral", "--routing", "zipf:x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --routing zipf:x")

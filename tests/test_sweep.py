@@ -287,3 +287,14 @@ def test_big_grid_pool_and_ray_identical(tmp_path):
     serial = run_sweep(sample, backend="inline")
     pd.testing.assert_frame_equal(without_measured(serial),
                                   without_measured(pool.iloc[::37]))
+
+
+def test_routing_axis(tmp_path):
+    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "routings": ["uniform", "zipf:1.5"],
+                                     "workloads": [{"prompt_len": 64, "gen_len": 8}]})
+    table = run_sweep(grid_cells(grid), backend="inline")
+    assert list(table["routing"]) == ["uniform", "zipf:1.5"] and table["model_sha256"].nunique() == 2
+    uniform_tok_s, zipf_tok_s = table["generation_throughput_tok_s"]
+    assert zipf_tok_s >= uniform_tok_s
+    with pytest.raises(HRMError, match=r"routings\[0\] 'zipf:q'"):
+        grid_cells(SweepGrid.model_validate({**SMALL, "routings": ["zipf:q"]}))
