@@ -10,7 +10,8 @@ from hrm import bounds
 from hrm.plan import check_output_path, save_plan
 from hrm.policy import parse_assignments, policy_problem
 
-from solver.search import SearchResult, search
+from solver.search import OBJECTIVES, SearchResult, search
+from solver.terms import LatencyLimits
 from solver.terms import DEFAULT_MAX_BATCH
 
 
@@ -36,8 +37,14 @@ def build_parser() -> ArgumentParser:
     add_workload_args(parser)
     add_memory_args(parser)
     add_engine_args(parser)
-    parser.add_argument("--objective", default="generation", choices=["generation", "decode"],
-                        help="maximise end-to-end generation throughput (default) or decode throughput")
+    parser.add_argument("--objective", default="generation", choices=list(OBJECTIVES),
+                        help="maximise end-to-end generation throughput (default) or decode throughput, or minimise "
+                             "the per-token latency (TPOT) at the batch pinned with --fix N=")
+    parser.add_argument("--max-tpot-ms", type=bounds.LATENCY_MS.flag("--max-tpot-ms"), metavar="MS",
+                        help="only policies whose mean time per output token (decode time / decode steps) is at most MS")
+    parser.add_argument("--max-ttft-s", type=bounds.BUDGET_S.flag("--max-ttft-s"), metavar="S",
+                        help="only policies whose time to the first token of the batch's last request (the batch's "
+                             "prefill) is at most S")
     parser.add_argument("--fix", nargs="+", metavar="KEY=VALUE",
                         help="pin part of the policy: N=, mu=, n=, attn=cpu|gpu, ffn=cpu|gpu, rw=, rc=")
     parser.add_argument("--max-batch", type=bounds.SEARCH_BATCH.flag("--max-batch"), default=DEFAULT_MAX_BATCH,
@@ -67,7 +74,9 @@ def main(argv) -> int:
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
     fixed = parse_fix(args.fix)
+    latency_limits = LatencyLimits(args.max_tpot_ms / 1e3 if args.max_tpot_ms is not None else None, args.max_ttft_s)
     common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
+                  latency_limits=latency_limits,
                   solver=args.solver, hw_name=args.hw, model_name=args.model)
     if args.compare:
         return _compare(hw, model, workload, args, common)
@@ -127,6 +136,14 @@ def render(result: SearchResult, title: str) -> None:
     table.add_row("bottleneck", best.bottleneck + "  (" + ", ".join(
         f"{k} {v:.0%}" for k, v in best.utilization.items()) + " busy)")
     table.add_row("binding memory", best.binding_memory)
+    limits = result.extras.get("latency_limits")
+    if limits:
+        met = []
+        if limits.tpot_s is not None:
+            met.append(f"TPOT {best.per_token_latency_s * 1e3:,.4g} ms <= {limits.tpot_s * 1e3:g} ms")
+        if limits.ttft_s is not None:
+            met.append(f"TTFT {best.prefill_latency_s:,.4g} s <= {limits.ttft_s:g} s")
+        table.add_row("latency limits", ", ".join(met))
     for note in [*result.extras.get("notes", []), *best.notes]:
         table.add_row("note", note)
     if best.defaulted:
@@ -190,15 +207,15 @@ def _compare(hw, model, workload, args, common) -> int:
         print(json.dumps({s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}, indent=2))
         return 0
     table = Table(title=f"{model.name} on {hw.name}: every engine at its own best policy")
-    for col in ("engine", "policy", "gen tok/s", "decode tok/s", "vs ideal", "bottleneck"):
+    for col in ("engine", "policy", "gen tok/s", "decode tok/s", "vs ideal", "TPOT ms", "TTFT s", "bottleneck"):
         table.add_column(col)
     for label, res in rows:
         if isinstance(res, str):
-            table.add_row(label, f"[red]{res}[/red]", "-", "-", "-", "-")
+            table.add_row(label, f"[red]{res}[/red]", "-", "-", "-", "-", "-", "-")
             continue
         est = res.best.estimate
         table.add_row(label, res.best.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
                       f"{est.decode_throughput_tok_s:,.1f}", f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
-                      est.bottleneck)
+                      f"{est.per_token_latency_s * 1e3:,.4g}", f"{est.prefill_latency_s:,.4g}", est.bottleneck)
     Console().print(table)
     return 0

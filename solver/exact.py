@@ -42,7 +42,8 @@ from hrm.options import ModelOptions
 from hrm.workload import Workload
 
 from .milp import Choice, max_micro_batches, snapped_expert_count
-from .terms import Mode, Terms, build_terms, memory_terms, tier_bytes, total_time_s
+from .terms import (LATENCY_RTOL, LatencyLimits, Mode, Terms, build_terms, meets_latency_limits, memory_terms, tier_bytes,
+                    total_time_s)
 
 # Relative slack when comparing a bound with an incumbent: a bound within rounding of the
 # incumbent cannot hold a strictly better policy.
@@ -328,6 +329,8 @@ def _enumerate(terms: Terms, k: int, ns, ms, objective: str, fixed: dict) -> Mod
     for lo in range(0, len(ns), rows):
         grid_n, grid_m = (x.ravel() for x in np.meshgrid(ns[lo:lo + rows], ms, indexing="ij"))
         z, ok = _candidates(terms, k, grid_n, grid_m, fixed)
+        if terms.latency_limits:
+            ok &= meets_latency_limits(terms, k, grid_n, grid_m, z)
         grid_n, grid_m, z = grid_n[ok], grid_m[ok], z[ok]
         if not len(grid_n):
             continue
@@ -448,21 +451,38 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
         keep = ~non_increasing | (optimistic > floor * (1 + BOUND_RTOL))
         kk, nn, lo_i, hi_i, attn, non_increasing = (x[keep] for x in (kk, nn, lo_i, hi_i, attn, non_increasing))
     monotone = non_increasing & ~(attn & ("kv_gpu_ratio" not in fixed))
-    lo_i = np.where(monotone, hi_i, lo_i)  # time non-increasing in m, z independent of it: the largest m
-    while np.any(lo_i < hi_i):
-        act = np.flatnonzero(lo_i < hi_i)
-        mid = (lo_i[act] + hi_i[act]) // 2
-        k2, n2 = np.concatenate([kk[act], kk[act]]), np.concatenate([nn[act], nn[act]])
-        m2 = np.concatenate([mid, mid + 1]) * float(g)
-        z2, _ = _candidates(terms, k2, n2, m2, fixed)
-        t = chunked_time_s(terms, k2, n2, m2, z2, objective)
-        right = t[len(act):] < t[:len(act)]
-        lo_i[act] = np.where(right, mid + 1, lo_i[act])
-        hi_i[act] = np.where(right, hi_i[act], mid)
-        evaluations += len(k2)
     if not len(kk):
         return out
-    m = lo_i * float(g)
+
+    def time_of(kind: str):
+        def at(sel, m_int):
+            m_bytes = m_int * float(g)
+            z_sel, _ = _candidates(terms, kk[sel], nn[sel], m_bytes, fixed)
+            return chunked_time_s(terms, kk[sel], nn[sel], m_bytes, z_sel, kind)
+        return at
+
+    # time non-increasing in m, z independent of it: the largest m; else bisection on convex φ
+    m_int, count = convex_argmin(time_of(objective), np.where(monotone, hi_i, lo_i), hi_i)
+    evaluations += count
+    # latency limits: each limited time ψ is convex in m too, so {ψ ≤ L} is an interval and
+    # the best m is φ's minimiser clipped to the intersection of the intervals
+    lo_ok, hi_ok, met = lo_i.copy(), hi_i.copy(), np.ones(len(kk), dtype=bool)
+    for kind, most_s in terms.latency_limits.checks(terms.steps):
+        within = time_of(kind)
+
+        def meets(sel, m, within=within, most_s=most_s):
+            return within(sel, m) <= most_s * (1 + LATENCY_RTOL)
+
+        psi_min, count = convex_argmin(within, np.where(monotone, hi_i, lo_i), hi_i)
+        evaluations += count
+        met &= meets(np.arange(len(kk)), psi_min)
+        lo_ok = np.maximum(lo_ok, first_where(meets, lo_i, psi_min))
+        hi_ok = np.minimum(hi_ok, last_where(meets, psi_min, hi_i))
+    met &= lo_ok <= hi_ok
+    kk, nn, m_int, lo_ok, hi_ok = kk[met], nn[met], m_int[met], lo_ok[met], hi_ok[met]
+    if not len(kk):
+        return out
+    m = np.clip(m_int, lo_ok, hi_ok) * float(g)
     z, fit = _candidates(terms, kk, nn, m, fixed)
     value = np.where(fit, throughputs(terms, kk, nn, m, z, objective), -np.inf)
     order = np.lexsort((-value, kk))  # by mode, best first
@@ -474,6 +494,41 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
             out[position[int(kk[j])]] = ModeBest(float(value[j]), Choice(int(kk[j]), int(nn[j]), int(m[j]), float(z[j])),
                                                  per_mode)
     return out
+
+
+def convex_argmin(f, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per candidate, the integer in [lo, hi] where the convex ``f(candidates, m)`` is least
+    (bisection on f(m + 1) − f(m); the first of ties), and the evaluations it took."""
+    lo, hi = np.array(lo, dtype=int), np.array(hi, dtype=int)
+    evaluations = 0
+    while np.any(lo < hi):
+        act = np.flatnonzero(lo < hi)
+        mid = (lo[act] + hi[act]) // 2
+        t = f(np.concatenate([act, act]), np.concatenate([mid, mid + 1]))
+        right = t[len(act):] < t[:len(act)]
+        lo[act] = np.where(right, mid + 1, lo[act])
+        hi[act] = np.where(right, hi[act], mid)
+        evaluations += 2 * len(act)
+    return lo, evaluations
+
+
+def first_where(ok, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per candidate, the least integer in [lo, hi] where ``ok(candidates, m)`` holds, for ok
+    false then true along m (hi + 1 where it never holds)."""
+    lo, hi = np.array(lo, dtype=int), np.array(hi, dtype=int) + 1  # search [lo, hi + 1)
+    while np.any(lo < hi):
+        act = np.flatnonzero(lo < hi)
+        mid = (lo[act] + hi[act]) // 2
+        yes = ok(act, mid)
+        hi[act] = np.where(yes, mid, hi[act])
+        lo[act] = np.where(yes, lo[act], mid + 1)
+    return lo
+
+
+def last_where(ok, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per candidate, the largest integer in [lo, hi] where ``ok(candidates, m)`` holds, for ok
+    true then false along m (lo − 1 where it never holds)."""
+    return -first_where(lambda sel, m: ok(sel, -m), -np.array(hi, dtype=int), -np.array(lo, dtype=int))
 
 
 def chunked_time_s(terms: Terms, k: int, ns, ms, zs, objective: str) -> np.ndarray:
@@ -528,7 +583,7 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
         floor = best[0].throughput if best else 0.0
         n_min = fewest_useful_micro_batches(bound_terms, chosen, nbar, max_batch, objective, floor, fixed) if floor else None
         terms = build_terms(hw, model, workload, engine, options, limits, [bound_terms.modes[j] for j in chosen],
-                            pieces=True)
+                            pieces=True, latency_limits=bound_terms.latency_limits)
         found = best_in_modes(terms, np.arange(len(chosen)), nbar[chosen], max_batch, objective, fixed, floor=floor,
                               n_min=n_min)
         solved += len(chosen)
@@ -554,14 +609,17 @@ class ExactResult:
 
 
 def solve(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-          limits: MemoryLimits, placements, max_batch: int, objective: str, fixed: dict) -> ExactResult:
-    """The optimum over every μ, n, m and z of every allowed placement, and each placement's
-    own optimum (the alternatives)."""
+          limits: MemoryLimits, placements, max_batch: int, objective: str, fixed: dict,
+          latency_limits: LatencyLimits | None = None) -> ExactResult:
+    """The optimum over every μ, n, m and z of every allowed placement that meets the
+    latency limits, and each placement's own optimum (the alternatives)."""
     start = time.perf_counter()
     modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
     per_place, solved, candidates = [], 0, 0
     if modes:
-        bound_terms = build_terms(hw, model, workload, engine, options, limits, modes, blocks=BOUND_BLOCKS)
+        # the bounds ignore the latency limits (still upper bounds); the exact solves apply them
+        bound_terms = build_terms(hw, model, workload, engine, options, limits, modes, blocks=BOUND_BLOCKS,
+                                  latency_limits=latency_limits)
         for attn, ffn in placements:
             idx = np.flatnonzero((bound_terms.attn_on_gpu == attn) & (bound_terms.ffn_on_gpu == ffn))
             if not len(idx):

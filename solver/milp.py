@@ -233,21 +233,34 @@ def _build(terms: Terms, active, nbar, max_batch, objective, fixed):
             problem += p[q] >= pulp.lpSum(
                 (terms.pa[k, q, lane] + terms.pb[k, q, lane]) * n[k] - terms.pb[k, q, lane] / terms.mu[k] * z[k]
                 + terms.pw[k, q, lane] * (y[k] - m[k] / M) + terms.pc[k, q, lane] * y[k] for k in active)
-    return problem, {"y": y, "n": n, "m": m, "z": z, "s": s, "p": p, "N": big_n}
+    variables = {"y": y, "n": n, "m": m, "z": z, "s": s, "p": p, "N": big_n}
+    # latency limits (solver.terms.LatencyLimits): decode time ≤ TPOT·steps, prefill ≤ TTFT;
+    # s and p bound the lanes from above, so these hold iff the policy's own times do
+    times = _time_exprs(terms, variables, active)
+    for kind, most_s in terms.latency_limits.checks(terms.steps):
+        problem += times[kind] <= most_s
+    return problem, variables
 
 
-def _objective(terms: Terms, v, active, objective: str, lam: float):
+def _time_exprs(terms: Terms, v, active) -> dict:
+    """The decode and prefill time of the chosen policy as linear expressions (the sums of
+    :func:`solver.terms.decode_time_s` / :func:`solver.terms.prefill_time_s`)."""
     import pulp  # lazy: a search without --verify never loads it
 
     n, s, p = v["n"], v["s"], v["p"]
     layers = terms.kind_layers
     decode = (pulp.lpSum(layers[q] * s[q, t] for (q, t) in s) + pulp.lpSum(terms.steps * terms.head[k] * n[k] for k in active)
               + pulp.lpSum(float(terms.sync[k].sum()) * v["y"][k] for k in active if np.any(terms.sync[k])))
+    prefill = pulp.lpSum(layers[q] * p[q] for q in p) + pulp.lpSum(terms.head[k] * n[k] for k in active)
+    return {"decode": decode, "prefill": prefill}
+
+
+def _objective(terms: Terms, v, active, objective: str, lam: float):
+    times = _time_exprs(terms, v, active)
     if objective == "generation":
-        time_expr = decode + pulp.lpSum(layers[q] * p[q] for q in p) + pulp.lpSum(terms.head[k] * n[k] for k in active)
-        per_seq = terms.gen_len
+        time_expr, per_seq = times["decode"] + times["prefill"], terms.gen_len
     else:
-        time_expr, per_seq = decode, terms.steps
+        time_expr, per_seq = times["decode"], terms.steps
     return per_seq * v["N"] - lam * time_expr
 
 

@@ -25,7 +25,12 @@ from hrm.placement import make_placement
 
 from . import exact, milp
 from .milp import Choice
-from .terms import DEFAULT_MAX_BATCH, Mode, Terms, allowed_placements, build_terms, tier_bytes
+from .terms import DEFAULT_MAX_BATCH, LatencyLimits, Mode, Terms, allowed_placements, build_terms, tier_bytes
+
+#: what the search maximises: end-to-end generation throughput, decode throughput, or — at a
+#: pinned batch N — the inverse of the per-token latency (max decode throughput at fixed N is
+#: min TPOT, so it is the decode objective with N fixed)
+OBJECTIVES = ("generation", "decode", "latency")
 from .verify import verify_optimum
 
 SOLVER_NAME = "exact B&B"
@@ -150,18 +155,26 @@ def search(
     hw_name: str | None = None,
     model_name: str | None = None,
     engine: str | Engine | None = None,
+    latency_limits: LatencyLimits | None = None,
 ) -> SearchResult:
     """Best policy for the model on the machine and workload as ``engine`` runs it (default
-    ``ideal`` with ``schedule``, default cgopipe); raises InfeasibleError (exit 3) with the
-    binding limit when no policy fits."""
+    ``ideal`` with ``schedule``, default cgopipe) among those that meet ``latency_limits``
+    (TPOT, TTFT); ``objective`` one of :data:`OBJECTIVES`. Raises InfeasibleError (exit 3)
+    with the binding limit when no policy fits."""
     start = time.perf_counter()
     check_context_window(model, workload)
     engine = resolve_engine(engine, schedule)
     fixed, notes = engine_fixed(engine, model, dict(fixed or {}))
-    if objective not in ("generation", "decode"):
-        raise HRMError(f"unknown objective '{objective}' (generation or decode)")
-    if objective == "decode" and workload.gen_len < 2:
-        raise HRMError("--objective decode needs --gen-len >= 2 (there are no decode steps)")
+    latency_limits = latency_limits or LatencyLimits()
+    if objective not in OBJECTIVES:
+        raise HRMError(f"unknown objective '{objective}' ({', '.join(OBJECTIVES)})")
+    if objective in ("decode", "latency") and workload.gen_len < 2:
+        raise HRMError(f"--objective {objective} needs --gen-len >= 2 (there are no decode steps)")
+    if latency_limits.tpot_s is not None and workload.gen_len < 2:
+        raise HRMError("--max-tpot-ms needs --gen-len >= 2 (there are no decode steps)")
+    if objective == "latency" and "batch_size" not in fixed:
+        raise HRMError("--objective latency minimises the per-token latency at a given batch: pin it, e.g. --fix N=1")
+    solve_for = "decode" if objective == "latency" else objective
     if max_batch < 1:
         raise HRMError(f"--max-batch must be positive, got {max_batch}")
     limits = limits or memory_limits(hw, options)
@@ -175,12 +188,17 @@ def search(
     if not placements:
         raise HRMError(engine_problem(engine, fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True))
                        or "no placement is allowed by --fix and the engine")
-    found = exact.solve(hw, model, workload, engine, options, limits, placements, max_batch, objective, fixed)
+    found = exact.solve(hw, model, workload, engine, options, limits, placements, max_batch, solve_for, fixed,
+                        latency_limits)
     if found.best is None:
+        suffix = f" (engine {engine.name})" if engine.name != "ideal" else ""
+        if latency_limits and exact.solve(hw, model, workload, engine, options, limits, placements, max_batch,
+                                          solve_for, fixed).best is not None:
+            raise InfeasibleError(_latency_reason(hw, model, workload, engine, options, limits, placements,
+                                                  max_batch, fixed, latency_limits) + suffix)
         smallest = [Mode(int(fixed.get("micro_batch_size", 1)), a, f) for a, f in placements]
         terms = build_terms(hw, model, workload, engine, options, limits, smallest)
-        raise InfeasibleError(_infeasible_reason(hw, model, workload, terms, limits, fixed)
-                              + (f" (engine {engine.name})" if engine.name != "ideal" else ""))
+        raise InfeasibleError(_infeasible_reason(hw, model, workload, terms, limits, fixed) + suffix)
     best = _candidate(hw, model, workload, engine, options, limits, found.terms, found.best.choice)
     # alternatives: the exact optimum of every other placement (A_g, F_g)
     alternatives = [_candidate(hw, model, workload, engine, options, limits, terms, mode_best.choice)
@@ -189,8 +207,8 @@ def search(
     space = search_space(found, max_batch, fixed)
     verified = verify_objective = verify_seconds = None
     if verify:
-        check = verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch, objective, fixed,
-                               found.best.throughput, solver)
+        check = verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch, solve_for, fixed,
+                               found.best.throughput, solver, latency_limits)
         verify_objective, verify_seconds = max(check.objective, check.milp_objective or 0.0), check.seconds
         verified = abs(verify_objective - found.best.throughput) <= 1e-9 * max(verify_objective, 1e-12)
     plan = Plan(
@@ -205,16 +223,64 @@ def search(
         routing=model.routing,
         estimate=best.estimate.to_plan_estimate(),
         placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches),
-        solver=SolverInfo(name=f"exact branch and bound over {space}", seconds=seconds, optimal=True,
+        solver=SolverInfo(name=f"exact branch and bound over {space}{describe_limits(latency_limits)}",
+                          seconds=seconds, optimal=True,
                           candidates_evaluated=found.candidates),
         created_by=CREATED_BY,
     )
     return SearchResult(best, alternatives, plan, SOLVER_NAME, seconds, found.modes_solved, verified,
                         verify_objective, verify_seconds,
                         {"objective": found.best.throughput, "objective_kind": objective, "notes": notes,
+                         "latency_limits": latency_limits,
                          "engine": engine, "search_space": space, "modes_total": found.modes_total,
                          "candidates": found.candidates, "mu_max": found.mu_max,
                          "verify_modes": (check.modes_enumerated, check.modes_total) if verify else None})
+
+
+def describe_limits(latency_limits: LatencyLimits) -> str:
+    """The limits in words for the plan's solver name ('' without any)."""
+    parts = []
+    if latency_limits.tpot_s is not None:
+        parts.append(f"TPOT <= {latency_limits.tpot_s * 1e3:g} ms")
+    if latency_limits.ttft_s is not None:
+        parts.append(f"TTFT <= {latency_limits.ttft_s:g} s")
+    return f", subject to {' and '.join(parts)}" if parts else ""
+
+
+def _latency_reason(hw, model, workload, engine, options, limits, placements, max_batch, fixed,
+                    latency_limits: LatencyLimits) -> str:
+    """Why no policy meets the latency limits: what the fastest policy for the smallest batch
+    (N = 1, or the pinned N) reaches — decode-optimal for TPOT, generation-optimal for TTFT."""
+    parts = []
+    for what, limit, per_step in (("TPOT", latency_limits.tpot_s, True), ("TTFT", latency_limits.ttft_s, False)):
+        if limit is None:
+            continue
+        least = _least_time_s(hw, model, workload, engine, options, limits, placements, fixed, per_step)
+        shown = (lambda s: f"{s * 1e3:.4g} ms") if per_step else (lambda s: f"{s:.4g} s")
+        flag = "--max-tpot-ms" if per_step else "--max-ttft-s"
+        if least is not None and least > limit * (1 + 1e-9):
+            parts.append(f"{flag} {shown(limit)}: the fastest policy for {fixed.get('batch_size', 1)} request(s) "
+                         f"has {what} {shown(least)}")
+    if not parts:
+        return (f"no policy meets {describe_limits(latency_limits)[len(', subject to '):]} together "
+                f"within memory (each alone is reachable)")
+    return "latency limit binds: " + "; ".join(parts)
+
+
+def _least_time_s(hw, model, workload, engine, options, limits, placements, fixed, per_step: bool) -> float | None:
+    """TPOT (``per_step``) or TTFT of the smallest batch's (N = 1, or the pinned N) best policy
+    for decode, resp. for generation; None when not even that batch fits."""
+    from hrm.estimate import estimate as estimate_policy
+
+    pinned = dict(fixed)
+    pinned.setdefault("batch_size", 1)
+    found = exact.solve(hw, model, workload, engine, options, limits, placements, pinned["batch_size"],
+                        "decode" if per_step and workload.gen_len >= 2 else "generation", pinned)
+    if found.best is None:
+        return None
+    policy = choice_to_policy(found.terms, found.best.choice)
+    result = estimate_policy(hw, model, workload, policy, options=options, limits=limits, engine=engine)
+    return result.per_token_latency_s if per_step else result.prefill_latency_s
 
 
 def search_space(found: exact.ExactResult, max_batch: int, fixed: dict) -> str:

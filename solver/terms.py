@@ -109,6 +109,7 @@ class Terms(MemoryTerms):
     # piecewise terms (build_terms(pieces=True)): the decode step of each column; every
     # coefficient is affine in the step between consecutive columns
     step_index: np.ndarray | None = None
+    latency_limits: "LatencyLimits" = None  # set by build_terms (NO_LATENCY_LIMITS: none)
 
 
 def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
@@ -122,7 +123,8 @@ def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
 
 
 def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-                limits: MemoryLimits, modes: list[Mode], blocks: int | None = None, pieces: bool = False) -> Terms:
+                limits: MemoryLimits, modes: list[Mode], blocks: int | None = None, pieces: bool = False,
+                latency_limits: "LatencyLimits | None" = None) -> Terms:
     """The coefficients of ``modes``: one column per decode step; or (``blocks``) one column
     per block of consecutive steps at the block's mean context, weighted by its size; or
     (``pieces``) columns only at the steps where some coefficient changes slope
@@ -179,6 +181,7 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
         a=a, b=b, w=coef["w"], pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=coef["sync"], head=head, steps=steps,
         gen_len=workload.gen_len, expert_step=static_expert_step(model, engine),
         step_weight=step_weight, affine=affine, step_index=step_index,
+        latency_limits=latency_limits or NO_LATENCY_LIMITS,
     )
 
 
@@ -295,25 +298,87 @@ def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
 
 def total_time_s(terms: Terms, k, n, m, z, objective: str = "generation") -> np.ndarray:
     """Model time of mode k (an index, or one per candidate) for candidate arrays (n
-    micro-batches, m static expert matrices, z GPU-KV sequences): Σ_κ layers_κ · Σ_t max_ℓ
-    (eq. 12 per decode step, with the lane form n·a + (n − z/μ)·b + (1 − m/M)·w + c) + the
-    per-step sync and lm_head, plus prefill (same form) for the generation objective. The
-    one home of this sum: the search, the verifier and the MILP's incumbent check call it."""
+    micro-batches, m static expert matrices, z GPU-KV sequences): :func:`decode_time_s`,
+    plus :func:`prefill_time_s` for the generation objective (``objective="prefill"``: the
+    prefill alone). The one home of this sum: the search, the verifier and the MILP's
+    incumbent check call it."""
+    if objective == "prefill":
+        return prefill_time_s(terms, k, n, m, z)
+    total = decode_time_s(terms, k, n, m, z)
+    if objective == "generation":
+        total = total + prefill_time_s(terms, k, n, m, z)
+    return total
+
+
+def _candidate_columns(terms: Terms, k, n, m, z):
+    """([candidate, 1] arrays) n, the offloaded expert share 1 − m/M and the KV-on-CPU
+    micro-batches n − z/μ."""
     n = np.atleast_1d(np.asarray(n, dtype=float))[:, None]
     frac_w = 1.0 - np.atleast_1d(np.asarray(m, dtype=float))[:, None] / terms.expert_slots
     col = np.asarray(terms.mu[k], dtype=float)[..., None]  # [1] for one mode, [candidates, 1] per candidate
     kv_cpu = n - np.atleast_1d(np.asarray(z, dtype=float))[:, None] / col
+    return n, frac_w, kv_cpu
+
+
+def decode_time_s(terms: Terms, k, n, m, z) -> np.ndarray:
+    """Decode time of the whole batch: Σ_κ layers_κ · Σ_t max_ℓ (eq. 12 per decode step, with
+    the lane form n·a + (n − z/μ)·b + (1 − m/M)·w + c) + the per-step sync and lm_head. The
+    mean time per output token (TPOT) is this over ``terms.steps``."""
+    n, frac_w, kv_cpu = _candidate_columns(terms, k, n, m, z)
     head = np.asarray(terms.head[k], dtype=float)
     total = terms.steps * n[:, 0] * head + (terms.step_weight * terms.sync[k]).sum(axis=-1)
     for q, layers in enumerate(terms.kind_layers):
         total = total + layers * decode_step_sum(terms, k, q, n, kv_cpu, frac_w)
-        if objective == "generation":
-            pre = [n[:, 0] * terms.pa[k, q, lane] + kv_cpu[:, 0] * terms.pb[k, q, lane]
-                   + frac_w[:, 0] * terms.pw[k, q, lane] + terms.pc[k, q, lane] for lane in range(terms.pa.shape[2])]
-            total = total + layers * np.max(pre, axis=0)
-    if objective == "generation":
-        total = total + n[:, 0] * head
     return total
+
+
+def prefill_time_s(terms: Terms, k, n, m, z) -> np.ndarray:
+    """Prefill time of the whole batch (every micro-batch's prompt and its first token's
+    lm_head): when the last request of the batch gets its first token (TTFT)."""
+    n, frac_w, kv_cpu = _candidate_columns(terms, k, n, m, z)
+    total = n[:, 0] * np.asarray(terms.head[k], dtype=float)
+    for q, layers in enumerate(terms.kind_layers):
+        pre = [n[:, 0] * terms.pa[k, q, lane] + kv_cpu[:, 0] * terms.pb[k, q, lane]
+               + frac_w[:, 0] * terms.pw[k, q, lane] + terms.pc[k, q, lane] for lane in range(terms.pa.shape[2])]
+        total = total + layers * np.max(pre, axis=0)
+    return total
+
+
+@dataclass(frozen=True)
+class LatencyLimits:
+    """Service-level limits a policy must meet (None: no limit). ``tpot_s``: the mean time
+    per output token of a request (:func:`decode_time_s` / decode steps, the estimate's
+    ``per_token_latency_s``); ``ttft_s``: the time to the first token of the batch's last
+    request (:func:`prefill_time_s`, the estimate's ``prefill_latency_s``)."""
+
+    tpot_s: float | None = None
+    ttft_s: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.tpot_s is not None or self.ttft_s is not None
+
+    def checks(self, steps: int) -> list[tuple[str, float]]:
+        """(time kind of :func:`total_time_s`, the most seconds it may take) per limit."""
+        out = []
+        if self.tpot_s is not None and steps:
+            out.append(("decode", self.tpot_s * steps))
+        if self.ttft_s is not None:
+            out.append(("prefill", self.ttft_s))
+        return out
+
+
+NO_LATENCY_LIMITS = LatencyLimits()
+#: relative slack when checking a time against a latency limit (rounding between the terms
+#: and the estimate's own sums)
+LATENCY_RTOL = 1e-9
+
+
+def meets_latency_limits(terms: Terms, k, n, m, z) -> np.ndarray:
+    """Whether each candidate meets ``terms.latency_limits``."""
+    ok = np.ones(np.shape(np.atleast_1d(n)), dtype=bool)
+    for kind, most_s in terms.latency_limits.checks(terms.steps):
+        ok &= total_time_s(terms, k, n, m, z, kind) <= most_s * (1 + LATENCY_RTOL)
+    return ok
 
 
 def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:

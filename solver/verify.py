@@ -65,7 +65,7 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
 
 
 def verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch: int, objective: str,
-                   fixed: dict, claimed: float, solver: str = "auto") -> VerifyResult:
+                   fixed: dict, claimed: float, solver: str = "auto", latency_limits=None) -> VerifyResult:
     """The best throughput over every mode whose per-step bound exceeds ``claimed`` (every
     other mode is proven not to beat it by its bound), by enumeration and by the MILP;
     equals ``claimed`` when the search is right."""
@@ -74,7 +74,8 @@ def verify_optimum(hw, model, workload, engine, options, limits, placements, max
     open_modes = []
     per_batch = int(np.clip(VERIFY_COLUMNS_PER_BATCH // max(1, workload.gen_len), 1, VERIFY_MODES_PER_BATCH))
     for lo in range(0, len(modes), per_batch):
-        terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + per_batch])
+        terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + per_batch],
+                            latency_limits=latency_limits)
         bounds = throughput_upper_bounds(terms, max_batch, objective, fixed=fixed)
         open_modes += [terms.modes[int(k)] for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
     if not open_modes:
@@ -84,7 +85,8 @@ def verify_optimum(hw, model, workload, engine, options, limits, placements, max
     # far faster than one over thousands of modes)
     ranked, candidates, certificate = [], 0, None
     for lo in range(0, len(open_modes), VERIFY_MILP_MODES):
-        terms = build_terms(hw, model, workload, engine, options, limits, open_modes[lo:lo + VERIFY_MILP_MODES])
+        terms = build_terms(hw, model, workload, engine, options, limits, open_modes[lo:lo + VERIFY_MILP_MODES],
+                            latency_limits=latency_limits)
         found = exhaustive(terms, max_batch, objective, fixed)
         candidates += found.candidates
         if found.choice is None:
