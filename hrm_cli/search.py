@@ -55,6 +55,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--verify", action="store_true", help="also run the exhaustive verifier and compare")
     parser.add_argument("--compare", action="store_true",
                         help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="with --compare: also draw every engine's throughput and per-token latency")
     parser.add_argument("--json", action="store_true", help="print the plan (SPEC section 6) as JSON")
     parser.add_argument("--out", help="write the plan to this file (atomically; checked before the search)")
     from hrm.export import EXPORTERS
@@ -69,6 +71,10 @@ def main(argv) -> int:
     args = build_parser().parse_args(argv)
     if args.out is not None:
         check_output_path(args.out, "--out")
+    if args.plot is not None:
+        if not args.compare:
+            raise HRMError("--plot draws the --compare table: add --compare")
+        check_output_path(args.plot, "--plot")
     hw, model = machine_from_args(args)
     workload = workload_from_args(args)
     options = options_from_args(args)
@@ -187,8 +193,22 @@ def compare_engines(hw, model, workload, common) -> list[tuple[str, object]]:
             rows.append((label, search(hw, model, workload, top=0, engine=engine, **common)))
         except HRMError as exc:
             rows.append((label, str(exc)))
-    rows.sort(key=lambda r: -(r[1].best.estimate.generation_throughput_tok_s if not isinstance(r[1], str) else -1))
+    rows.sort(key=lambda r: _rank(r[1], common.get("objective", "generation")))
     return rows
+
+
+def _short(value: float) -> str:
+    """3 significant digits, no exponent: 0.0123, 4.56, 789, 12,345."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _rank(result, objective: str) -> float:
+    """Sort key of a --compare row: best first by the objective, engines without a policy last."""
+    if isinstance(result, str):
+        return float("inf")
+    est = result.best.estimate
+    return {"generation": -est.generation_throughput_tok_s, "decode": -est.decode_throughput_tok_s,
+            "latency": est.per_token_latency_s}[objective]
 
 
 def _compare(hw, model, workload, args, common) -> int:
@@ -208,7 +228,7 @@ def _compare(hw, model, workload, args, common) -> int:
         return 0
     table = Table(title=f"{model.name} on {hw.name}: every engine at its own best policy")
     for col in ("engine", "policy", "gen tok/s", "decode tok/s", "vs ideal", "TPOT ms", "TTFT s", "bottleneck"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "engine")
     for label, res in rows:
         if isinstance(res, str):
             table.add_row(label, f"[red]{res}[/red]", "-", "-", "-", "-", "-", "-")
@@ -216,6 +236,13 @@ def _compare(hw, model, workload, args, common) -> int:
         est = res.best.estimate
         table.add_row(label, res.best.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
                       f"{est.decode_throughput_tok_s:,.1f}", f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
-                      f"{est.per_token_latency_s * 1e3:,.4g}", f"{est.prefill_latency_s:,.4g}", est.bottleneck)
+                      _short(est.per_token_latency_s * 1e3), _short(est.prefill_latency_s), est.bottleneck)
     Console().print(table)
+    if args.plot:
+        from hrm.plots import compare_table, plot_compare, save_png
+
+        title = (f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}: "
+                 f"every engine at its best policy ({args.objective})")
+        save_png(plot_compare(compare_table(rows), title), args.plot)
+        print(f"plot written to {args.plot}")
     return 0

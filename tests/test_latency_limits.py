@@ -109,4 +109,35 @@ def test_cli_prints_the_limits_and_compare_shows_latency(capsys):
     assert "latency limits" in out and "<= 3000 ms" in out
     assert main(["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "16", "--compare"]) == 0
     out = capsys.readouterr().out
-    assert "TPOT ms" in out and "TTFT s" in out
+    assert "TPOT" in out and "TTFT" in out
+
+
+def test_compare_plot_every_engine(tmp_path, capsys):
+    from hrm.engine import list_engines
+    from hrm.schedules import SCHEDULES
+
+    png = tmp_path / "compare.png"
+    assert main(["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "16", "--compare", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "plot written to" in capsys.readouterr().out
+    from hrm_cli.search import compare_engines
+
+    labels = [label for label, _ in compare_engines(load_hardware("l4"), load_model("mixtral"), WL, {})]
+    # every shipped engine and ideal's other schedules are rows
+    assert sorted(labels) == sorted(list_engines() + [f"ideal/{s}" for s in SCHEDULES if s != "cgopipe"])
+    assert main(["search", "--hw", "l4", "--model", "mixtral", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "add --compare" in capsys.readouterr().err
+
+
+def test_compare_table_and_ranking_by_objective():
+    from hrm.plots import compare_table, plot_compare
+    from hrm_cli.search import compare_engines
+
+    hw, model = load_hardware("l4"), load_model("mixtral")
+    common = dict(objective="latency", fixed={"batch_size": 4}, max_batch=4)
+    rows = compare_engines(hw, model, WL, common)
+    table = compare_table(rows)
+    feasible = table[table["reason"] == ""]
+    tpot = feasible["per_token_latency_s"].to_list()
+    assert tpot == sorted(tpot) and len(feasible) >= 5  # least TPOT first at N = 4
+    assert plot_compare(table, "t").axes[1].get_xscale() == "log"

@@ -6,6 +6,8 @@ function that returns a :class:`matplotlib.figure.Figure`.
   from :func:`solver.sweep.policy_map`;
 - :func:`plot_cpu_memory` — throughput vs CPU memory per schedule (Fig. 1), data from
   :func:`solver.sweep.cpu_memory_sweep`;
+- :func:`compare_table` / :func:`plot_compare` — every engine at its best policy, throughput
+  and per-token latency (``hrm-search --compare --plot``);
 - :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.timeline.decode_timeline`
   and, optionally, a runtime trace.
 
@@ -13,10 +15,11 @@ function that returns a :class:`matplotlib.figure.Figure`.
 """
 
 from ._common import new_figure, save_png
+from .compare import compare_table, plot_compare
 from .cpu_memory import plot_cpu_memory
 from .policy_map import plot_policy_map
 from .roofline import RooflineData, plot_roofline, roofline_data
 from .timeline import plot_timeline, trace_boxes
 
-__all__ = ["RooflineData", "plot_cpu_memory", "plot_policy_map", "plot_roofline", "plot_timeline",
+__all__ = ["RooflineData", "compare_table", "plot_compare", "plot_cpu_memory", "plot_policy_map", "plot_roofline", "plot_timeline",
            "new_figure", "roofline_data", "save_png", "trace_boxes"]
