@@ -11,11 +11,18 @@ layer period is ≥ the eq. 12 time and equal to it when the pipeline is fully o
 The durations are the ones the lanes sum (a test checks that per resource they add up to
 :func:`hrm.latency.decode_resources`), so the picture and the estimate never disagree
 about how long a task takes, only about how well tasks overlap.
+
+The scheduler (:class:`Task`, :class:`TaskQueues`, :func:`list_schedule`) is generic, one
+for every engine: :func:`klotski_layer_tasks` builds Klotski's expert-level decode layer
+(n batches share each expert load; hot experts prefetched during attention, cold ones on
+demand after the gate, computed hot-first) from plain durations, and
+:func:`expert_schedule` list-schedules it into a layer period, its lane bound and the
+intra-layer bubble between them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -119,35 +126,51 @@ class Timeline:
         return pd.DataFrame([t.__dict__ for t in self.tasks])
 
 
-@dataclass
-class _Task:
-    resource: str
+@dataclass(eq=False)
+class Task:
+    """One task of a list schedule: it runs ``duration_s`` on ``resource`` once every task of
+    ``deps`` has ended and the tasks queued before it on ``resource`` have ended. ``layer``,
+    ``micro_batch`` and ``kind`` only label it (for drawing); :func:`list_schedule` sets
+    ``start_s`` and ``end_s``. A 0 s task is a join of its inputs."""
+
     name: str
-    kind: str
-    layer: int
-    mb: int
+    resource: str
     duration_s: float
-    deps: list
+    deps: list[Task] = field(default_factory=list)
+    layer: int = 0
+    micro_batch: int = 0
+    kind: str = "other"
     start_s: float | None = None
     end_s: float | None = None
+
+
+class TaskQueues:
+    """Per-resource in-order queues and the global launch order of the tasks added to them."""
+
+    def __init__(self, resources=RESOURCES):
+        self.queues: dict[str, list[Task]] = {r: [] for r in resources}
+        self.order: list[Task] = []
+
+    def add(self, name: str, resource: str, duration_s: float, deps=(), **labels) -> Task:
+        """Queue a task behind the ones already on ``resource`` (``None`` deps are dropped)
+        and return it, so later tasks can depend on it."""
+        task = Task(name, resource, float(duration_s), [d for d in deps if d is not None], **labels)
+        self.queues.setdefault(resource, []).append(task)
+        self.order.append(task)
+        return task
 
 
 def _build_tasks(times: list[TaskTime], n: int, layers: int, schedule: str, gpu_attention: bool, cpu_experts: bool):
     """Tasks and per-resource launch order for ``schedule`` (the order of Algorithm 1 for
     CGOPipe; FlexGen S4 prefetches the next micro-batch's KV; S3 runs each micro-batch's
     chain back to back)."""
-    queues: dict[str, list[_Task]] = {r: [] for r in RESOURCES}
-    order: list[_Task] = []  # global launch order (used by the sequential schedule)
-
+    graph = TaskQueues()  # its global launch order is used by the sequential schedule
     spec = {t.name: t for t in times}
 
     def add(key, i, j, deps, label=None):
         # absent tasks (0 s) stay in the queues as joins of their inputs; they are not drawn
         t = spec[key]
-        task = _Task(t.resource, label or f"{key} L{i} mb{j}", t.kind, i, j, t.seconds, [d for d in deps if d is not None])
-        queues[t.resource].append(task)
-        order.append(task)
-        return task
+        return graph.add(label or f"{key} L{i} mb{j}", t.resource, t.seconds, deps, layer=i, micro_batch=j, kind=t.kind)
 
     flat = [(i, j) for i in range(layers) for j in range(n)]
     done = {}   # (i, j) -> last task of micro-batch j in layer i
@@ -211,14 +234,16 @@ def _build_tasks(times: list[TaskTime], n: int, layers: int, schedule: str, gpu_
             if f + ahead < len(flat):
                 attn[f + ahead] = pre(f + ahead)
     if get_schedule(schedule).order == "serial":
-        for before, after in zip(order, order[1:]):
+        for before, after in zip(graph.order, graph.order[1:]):
             after.deps.append(before)
-    return queues, order
+    return graph.queues, graph.order
 
 
-def _list_schedule(queues: dict[str, list[_Task]]) -> None:
-    """Each resource runs its queue in order; a task starts when its resource is free and
-    its inputs are done."""
+def list_schedule(queues: dict[str, list[Task]]) -> float:
+    """Set every task's start and end and return the makespan. Each resource runs its queue
+    in order; a task starts when its resource is free and its inputs are done; of the
+    resources whose head task is ready, the one that can start earliest goes first (ties:
+    the resource listed first). One scheduler for every engine's task graph."""
     heads = {r: 0 for r in queues}
     free = {r: 0.0 for r in queues}
     remaining = sum(len(q) for q in queues.values())
@@ -240,6 +265,22 @@ def _list_schedule(queues: dict[str, list[_Task]]) -> None:
         free[r] = task.end_s
         heads[r] += 1
         remaining -= 1
+    return max(free.values(), default=0.0)
+
+
+def scheduled_tasks(queues: dict[str, list[Task]]) -> list[ScheduledTask]:
+    """The scheduled tasks that take time (joins left out), in order of start."""
+    tasks = [ScheduledTask(t.resource, t.name, t.kind, t.layer, t.micro_batch, t.start_s, t.end_s)
+             for q in queues.values() for t in q if t.duration_s > 0]
+    return sorted(tasks, key=lambda t: (t.start_s, t.resource))
+
+
+def layer_ends_s(queues: dict[str, list[Task]], layers: int) -> list[float]:
+    """When the last task of each layer ends."""
+    ends = [0.0] * layers
+    for t in (t for q in queues.values() for t in q):
+        ends[t.layer] = max(ends[t.layer], t.end_s)
+    return ends
 
 
 def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: str | Engine, context: float,
@@ -253,16 +294,131 @@ def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: st
     effective = "sequential" if rates.shared_unit else schedule
     cpu_experts = moe and not policy.ffn_on_gpu
     queues, _ = _build_tasks(times, policy.num_micro_batches, layers, effective, policy.attn_on_gpu, cpu_experts)
-    _list_schedule(queues)
-    tasks = [ScheduledTask(t.resource, t.name, t.kind, t.layer, t.mb, t.start_s, t.end_s)
-             for q in queues.values() for t in q if t.duration_s > 0]
+    list_schedule(queues)
+    tasks = scheduled_tasks(queues)
     ends = [max(t.end_s for t in tasks if t.layer == i) for i in range(layers)]
     resources = latency.decode_resources(model, rates, policy.micro_batch_size, context,
                                          policy.attn_on_gpu, policy.ffn_on_gpu, moe, engine)
     lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
     bound = float(latency.lanes_time_s(lanes, policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
-    return Timeline(effective, sorted(tasks, key=lambda t: (t.start_s, t.resource)), ends, bound,
-                    resource_totals_s(times, policy.num_micro_batches))
+    return Timeline(effective, tasks, ends, bound, resource_totals_s(times, policy.num_micro_batches))
+
+
+#: Klotski's expert compute orders: hot experts first (each over all batches), then the cold
+#: ones in load order (paper §5); or batch by batch in the router's order, cold listed first
+#: (the strawman of Fig. 7(c), whose GPU stalls on a cold expert while a hot one could run).
+KLOTSKI_ORDERS = ("hot-first", "as-routed")
+
+
+def _check_klotski(num_batches, durations_s, experts, layers, order, expert_buffers) -> None:
+    if int(num_batches) != num_batches or num_batches < 1:
+        raise ValueError(f"num_batches must be a positive integer, not {num_batches!r}")
+    if int(layers) != layers or layers < 1:
+        raise ValueError(f"layers must be a positive integer, not {layers!r}")
+    if int(expert_buffers) != expert_buffers or expert_buffers < 1:
+        raise ValueError(f"expert_buffers must be a positive integer, not {expert_buffers!r}")
+    if order not in KLOTSKI_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(KLOTSKI_ORDERS)}, not {order!r}")
+    for value in [*durations_s, *(x for pair in experts for x in pair)]:
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(f"durations must be finite and ≥ 0 s, not {value!r}")
+
+
+def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
+                        hot_experts: list[tuple[float, float]], cold_experts: list[tuple[float, float]],
+                        layers: int = 6, order: str = "hot-first", prefetch_hot: bool = True,
+                        gate_load_s: float = 0.0, attention_load_s: float = 0.0,
+                        expert_buffers: int = 1) -> TaskQueues:
+    """The task graph of ``layers`` Klotski decode layers (paper §5, Fig. 9, Algorithm 1) on
+    the queues "gpu" (attention, gate, expert compute) and "h2d" (weight loads), for
+    :func:`list_schedule`.
+
+    Each expert is a ``(load_s, compute_s)`` pair: one CPU→GPU load per layer shared by the
+    ``num_batches`` batches, and ``compute_s`` per batch (every batch routes tokens to
+    every listed expert). ``attention_s`` and ``gate_s`` are per batch. Per layer the GPU
+    runs attention of every batch, then the gate of every batch, then the experts in
+    ``order``. The link loads, in this order: the attention weights (``attention_load_s``,
+    double-buffered: during the previous layer's experts), the gate weights and the hot
+    experts (prefetched: from the layer's start, during attention; after the first gate if
+    not ``prefetch_hot``), then the cold experts on demand after the first gate (the first
+    batch's gate selects them). An expert's compute for batch b waits for its load and
+    batch b's gate; attention of batch b for its experts of the layer before.
+
+    Buffer assumption: the GPU holds the gate and experts of ``expert_buffers`` layers; a
+    layer's prefetch waits until the experts of the layer ``expert_buffers`` back have all
+    been computed (1, Fig. 9: prefetch during the layer's own attention; 2: double-buffered
+    slots, the next layer's hot experts load as soon as this layer's cold ones are in)."""
+    experts = [*hot_experts, *cold_experts]
+    _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s), experts, layers, order,
+                   expert_buffers)
+    graph = TaskQueues(("gpu", "h2d"))
+    n, hot = int(num_batches), len(hot_experts)
+    last_gpu: list[Task] = []          # per layer: its last GPU task (its experts are then all computed)
+    last_attention: list[Task] = []    # per layer: its last attention task
+    batch_done: list[Task | None] = [None] * n  # per batch: its last expert of the layer before
+
+    def load(name, i, seconds, deps):
+        return graph.add(f"{name} L{i}", "h2d", seconds, deps, layer=i, micro_batch=-1, kind="weights")
+
+    for i in range(layers):
+        freed = last_gpu[i - expert_buffers] if i >= expert_buffers else None
+        attention_w = load("AttnW", i, attention_load_s, [last_attention[i - 2] if i >= 2 else None])
+        gate_w = load("GateW", i, gate_load_s, [freed])
+        loads = [load(f"Hot{e}", i, hot_experts[e][0], [freed]) for e in range(hot)] if prefetch_hot else []
+        attention = [graph.add(f"Attn L{i} b{b}", "gpu", attention_s, [attention_w, batch_done[b]],
+                               layer=i, micro_batch=b, kind="attention") for b in range(n)]
+        gates = [graph.add(f"Gate L{i} b{b}", "gpu", gate_s, [attention[b], gate_w], layer=i, micro_batch=b,
+                           kind="post_attn") for b in range(n)]
+        if not prefetch_hot:
+            loads += [load(f"Hot{e}", i, hot_experts[e][0], [gates[0], freed]) for e in range(hot)]
+        loads += [load(f"Cold{e}", i, cold_experts[e][0], [gates[0], freed]) for e in range(len(cold_experts))]
+        batch_done = list(gates)  # a layer without experts ends with its gates
+        names = [f"Hot{e}" for e in range(hot)] + [f"Cold{e}" for e in range(len(cold_experts))]
+        if order == "hot-first":  # expert by expert (weights shared by the batches), hot ones first
+            runs = [(e, b) for e in range(len(experts)) for b in range(n)]
+        else:  # batch by batch, each batch's experts cold first
+            routed = [*range(hot, len(experts)), *range(hot)]
+            runs = [(e, b) for b in range(n) for e in routed]
+        for e, b in runs:
+            batch_done[b] = graph.add(f"{names[e]} L{i} b{b}", "gpu", experts[e][1], [loads[e], gates[b]],
+                                      layer=i, micro_batch=b, kind="post_attn")
+        last_gpu.append(graph.queues["gpu"][-1])
+        last_attention.append(attention[-1])
+    return graph
+
+
+@dataclass(frozen=True)
+class ExpertSchedule:
+    """Steady-state layer of an expert-level schedule: the list-scheduled period against the
+    lane-max bound (each resource's busy time per layer, perfect overlap)."""
+
+    period_s: float
+    lane_bound_s: float
+    resource_busy_s: dict[str, float]
+    timeline: Timeline
+
+    @property
+    def bubble_s(self) -> float:
+        """Idle time per layer that overlap cannot remove under this task order."""
+        return self.period_s - self.lane_bound_s
+
+
+def expert_schedule(num_batches: int, attention_s: float, gate_s: float,
+                    hot_experts: list[tuple[float, float]], cold_experts: list[tuple[float, float]],
+                    layers: int = 6, order: str = "hot-first", prefetch_hot: bool = True,
+                    gate_load_s: float = 0.0, attention_load_s: float = 0.0,
+                    expert_buffers: int = 1) -> ExpertSchedule:
+    """List-schedule :func:`klotski_layer_tasks` (same arguments) and return its steady-state
+    layer period (the spacing of the ends of the two layers before the last, as
+    :attr:`Timeline.layer_period_s`), the lane bound of one layer and the bubble between."""
+    graph = klotski_layer_tasks(num_batches, attention_s, gate_s, hot_experts, cold_experts, layers, order,
+                                prefetch_hot, gate_load_s, attention_load_s, expert_buffers)
+    list_schedule(graph.queues)
+    busy = {r: sum(t.duration_s for t in q if t.layer == layers - 1) for r, q in graph.queues.items()}
+    bound = max(busy.values())
+    timeline = Timeline(f"klotski-{order}", scheduled_tasks(graph.queues), layer_ends_s(graph.queues, layers),
+                        bound, busy)
+    return ExpertSchedule(timeline.layer_period_s, bound, busy, timeline)
 
 
 def mid_context(prompt_len: int, gen_len: int) -> float:
