@@ -15,12 +15,13 @@ GRID_HELP = """GRID.yaml (every combination of the lists is one cell; paths are 
   workloads: [mtbench, {prompt_len: 512, gen_len: 32}]
   engines: [ideal, moe-lightning, flexgen]  # names, YAML files, or ideal/SCHEDULE
   routings: [uniform, zipf:1.2]             # applied to every model (default uniform)
+  batch_sizes: [null, 1, 64]                # pinned N as --fix N= (null: searched, the default)
   what_if:                                  # each axis optional; null = as profiled
     h2d_gbps: [16, 32, 64]                  # CPU->GPU link
     cpu_scale: [1, 2]                       # CPU FLOP/s, bandwidth and memory x ratio
     gpu_mem_gib: [null, 48]                 # total GPU memory
     cpu_mem_gib: [null, 512]
-  objective: generation                     # or decode; also max_batch, gpu_util, cpu_util,
+  objective: generation                     # or decode, latency; also max_batch, gpu_util, cpu_util,
                                             # weight_dtype, kv_dtype as the hrm-search flags
 
 Output: one row per cell (inputs, cell_key, status ok|infeasible|refused, reason, policy,

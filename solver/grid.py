@@ -104,6 +104,7 @@ class SweepGrid(_Strict):
     - ``workloads``: preset names or mappings ``{preset, prompt_len, max_prompt_len, gen_len, padding}``;
     - ``engines``: engine names, engine YAML paths, or ``ideal/SCHEDULE``;
     - ``routings``: ``uniform``, ``zipf:S`` or ``trace:FILE`` (``--routing``), applied to every model;
+    - ``batch_sizes``: batch sizes N to pin (``null``: searched, the default), as ``--fix N=``;
     - ``what_if``: :class:`WhatIf` axes; ``objective``, ``max_batch``, ``gpu_util``,
       ``cpu_util``, ``weight_dtype``, ``kv_dtype`` as the ``hrm-search`` flags.
     """
@@ -113,8 +114,9 @@ class SweepGrid(_Strict):
     workloads: list[WorkloadSpec] = Field(default_factory=lambda: [WorkloadSpec(preset="mtbench")], min_length=1)
     engines: list[str] = Field(default=["ideal"], min_length=1)
     routings: list[str] = Field(default=["uniform"], min_length=1)
+    batch_sizes: list[Optional[bounds.SEARCH_BATCH.type]] = Field(default=[None], min_length=1)
     what_if: WhatIf = Field(default_factory=WhatIf)
-    objective: Literal["generation", "decode"] = "generation"
+    objective: Literal["generation", "decode", "latency"] = "generation"
     max_batch: bounds.SEARCH_BATCH.type = DEFAULT_MAX_BATCH
     gpu_util: Optional[bounds.MEMORY_UTILIZATION.type] = None
     cpu_util: Optional[bounds.MEMORY_UTILIZATION.type] = None
@@ -128,6 +130,11 @@ class SweepGrid(_Strict):
             if not value.strip():
                 raise ValueError(f"an empty name in {info.field_name}")
         return _unique(values, info.field_name)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batches(cls, values):
+        return _unique(values, "batch_sizes")
 
     @field_validator("workloads", mode="before")
     @classmethod
@@ -152,11 +159,14 @@ class SweepGrid(_Strict):
         problem = SWEEP_CELLS.problem(count)
         if problem:
             raise ValueError(f"the grid has {problem}")
+        if self.objective == "latency" and None in self.batch_sizes:
+            raise ValueError("objective latency minimises the per-token latency at a given batch: "
+                             "batch_sizes must all be numbers")
         return self
 
     def cell_count(self) -> int:
         w = self.what_if
-        return math.prod(map(len, (self.hardware, self.models, self.routings, self.workloads, self.engines,
+        return math.prod(map(len, (self.hardware, self.models, self.routings, self.workloads, self.engines, self.batch_sizes,
                                    w.h2d_gbps, w.cpu_scale, w.gpu_mem_gib, w.cpu_mem_gib)))
 
     def options(self) -> ModelOptions:
@@ -187,6 +197,7 @@ class Cell:
     workload: Workload
     engine: Engine
     engine_sha256: str
+    batch_size: Optional[int] = None
     h2d_gbps: Optional[float] = None
     cpu_scale: float = 1.0
     gpu_mem_gib: Optional[float] = None
@@ -199,6 +210,7 @@ class Cell:
         """sha256 (hex, 16 digits) of everything the cell's result depends on."""
         inputs = {"format": CELL_FORMAT, "hardware": self.hardware_sha256, "model": self.model_sha256,
                   "workload": self.workload.model_dump(), "engine": self.engine_sha256, "h2d_gbps": self.h2d_gbps,
+                  **({"batch_size": self.batch_size} if self.batch_size is not None else {}),
                   "cpu_scale": self.cpu_scale, "gpu_mem_gib": self.gpu_mem_gib, "cpu_mem_gib": self.cpu_mem_gib,
                   "objective": self.objective, "max_batch": self.max_batch, "options": self.options.model_dump()}
         return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
@@ -251,17 +263,17 @@ def _routing(text: str, model: ModelSpec, base: Path | None):
 def make_cells(hardware: Iterable[tuple[str, HardwareProfile]], models: Iterable[tuple[str, ModelSpec]],
                workloads: Iterable[tuple[str, Workload]], engines: Iterable[Engine], what_if: WhatIf = WhatIf(),
                objective: str = "generation", max_batch: int = DEFAULT_MAX_BATCH,
-               options: ModelOptions = ModelOptions()) -> list[Cell]:
+               options: ModelOptions = ModelOptions(), batch_sizes: Iterable[Optional[int]] = (None,)) -> list[Cell]:
     """Every combination, in grid order (hardware slowest, CPU memory fastest)."""
     hardware = [(name, hw, hw.sha256()) for name, hw in hardware]
     models = [(name, m, m.sha256()) for name, m in models]
     engines = [(e, engine_sha256(e)) for e in engines]
-    axes = (hardware, models, list(workloads), engines, what_if.h2d_gbps, what_if.cpu_scale, what_if.gpu_mem_gib,
-            what_if.cpu_mem_gib)
+    axes = (hardware, models, list(workloads), engines, list(batch_sizes), what_if.h2d_gbps, what_if.cpu_scale,
+            what_if.gpu_mem_gib, what_if.cpu_mem_gib)
     return [Cell(hw_name, hw, hw_sha, model_name, model, model_sha, workload_name, workload, engine, eng_sha,
-                 h2d, scale, gpu_mem, cpu_mem, objective, max_batch, options)
+                 batch, h2d, scale, gpu_mem, cpu_mem, objective, max_batch, options)
             for (hw_name, hw, hw_sha), (model_name, model, model_sha), (workload_name, workload), (engine, eng_sha),
-            h2d, scale, gpu_mem, cpu_mem in itertools.product(*axes)]
+            batch, h2d, scale, gpu_mem, cpu_mem in itertools.product(*axes)]
 
 
 def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
@@ -287,7 +299,7 @@ def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
     workloads = each("workloads", grid.workloads, lambda s: (s.label(), s.resolve()))
     engines = each("engines", grid.engines, lambda n: _engine(n, base))
     return make_cells(hardware, models, workloads, engines, grid.what_if, grid.objective, grid.max_batch,
-                      grid.options())
+                      grid.options(), grid.batch_sizes)
 
 
 def effective_inputs(cell: Cell) -> dict:
@@ -308,7 +320,8 @@ def effective_inputs(cell: Cell) -> dict:
         "routing": cell.model.routing.label() if cell.model.routing is not None else "uniform",
         "workload": cell.workload_name,
         "prompt_len": w.prompt_len, "max_prompt_len": w.max_prompt_len, "gen_len": w.gen_len, "padding": w.padding,
-        "engine": cell.engine.name, "schedule": cell.engine.schedule, "h2d_gbps": float(link),
+        "engine": cell.engine.name, "schedule": cell.engine.schedule,
+        "pinned_batch_size": cell.batch_size if cell.batch_size is not None else None, "h2d_gbps": float(link),
         "cpu_scale": float(cell.cpu_scale), "gpu_mem_gib": float(gpu_mem), "cpu_mem_gib": float(cpu_mem),
         "objective": cell.objective, "max_batch": cell.max_batch,
         "gpu_memory_utilization": cell.options.gpu_memory_utilization,

@@ -41,7 +41,8 @@ MAX_CELLS_PER_TASK = 8
 INPUT_COLUMNS = {
     "cell_key": "string", "hardware": "string", "hardware_sha256": "string", "model": "string",
     "model_sha256": "string", "routing": "string", "workload": "string", "prompt_len": "int64", "max_prompt_len": "int64",
-    "gen_len": "int64", "padding": "bool", "engine": "string", "schedule": "string", "h2d_gbps": "float64",
+    "gen_len": "int64", "padding": "bool", "engine": "string", "schedule": "string", "pinned_batch_size": "int64",
+    "h2d_gbps": "float64",
     "cpu_scale": "float64", "gpu_mem_gib": "float64", "cpu_mem_gib": "float64", "objective": "string",
     "max_batch": "int64", "gpu_memory_utilization": "float64", "cpu_memory_utilization": "float64",
 }
@@ -71,8 +72,9 @@ def run_cell(cell: Cell) -> dict:
     try:
         machine = cell.machine()
         limits = memory_limits(machine, cell.options, cell.gpu_mem_gib, cell.cpu_mem_gib)
+        fixed = {"batch_size": cell.batch_size} if cell.batch_size is not None else None
         result = search(machine, cell.model, cell.workload, objective=cell.objective, max_batch=cell.max_batch,
-                        options=cell.options, limits=limits, top=0, engine=cell.engine)
+                        options=cell.options, limits=limits, top=0, engine=cell.engine, fixed=fixed)
     except InfeasibleError as exc:
         row.update(status="infeasible", feasible=False, reason=" ".join(str(exc).split()))
     except HRMError as exc:

@@ -298,3 +298,20 @@ def test_routing_axis(tmp_path):
     assert zipf_tok_s >= uniform_tok_s
     with pytest.raises(HRMError, match=r"routings\[0\] 'zipf:q'"):
         grid_cells(SweepGrid.model_validate({**SMALL, "routings": ["zipf:q"]}))
+
+
+def test_batch_axis_pins_n_like_fix():
+    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "batch_sizes": [1, 16],
+                                     "workloads": [{"prompt_len": 64, "gen_len": 8}], "objective": "latency"})
+    table = run_sweep(grid_cells(grid), backend="inline")
+    hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload(None, 64, None, 8)
+    for _, row in table.iterrows():
+        best = search(hw, model, wl, objective="latency", fixed={"batch_size": int(row["pinned_batch_size"])},
+                      top=0).best
+        assert row["batch_size"] == row["pinned_batch_size"] == best.policy.batch_size
+        assert row["per_token_latency_s"] == best.estimate.per_token_latency_s
+    with pytest.raises(Exception, match="batch_sizes must all be numbers"):
+        SweepGrid.model_validate({**SMALL, "objective": "latency"})
+    free = run_sweep(grid_cells(SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"],
+                                                          "batch_sizes": [None]})), backend="inline")
+    assert free["pinned_batch_size"].isna().all()
