@@ -258,4 +258,5 @@ VALIDATE_GEN_TOKENS = Range(1, MAX_VALIDATE_GEN_TOKENS, "tokens", integer=True, 
 REPEATS = Range(1, MAX_REPEATS, integer=True)
 POLICIES = Range(1, MAX_POLICIES, integer=True)
 BUDGET_S = Range(0.0, MAX_BUDGET_S, "s", lo_open=True)
+ROUTER_SKEW = Range(0.0, 100.0, why="beyond, the bias alone picks the top-k")
 LATENCY_MS = Range(0.0, MAX_BUDGET_S * 1e3, "ms", lo_open=True, why="a day per token")

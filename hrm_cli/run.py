@@ -1,9 +1,12 @@
 """``hrm run --plan plan.json``: execute a plan in the reference runtime, print measured vs
-predicted side by side, optionally write a Chrome trace of every task."""
+predicted side by side, optionally write a Chrome trace of every task and an expert
+activation trace (``--routing-trace``, read by ``--routing trace:FILE``). ``--router-skew``
+gives random weights a skewed router, so that expert-popularity skew exists to measure."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from hrm import bounds
 from hrm_cli import ArgumentParser
@@ -12,6 +15,10 @@ from hrm.errors import HRMError, InfeasibleError
 from hrm.plan import Plan, check_output_path, load_plan, plan_problem, resolve_plan_engine
 
 from runtime.report import comparison_rows, render_comparison
+
+
+#: --router-skew S: logit bias −S·ln(e+1); at S = 100 expert 1 is already e^−69 ≈ 1e−30 times as likely
+#: as expert 0 a priori, so larger S means nothing more
 
 
 def build_parser() -> ArgumentParser:
@@ -30,6 +37,12 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--model", help="model to run (default: the plan's); its hash must match the plan's")
     parser.add_argument("--checkpoint", help="safetensors checkpoint (HF Mixtral names); default: random weights")
     parser.add_argument("--seed", type=bounds.SEED.flag("--seed"), default=0, help="seed of the random weights and prompts")
+    parser.add_argument("--router-skew", type=bounds.ROUTER_SKEW.flag("--router-skew"), default=0.0, metavar="S",
+                        help="test option of random weights: expert e's router logit gets -S*ln(e+1) (a Zipf-like "
+                             "prior, expert 0 hottest), so that expert-popularity skew exists (default 0: none)")
+    parser.add_argument("--routing-trace", metavar="FILE",
+                        help="write the expert activation trace of the timed run (JSON, hrm-routing-trace/1: "
+                             "per-layer counts, every router call, per-request matrix); read by --routing trace:FILE")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up (one full untimed run) before the timed run")
     parser.add_argument("--json", action="store_true", help="print measured and predicted numbers as JSON")
     return parser
@@ -37,19 +50,21 @@ def build_parser() -> ArgumentParser:
 
 def run_plan(plan: Plan, args):
     """Resolve hardware/model (hash-checked), build weights and requests, run. Returns
-    (hardware, model, result)."""
+    (hardware, model, result, routing trace or None)."""
     import torch
 
     from runtime.executor import PlanExecutor
     from runtime.model import build_weights
     from runtime.requests import synthetic_requests
     from runtime.resolve import plan_hardware, plan_model
+    from runtime.routing_trace import RoutingRecorder
 
     hw = plan_hardware(plan, args.hw)
     spec = plan_model(plan, args.model)
     check_executable(plan, hw, spec)
+    check_routing_flags(spec, args)
     torch.manual_seed(args.seed)
-    weights = build_weights(spec, args.checkpoint, args.seed)
+    weights = build_weights(spec, args.checkpoint, args.seed, router_skew=args.router_skew)
     count = args.requests or plan.policy.batch_size
     requests = synthetic_requests(plan.workload, count, spec.vocab_size, args.seed)
     # memory tracking costs time on every task: the peak comes from its own run, which also
@@ -62,9 +77,20 @@ def run_plan(plan: Plan, args):
         if not args.no_warmup:
             ex.run(requests)
             ex.tier.tracer.clear()
-        result = ex.run(requests)
+        recorder = RoutingRecorder(spec.num_experts, spec.top_k) if args.routing_trace else None
+        result = ex.run(requests, recorder)  # only the timed run is recorded
     result.peak_device_bytes = peak
-    return hw, spec, result
+    routing = recorder.trace(spec.name, args.router_skew) if recorder else None
+    return hw, spec, result, routing
+
+
+def check_routing_flags(spec, args) -> None:
+    """--router-skew and --routing-trace need a model with a router (more than one expert)."""
+    if spec.num_experts > 1:
+        return
+    for flag, used in (("--router-skew", args.router_skew > 0), ("--routing-trace", args.routing_trace)):
+        if used:
+            raise HRMError(f"{flag}: {spec.name} has one expert per layer and no router")
 
 
 def check_executable(plan: Plan, hw, spec) -> None:
@@ -90,9 +116,20 @@ def main(argv) -> int:
     args = build_parser().parse_args(argv)
     if args.trace is not None:
         check_output_path(args.trace, "--trace")
+    if args.routing_trace is not None:
+        check_output_path(args.routing_trace, "--routing-trace")
+    if args.trace and args.routing_trace and Path(args.trace).resolve() == Path(args.routing_trace).resolve():
+        raise HRMError(f"--routing-trace {args.routing_trace}: the same file as --trace")
+    from runtime.model import check_skew_source
+
+    check_skew_source(args.checkpoint, args.router_skew)  # before the plan is read and weights built
     check_input_file(args.checkpoint, "--checkpoint", allow_dir=True)
     plan = load_plan(args.plan)
-    hw, spec, result = run_plan(plan, args)
+    hw, spec, result, routing = run_plan(plan, args)
+    if routing is not None:
+        from runtime.routing_trace import write_routing_trace
+
+        write_routing_trace(args.routing_trace, routing)
     if args.trace:
         from runtime.trace import write_chrome_trace
 
@@ -111,6 +148,7 @@ def main(argv) -> int:
                 "so measured and predicted are not comparable here")
     render_comparison(rows, f"{spec.name} on {hw.name}: {plan.policy.short()} ({result.sequences} requests, "
                             f"device {result.device_kind})", note)
-    if args.trace:
-        print(f"wrote {args.trace}")
+    for path in (args.trace, args.routing_trace):
+        if path:
+            print(f"wrote {path}")
     return 0

@@ -17,6 +17,8 @@
 - Experts on the CPU (ffn=cpu): the router's output goes to the host, the CPU runs the
   routed experts from host weights, the result comes back and is added on the device.
 - Variable-length prompts: Algorithm 2 (:mod:`runtime.requests`) when ``padding`` is off.
+- Routing trace: ``run(requests, recorder)`` hands every router call's expert ids to a
+  :class:`runtime.routing_trace.RoutingRecorder` (none by default: no bookkeeping at all).
 
 Tasks go to four in-order lanes (gpu, cpu, h2d, d2h; :mod:`runtime.device`) with explicit
 dependencies; every task's start/end is recorded (:mod:`runtime.trace`). On a CPU-only host
@@ -45,6 +47,7 @@ from .measure import RoundResult, RunResult
 from .model import LayerWeights, ModelWeights, check_supported, final_logits, post_attention_static, qkv
 from hrm.placement import policy_placement
 from .requests import Request, plan_rounds
+from .routing_trace import RoutingRecorder
 
 LOOKAHEAD = 2  # Algorithm 1: CPU attention is launched two micro-batches ahead
 
@@ -73,6 +76,7 @@ class PlanExecutor:
         self.experts = ExpertStore(spec, weights, self.placement, self.tier, on_device=policy.ffn_on_gpu)
         self.num_pages = self.experts.pages
         self.static_bytes = self.tier.memory.persistent_bytes
+        self.recorder: Optional[RoutingRecorder] = None
 
     def _device_layer(self, layer: LayerWeights) -> LayerWeights:
         """The layer's non-expert tensors, static on the device tier (experts handled apart)."""
@@ -83,8 +87,8 @@ class PlanExecutor:
             return Expert(dev[f"{prefix}.w1"], dev[f"{prefix}.w2"], dev[f"{prefix}.w3"]) if f"{prefix}.w1" in dev else None
 
         return LayerWeights(dev["attn_norm"], dev["wq"], dev["wk"], dev["wv"], dev["wo"], dev["ffn_norm"],
-                            router=dev.get("router"), shared=expert("shared"), shared_gate=dev.get("shared_gate"),
-                            mlp=expert("mlp"))
+                            router=dev.get("router"), router_bias=dev.get("router_bias"), shared=expert("shared"),
+                            shared_gate=dev.get("shared_gate"), mlp=expert("mlp"))
 
     def close(self) -> None:
         self.tier.close()
@@ -98,10 +102,15 @@ class PlanExecutor:
 
     # --- public -------------------------------------------------------------------------
     @torch.no_grad()
-    def run(self, requests: list[Request]) -> RunResult:
-        """Execute every request (in rounds of ≤ N) and measure."""
+    def run(self, requests: list[Request], recorder: Optional[RoutingRecorder] = None) -> RunResult:
+        """Execute every request (in rounds of ≤ N) and measure; ``recorder`` (optional)
+        receives the expert ids of every router call of this run."""
         rounds = plan_rounds(requests, self.workload, self.policy.num_micro_batches, self.policy.micro_batch_size)
-        results = [self._run_round(r, k) for k, r in enumerate(rounds)]
+        self.recorder = recorder
+        try:
+            results = [self._run_round(r, k) for k, r in enumerate(rounds)]
+        finally:
+            self.recorder = None  # a later run records only when it is given a recorder
         return RunResult.combine(results, self.spec.num_layers, self.workload.gen_len, self.tier)
 
     # --- one round --------------------------------------------------------------------------
@@ -303,6 +312,9 @@ class PlanExecutor:
         layer = self.device_weights.layers[i]
         h, normed, partial_out, ids, weights = post_attention_static(self.spec, layer, x, attn)
         del x, attn
+        if self.recorder is not None and layer.router is not None:  # one-expert layers route nowhere
+            phase, step = key[0], key[1]
+            self.recorder.record(i, phase, self.round, step, self.mbs[j], ids)
         h = h + partial_out
         del partial_out
         if ids is not None and not self.policy.ffn_on_gpu:

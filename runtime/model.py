@@ -8,6 +8,13 @@ experts with an optional sigmoid gate) or a dense SwiGLU MLP for DeepSeek's firs
 
 Weights are deterministic random numbers from a seed, or a safetensors checkpoint with the
 Hugging Face Mixtral tensor names (:data:`HF_NAMES`).
+
+Skewed router (a test option of random weights, ``router_skew`` S ≥ 0): random routers
+spread tokens evenly over the experts, so expert-popularity skew — what hot-expert caches
+and the planner's ``--routing`` distributions are about — would not exist. With S > 0 every
+MoE layer gets a fixed logit bias b_e = −S·ln(e + 1) (a Zipf-like prior, expert 0 hottest),
+added to the router logits before softmax/top-k. S = 0 adds no tensor: weights, expert ids
+and outputs are bit-identical to a build without the option.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +78,8 @@ class LayerWeights:
     wo: torch.Tensor
     ffn_norm: torch.Tensor
     router: Optional[torch.Tensor] = None
+    #: [ne] fp32 logit bias of the skewed test router (random weights only; not an HF tensor)
+    router_bias: Optional[torch.Tensor] = None
     experts: list[Expert] = field(default_factory=list)
     shared: Optional[Expert] = None
     shared_gate: Optional[torch.Tensor] = None
@@ -85,6 +95,8 @@ class LayerWeights:
                "ffn_norm": self.ffn_norm}
         if self.router is not None:
             out["router"] = self.router
+        if self.router_bias is not None:
+            out["router_bias"] = self.router_bias
         for prefix, exp in (("shared", self.shared), ("mlp", self.mlp)):
             if exp is not None:
                 out.update({f"{prefix}.w1": exp.w1, f"{prefix}.w2": exp.w2, f"{prefix}.w3": exp.w3})
@@ -115,7 +127,21 @@ def _expert(gen, hidden: int, inter: int, dtype) -> Expert:
     return Expert(_linear(gen, inter, hidden, dtype), _linear(gen, hidden, inter, dtype), _linear(gen, inter, hidden, dtype))
 
 
-def _random_layer(gen, spec: ModelSpec, index: int, dtype) -> LayerWeights:
+def router_skew_bias(num_experts: int, skew: float) -> torch.Tensor:
+    """Logit bias b_e = −S·ln(e + 1) of the skewed test router, fp32 [num_experts]: exp(b_e)
+    = (e + 1)^−S, a Zipf prior on the router's choice (expert 0 hottest). Kept in fp32
+    whatever the weight dtype, since the router's softmax is computed in fp32."""
+    return -float(skew) * torch.log(torch.arange(1, num_experts + 1, dtype=torch.float32))
+
+
+def check_router_skew(skew: float) -> float:
+    """S as a float, or a one-line HRMError when it is outside :data:`hrm.bounds.ROUTER_SKEW`."""
+    from hrm import bounds
+
+    return bounds.ROUTER_SKEW.check(skew, "router skew")
+
+
+def _random_layer(gen, spec: ModelSpec, index: int, dtype, router_skew: float = 0.0) -> LayerWeights:
     h = spec.hidden_size
     layer = LayerWeights(
         attn_norm=_norm(gen, h, dtype), wq=_linear(gen, spec.q_dim, h, dtype), wk=_linear(gen, spec.kv_dim, h, dtype),
@@ -127,6 +153,8 @@ def _random_layer(gen, spec: ModelSpec, index: int, dtype) -> LayerWeights:
     if spec.num_experts > 1:  # a dense model is a one-expert MoE without a router
         # a router with a wide logit spread so that top-k choices are far from ties
         layer.router = (_linear(gen, spec.num_experts, h, torch.float32) * 4.0).to(dtype)
+        if router_skew > 0:  # drawn from no generator: every other weight stays as with S = 0
+            layer.router_bias = router_skew_bias(spec.num_experts, router_skew)
     layer.experts = [_expert(gen, h, spec.expert_intermediate_size, dtype) for _ in range(spec.num_experts)]
     if spec.shared_intermediate_size:
         layer.shared = _expert(gen, h, spec.shared_intermediate_size, dtype)
@@ -135,14 +163,17 @@ def _random_layer(gen, spec: ModelSpec, index: int, dtype) -> LayerWeights:
     return layer
 
 
-def random_weights(spec: ModelSpec, seed: int = 0, dtype: Optional[torch.dtype] = None) -> ModelWeights:
-    """Deterministic random weights (CPU) for ``spec`` from ``seed``; dtype from the spec."""
+def random_weights(spec: ModelSpec, seed: int = 0, dtype: Optional[torch.dtype] = None,
+                   router_skew: float = 0.0) -> ModelWeights:
+    """Deterministic random weights (CPU) for ``spec`` from ``seed``; dtype from the spec.
+    ``router_skew`` S > 0 biases every router towards low expert ids (module docstring)."""
     check_supported(spec)
+    router_skew = check_router_skew(router_skew)
     dtype = dtype or torch_dtype(spec.weight_dtype)
     gen = torch.Generator().manual_seed(seed)
     h, v = spec.hidden_size, spec.vocab_size
     embed = torch.randn(v, h, generator=gen).to(dtype)
-    layers = [_random_layer(gen, spec, i, dtype) for i in range(spec.num_layers)]
+    layers = [_random_layer(gen, spec, i, dtype, router_skew) for i in range(spec.num_layers)]
     final_norm = _norm(gen, h, dtype)
     lm_head = embed if spec.tie_embeddings else _linear(gen, v, h, dtype)
     return ModelWeights(embed, layers, final_norm, lm_head)
@@ -186,7 +217,12 @@ def _expert_names(key: str, i: int, e: Optional[int] = None) -> dict[str, list[s
 
 
 def to_state_dict(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:
-    """Tensors under their Hugging Face Mixtral names (what :func:`load_safetensors` reads)."""
+    """Tensors under their Hugging Face Mixtral names (what :func:`load_safetensors` reads).
+    Refuses weights with a skewed test router: its bias has no HF name, and a checkpoint
+    without it would silently route like the unskewed model."""
+    if any(layer.router_bias is not None for layer in weights.layers):
+        raise HRMError("weights with a router skew (a test option of random weights) have no Hugging Face "
+                       "checkpoint form: the router bias is not an HF tensor")
     sd = {HF_NAMES["embed"]: weights.embed, HF_NAMES["final_norm"]: weights.final_norm}
     if not spec.tie_embeddings:
         sd[HF_NAMES["lm_head"]] = weights.lm_head
@@ -311,11 +347,21 @@ def check_fits_host(spec: ModelSpec, fraction: float = 0.8) -> None:
                        f"{have / GIB:.1f} GiB; run a smaller model (e.g. tiny-mixtral, small-mixtral)")
 
 
-def build_weights(spec: ModelSpec, checkpoint: Optional[str] = None, seed: int = 0) -> ModelWeights:
-    """Weights from ``checkpoint`` when given, else deterministic random from ``seed``."""
+def check_skew_source(checkpoint: Optional[str], router_skew: float) -> None:
+    """Refuse a router skew with a checkpoint (one line) rather than ignore it: the skew is a
+    bias of the random test router, a trained router has its own popularity."""
+    if checkpoint and router_skew:
+        raise HRMError("--router-skew is a test option of random weights; it cannot be used with --checkpoint")
+
+
+def build_weights(spec: ModelSpec, checkpoint: Optional[str] = None, seed: int = 0,
+                  router_skew: float = 0.0) -> ModelWeights:
+    """Weights from ``checkpoint`` when given, else deterministic random from ``seed``
+    (with ``router_skew``: random weights only, refused with a checkpoint)."""
     check_supported(spec)
+    check_skew_source(checkpoint, router_skew)
     check_fits_host(spec)
-    return load_safetensors(spec, checkpoint) if checkpoint else random_weights(spec, seed)
+    return load_safetensors(spec, checkpoint) if checkpoint else random_weights(spec, seed, router_skew=router_skew)
 
 
 # --- the layer math, shared by the reference and the executor -----------------------------
@@ -344,7 +390,7 @@ def post_attention_static(spec: ModelSpec, layer: LayerWeights, x: torch.Tensor,
         ids = torch.zeros(normed.shape[0], 1, dtype=torch.long, device=normed.device)
         weights = torch.ones(normed.shape[0], 1, dtype=normed.dtype, device=normed.device)
     else:
-        ids, weights = ops.route(normed, layer.router, spec.top_k)
+        ids, weights = ops.route(normed, layer.router, spec.top_k, bias=layer.router_bias)
     partial = torch.zeros_like(normed)
     if layer.shared is not None:
         partial = ops.shared_experts(normed, *layer.shared.tensors(), gate=layer.shared_gate)

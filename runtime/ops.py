@@ -53,10 +53,16 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
     return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k softmax router with top-k renormalisation (Mixtral). Returns (expert ids
-    [T, k] int64, weights [T, k] in x's dtype)."""
-    probs = torch.softmax(F.linear(x, router).float(), dim=-1)
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int,
+          bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k softmax router with top-k renormalisation (Mixtral). ``bias`` [ne] (fp32) is
+    added to the logits before softmax/top-k (the skewed test router of random weights,
+    :func:`runtime.model.router_skew_bias`). Returns (expert ids [T, k] int64, weights
+    [T, k] in x's dtype)."""
+    logits = F.linear(x, router).float()
+    if bias is not None:  # None keeps the unbiased router bit-identical (no extra op at all)
+        logits = logits + bias.float()
+    probs = torch.softmax(logits, dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True)
     return ids, weights.to(x.dtype)
