@@ -35,8 +35,14 @@ Mechanisms (field: what it models; ideal value):
   ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the slots of the
   tokens still to be generated; ``prefill.hidden_round_trip``: hidden states go to pinned
   CPU memory and back every layer;
-- ``static_experts``: ``continuous`` (r_w any fraction; ideal) or ``whole-experts-per-layer``
-  (``int(E·r_w)`` experts of every layer stay on the GPU);
+- ``static_experts``: ``continuous`` (r_w any fraction; ideal), ``whole-experts-per-layer``
+  (``int(E·r_w)`` experts of every layer stay on the GPU) or ``whole-layers`` (all experts
+  of ``r_w·L`` layers, none of the others: llama.cpp's ``--n-cpu-moe``);
+- ``decode.offloaded_experts`` / ``prefill.offloaded_experts``: what happens to the experts
+  not kept on the GPU — ``streamed`` (copied to the GPU and computed there; ideal) or
+  ``cpu`` (computed on the CPU where they are stored, hidden states there and back; a
+  micro-batch of at least ``op_offload_min_tokens`` tokens instead has the experts it uses
+  copied to the GPU first, synchronously: llama.cpp's op offload);
 - ``offloaded_weights``: ``experts`` (non-expert weights always on the GPU; ideal) or
   ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
 - ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
@@ -50,7 +56,7 @@ Mechanisms (field: what it models; ideal value):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -100,6 +106,7 @@ KERNELS: dict[str, Kernel] = {
 class Phase(_Frozen):
     weight_path: WeightPath = "pinned"
     kv_cache: KvPath = "pinned"
+    offloaded_experts: Literal["streamed", "cpu"] = "streamed"
 
 
 class Prefill(Phase):
@@ -160,7 +167,10 @@ class Engine(_Frozen):
     moe_kernel: str = "cublas"
     moe_reads_all_experts: bool = False
     sync: Literal["none", "per-step", "per-micro-batch"] = "none"
-    static_experts: Literal["continuous", "whole-experts-per-layer"] = "continuous"
+    static_experts: Literal["continuous", "whole-experts-per-layer", "whole-layers"] = "continuous"
+    #: tokens from which a micro-batch's CPU-kept experts are copied to the GPU instead of
+    #: computed on the CPU (``offloaded_experts: cpu``); None: never
+    op_offload_min_tokens: Optional[bounds.SEQUENCES.type] = None
     offloaded_weights: Literal["experts", "all"] = "experts"
     copy_threads: bounds.COPY_THREADS.type = 0
     numa_aware: bool = True
@@ -176,6 +186,11 @@ class Engine(_Frozen):
             raise ValueError(f"schedule: unknown '{self.schedule}' (one of {', '.join(SCHEDULES)})")
         if self.moe_kernel not in KERNELS:
             raise ValueError(f"moe_kernel: unknown '{self.moe_kernel}' (one of {', '.join(KERNELS)})")
+        cpu_experts = "cpu" in (self.decode.offloaded_experts, self.prefill.offloaded_experts)
+        if cpu_experts and self.policy.fixed.get("num_micro_batches") != 1:
+            # the CPU work of the offloaded layers is per micro-batch: the lanes' per-layer
+            # offloaded term carries it exactly only for one micro-batch per step
+            raise ValueError("offloaded_experts: cpu needs policy.fixed.num_micro_batches: 1")
         return self
 
     @property
@@ -192,6 +207,7 @@ IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-1
 MECHANISMS: dict[str, str] = {
     "decode.weight_path": "decode weight path",
     "decode.kv_cache": "decode host-KV path (pinned/pageable)",
+    "decode.offloaded_experts": "offloaded experts computed on the CPU (op offload above a batch)",
     "host_dram": "host DRAM shared by copies, DMA and CPU attention",
     "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
     "moe_kernel": "MoE kernel efficiency",
@@ -200,6 +216,7 @@ MECHANISMS: dict[str, str] = {
     "prefill.weight_path": "prefill weight path",
     "prefill.weights_overlap": "prefill weight-load overlap",
     "prefill.kv_cache": "prefill KV write-back path",
+    "prefill.offloaded_experts": "prefill offloaded experts on the CPU (op offload above a batch)",
     "prefill.kv_reserved_gen_slots": "prefill writes reserved KV slots",
     "prefill.hidden_round_trip": "prefill hidden-state round trip",
     "copy_threads": "staging-copy thread team",

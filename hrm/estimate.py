@@ -64,18 +64,34 @@ def engine_problem(engine: Engine, policy_attn: bool, policy_ffn: bool) -> str |
     return None
 
 
+#: expert matrices per step of r_w (m = r_w·L·E) for each ``static_experts`` granularity
+STATIC_EXPERT_STEP = {
+    "continuous": lambda model: 1,
+    "whole-experts-per-layer": lambda model: model.num_moe_layers,  # the same whole count per layer
+    "whole-layers": lambda model: model.num_experts,  # all of a layer's experts, or none
+}
+
+
 def static_expert_step(model: ModelSpec, engine: Engine) -> int:
-    """Granularity of r_w in expert matrices over all MoE layers (r_w = m / (L·E)): 1 for a
-    continuous split; L for ``whole-experts-per-layer`` (the same whole count per layer)."""
-    return model.num_moe_layers if engine.static_experts == "whole-experts-per-layer" else 1
+    """Granularity of r_w in expert matrices over all MoE layers (r_w = m / (L·E))."""
+    return STATIC_EXPERT_STEP[engine.static_experts](model)
 
 
 def snap_weights_ratio(model: ModelSpec, engine: Engine, ratio: float) -> float:
-    """r_w as the engine realises it: ``whole-experts-per-layer`` keeps int(E·r_w) experts of
-    every layer (MoE-Lightning: ``num_experts_gpu = int(num_local_experts * wg)``)."""
-    if engine.static_experts != "whole-experts-per-layer" or model.num_experts <= 1:
+    """r_w as the engine realises it: the largest multiple of its granularity at or below
+    r_w (``whole-experts-per-layer``: int(E·r_w) experts of every layer, MoE-Lightning's
+    ``num_experts_gpu = int(num_local_experts * wg)``; ``whole-layers``: int(L·r_w) layers)."""
+    if engine.static_experts == "continuous" or model.num_experts <= 1:
         return ratio
-    return int(model.num_experts * ratio + 1e-9) / model.num_experts
+    units = model.num_moe_layers * model.num_experts // static_expert_step(model, engine)
+    return int(units * ratio + 1e-9) / units
+
+
+def static_experts_in_words(model: ModelSpec, engine: Engine, ratio: float) -> str:
+    """What a snapped r_w keeps on the GPU under the engine's granularity, in words."""
+    if engine.static_experts == "whole-layers":
+        return f"the experts of {round(ratio * model.num_moe_layers)} of {model.num_moe_layers} MoE layers"
+    return f"int({model.num_experts}*rw) = {round(ratio * model.num_experts)} experts of every layer"
 
 
 @dataclass(frozen=True)
@@ -184,7 +200,7 @@ def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[P
     snapped = snap_weights_ratio(model, engine, policy.weights_gpu_ratio)
     if snapped != policy.weights_gpu_ratio:
         notes.append(f"rw={policy.weights_gpu_ratio:.4g} snapped to {snapped:.4g}: engine {engine.name} keeps "
-                     f"int({model.num_experts}*rw) = {round(snapped * model.num_experts)} experts of every layer on the GPU")
+                     f"{static_experts_in_words(model, engine, snapped)} on the GPU")
         policy = policy.model_copy(update={"weights_gpu_ratio": snapped})
     return policy, notes
 

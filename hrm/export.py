@@ -85,8 +85,8 @@ class EngineFlags(_Frozen):
     passthrough: dict[str, int] = {}
     #: the policy fields the engine's flags set (round trips compare these)
     expressed_fields: tuple[str, ...]
-    #: the shipped HRM engine closest to how it runs a policy (None: the plan's engine)
-    hrm_engine: Optional[Callable[[Policy], str]] = None
+    #: the shipped HRM engine closest to how it runs a policy (None, or returning None: the plan's engine)
+    hrm_engine: Optional[Callable[[Policy], Optional[str]]] = None
     caveats: tuple[str, ...] = ()
     #: ``hrm-search --fix`` pins that keep a search inside the engine's policy space
     search_fix: str = ""
@@ -419,12 +419,24 @@ def _llama_cpu_moe_layers(policy: Policy, ctx: Context) -> int:
     return layers if not policy.ffn_on_gpu else round((1.0 - policy.weights_gpu_ratio) * layers)
 
 
+def _llama_engine_runs(attn_on_gpu: bool, num_micro_batches: int) -> bool:
+    """HRM's ``llama.cpp`` engine runs one ubatch per step with the KV cache on the GPU; other
+    llama.cpp policies (-nkvo, several ubatches) are estimated with the plan's engine."""
+    return bool(attn_on_gpu) and num_micro_batches == 1
+
+
+def _llama_engine(policy: Policy) -> str | None:
+    return "llama.cpp" if _llama_engine_runs(policy.attn_on_gpu, policy.num_micro_batches) else None
+
+
 def _llama_policy(policy: Policy, ctx: Context, cpu_layers: int, attn_gpu: bool) -> Policy | None:
     layers = _moe_layers(ctx)
     rw = (layers - cpu_layers) / layers
-    # every layer's experts on the CPU: llama.cpp computes them there (ffn=cpu)
-    return _policy(**_fields(policy, attn_on_gpu=attn_gpu, kv_gpu_ratio=1.0 if attn_gpu else 0.0,
-                             ffn_on_gpu=rw > 0, weights_gpu_ratio=rw))
+    fields = _fields(policy, attn_on_gpu=attn_gpu, kv_gpu_ratio=1.0 if attn_gpu else 0.0, weights_gpu_ratio=rw)
+    # the llama.cpp engine's ffn=gpu with r_w = share of GPU layers (r_w = 0: every layer's
+    # experts computed on the CPU); elsewhere every layer on the CPU is ffn=cpu
+    fields["ffn_on_gpu"] = rw > 0 or _llama_engine_runs(attn_gpu, fields["num_micro_batches"])
+    return _policy(**fields)
 
 
 def _llama_nearest(policy: Policy, ctx: Context) -> list[Policy]:
@@ -539,9 +551,10 @@ LLAMA_CPP = EngineFlags(
                  "-ctv": 1, "--no-mmap": 0, "--mlock": 0, "-hf": 1, "--jinja": 0},
     expressed_fields=("batch_size", "micro_batch_size", "num_micro_batches", "attn_on_gpu", "ffn_on_gpu",
                       "weights_gpu_ratio", "kv_gpu_ratio"),
-    caveats=("llama.cpp computes the experts it keeps on the CPU there in decode (an op runs where its weights "
-             "are; prefill batches are copied to the GPU), where HRM's ffn=gpu streams them: the estimate is "
-             "of the HRM policy",
+    hrm_engine=_llama_engine,
+    caveats=("re-estimated with HRM's llama.cpp engine (experts of CPU layers run on the CPU below 32 tokens per "
+             "ubatch, their used experts copied to the GPU above) when the KV cache is on the GPU and one ubatch "
+             "holds the batch; -nkvo or several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
     nearest=_llama_nearest,
     render=_llama_render,
@@ -759,7 +772,8 @@ def _estimate_engine(target: EngineFlags, policy: Policy, plan_engine):
     """The HRM engine to re-estimate with: the target's closest shipped one, else the plan's."""
     from .engine import load_engine
 
-    return load_engine(target.hrm_engine(policy)) if target.hrm_engine else plan_engine
+    name = target.hrm_engine(policy) if target.hrm_engine else None
+    return load_engine(name) if name else plan_engine
 
 
 def choose_nearest(target: EngineFlags, policy: Policy, ctx: Context, estimate_with=None) -> Policy:

@@ -214,6 +214,29 @@ def allreduce_time_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = ID
     return allreduce_s(model, rates, engine, tokens).get("gpu", 0.0)
 
 
+def offloaded_experts_on_cpu(engine: Engine, phase, tokens) -> np.ndarray:
+    """1 where ``phase`` computes the experts not kept on the GPU on the CPU
+    (``offloaded_experts: cpu`` below ``engine.op_offload_min_tokens`` tokens per micro-batch),
+    0 where they reach the GPU (streamed, or copied for the op: llama.cpp's op offload)."""
+    t = np.asarray(tokens, dtype=float)
+    if phase.offloaded_experts != "cpu":
+        return np.zeros(t.shape)
+    if engine.op_offload_min_tokens is None:
+        return np.ones(t.shape)
+    return (t < engine.op_offload_min_tokens).astype(float)
+
+
+def crossing_layer_bytes(model: ModelSpec, engine: Engine, phase, tokens, moe: bool, ffn_on_gpu=1.0):
+    """Bytes of one layer's offloaded weights that cross the link per load at r_w = 0: the
+    whole offloaded layer (:func:`offloaded_layer_bytes`), or — CPU-kept experts copied for
+    an offloaded op (``offloaded_experts: cpu``) — only the experts the micro-batch's tokens
+    use (llama.cpp copies just those: ggml-backend.cpp:1709-1775)."""
+    if moe and phase.offloaded_experts == "cpu" and engine.offloaded_weights == "experts":
+        return costs.expected_distinct_experts(model, tokens) * costs.expert_bytes(model) * np.asarray(ffn_on_gpu,
+                                                                                                      dtype=float)
+    return offloaded_layer_bytes(model, engine, moe, ffn_on_gpu)
+
+
 def offloaded_layer_bytes(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gpu=1.0):
     """Offloadable weights of one layer at r_w = 0 (W_L of eq. 12's D3): the routed experts
     when they run on the GPU; with ``offloaded_weights: all`` (FlexGen ``--percent``) the
@@ -331,8 +354,14 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     hidden_bytes = (1 - attn) * mu * model.attn_out_dim * ab
     ffn_bytes = (1 - ffn) * mu * model.hidden_size * ab
     kv_new = kv_cache_s(rates, engine, engine.decode.kv_cache, attn * mu * kv_token)
-    weights = weight_transfer_s(rates, engine, engine.decode.weight_path, offloaded_layer_bytes(model, engine, moe, ffn))
+    # experts not kept on the GPU: streamed to it, or (offloaded_experts: cpu) computed on the CPU
+    on_cpu = offloaded_experts_on_cpu(engine, engine.decode, mu) * ffn if moe else zero
+    weights = weight_transfer_s(rates, engine, engine.decode.weight_path,
+                                (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.decode, mu, moe, ffn))
     reduce = allreduce_s(model, rates, engine, mu)
+    gpu_experts_s = gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)  # a dense layer: its MLP
+    cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows)
+    hidden_each_way = mu * model.hidden_size * ab  # to CPU experts and back
 
     def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0):
         return DecodeTask(name, resource, kind, Lane(name, per_mb + zero, per_mb_kv + zero, weights + zero))
@@ -340,18 +369,19 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     tasks = [
         task("PreAttn", "gpu", "pre_attn", gpu_time_s(ops.pre_attn, rates, mu, engine)),
         task("GPUAttn", "gpu", "attention", attn * gpu_time_s(ops.attention, rates, attention_rows(model), engine)),
+        # (the offloaded share of the layers runs its experts on the CPU under offloaded_experts: cpu)
         task("PostAttn", "gpu", "post_attn", gpu_time_s(ops.post_attn, rates, mu, engine) + reduce.get("gpu", 0.0)
-             + ffn * gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)),
+             + ffn * gpu_experts_s, weights=-on_cpu * gpu_experts_s),
         task("CPUAttn", "cpu", "attention", (1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model))),
-        task("CPUExperts", "cpu", "experts", (1 - ffn) * cpu_time_s(ops.ffn, rates, ffn_rows)),
+        task("CPUExperts", "cpu", "experts", (1 - ffn) * cpu_experts_s, weights=on_cpu * cpu_experts_s),
         # D1 QKV to the CPU; hidden states to CPU experts
         task("QKV→CPU", "d2h", "qkv", qkv_bytes / d2h),
-        task("FFN→CPU", "d2h", "hidden", ffn_bytes / d2h),
+        task("FFN→CPU", "d2h", "hidden", ffn_bytes / d2h, weights=on_cpu * hidden_each_way / d2h),
         # the new token's K/V written back to the CPU-resident cache after GPU attention
         task("KV→CPU", "d2h", "kv", per_mb_kv=kv_new["d2h"]),
         # D2 hidden back after CPU attention; expert outputs back when experts run on the CPU
         task("Hidden→GPU", "h2d", "hidden", hidden_bytes / h2d),
-        task("FFN→GPU", "h2d", "hidden", ffn_bytes / h2d),
+        task("FFN→GPU", "h2d", "hidden", ffn_bytes / h2d, weights=on_cpu * hidden_each_way / h2d),
         # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
         task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / kv_h2d),
         # D3: the offloaded weights of the next layer, in n pages
@@ -369,8 +399,9 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         cpu_reads = (1 - attn) * ops.attention.bytes + (1 - ffn) * ops.ffn.bytes
         dma = qkv_bytes + hidden_bytes + 2 * ffn_bytes
         kv_read = dram_bytes_per_byte(kv_pageable) * attn * mu * context * kv_token / dram
+        offloaded_cpu = on_cpu * (ops.ffn.bytes + 2 * hidden_each_way) / dram
         tasks.append(task("HostDRAM", "dram", "dram", (cpu_reads + dma) / dram + reduce.get("dram", 0.0),
-                          kv_new["dram"] + kv_read, weights["dram"]))
+                          kv_new["dram"] + kv_read, weights["dram"] + offloaded_cpu))
     return tasks
 
 
@@ -399,8 +430,8 @@ def step_sync_s(resources: dict[str, Lane], engine: Engine = IDEAL):
     """Per decode step, an engine that ends every step with host syncs (``sync: per-step``)
     drains its pipeline: the next step starts empty and waits one micro-batch's chain of
     tasks (the sum of its per-micro-batch task times) before the lanes overlap again."""
-    if engine.sync != "per-step":
-        return 0.0
+    if engine.sync != "per-step" or get_schedule(engine.schedule).lanes == "serial":
+        return 0.0  # a serial schedule overlaps nothing, so a drained pipeline loses nothing
     return sum(resources[r].per_micro_batch_s for r in RESOURCES if r in resources)
 
 
@@ -431,18 +462,23 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
     kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
     blocking = engine.prefill.kv_cache == "pageable"
-    weights = weight_transfer_s(rates, engine, engine.prefill.weight_path, offloaded_layer_bytes(model, engine, moe))
+    on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, tokens) if moe else zero
+    weights = weight_transfer_s(rates, engine, engine.prefill.weight_path,
+                                (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe))
     hidden = tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     kv_chain = kv["d2h"] if blocking else 0.0
+    cpu_hidden = on_cpu * tokens * model.hidden_size * ab  # each way, for the layers' CPU experts
     lanes = {
-        "gpu": Lane("gpu", gpu + zero, kv_chain + zero),
-        "h2d": Lane("h2d", alpha["h2d"] + hidden / h2d + reduce.get("h2d", 0.0) + zero, zero, weights["h2d"] + zero),
+        "gpu": Lane("gpu", gpu + zero, kv_chain + zero, -on_cpu * moe_s + zero),
+        "h2d": Lane("h2d", alpha["h2d"] + hidden / h2d + reduce.get("h2d", 0.0) + zero, zero,
+                    weights["h2d"] + cpu_hidden / h2d + zero),
         "d2h": Lane("d2h", alpha["d2h"] + hidden / d2h + reduce.get("d2h", 0.0) + zero,
-                    (0.0 if blocking else kv["d2h"]) + zero),
+                    (0.0 if blocking else kv["d2h"]) + zero, cpu_hidden / d2h + zero),
     }
-    if "cpu" in weights:
-        lanes["cpu"] = Lane("cpu", zero, zero, weights["cpu"] + zero)
+    cpu_weights = weights.get("cpu", 0.0) + (on_cpu * cpu_time_s(ops.ffn, rates, rows) if moe else 0.0)
+    if "cpu" in weights or np.any(on_cpu):
+        lanes["cpu"] = Lane("cpu", zero, zero, cpu_weights + zero)
     if "copy" in weights:
         lanes["copy"] = Lane("copy", zero, zero, weights["copy"] + zero)
     if engine.prefill.weights_overlap != "full":

@@ -24,16 +24,21 @@ def static_expert_count(model: ModelSpec, policy: Policy) -> int:
     return round(ratio * len(moe_layers(model)) * model.num_experts)
 
 
-def make_placement(model: ModelSpec, gpu_experts: int, num_micro_batches: int) -> Placement:
+def make_placement(model: ModelSpec, gpu_experts: int, num_micro_batches: int, whole_layers: bool = False) -> Placement:
     """Spread ``gpu_experts`` whole experts over the MoE layers round-robin: every layer gets
-    ⌊m/L⌋ experts, the first m mod L layers one more. r_w realised = m / (L·ne)."""
+    ⌊m/L⌋ experts, the first m mod L layers one more. ``whole_layers`` (llama.cpp's
+    ``--n-cpu-moe N``: the first N layers' experts stay on the CPU): the last ⌊m/ne⌋ layers
+    hold all their experts, the others none. r_w realised = m / (L·ne)."""
     layers = moe_layers(model)
-    per_layer, extra = divmod(gpu_experts, len(layers)) if layers else (0, 0)
     slots = len(layers) * model.num_experts
+    if whole_layers:
+        on_gpu = gpu_experts // model.num_experts
+        counts = [model.num_experts if i >= len(layers) - on_gpu else 0 for i in range(len(layers))]
+    else:
+        per_layer, extra = divmod(gpu_experts, len(layers)) if layers else (0, 0)
+        counts = [min(model.num_experts, per_layer + (1 if i < extra else 0)) for i in range(len(layers))]
     return Placement(
-        layers=[LayerPlacement(layer=layer, gpu_experts=list(range(min(model.num_experts,
-                                                                         per_layer + (1 if i < extra else 0)))))
-                for i, layer in enumerate(layers)],
+        layers=[LayerPlacement(layer=layer, gpu_experts=list(range(count))) for layer, count in zip(layers, counts)],
         weight_pages=num_micro_batches,
         weights_gpu_ratio_realised=gpu_experts / slots if slots else 0.0,
     )

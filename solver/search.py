@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from hrm.engine import Engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
-from hrm.estimate import EstimateResult, engine_problem, estimate, snap_weights_ratio
+from hrm.estimate import EstimateResult, engine_problem, estimate, snap_weights_ratio, static_experts_in_words
 from hrm.hardware import HardwareProfile
 from hrm.memory import MemoryLimits, memory_limits
 from hrm.model import ModelSpec
@@ -134,7 +134,7 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
         snapped = snap_weights_ratio(model, engine, fixed["weights_gpu_ratio"])
         if snapped != fixed["weights_gpu_ratio"]:
             notes.append(f"--fix rw={fixed['weights_gpu_ratio']:g} snapped to {snapped:.4g}: engine {engine.name} keeps "
-                         f"whole experts ({round(snapped * model.num_experts)} of {model.num_experts} per layer)")
+                         f"{static_experts_in_words(model, engine, snapped)} on the GPU")
             fixed["weights_gpu_ratio"] = snapped
     return fixed, notes
 
@@ -222,7 +222,8 @@ def search(
         engine_definition=None if is_shipped(engine) else engine,
         routing=model.routing,
         estimate=best.estimate.to_plan_estimate(),
-        placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches),
+        placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches,
+                                 whole_layers=engine.static_experts == "whole-layers"),
         solver=SolverInfo(name=f"exact branch and bound over {space}{describe_limits(latency_limits)}",
                           seconds=seconds, optimal=True,
                           candidates_evaluated=found.candidates),

@@ -113,7 +113,11 @@ def test_llama_cpp_counts_dense_blocks_and_reads_ot():
     ot = r"blk\.([1-9]|1[0-3])\.ffn_(up|down|gate)_exps=CPU"  # blocks 1..13: the same 13 MoE layers
     back = import_flags("llama.cpp", f"-np 16 -ub 16 -ot '{ot}'", model, workload)
     assert back.weights_gpu_ratio == pytest.approx(0.5)
-    assert import_flags("llama.cpp", "-np 16 -ub 16 -cmoe", model, workload).ffn_on_gpu is False
+    # every layer's experts on the CPU: under HRM's llama.cpp engine (KV on the GPU, one ubatch)
+    # that is ffn=gpu with r_w = 0; with -nkvo (the plan's engine) it is ffn=cpu
+    every = import_flags("llama.cpp", "-np 16 -ub 16 -cmoe", model, workload)
+    assert (every.ffn_on_gpu, every.weights_gpu_ratio) == (True, 0.0)
+    assert import_flags("llama.cpp", "-np 16 -ub 16 -cmoe -nkvo", model, workload).ffn_on_gpu is False
 
 
 def check_documented_form(engine, flag_tokens):
