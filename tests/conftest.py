@@ -24,3 +24,15 @@ def two_level_machine(**over):
     }
     data.update(over)
     return parse_hardware(data)
+
+
+def call(capsys, *args) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``hrm ARGS`` run in-process (argparse exits caught)."""
+    from hrm_cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

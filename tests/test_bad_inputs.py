@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import call
 import yaml
 
 from hrm.hardware import CHECKOUT_PROFILES_DIR
-from hrm_cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "tiny-mixtral"]
@@ -33,16 +33,6 @@ except ImportError:  # pragma: no cover
 
 
 # --- helpers ---------------------------------------------------------------------------
-def call(capsys, *args):
-    """(exit code, stdout, stderr) of ``hrm ARGS`` run in-process."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def refused(capsys, *args, code=2, needle=""):
     rc, _, err = call(capsys, *args)
     lines = err.strip().splitlines()

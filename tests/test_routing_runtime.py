@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import call
 
 torch = pytest.importorskip("torch")
 
@@ -76,16 +77,6 @@ def sixteen_expert_config(folder: Path) -> Path:
     path = folder / "tiny-mixtral-16e.json"
     path.write_text(json.dumps(config))
     return path
-
-
-def call(capsys, *args) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``hrm ARGS`` in-process (argparse exits caught)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def refused(capsys, *args, needle: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import call
 import yaml
 
 from hrm.errors import HRMError
@@ -19,7 +20,6 @@ from hrm.memory import memory_limits
 from hrm.model import load_model
 from hrm.whatif import with_cpu_scaled, with_link_bandwidth
 from hrm.workload import make_workload
-from hrm_cli import main
 from solver import sweep as sweep_mod
 from solver.grid import SweepGrid, grid_cells, read_grid
 from solver.search import search
@@ -36,15 +36,6 @@ def write_grid(folder: Path, data: dict, name: str = "grid.yaml") -> Path:
     path = folder / name
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def call(capsys, *args):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def without_measured(table: pd.DataFrame) -> pd.DataFrame:
