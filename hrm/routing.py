@@ -218,3 +218,11 @@ def sample_top_k_sets(routing: Routing, tokens: int, rng: np.random.Generator, l
         points = rng.random() + np.arange(k)
         out[i] = order[np.searchsorted(edges, points, side="right") - 1]
     return out
+
+
+def hot_and_cold_bytes(routing: Routing, expert_bytes: float, hot_count: int, tokens) -> tuple[float, np.ndarray]:
+    """(bytes of one layer's hot set — the ``hot_count`` hottest experts, kept resident or
+    prefetched —, expected bytes of the cold experts a micro-batch of ``tokens`` touches in
+    a layer: :func:`expected_misses` × ``expert_bytes``, each loaded on demand)."""
+    hot = max(0, min(int(hot_count), routing.num_experts)) * float(expert_bytes)
+    return hot, expected_misses(routing, hot_count, tokens) * float(expert_bytes)

@@ -189,3 +189,15 @@ def test_routing_flag(tmp_path, capsys):
     assert main(["search", "--hw", "l4", "--model", "mixtral", "--routing", "zipf:x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --routing zipf:x")
+
+
+def test_hot_and_cold_bytes():
+    from hrm.routing import hot_and_cold_bytes
+
+    routing = zipf(8, 2, 1.2)
+    hot, cold = hot_and_cold_bytes(routing, 100.0, 0, 16)
+    assert hot == 0.0 and float(cold) == pytest.approx(100.0 * float(expected_distinct_experts(routing, 16)))
+    hot, cold = hot_and_cold_bytes(routing, 100.0, 8, 16)
+    assert hot == 800.0 and float(cold) == 0.0
+    hot, cold = hot_and_cold_bytes(routing, 100.0, 2, np.array([1.0, 64.0]))
+    assert hot == 200.0 and cold[0] < cold[1] <= 600.0 + 1e-9  # at most the 6 cold experts
