@@ -31,8 +31,8 @@ def main() -> None:
     args = parser.parse_args()
     table = run_sweep(grid_cells(read_grid(args.grid), args.grid))
     table["label"] = [e if e != "ideal" or s == "cgopipe" else f"ideal/{s}" for e, s in zip(table["engine"], table["schedule"])]
-    for (hw, model, cpu_mem), part in table.groupby(["hardware", "model", "cpu_mem_gib"], sort=False):
-        print(f"\n### {model} on {hw}, {cpu_mem:g} GiB CPU memory (mtbench, gen 128)\n")
+    for (hw, model, cpu_mem, routing), part in table.groupby(["hardware", "model", "cpu_mem_gib", "routing"], sort=False):
+        print(f"\n### {model} on {hw}, {cpu_mem:g} GiB CPU memory, routing {routing} (mtbench, gen 128)\n")
         print("| engine | N | gen tok/s | TPOT ms | TTFT s | policy |")
         print("|---|---|---|---|---|---|")
         for _, row in part.iterrows():

@@ -42,7 +42,10 @@ Mechanisms (field: what it models; ideal value):
   not kept on the GPU — ``streamed`` (copied to the GPU and computed there; ideal) or
   ``cpu`` (computed on the CPU where they are stored, hidden states there and back; a
   micro-batch of at least ``op_offload_min_tokens`` tokens instead has the experts it uses
-  copied to the GPU first, synchronously: llama.cpp's op offload);
+  copied to the GPU first, synchronously: llama.cpp's op offload) or ``cached`` (the static
+  experts are a GPU cache of each layer's hottest experts, r_w·E of them; each micro-batch
+  loads the others it uses on demand: expected misses × expert bytes, a convex
+  piecewise-linear term in r_w under skewed routing: MoE-Infinity);
 - ``offloaded_weights``: ``experts`` (non-expert weights always on the GPU; ideal) or
   ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
 - ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
@@ -106,7 +109,7 @@ KERNELS: dict[str, Kernel] = {
 class Phase(_Frozen):
     weight_path: WeightPath = "pinned"
     kv_cache: KvPath = "pinned"
-    offloaded_experts: Literal["streamed", "cpu"] = "streamed"
+    offloaded_experts: Literal["streamed", "cpu", "cached"] = "streamed"
 
 
 class Prefill(Phase):
@@ -186,11 +189,14 @@ class Engine(_Frozen):
             raise ValueError(f"schedule: unknown '{self.schedule}' (one of {', '.join(SCHEDULES)})")
         if self.moe_kernel not in KERNELS:
             raise ValueError(f"moe_kernel: unknown '{self.moe_kernel}' (one of {', '.join(KERNELS)})")
-        cpu_experts = "cpu" in (self.decode.offloaded_experts, self.prefill.offloaded_experts)
-        if cpu_experts and self.policy.fixed.get("num_micro_batches") != 1:
-            # the CPU work of the offloaded layers is per micro-batch: the lanes' per-layer
-            # offloaded term carries it exactly only for one micro-batch per step
-            raise ValueError("offloaded_experts: cpu needs policy.fixed.num_micro_batches: 1")
+        per_micro_batch = {"cpu", "cached"} & {self.decode.offloaded_experts, self.prefill.offloaded_experts}
+        if per_micro_batch and self.policy.fixed.get("num_micro_batches") != 1:
+            # the CPU work / cache misses of the offloaded experts are per micro-batch: the
+            # lanes' per-layer offloaded term carries them exactly only for one micro-batch
+            raise ValueError(f"offloaded_experts: {sorted(per_micro_batch)[0]} needs policy.fixed.num_micro_batches: 1")
+        cached = [p for p in (self.decode, self.prefill) if p.offloaded_experts == "cached"]
+        if any(p.weight_path != "pinned" for p in cached):
+            raise ValueError("offloaded_experts: cached loads its misses over the pinned path (weight_path: pinned)")
         return self
 
     @property

@@ -47,35 +47,55 @@ SCHEDULE_HELP = {name: sched.help for name, sched in _SCHEDULE_REGISTRY.items()}
 @dataclass(frozen=True)
 class Lane:
     """time = n·per_micro_batch_s + n·(1−r_c)·per_micro_batch_kv_cpu_s
-    + (1−r_w)·per_layer_offloaded_weights_s + per_layer_s"""
+    + (1−r_w)·per_layer_offloaded_weights_s + per_layer_s
+    [+ max_j (pieces[j][0] + (1−r_w)·pieces[j][1]): a convex piecewise-linear term in r_w,
+    the expert-cache misses of ``offloaded_experts: cached``; :meth:`expanded` turns a lane
+    with pieces into one affine lane per piece, whose max is the same time]"""
 
     name: str
     per_micro_batch_s: np.ndarray | float = 0.0
     per_micro_batch_kv_cpu_s: np.ndarray | float = 0.0
     per_layer_offloaded_weights_s: np.ndarray | float = 0.0
     per_layer_s: np.ndarray | float = 0.0
+    pieces: tuple = ()
 
     def time_s(self, num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):
         n = np.asarray(num_micro_batches, dtype=float)
-        return (
+        offloaded = 1.0 - np.asarray(weights_gpu_ratio, dtype=float)
+        time = (
             n * self.per_micro_batch_s
             + n * (1.0 - np.asarray(kv_gpu_ratio, dtype=float)) * self.per_micro_batch_kv_cpu_s
-            + (1.0 - np.asarray(weights_gpu_ratio, dtype=float)) * self.per_layer_offloaded_weights_s
+            + offloaded * self.per_layer_offloaded_weights_s
             + self.per_layer_s
         )
+        if self.pieces:
+            time = time + np.max([np.asarray(a) + offloaded * np.asarray(b) for a, b in self.pieces], axis=0)
+        return time
 
     def __add__(self, other: "Lane") -> "Lane":
+        if self.pieces and other.pieces:
+            raise ValueError("lanes with two piecewise terms cannot be added (their max does not distribute)")
         return Lane(
             f"{self.name}+{other.name}",
             self.per_micro_batch_s + other.per_micro_batch_s,
             self.per_micro_batch_kv_cpu_s + other.per_micro_batch_kv_cpu_s,
             self.per_layer_offloaded_weights_s + other.per_layer_offloaded_weights_s,
             self.per_layer_s + other.per_layer_s,
+            self.pieces or other.pieces,
         )
 
     def renamed(self, name: str) -> "Lane":
         return Lane(name, self.per_micro_batch_s, self.per_micro_batch_kv_cpu_s, self.per_layer_offloaded_weights_s,
-                    self.per_layer_s)
+                    self.per_layer_s, self.pieces)
+
+    def expanded(self) -> list["Lane"]:
+        """This lane as affine lanes (one per piece: the piece's terms added) whose max over
+        r_w is :meth:`time_s`."""
+        if not self.pieces:
+            return [self]
+        return [Lane(f"{self.name}#{j}", self.per_micro_batch_s, self.per_micro_batch_kv_cpu_s,
+                     self.per_layer_offloaded_weights_s + b, self.per_layer_s + a)
+                for j, (a, b) in enumerate(self.pieces)]
 
 
 def _sum_lanes(name: str, lanes) -> Lane:
@@ -226,11 +246,35 @@ def offloaded_experts_on_cpu(engine: Engine, phase, tokens) -> np.ndarray:
     return (t < engine.op_offload_min_tokens).astype(float)
 
 
+def cache_miss_pieces(model: ModelSpec, phase, tokens, link_bytes_per_s, zero) -> tuple:
+    """``offloaded_experts: cached``: the load time of one micro-batch's cache misses as
+    pieces of a convex piecewise-linear function of x = 1 − r_w (:class:`Lane`): with C of a
+    layer's E experts cached (the C hottest, r_w = C/E), the misses are Σ_{e∉top C} 1 −
+    (1 − q_e)^tokens experts (:func:`hrm.routing.expected_misses`), convex in C; the secant
+    of each (C, C + 1) segment is one piece, and their max is the exact value at every whole
+    C. Uniform routing gives one line: (1 − r_w)·D(tokens). () for the other mechanisms."""
+    if phase.offloaded_experts != "cached":
+        return ()
+    from .routing import expected_misses, uniform
+
+    routing = model.routing or uniform(model.num_experts, model.top_k)
+    ne = model.num_experts
+    load = [expected_misses(routing, c, tokens) * costs.expert_bytes(model) / link_bytes_per_s for c in range(ne + 1)]
+    pieces = []
+    for c in range(ne):
+        slope = ne * (load[c] - load[c + 1])  # per unit of x = 1 − C/E
+        pieces.append((load[c] - slope * (1.0 - c / ne) + zero, slope + zero))
+    return tuple(pieces)
+
+
 def crossing_layer_bytes(model: ModelSpec, engine: Engine, phase, tokens, moe: bool, ffn_on_gpu=1.0):
     """Bytes of one layer's offloaded weights that cross the link per load at r_w = 0: the
     whole offloaded layer (:func:`offloaded_layer_bytes`), or — CPU-kept experts copied for
     an offloaded op (``offloaded_experts: cpu``) — only the experts the micro-batch's tokens
-    use (llama.cpp copies just those: ggml-backend.cpp:1709-1775)."""
+    use (llama.cpp copies just those: ggml-backend.cpp:1709-1775); with an expert cache
+    (``cached``) the misses are :func:`cache_miss_pieces`, not a whole-layer load."""
+    if moe and phase.offloaded_experts == "cached":
+        return 0.0 * np.asarray(tokens, dtype=float)
     if moe and phase.offloaded_experts == "cpu" and engine.offloaded_weights == "experts":
         return costs.expected_distinct_experts(model, tokens) * costs.expert_bytes(model) * np.asarray(ffn_on_gpu,
                                                                                                       dtype=float)
@@ -358,13 +402,15 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     on_cpu = offloaded_experts_on_cpu(engine, engine.decode, mu) * ffn if moe else zero
     weights = weight_transfer_s(rates, engine, engine.decode.weight_path,
                                 (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.decode, mu, moe, ffn))
+    misses = cache_miss_pieces(model, engine.decode, mu, link_bytes_s(rates, engine, "h2d"), zero) if moe else ()
     reduce = allreduce_s(model, rates, engine, mu)
     gpu_experts_s = gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)  # a dense layer: its MLP
     cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows)
     hidden_each_way = mu * model.hidden_size * ab  # to CPU experts and back
 
-    def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0):
-        return DecodeTask(name, resource, kind, Lane(name, per_mb + zero, per_mb_kv + zero, weights + zero))
+    def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0, pieces=()):
+        return DecodeTask(name, resource, kind, Lane(name, per_mb + zero, per_mb_kv + zero, weights + zero,
+                                                     pieces=pieces))
 
     tasks = [
         task("PreAttn", "gpu", "pre_attn", gpu_time_s(ops.pre_attn, rates, mu, engine)),
@@ -384,8 +430,8 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         task("FFN→GPU", "h2d", "hidden", ffn_bytes / h2d, weights=on_cpu * hidden_each_way / h2d),
         # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
         task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / kv_h2d),
-        # D3: the offloaded weights of the next layer, in n pages
-        task("W", "h2d", "weights", weights=weights["h2d"]),
+        # D3: the offloaded weights of the next layer, in n pages (cached: the misses of the micro-batch)
+        task("W", "h2d", "weights", weights=weights["h2d"], pieces=misses),
     ]
     if "cpu" in weights:  # the CPU side of a pageable weight path
         tasks.append(task("StageW", "cpu", "weights", weights=weights["cpu"]))
@@ -469,10 +515,11 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     kv_chain = kv["d2h"] if blocking else 0.0
     cpu_hidden = on_cpu * tokens * model.hidden_size * ab  # each way, for the layers' CPU experts
+    misses = cache_miss_pieces(model, engine.prefill, tokens, h2d, zero) if moe else ()
     lanes = {
         "gpu": Lane("gpu", gpu + zero, kv_chain + zero, -on_cpu * moe_s + zero),
         "h2d": Lane("h2d", alpha["h2d"] + hidden / h2d + reduce.get("h2d", 0.0) + zero, zero,
-                    weights["h2d"] + cpu_hidden / h2d + zero),
+                    weights["h2d"] + cpu_hidden / h2d + zero, pieces=misses),
         "d2h": Lane("d2h", alpha["d2h"] + hidden / d2h + reduce.get("d2h", 0.0) + zero,
                     (0.0 if blocking else kv["d2h"]) + zero, cpu_hidden / d2h + zero),
     }
@@ -525,7 +572,7 @@ def schedule_lanes(resources: dict[str, Lane], schedule: str | Engine, shared_un
     tasks = {r: lane for r, lane in resources.items() if r in RESOURCES}
     bounds = [lane for r, lane in resources.items() if r not in RESOURCES]
     if lanes == "serial" or shared_unit:
-        return [_sum_lanes("all", tasks.values()), *bounds]
+        return _expanded([_sum_lanes("all", tasks.values()), *bounds])
     if lanes == "chain" and phase == "decode" and "cpu" in tasks:
         h2d, cpu = tasks["h2d"], tasks["cpu"]
         chain = _sum_lanes("chain", [tasks["gpu"], Lane("cpu", cpu.per_micro_batch_s, cpu.per_micro_batch_kv_cpu_s),
@@ -537,7 +584,12 @@ def schedule_lanes(resources: dict[str, Lane], schedule: str | Engine, shared_un
         combined = list(tasks.values())
     if engine.sync == "per-micro-batch" and phase == "decode" and "h2d" in tasks:
         combined += micro_batch_sync_lanes(combined, tasks["h2d"].per_layer_offloaded_weights_s)
-    return [*combined, *bounds]
+    return _expanded([*combined, *bounds])
+
+
+def _expanded(lanes: list[Lane]) -> list[Lane]:
+    """Affine lanes only (:meth:`Lane.expanded`): what eq. 12's max and the solver take."""
+    return [piece for lane in lanes for piece in lane.expanded()]
 
 
 def micro_batch_sync_lanes(lanes: list[Lane], weights_s) -> list[Lane]:
