@@ -236,6 +236,15 @@ def routed_experts(model: ModelSpec, tokens) -> OpCost:
     return OpCost("experts", flops=flops, weight_bytes=weights, act_bytes=act)
 
 
+def single_expert(model: ModelSpec, tokens) -> OpCost:
+    """One routed expert's SwiGLU on ``tokens`` tokens (expected, may be fractional): its
+    weights read once, 2·3·h·h2 FLOPs per token."""
+    tokens = np.asarray(tokens, dtype=float)
+    act = tokens * (2 * model.hidden_size + 3 * model.expert_intermediate_size) * dtype_bytes(model.activation_dtype)
+    return OpCost("expert", flops=2 * tokens * expert_params(model), weight_bytes=expert_bytes(model) + 0 * tokens,
+                  act_bytes=act)
+
+
 def dense_mlp(model: ModelSpec, tokens) -> OpCost:
     """Dense MLP of a first dense layer (static on GPU)."""
     tokens = np.asarray(tokens, dtype=float)

@@ -45,7 +45,9 @@ Mechanisms (field: what it models; ideal value):
   copied to the GPU first, synchronously: llama.cpp's op offload) or ``cached`` (the static
   experts are a GPU cache of each layer's hottest experts, r_w·E of them; each micro-batch
   loads the others it uses on demand: expected misses × expert bytes, a convex
-  piecewise-linear term in r_w under skewed routing: MoE-Infinity);
+  piecewise-linear term in r_w under skewed routing: MoE-Infinity) or ``cached-cpu`` (the
+  same cache; a miss runs on the CPU below ``offload_min_tokens_per_expert`` tokens per
+  expert and is copied from pageable memory above: Fiddler);
 - ``offloaded_weights``: ``experts`` (non-expert weights always on the GPU; ideal) or
   ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
 - ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
@@ -109,7 +111,7 @@ KERNELS: dict[str, Kernel] = {
 class Phase(_Frozen):
     weight_path: WeightPath = "pinned"
     kv_cache: KvPath = "pinned"
-    offloaded_experts: Literal["streamed", "cpu", "cached"] = "streamed"
+    offloaded_experts: Literal["streamed", "cpu", "cached", "cached-cpu"] = "streamed"
 
 
 class Prefill(Phase):
@@ -174,6 +176,9 @@ class Engine(_Frozen):
     #: tokens from which a micro-batch's CPU-kept experts are copied to the GPU instead of
     #: computed on the CPU (``offloaded_experts: cpu``); None: never
     op_offload_min_tokens: Optional[bounds.SEQUENCES.type] = None
+    #: ``offloaded_experts: cached-cpu``: tokens per touched expert from which a missed
+    #: expert is copied to the GPU instead of run on the CPU; None: always on the CPU
+    offload_min_tokens_per_expert: Optional[bounds.NON_NEGATIVE.type] = None
     offloaded_weights: Literal["experts", "all"] = "experts"
     copy_threads: bounds.COPY_THREADS.type = 0
     numa_aware: bool = True
@@ -189,7 +194,8 @@ class Engine(_Frozen):
             raise ValueError(f"schedule: unknown '{self.schedule}' (one of {', '.join(SCHEDULES)})")
         if self.moe_kernel not in KERNELS:
             raise ValueError(f"moe_kernel: unknown '{self.moe_kernel}' (one of {', '.join(KERNELS)})")
-        per_micro_batch = {"cpu", "cached"} & {self.decode.offloaded_experts, self.prefill.offloaded_experts}
+        per_micro_batch = {"cpu", "cached", "cached-cpu"} & {self.decode.offloaded_experts,
+                                                             self.prefill.offloaded_experts}
         if per_micro_batch and self.policy.fixed.get("num_micro_batches") != 1:
             # the CPU work / cache misses of the offloaded experts are per micro-batch: the
             # lanes' per-layer offloaded term carries them exactly only for one micro-batch
@@ -197,6 +203,10 @@ class Engine(_Frozen):
         cached = [p for p in (self.decode, self.prefill) if p.offloaded_experts == "cached"]
         if any(p.weight_path != "pinned" for p in cached):
             raise ValueError("offloaded_experts: cached loads its misses over the pinned path (weight_path: pinned)")
+        cpu_misses = "cached-cpu" in (self.decode.offloaded_experts, self.prefill.offloaded_experts)
+        if cpu_misses and self.schedule != "sequential":
+            # the misses' CPU, link and GPU work is one cost per miss: exact in one serial lane
+            raise ValueError("offloaded_experts: cached-cpu needs schedule: sequential")
         return self
 
     @property

@@ -79,10 +79,7 @@ def _split_router(post: OpCost, model: ModelSpec, tokens: float) -> tuple[OpCost
 def expert_compute_s(model: ModelSpec, rates: Rates, tokens: float) -> float:
     """One expert's SwiGLU on ``tokens`` tokens (expected, may be fractional) on the GPU: its
     weights read once from HBM, 2·3·h·h2 FLOPs per token."""
-    op = OpCost("expert", flops=2 * tokens * costs.expert_params(model), weight_bytes=costs.expert_bytes(model),
-                act_bytes=tokens * (2 * model.hidden_size + 3 * model.expert_intermediate_size)
-                * dtype_bytes(model.activation_dtype))
-    return float(latency.gpu_time_s(op, rates, max(tokens, 1.0)))
+    return float(latency.gpu_time_s(costs.single_expert(model, tokens), rates, max(tokens, 1.0)))
 
 
 def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: float, num_batches: int,

@@ -246,25 +246,46 @@ def offloaded_experts_on_cpu(engine: Engine, phase, tokens) -> np.ndarray:
     return (t < engine.op_offload_min_tokens).astype(float)
 
 
-def cache_miss_pieces(model: ModelSpec, phase, tokens, link_bytes_per_s, zero) -> tuple:
-    """``offloaded_experts: cached``: the load time of one micro-batch's cache misses as
-    pieces of a convex piecewise-linear function of x = 1 − r_w (:class:`Lane`): with C of a
-    layer's E experts cached (the C hottest, r_w = C/E), the misses are Σ_{e∉top C} 1 −
-    (1 − q_e)^tokens experts (:func:`hrm.routing.expected_misses`), convex in C; the secant
-    of each (C, C + 1) segment is one piece, and their max is the exact value at every whole
-    C. Uniform routing gives one line: (1 − r_w)·D(tokens). () for the other mechanisms."""
-    if phase.offloaded_experts != "cached":
+def cache_miss_pieces(model: ModelSpec, phase, tokens, seconds_per_miss, zero) -> tuple:
+    """``offloaded_experts: cached`` / ``cached-cpu``: the cost of one micro-batch's expert
+    cache misses as pieces of a convex piecewise-linear function of x = 1 − r_w
+    (:class:`Lane`): with C of a layer's E experts cached (the C hottest, r_w = C/E), the
+    misses are Σ_{e∉top C} 1 − (1 − q_e)^tokens experts (:func:`hrm.routing.expected_misses`),
+    convex in C; each costs ``seconds_per_miss``. The secant of each (C, C + 1) segment is one
+    piece, and their max is exact at every whole C. Uniform routing gives one line:
+    (1 − r_w)·D(tokens)·seconds_per_miss. () for the other mechanisms."""
+    if phase.offloaded_experts not in ("cached", "cached-cpu"):
         return ()
     from .routing import expected_misses, uniform
 
     routing = model.routing or uniform(model.num_experts, model.top_k)
     ne = model.num_experts
-    load = [expected_misses(routing, c, tokens) * costs.expert_bytes(model) / link_bytes_per_s for c in range(ne + 1)]
+    cost = [expected_misses(routing, c, tokens) * seconds_per_miss for c in range(ne + 1)]
     pieces = []
     for c in range(ne):
-        slope = ne * (load[c] - load[c + 1])  # per unit of x = 1 − C/E
-        pieces.append((load[c] - slope * (1.0 - c / ne) + zero, slope + zero))
+        slope = ne * (cost[c] - cost[c + 1])  # per unit of x = 1 − C/E
+        pieces.append((cost[c] - slope * (1.0 - c / ne) + zero, slope + zero))
     return tuple(pieces)
+
+
+def seconds_per_miss(model: ModelSpec, rates: Rates, engine: Engine, phase, tokens, gpu_experts_s) -> np.ndarray:
+    """What one expert-cache miss costs a micro-batch of ``tokens`` tokens: ``cached`` — its
+    load over the pinned link (it then runs on the GPU like a hit); ``cached-cpu`` — below
+    ``offload_min_tokens_per_expert`` tokens per touched expert (tokens·k / D(tokens)) it runs
+    on the CPU with its tokens' hidden states there and back, and the GPU's share of the
+    expert work (``gpu_experts_s`` / D) is not spent; from there on its weights are copied
+    from pageable memory (Fiddler: ``load_state_dict`` into a GPU placeholder)."""
+    t = np.asarray(tokens, dtype=float)
+    load = costs.expert_bytes(model) / link_bytes_s(rates, engine, "h2d")
+    if phase.offloaded_experts == "cached":
+        return load + 0 * t
+    distinct = costs.expected_distinct_experts(model, t)
+    per_expert = t * model.top_k / distinct
+    hidden = 2 * per_expert * model.hidden_size * dtype_bytes(model.activation_dtype) / link_bytes_s(rates, engine, "h2d")
+    on_cpu = cpu_time_s(costs.single_expert(model, per_expert), rates, per_expert) + hidden - gpu_experts_s / distinct
+    copied = costs.expert_bytes(model) / link_bytes_s(rates, engine, "h2d", pageable=True)
+    threshold = engine.offload_min_tokens_per_expert
+    return np.where(per_expert < threshold if threshold is not None else True, on_cpu, copied)
 
 
 def crossing_layer_bytes(model: ModelSpec, engine: Engine, phase, tokens, moe: bool, ffn_on_gpu=1.0):
@@ -273,7 +294,7 @@ def crossing_layer_bytes(model: ModelSpec, engine: Engine, phase, tokens, moe: b
     an offloaded op (``offloaded_experts: cpu``) — only the experts the micro-batch's tokens
     use (llama.cpp copies just those: ggml-backend.cpp:1709-1775); with an expert cache
     (``cached``) the misses are :func:`cache_miss_pieces`, not a whole-layer load."""
-    if moe and phase.offloaded_experts == "cached":
+    if moe and phase.offloaded_experts in ("cached", "cached-cpu"):
         return 0.0 * np.asarray(tokens, dtype=float)
     if moe and phase.offloaded_experts == "cpu" and engine.offloaded_weights == "experts":
         return costs.expected_distinct_experts(model, tokens) * costs.expert_bytes(model) * np.asarray(ffn_on_gpu,
@@ -402,9 +423,10 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     on_cpu = offloaded_experts_on_cpu(engine, engine.decode, mu) * ffn if moe else zero
     weights = weight_transfer_s(rates, engine, engine.decode.weight_path,
                                 (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.decode, mu, moe, ffn))
-    misses = cache_miss_pieces(model, engine.decode, mu, link_bytes_s(rates, engine, "h2d"), zero) if moe else ()
     reduce = allreduce_s(model, rates, engine, mu)
     gpu_experts_s = gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)  # a dense layer: its MLP
+    misses = cache_miss_pieces(model, engine.decode, mu, seconds_per_miss(model, rates, engine, engine.decode, mu,
+                                                                          gpu_experts_s), zero) if moe else ()
     cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows)
     hidden_each_way = mu * model.hidden_size * ab  # to CPU experts and back
 
@@ -515,7 +537,8 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     kv_chain = kv["d2h"] if blocking else 0.0
     cpu_hidden = on_cpu * tokens * model.hidden_size * ab  # each way, for the layers' CPU experts
-    misses = cache_miss_pieces(model, engine.prefill, tokens, h2d, zero) if moe else ()
+    misses = cache_miss_pieces(model, engine.prefill, tokens, seconds_per_miss(model, rates, engine, engine.prefill,
+                                                                               tokens, moe_s), zero) if moe else ()
     lanes = {
         "gpu": Lane("gpu", gpu + zero, kv_chain + zero, -on_cpu * moe_s + zero),
         "h2d": Lane("h2d", alpha["h2d"] + hidden / h2d + reduce.get("h2d", 0.0) + zero, zero,
