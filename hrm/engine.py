@@ -223,7 +223,7 @@ IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-1
 MECHANISMS: dict[str, str] = {
     "decode.weight_path": "decode weight path",
     "decode.kv_cache": "decode host-KV path (pinned/pageable)",
-    "decode.offloaded_experts": "offloaded experts computed on the CPU (op offload above a batch)",
+    "decode.offloaded_experts": "experts not on the GPU: run on the CPU or fetched as cache misses",
     "host_dram": "host DRAM shared by copies, DMA and CPU attention",
     "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
     "moe_kernel": "MoE kernel efficiency",
@@ -232,7 +232,7 @@ MECHANISMS: dict[str, str] = {
     "prefill.weight_path": "prefill weight path",
     "prefill.weights_overlap": "prefill weight-load overlap",
     "prefill.kv_cache": "prefill KV write-back path",
-    "prefill.offloaded_experts": "prefill offloaded experts on the CPU (op offload above a batch)",
+    "prefill.offloaded_experts": "prefill: experts not on the GPU run on the CPU or fetched as misses",
     "prefill.kv_reserved_gen_slots": "prefill writes reserved KV slots",
     "prefill.hidden_round_trip": "prefill hidden-state round trip",
     "copy_threads": "staging-copy thread team",
