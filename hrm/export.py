@@ -419,14 +419,17 @@ def _llama_cpu_moe_layers(policy: Policy, ctx: Context) -> int:
     return layers if not policy.ffn_on_gpu else round((1.0 - policy.weights_gpu_ratio) * layers)
 
 
-def _llama_engine_runs(attn_on_gpu: bool, num_micro_batches: int) -> bool:
-    """HRM's ``llama.cpp`` engine runs one ubatch per step with the KV cache on the GPU; other
-    llama.cpp policies (-nkvo, several ubatches) are estimated with the plan's engine."""
-    return bool(attn_on_gpu) and num_micro_batches == 1
+def _llama_engine_runs(num_micro_batches: int) -> bool:
+    """HRM's ``llama.cpp`` / ``llama.cpp-nkvo`` engines run one ubatch per step; policies of
+    several ubatches are estimated with the plan's engine."""
+    return num_micro_batches == 1
 
 
 def _llama_engine(policy: Policy) -> str | None:
-    return "llama.cpp" if _llama_engine_runs(policy.attn_on_gpu, policy.num_micro_batches) else None
+    """KV cache and attention on the GPU: ``llama.cpp``; -nkvo (in host memory): ``llama.cpp-nkvo``."""
+    if not _llama_engine_runs(policy.num_micro_batches):
+        return None
+    return "llama.cpp" if policy.attn_on_gpu else "llama.cpp-nkvo"
 
 
 def _llama_policy(policy: Policy, ctx: Context, cpu_layers: int, attn_gpu: bool) -> Policy | None:
@@ -435,7 +438,7 @@ def _llama_policy(policy: Policy, ctx: Context, cpu_layers: int, attn_gpu: bool)
     fields = _fields(policy, attn_on_gpu=attn_gpu, kv_gpu_ratio=1.0 if attn_gpu else 0.0, weights_gpu_ratio=rw)
     # the llama.cpp engine's ffn=gpu with r_w = share of GPU layers (r_w = 0: every layer's
     # experts computed on the CPU); elsewhere every layer on the CPU is ffn=cpu
-    fields["ffn_on_gpu"] = rw > 0 or _llama_engine_runs(attn_gpu, fields["num_micro_batches"])
+    fields["ffn_on_gpu"] = rw > 0 or _llama_engine_runs(fields["num_micro_batches"])
     return _policy(**fields)
 
 
@@ -552,9 +555,9 @@ LLAMA_CPP = EngineFlags(
     expressed_fields=("batch_size", "micro_batch_size", "num_micro_batches", "attn_on_gpu", "ffn_on_gpu",
                       "weights_gpu_ratio", "kv_gpu_ratio"),
     hrm_engine=_llama_engine,
-    caveats=("re-estimated with HRM's llama.cpp engine (experts of CPU layers run on the CPU below 32 tokens per "
-             "ubatch, their used experts copied to the GPU above) when the KV cache is on the GPU and one ubatch "
-             "holds the batch; -nkvo or several ubatches are estimated with the plan's engine",
+    caveats=("re-estimated with HRM's llama.cpp engine (llama.cpp-nkvo with -nkvo: experts of CPU layers run on the "
+             "CPU below 32 tokens per ubatch, their used experts copied to the GPU above) when one ubatch holds "
+             "the batch; several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
     nearest=_llama_nearest,
     render=_llama_render,

@@ -127,3 +127,16 @@ def test_export_of_a_llama_cpp_plan_round_trips():
     assert back.weights_gpu_ratio == pytest.approx(found.best.policy.weights_gpu_ratio)
     assert (back.batch_size, back.micro_batch_size, back.attn_on_gpu) == (4, 4, True)
     assert np.isclose(back.kv_gpu_ratio, 1.0)
+
+
+def test_nkvo_variant_runs_attention_on_the_cpu():
+    hw, model = load_hardware("rtx3090"), load_model("mixtral")
+    nkvo = load_engine("llama.cpp-nkvo")
+    found = search(hw, model, WL, engine=nkvo, fixed={"batch_size": 16}, top=0, verify=True)
+    p = found.best.policy
+    assert found.verified and (p.attn_on_gpu, p.kv_gpu_ratio, p.num_micro_batches) == (False, 0.0, 1)
+    # the same experts placement: only attention and the KV cache move to the host
+    with_kv = Policy(**{**p.model_dump(), "attn_on_gpu": True, "kv_gpu_ratio": 1.0})
+    host, device = estimate(hw, model, WL, p, engine=nkvo), estimate(hw, model, WL, with_kv, engine=llama())
+    assert host.gpu_peak_bytes < device.gpu_peak_bytes  # the KV cache left the GPU
+    assert host.cpu_peak_bytes > device.cpu_peak_bytes

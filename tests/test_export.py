@@ -81,7 +81,7 @@ def test_round_trip_over_searched_plans(plans, engine):
 HAND_BUILT = {  # policies each engine can express exactly (mixtral-8x7b: 32 layers, 8 experts) on l4
     "flexgen": ["N=64,mu=16,n=4,attn=gpu,ffn=gpu,rw=0.25,rc=0.5", "N=96,mu=32,n=3,attn=cpu,ffn=gpu,rw=0.07,rc=0"],
     "moe-lightning": ["N=256,mu=32,n=8,attn=cpu,ffn=gpu,rw=0,rc=0", "N=36,mu=36,n=1,attn=cpu,ffn=gpu,rw=0.125,rc=0"],
-    "llama.cpp": ["N=64,mu=16,n=4,attn=gpu,ffn=gpu,rw=0.25,rc=1", "N=8,mu=8,n=1,attn=cpu,ffn=cpu,rw=0,rc=0",
+    "llama.cpp": ["N=64,mu=16,n=4,attn=gpu,ffn=gpu,rw=0.25,rc=1", "N=8,mu=8,n=1,attn=cpu,ffn=gpu,rw=0,rc=0",
                   "N=32,mu=8,n=4,attn=cpu,ffn=gpu,rw=1,rc=0"],
     "vllm": ["N=16,mu=16,n=1,attn=gpu,ffn=gpu,rw=1,rc=1"],
     "sglang": ["N=32,mu=32,n=1,attn=gpu,ffn=gpu,rw=0.25,rc=1", "N=4,mu=4,n=1,attn=gpu,ffn=cpu,rw=0,rc=1"],
@@ -113,11 +113,14 @@ def test_llama_cpp_counts_dense_blocks_and_reads_ot():
     ot = r"blk\.([1-9]|1[0-3])\.ffn_(up|down|gate)_exps=CPU"  # blocks 1..13: the same 13 MoE layers
     back = import_flags("llama.cpp", f"-np 16 -ub 16 -ot '{ot}'", model, workload)
     assert back.weights_gpu_ratio == pytest.approx(0.5)
-    # every layer's experts on the CPU: under HRM's llama.cpp engine (KV on the GPU, one ubatch)
-    # that is ffn=gpu with r_w = 0; with -nkvo (the plan's engine) it is ffn=cpu
+    # every layer's experts on the CPU: under HRM's llama.cpp engines (one ubatch) that is
+    # ffn=gpu with r_w = 0, KV on the GPU (llama.cpp) or in host memory (-nkvo: llama.cpp-nkvo);
+    # with several ubatches (the plan's engine) it is ffn=cpu
     every = import_flags("llama.cpp", "-np 16 -ub 16 -cmoe", model, workload)
-    assert (every.ffn_on_gpu, every.weights_gpu_ratio) == (True, 0.0)
-    assert import_flags("llama.cpp", "-np 16 -ub 16 -cmoe -nkvo", model, workload).ffn_on_gpu is False
+    assert (every.ffn_on_gpu, every.weights_gpu_ratio, every.attn_on_gpu) == (True, 0.0, True)
+    nkvo = import_flags("llama.cpp", "-np 16 -ub 16 -cmoe -nkvo", model, workload)
+    assert (nkvo.ffn_on_gpu, nkvo.attn_on_gpu, nkvo.kv_gpu_ratio) == (True, False, 0.0)
+    assert import_flags("llama.cpp", "-np 16 -ub 8 -cmoe", model, workload).ffn_on_gpu is False
 
 
 def check_documented_form(engine, flag_tokens):
