@@ -86,11 +86,15 @@ def norm_params(model: ModelSpec) -> int:
     return 2 * model.hidden_size + extra
 
 
+def router_params(model: ModelSpec) -> int:
+    """The gate's h × ne matrix (none for a one-expert model)."""
+    return model.hidden_size * model.num_experts if model.num_experts > 1 else 0
+
+
 def moe_layer_static_params(model: ModelSpec) -> int:
     """Parameters of an MoE layer that always stay on the GPU (non-expert): attention,
     norms, router, shared experts."""
-    router = model.hidden_size * model.num_experts if model.num_experts > 1 else 0
-    return attention_params(model) + norm_params(model) + router + shared_params(model)
+    return attention_params(model) + norm_params(model) + router_params(model) + shared_params(model)
 
 
 def dense_layer_params(model: ModelSpec) -> int:
@@ -217,7 +221,7 @@ def post_attention(model: ModelSpec, tokens) -> OpCost:
     tokens = np.asarray(tokens, dtype=float)
     h, wb, ab = model.hidden_size, dtype_bytes(model.weight_dtype), dtype_bytes(model.activation_dtype)
     o_params = model.attn_out_dim * h
-    router = h * model.num_experts if model.num_experts > 1 else 0
+    router = router_params(model)
     shared = shared_params(model)
     flops = 2 * tokens * (o_params + router + shared) + 4 * tokens * h
     act = tokens * (model.attn_out_dim + 2 * h + model.num_experts + (2 * model.shared_intermediate_size)) * ab
@@ -234,6 +238,16 @@ def routed_experts(model: ModelSpec, tokens) -> OpCost:
     weights = expected_distinct_experts(model, tokens) * expert_bytes(model)
     act = tokens * model.top_k * (2 * h + 3 * h2) * ab
     return OpCost("experts", flops=flops, weight_bytes=weights, act_bytes=act)
+
+
+def router(model: ModelSpec, tokens) -> OpCost:
+    """The gate alone (its part of :func:`post_attention`): 2·h·ne FLOPs per token, its
+    weights once, the hidden states in and the logits out."""
+    tokens = np.asarray(tokens, dtype=float)
+    ab = dtype_bytes(model.activation_dtype)
+    return OpCost("router", flops=2 * tokens * router_params(model),
+                  weight_bytes=router_params(model) * dtype_bytes(model.weight_dtype) + 0 * tokens,
+                  act_bytes=tokens * (model.hidden_size + model.num_experts) * ab)
 
 
 def single_expert(model: ModelSpec, tokens) -> OpCost:

@@ -68,10 +68,7 @@ class KlotskiLayer:
 
 def _split_router(post: OpCost, model: ModelSpec, tokens: float) -> tuple[OpCost, OpCost]:
     """(post-attention without the router, the router) of :func:`hrm.costs.post_attention`."""
-    router = model.hidden_size * model.num_experts
-    wb = dtype_bytes(model.weight_dtype)
-    gate = OpCost("gate", flops=2 * tokens * router, weight_bytes=router * wb,
-                  act_bytes=tokens * (model.hidden_size + model.num_experts) * dtype_bytes(model.activation_dtype))
+    gate = costs.router(model, tokens)
     rest = replace(post, flops=post.flops - gate.flops, weight_bytes=post.weight_bytes - gate.weight_bytes)
     return rest, gate
 
@@ -107,7 +104,7 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
     wb = dtype_bytes(model.weight_dtype)
     return KlotskiLayer(
         num_batches=num_batches, attention_s=attention_s, gate_s=float(latency.gpu_time_s(gate, rates, micro_batch)),
-        gate_load_s=model.hidden_size * model.num_experts * wb / link,
+        gate_load_s=costs.router_params(model) * wb / link,
         attention_load_s=costs.attention_params(model) * wb / link, expert_load_s=load,
         hot=[expert(e) for e in order[:k]], cold=[expert(e) for e in order[k:k + cold_count]])
 

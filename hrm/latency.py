@@ -280,7 +280,7 @@ def seconds_per_miss(model: ModelSpec, rates: Rates, engine: Engine, phase, toke
     if phase.offloaded_experts == "cached":
         return load + 0 * t
     distinct = costs.expected_distinct_experts(model, t)
-    per_expert = t * model.top_k / distinct
+    per_expert = _expert_rows(model, t)  # tokens per touched expert
     hidden = 2 * per_expert * model.hidden_size * dtype_bytes(model.activation_dtype) / link_bytes_s(rates, engine, "h2d")
     on_cpu = cpu_time_s(costs.single_expert(model, per_expert), rates, per_expert) + hidden - gpu_experts_s / distinct
     copied = costs.expert_bytes(model) / link_bytes_s(rates, engine, "h2d", pageable=True)

@@ -18,7 +18,7 @@ from hrm.model import load_model
 from hrm.options import DEFAULT_OPTIONS
 from hrm.policy import Policy
 from hrm.rates import rates_from_profile
-from hrm.routing import expected_misses, uniform, zipf
+from hrm.routing import expected_misses, zipf
 from hrm.workload import make_workload
 from solver.search import search
 
@@ -100,7 +100,6 @@ def test_skew_lowers_the_latency_of_a_cached_policy():
     flat = estimate(hw, model, WL, policy, engine=engine).per_token_latency_s
     hot = estimate(hw, model.with_routing(zipf(8, 2, 1.5)), WL, policy, engine=engine).per_token_latency_s
     assert hot < flat
-    assert uniform(8, 2).kind == "uniform"
 
 
 def test_engine_rules():
