@@ -218,12 +218,24 @@ def estimate(
     """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
     ``ideal``; ``schedule`` is ideal's lane structure, default cgopipe). Raises HRMError if
     the engine cannot run the placement; r_w is snapped to the engine's granularity (noted)."""
+    from dataclasses import replace
+
+    from .schedules import pipeline_function
+
     check_context_window(model, workload)
     engine = resolve_engine(engine, schedule)
     policy, notes = realised_policy(model, engine, policy)
     options = options.for_model(model)
-    rates = rates_from_profile(hw, options)
     limits = limits or memory_limits(hw, options)
+    result = pipeline_function(engine.schedule, 0)(hw, model, workload, policy, options, limits, engine)
+    return replace(result, notes=(*notes, *result.notes))
+
+
+def estimate_lanes(hw: HardwareProfile, model: ModelSpec, workload: Workload, policy: Policy, options: ModelOptions,
+                   limits: MemoryLimits, engine: Engine) -> EstimateResult:
+    """:func:`estimate` of a policy the engine runs (realised), for the lanes pipeline: each
+    layer the max of its lanes (eq. 12), summed over the decode steps."""
+    rates = rates_from_profile(hw, options)
     steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, workload, policy, engine)
     decode = float(np.sum(steps))
     n_steps = len(steps)
@@ -269,7 +281,6 @@ def estimate(
         lane_layer_s=lane_layer,
         memory_components={"gpu": gpu_form.components, "cpu": cpu_form.components},
         engine=engine.name,
-        notes=tuple(notes),
         defaulted=used_defaults(engine, rates),
     )
 

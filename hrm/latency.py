@@ -592,6 +592,10 @@ def schedule_lanes(resources: dict[str, Lane], schedule: str | Engine, shared_un
     lanes of their own under every structure: they limit, they do not queue."""
     engine = schedule if isinstance(schedule, Engine) else IDEAL
     lanes = get_schedule(engine.schedule if isinstance(schedule, Engine) else schedule).lanes
+    if lanes not in ("overlap", "chain", "serial"):
+        # an expert-level schedule (Klotski) has no lanes: its layer time is a scheduled period
+        raise ValueError(f"schedule {engine.schedule if isinstance(schedule, Engine) else schedule} has no lanes "
+                         f"(its layer time comes from hrm.klotski)")
     tasks = {r: lane for r, lane in resources.items() if r in RESOURCES}
     bounds = [lane for r, lane in resources.items() if r not in RESOURCES]
     if lanes == "serial" or shared_unit:

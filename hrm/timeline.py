@@ -328,7 +328,7 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
                         hot_experts: list[tuple[float, float]], cold_experts: list[tuple[float, float]],
                         layers: int = 6, order: str = "hot-first", prefetch_hot: bool = True,
                         gate_load_s: float = 0.0, attention_load_s: float = 0.0,
-                        expert_buffers: int = 1) -> TaskQueues:
+                        expert_buffers: int = 1, kv_load_s: float = 0.0, kv_store_s: float = 0.0) -> TaskQueues:
     """The task graph of ``layers`` Klotski decode layers (paper §5, Fig. 9, Algorithm 1) on
     the queues "gpu" (attention, gate, expert compute) and "h2d" (weight loads), for
     :func:`list_schedule`.
@@ -337,7 +337,7 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     ``num_batches`` batches, and ``compute_s`` per batch (every batch routes tokens to
     every listed expert). ``attention_s`` and ``gate_s`` are per batch. Per layer the GPU
     runs attention of every batch, then the gate of every batch, then the experts in
-    ``order``. The link loads, in this order: the attention weights (``attention_load_s``,
+    ``order`` (hot-first: one task per expert over all batches). The link loads, in this order: the attention weights (``attention_load_s``,
     double-buffered: during the previous layer's experts), the gate weights and the hot
     experts (prefetched: from the layer's start, during attention; after the first gate if
     not ``prefetch_hot``), then the cold experts on demand after the first gate (the first
@@ -347,11 +347,20 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     Buffer assumption: the GPU holds the gate and experts of ``expert_buffers`` layers; a
     layer's prefetch waits until the experts of the layer ``expert_buffers`` back have all
     been computed (1, Fig. 9: prefetch during the layer's own attention; 2: double-buffered
-    slots, the next layer's hot experts load as soon as this layer's cold ones are in)."""
+    slots, the next layer's hot experts load as soon as this layer's cold ones are in).
+
+    A host-resident KV cache (``kv_load_s`` > 0, per batch): each batch's cache is loaded
+    before its attention into one of two buffers (Algorithm 1 lines 13-14: batch k+1's cache
+    loads while batch k computes; a load waits for the attention two batches back to free
+    its buffer), and its new entries are stored back after it (``kv_store_s``, lines 16-17,
+    on the "d2h" queue). The link takes the transfers in the order the host issues them
+    (one copy engine per direction): the first batch's cache with the attention weights
+    during the layer before (line 6), then the gate and hot experts at the layer's start,
+    then the other batches' caches one by one, then the cold experts."""
     experts = [*hot_experts, *cold_experts]
-    _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s), experts, layers, order,
-                   expert_buffers)
-    graph = TaskQueues(("gpu", "h2d"))
+    _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s, kv_load_s, kv_store_s), experts,
+                   layers, order, expert_buffers)
+    graph = TaskQueues(("gpu", "h2d", "d2h"))
     n, hot = int(num_batches), len(hot_experts)
     last_gpu: list[Task] = []          # per layer: its last GPU task (its experts are then all computed)
     last_attention: list[Task] = []    # per layer: its last attention task
@@ -360,13 +369,31 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     def load(name, i, seconds, deps):
         return graph.add(f"{name} L{i}", "h2d", seconds, deps, layer=i, micro_batch=-1, kind="weights")
 
+    attended: list[Task] = []          # every attention so far, in order (KV buffer reuse)
+
+    def kv_load(i, b):
+        if not kv_load_s:
+            return None
+        buffer_free = attended[-2] if len(attended) >= 2 else None  # two KV buffers
+        return graph.add(f"KV L{i} b{b}", "h2d", kv_load_s, [buffer_free], layer=i, micro_batch=b, kind="kv")
+
+    def attend(i, b, deps):
+        task = graph.add(f"Attn L{i} b{b}", "gpu", attention_s, deps, layer=i, micro_batch=b, kind="attention")
+        attended.append(task)
+        if kv_store_s:
+            graph.add(f"KV→CPU L{i} b{b}", "d2h", kv_store_s, [task], layer=i, micro_batch=b, kind="kv")
+        return task
+
     for i in range(layers):
         freed = last_gpu[i - expert_buffers] if i >= expert_buffers else None
         attention_w = load("AttnW", i, attention_load_s, [last_attention[i - 2] if i >= 2 else None])
+        first_kv = kv_load(i, 0)
         gate_w = load("GateW", i, gate_load_s, [freed])
         loads = [load(f"Hot{e}", i, hot_experts[e][0], [freed]) for e in range(hot)] if prefetch_hot else []
-        attention = [graph.add(f"Attn L{i} b{b}", "gpu", attention_s, [attention_w, batch_done[b]],
-                               layer=i, micro_batch=b, kind="attention") for b in range(n)]
+        attention = []
+        for b in range(n):
+            kv = first_kv if b == 0 else kv_load(i, b)
+            attention.append(attend(i, b, [attention_w, batch_done[b], kv]))
         gates = [graph.add(f"Gate L{i} b{b}", "gpu", gate_s, [attention[b], gate_w], layer=i, micro_batch=b,
                            kind="post_attn") for b in range(n)]
         if not prefetch_hot:
@@ -374,14 +401,19 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
         loads += [load(f"Cold{e}", i, cold_experts[e][0], [gates[0], freed]) for e in range(len(cold_experts))]
         batch_done = list(gates)  # a layer without experts ends with its gates
         names = [f"Hot{e}" for e in range(hot)] + [f"Cold{e}" for e in range(len(cold_experts))]
-        if order == "hot-first":  # expert by expert (weights shared by the batches), hot ones first
-            runs = [(e, b) for e in range(len(experts)) for b in range(n)]
+        if order == "hot-first":
+            # expert by expert, hot ones first, each one call over every batch's tokens (its
+            # per-batch tasks would run back to back anyway: every gate precedes it on the GPU)
+            for e in range(len(experts)):
+                task = graph.add(f"{names[e]} L{i}", "gpu", n * experts[e][1], [loads[e], *gates], layer=i,
+                                 micro_batch=-1, kind="post_attn")
+                batch_done = [task] * n
         else:  # batch by batch, each batch's experts cold first
             routed = [*range(hot, len(experts)), *range(hot)]
-            runs = [(e, b) for b in range(n) for e in routed]
-        for e, b in runs:
-            batch_done[b] = graph.add(f"{names[e]} L{i} b{b}", "gpu", experts[e][1], [loads[e], gates[b]],
-                                      layer=i, micro_batch=b, kind="post_attn")
+            for b in range(n):
+                for e in routed:
+                    batch_done[b] = graph.add(f"{names[e]} L{i} b{b}", "gpu", experts[e][1], [loads[e], gates[b]],
+                                              layer=i, micro_batch=b, kind="post_attn")
         last_gpu.append(graph.queues["gpu"][-1])
         last_attention.append(attention[-1])
     return graph
@@ -407,12 +439,12 @@ def expert_schedule(num_batches: int, attention_s: float, gate_s: float,
                     hot_experts: list[tuple[float, float]], cold_experts: list[tuple[float, float]],
                     layers: int = 6, order: str = "hot-first", prefetch_hot: bool = True,
                     gate_load_s: float = 0.0, attention_load_s: float = 0.0,
-                    expert_buffers: int = 1) -> ExpertSchedule:
+                    expert_buffers: int = 1, kv_load_s: float = 0.0, kv_store_s: float = 0.0) -> ExpertSchedule:
     """List-schedule :func:`klotski_layer_tasks` (same arguments) and return its steady-state
     layer period (the spacing of the ends of the two layers before the last, as
     :attr:`Timeline.layer_period_s`), the lane bound of one layer and the bubble between."""
     graph = klotski_layer_tasks(num_batches, attention_s, gate_s, hot_experts, cold_experts, layers, order,
-                                prefetch_hot, gate_load_s, attention_load_s, expert_buffers)
+                                prefetch_hot, gate_load_s, attention_load_s, expert_buffers, kv_load_s, kv_store_s)
     list_schedule(graph.queues)
     busy = {r: sum(t.duration_s for t in q if t.layer == layers - 1) for r, q in graph.queues.items()}
     bound = max(busy.values())

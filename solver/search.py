@@ -8,7 +8,7 @@ optimum into a :class:`hrm.policy.Policy`, re-evaluates it with :func:`hrm.estim
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from hrm.engine import Engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
@@ -178,6 +178,42 @@ def search(
     if max_batch < 1:
         raise HRMError(f"--max-batch must be positive, got {max_batch}")
     limits = limits or memory_limits(hw, options)
+    request = SearchRequest(hw, model, workload, engine, objective, solve_for, fixed, notes, max_batch, options, limits,
+                            top, solver, verify, hw_name, model_name, latency_limits, start)
+    from hrm.schedules import pipeline_function
+
+    return pipeline_function(engine.schedule, 1)(request)
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """A checked search (:func:`search`'s arguments, the engine resolved, its pins merged),
+    handed to the search of the engine's pipeline."""
+
+    hw: HardwareProfile
+    model: ModelSpec
+    workload: Workload
+    engine: Engine
+    objective: str
+    solve_for: str
+    fixed: dict
+    notes: list
+    max_batch: int
+    options: ModelOptions
+    limits: MemoryLimits
+    top: int
+    solver: str
+    verify: bool
+    hw_name: str | None
+    model_name: str | None
+    latency_limits: LatencyLimits
+    start: float
+
+
+def search_lanes(request: SearchRequest) -> SearchResult:
+    """The exact branch and bound over the lanes pipeline's policies (:mod:`solver.exact`)."""
+    (hw, model, workload, engine, objective, solve_for, fixed, notes, max_batch, options, limits, top, solver, verify,
+     hw_name, model_name, latency_limits, start) = (getattr(request, f.name) for f in fields(request))
     # pinned static ratios imply the placement: weights on the GPU need experts on the GPU,
     # a KV share on the GPU needs attention there
     if fixed.get("weights_gpu_ratio", 0) > 0:

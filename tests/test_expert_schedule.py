@@ -157,14 +157,32 @@ def test_prefetching_hot_experts_helps():
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_batches_share_one_load_per_expert(n):
-    """The link carries each expert once per layer whatever n; the GPU computes it n times."""
+    """The link carries each expert once per layer whatever n; the GPU computes it in one
+    call over the n batches' tokens (hot-first), or once per batch (as routed)."""
     result = expert_schedule(**{**BUBBLE, "num_batches": n})
     assert result.resource_busy_s["h2d"] == pytest.approx(7 * MS, abs=TOL)
     assert result.resource_busy_s["gpu"] == pytest.approx(n * 2.25 * MS, abs=TOL)
     graph = klotski_layer_tasks(**{**BUBBLE, "num_batches": n}, layers=2)
     loads = [t.name for t in graph.queues["h2d"] if t.layer == 1 and t.duration_s > 0]
     assert loads == ["Hot0 L1", "Cold0 L1"]
-    assert sum(t.name.startswith("Hot0 L1") for t in graph.queues["gpu"]) == n
+    hot = [t for t in graph.queues["gpu"] if t.name.startswith("Hot0 L1")]
+    assert len(hot) == 1 and hot[0].duration_s == pytest.approx(n * 0.5 * MS)
+    routed = klotski_layer_tasks(**{**BUBBLE, "num_batches": n}, layers=2, order="as-routed")
+    assert sum(t.name.startswith("Hot0 L1") for t in routed.queues["gpu"]) == n
+
+
+def test_host_kv_loads_double_buffered_before_each_attention():
+    """2 batches, attention 1, gate 0, no experts, KV load 3 and store 0.5 per batch: the
+    link loads batch 0's cache 0–3 and batch 1's 3–6 (its buffer is free: two buffers), the
+    GPU attends 3–4 and 6–7, each store follows its attention on the GPU→CPU queue; layer 2's
+    first load waits only for the link (batch 0's buffer was freed at 4): the link never
+    idles, so the period is the link's 6 ms."""
+    result = expert_schedule(2, 1 * MS, 0.0, [], [], kv_load_s=3 * MS, kv_store_s=0.5 * MS)
+    tasks = {t.name: t for t in result.timeline.tasks}
+    assert (tasks["KV L0 b1"].start_s, tasks["Attn L0 b1"].start_s) == pytest.approx((3 * MS, 6 * MS), abs=TOL)
+    assert tasks["KV→CPU L0 b0"].start_s == pytest.approx(tasks["Attn L0 b0"].end_s, abs=TOL)
+    assert result.resource_busy_s == pytest.approx({"gpu": 2 * MS, "h2d": 6 * MS, "d2h": 1 * MS}, abs=TOL)
+    assert result.period_s == pytest.approx(6 * MS, abs=TOL)
 
 
 def test_orders_and_prefetch_never_hurt_on_random_layers():

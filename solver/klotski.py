@@ -1,0 +1,284 @@
+"""Search for Klotski (engine ``klotski``, schedule ``klotski``): the best (μ, n, r_w, r_c).
+
+Klotski's layer time is the period of a list schedule (:mod:`hrm.klotski`), not an affine
+lane sum, so the MILP of :mod:`solver.exact` does not apply. This is a branch and bound
+over an enumeration instead:
+
+- the space: every integer μ and n with N = n·μ ≤ ``--max-batch``, every whole number of
+  MoE layers whose experts stay on the GPU (r_w = layers / L), and for each the largest KV
+  share on the GPU that memory allows (r_c: more of the cache on the GPU only removes
+  loads), subject to GPU and CPU memory (:func:`hrm.klotski.klotski_memory`) and the pins;
+- a bound per candidate, vectorised over all of them: each layer takes at least the busy
+  time of each of its resources (GPU, CPU→GPU, GPU→CPU) — the period of a schedule is never
+  below its lane bound — from the very durations the scheduler gets
+  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.group_experts`);
+- candidates are scheduled (:func:`hrm.klotski.klotski_times`) in order of their bound
+  until the next bound cannot beat the best scheduled one: the result is the optimum of the
+  scheduled model over the whole space. ``--verify`` schedules every candidate instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hrm import latency
+from hrm.errors import HRMError, InfeasibleError
+from hrm.estimate import estimate
+from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, expert_load_s, group_experts, klotski_memory, klotski_own_batches,
+                         klotski_times, mean_decode_context, _dispatch)
+from hrm.placement import make_placement
+from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
+from hrm.policy import Policy
+from hrm.rates import rates_from_profile
+from hrm.units import GIB
+
+#: --verify schedules every candidate; above this many it is refused (pin part of the policy)
+VERIFY_MAX_CANDIDATES = 4000
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Feasible candidates (arrays) with their bounds: μ, n, N, resident MoE layers, r_c,
+    and lower bounds of the decode step and the prefill (seconds)."""
+
+    mu: np.ndarray
+    n: np.ndarray
+    big: np.ndarray
+    resident: np.ndarray
+    kv_ratio: np.ndarray
+    step_lb_s: np.ndarray
+    prefill_lb_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.mu)
+
+    def policy(self, i: int, layers: int) -> Policy:
+        return Policy(batch_size=int(self.big[i]), micro_batch_size=int(self.mu[i]), num_micro_batches=int(self.n[i]),
+                      attn_on_gpu=True, ffn_on_gpu=True, weights_gpu_ratio=int(self.resident[i]) / layers,
+                      kv_gpu_ratio=float(self.kv_ratio[i]))
+
+
+def objective_value(kind: str, big, gen_len: int, step_s, prefill_s):
+    """The value maximised: generation tok/s (N·gen / (prefill + (gen−1)·step)), decode tok/s
+    (N / step), or minus the per-token latency (−step, at a pinned N)."""
+    if kind == "generation":
+        return big * gen_len / (prefill_s + max(gen_len - 1, 0) * step_s)
+    if kind == "decode":
+        return big / step_s
+    return -step_s
+
+
+def _pairs(max_batch: int, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Every (μ, n) with n·μ ≤ max_batch that the pins allow."""
+    mus = np.arange(1, max_batch + 1)
+    if "micro_batch_size" in fixed:
+        mus = mus[mus == fixed["micro_batch_size"]]
+    mu = np.repeat(mus, max_batch // mus)
+    n = np.concatenate([np.arange(1, max_batch // m + 1) for m in mus]) if len(mus) else np.zeros(0, int)
+    keep = np.ones(len(mu), dtype=bool)
+    if "num_micro_batches" in fixed:
+        keep &= n == fixed["num_micro_batches"]
+    if "batch_size" in fixed:
+        keep &= mu * n == fixed["batch_size"]
+    return mu[keep], n[keep]
+
+
+def candidates(request, rates) -> Candidates:
+    """Every feasible candidate with its bounds (module docstring)."""
+    model, workload, engine, fixed, limits = (request.model, request.workload, request.engine, request.fixed,
+                                              request.limits)
+    layers = model.num_moe_layers
+    mu, n = _pairs(request.max_batch, fixed)
+    residents = range(layers + 1)
+    if "weights_gpu_ratio" in fixed:
+        residents = [int(round(fixed["weights_gpu_ratio"] * layers))]
+    context, prompt = mean_decode_context(workload), workload.effective_prompt_len
+    big = mu * n
+    rows: list[tuple] = []
+    for resident in residents:
+        memory = klotski_memory(model, workload, mu, big, resident)
+        # r_c range: GPU bytes grow with it, CPU bytes shrink
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hi = np.where(memory.gpu_per_kv_ratio > 0, (limits.gpu_bytes - memory.gpu_const) / memory.gpu_per_kv_ratio,
+                          np.inf)
+            lo = np.where(memory.cpu_per_kv_ratio < 0, (memory.cpu_const - limits.cpu_bytes) / -memory.cpu_per_kv_ratio,
+                          -np.inf)
+        ratio = np.full(len(mu), float(fixed["kv_gpu_ratio"])) if "kv_gpu_ratio" in fixed else np.clip(hi, 0.0, 1.0)
+        ok = (ratio <= hi + 1e-12) & (ratio >= lo - 1e-12) & (ratio >= 0) & (memory.gpu_bytes(ratio) <= limits.gpu_bytes)
+        ok &= memory.cpu_bytes(ratio) <= limits.cpu_bytes * (1 + 1e-12)
+        if np.any(ok):
+            rows.append((mu[ok], n[ok], big[ok], np.full(int(ok.sum()), resident), ratio[ok]))
+    if not rows:
+        return Candidates(*(np.zeros(0),) * 7)
+    mu, n, big, resident, ratio = (np.concatenate(parts) for parts in zip(*rows))
+    step, pre = _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, prompt, layers)
+    return Candidates(mu, n, big, resident, ratio, step, pre)
+
+
+def _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, prompt, layers):
+    """Per candidate: decode step and prefill at least n heads plus, per layer, its busiest
+    resource's work (the durations of :func:`hrm.klotski.klotski_layer`, summed)."""
+    call = _dispatch(rates)["expert"]
+    head = n * latency.lm_head_time_s(model, rates, mu)
+    out = []
+    for prompt_len, tokens in ((None, big), (prompt, big * prompt)):
+        per_batch = batch_durations(model, rates, mu, context, engine, ratio, prompt_len)
+        dense = batch_durations(model, rates, mu, context, engine, ratio, prompt_len, moe=False)
+        unique, where = np.unique(tokens, return_inverse=True)
+        _, seconds, used = group_experts(model, rates, unique, engine=engine)
+        ranked = np.arange(model.num_experts) < used[:, None]
+        group_s = (np.sum(seconds * ranked, axis=1))[where] + n * used[where] * call
+        load = expert_load_s(model, rates, engine, prefill=prompt_len is not None)
+        kv_in, kv_out = n * per_batch["kv_load_s"], n * per_batch["kv_store_s"]
+        gpu = n * (per_batch["attention_s"] + per_batch["gate_s"]) + group_s
+        link = used[where] * load + kv_in + _link_idle_s(model, per_batch, n, used[where], load, seconds[
+            np.arange(len(unique)), np.maximum(used - 1, 0)][where] + n * call)
+        offloaded = np.maximum.reduce([gpu, link, kv_out])
+        kept = np.maximum.reduce([gpu, kv_in, kv_out])
+        dense_layer = np.maximum.reduce([n * dense["attention_s"], n * dense["kv_load_s"], n * dense["kv_store_s"]])
+        out.append(head + (layers - resident) * offloaded + resident * kept + model.first_dense_layers * dense_layer)
+    return out[0], out[1]
+
+
+def _link_idle_s(model, per_batch, n, used, load, last_expert_s):
+    """Time the CPU→GPU link must idle in every offloaded layer of the scheduled pipeline
+    (:func:`hrm.timeline.klotski_layer_tasks`; in chunks of f = max(1, n/64) batches), when
+    the layer has cold experts. The link takes its loads in order:
+
+    - before the first cold load: it waits for the first gate, which follows the last
+      attention on the GPU. With a host KV cache and n ≥ 2 the last batch's KV load precedes
+      it in the queue, so the link idles ≥ f·(t_A + t_G); with n = 1, the hot loads follow
+      the only KV load: ≥ t_A + t_G − K·t_E; without a host cache, the gate weights and hot
+      loads (which start when the previous layer's experts are done) precede it, so it
+      idles ≥ n·t_A + f·t_G − K·t_E;
+    - after the last cold load: the next layer's hot loads wait for this layer's last
+      expert, and only the first batch's KV load can run meanwhile: ≥ t_last − t_KV."""
+    f = np.maximum(1.0, n / MAX_SCHEDULED_BATCHES)
+    attention, gate, kv = per_batch["attention_s"], per_batch["gate_s"], per_batch["kv_load_s"]
+    before = np.where((kv > 0) & (n > 1), f * (attention + gate), n * attention + f * gate - model.top_k * load)
+    after = last_expert_s - f * kv
+    return np.where(used > model.top_k, np.maximum(before, 0.0) + np.maximum(after, 0.0), 0.0)
+
+
+@dataclass(frozen=True)
+class Found:
+    index: int | None
+    value: float
+    scheduled: int
+
+
+def branch_and_bound(request, rates, cands: Candidates, everything: bool = False) -> Found:
+    """Schedule candidates in order of their bound until none left can beat the best (all
+    of them with ``everything``), honouring the latency limits."""
+    kind, gen = request.solve_for if request.objective != "latency" else "latency", request.workload.gen_len
+    bound = objective_value(kind, cands.big, gen, cands.step_lb_s, cands.prefill_lb_s)
+    limits = request.latency_limits
+    alive = np.ones(len(cands), dtype=bool)
+    if limits.tpot_s is not None:
+        alive &= cands.step_lb_s <= limits.tpot_s * (1 + 1e-9)
+    if limits.ttft_s is not None:
+        alive &= cands.prefill_lb_s <= limits.ttft_s * (1 + 1e-9)
+    order = [int(i) for i in np.argsort(-bound, kind="stable") if alive[i]]
+    best, best_value, scheduled = None, -np.inf, 0
+    layers = request.model.num_moe_layers
+    for i in order:
+        if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
+            break
+        policy = cands.policy(i, layers)
+        times = klotski_times(request.model, rates, request.workload, policy, request.engine)
+        scheduled += 1
+        if limits.tpot_s is not None and times.decode_step_s > limits.tpot_s * (1 + 1e-9):
+            continue
+        if limits.ttft_s is not None and times.prefill_s > limits.ttft_s * (1 + 1e-9):
+            continue
+        value = objective_value(kind, cands.big[i], gen, times.decode_step_s, times.prefill_s)
+        if value > best_value:
+            best, best_value = i, float(value)
+    return Found(best, best_value, scheduled)
+
+
+def search_klotski(request):
+    """:func:`solver.search.search` for the expert-level pipeline (module docstring)."""
+    from solver.search import Candidate, SearchResult, describe_limits
+
+    hw, model, workload, engine = request.hw, request.model, request.workload, request.engine
+    if request.limits.shared or hw.gpu is None:
+        raise HRMError(f"engine {engine.name}: profile '{hw.name}' has no GPU (Klotski loads experts to a GPU)")
+    if not model.num_moe_layers or model.num_experts <= 1:
+        raise HRMError(f"engine {engine.name}: {model.name} has no routed experts")
+    options = request.options.for_model(model)
+    rates = rates_from_profile(hw, options)
+    cands = candidates(request, rates)
+    verify = request.verify
+    if verify and len(cands) > VERIFY_MAX_CANDIDATES:
+        raise HRMError(f"--verify with engine {engine.name} schedules every candidate: {len(cands):,} are more than "
+                       f"{VERIFY_MAX_CANDIDATES:,}; pin part of the policy (--fix mu=... or N=...)")
+    found = branch_and_bound(request, rates, cands)
+    if found.index is None:
+        if len(cands):
+            raise InfeasibleError(f"latency limit binds: no policy meets{describe_limits(request.latency_limits)[11:]} "
+                                  f"(engine {engine.name})")
+        raise InfeasibleError(_infeasible_reason(request) + f" (engine {engine.name})")
+    policy = cands.policy(found.index, model.num_moe_layers)
+    result = estimate(hw, model, workload, policy, options=request.options, limits=request.limits, engine=engine)
+    seconds = time.perf_counter() - request.start
+    space = (f"every integer mu and n with N <= {request.max_batch} ({len(cands):,} feasible (mu, n, layers) "
+             f"candidates, {found.scheduled} scheduled, the rest bounded), every whole number of MoE layers with GPU "
+             f"experts, the largest r_c memory allows")
+    verified = verify_objective = verify_seconds = None
+    if verify:
+        t0 = time.perf_counter()
+        check = branch_and_bound(request, rates, cands, everything=True)
+        verify_seconds = time.perf_counter() - t0
+        verify_objective = abs(check.value) if request.objective == "latency" else check.value
+        verified = abs(check.value - found.value) <= 1e-9 * max(abs(check.value), 1e-12)
+    own = klotski_own_batches(model, rates, workload, policy, engine)
+    plan = Plan(
+        schema_version=SCHEMA_VERSION,
+        hardware=SpecRef(name=request.hw_name or hw.name, sha256=hw.sha256()),
+        model=SpecRef(name=request.model_name or model.name, sha256=model.sha256()),
+        workload=workload, policy=policy, schedule=engine.schedule, engine=engine.name,
+        engine_definition=None if _shipped(engine) else engine, routing=model.routing,
+        estimate=result.to_plan_estimate(),
+        placement=make_placement(model, round(policy.weights_gpu_ratio * model.num_moe_layers) * model.num_experts,
+                                 policy.num_micro_batches, whole_layers=True),
+        solver=SolverInfo(name=f"Klotski branch and bound over {space}{describe_limits(request.latency_limits)}",
+                          seconds=seconds, optimal=True, candidates_evaluated=found.scheduled),
+        created_by="hrm-search 0.1.0",
+    )
+    objective = abs(found.value) if request.objective == "latency" else found.value
+    notes = list(request.notes)  # Klotski's own n at this μ is the estimate's note
+    return SearchResult(Candidate(policy, result, None), [], plan, "Klotski B&B", seconds, found.scheduled, verified,
+                        verify_objective, verify_seconds,
+                        {"objective": objective, "objective_kind": request.objective, "notes": notes,
+                         "latency_limits": request.latency_limits, "engine": engine, "search_space": space,
+                         "modes_total": len(cands), "candidates": found.scheduled, "mu_max": int(cands.mu.max()),
+                         "klotski_own_batches": own,
+                         "verify_modes": (len(cands), len(cands)) if verify else None})
+
+
+def _shipped(engine) -> bool:
+    from hrm.engine import is_shipped
+
+    return is_shipped(engine)
+
+
+def _infeasible_reason(request) -> str:
+    """The smallest footprint (μ = n = 1, or the pins; no resident layer; the KV share that
+    fits) against the limits."""
+    model, workload, limits, fixed = request.model, request.workload, request.limits, request.fixed
+    mu = int(fixed.get("micro_batch_size", 1))
+    big = int(fixed.get("batch_size", mu * int(fixed.get("num_micro_batches", 1))))
+    resident = int(round(fixed.get("weights_gpu_ratio", 0.0) * model.num_moe_layers))
+    memory = klotski_memory(model, workload, mu, big, resident)
+    gpu, cpu = float(memory.gpu_bytes(0.0)), float(memory.cpu_bytes(1.0))
+    if gpu > limits.gpu_bytes:
+        return (f"GPU memory binds: {big} sequence(s) in batches of {mu} need at least {gpu / GIB:.1f} GiB of "
+                f"{limits.gpu_bytes / GIB:.1f} GiB usable (non-expert weights, one layer's experts, KV buffers)")
+    if float(memory.cpu_bytes(0.0)) > limits.cpu_bytes and cpu > limits.cpu_bytes:
+        return (f"CPU memory binds: the offloaded experts and KV need at least {cpu / GIB:.1f} GiB of "
+                f"{limits.cpu_bytes / GIB:.1f} GiB usable")
+    return "GPU and CPU memory bind together: no KV split of the smallest batch fits both"
