@@ -450,6 +450,18 @@ def klotski_own_batches(model: ModelSpec, rates: Rates, workload, policy, engine
                            engine=engine, kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True)
 
 
+def policy_timeline(model: ModelSpec, rates: Rates, policy, engine: Engine, context: float, layers: int = 6):
+    """The list-scheduled decode layers of ``policy`` (:class:`hrm.timeline.Timeline`): its
+    offloaded MoE layers, or its resident ones when every layer's experts are on the GPU."""
+    kinds = layer_kinds(model, policy.weights_gpu_ratio)
+    kind = "offloaded" if kinds["offloaded"] else "resident"
+    layer = klotski_layer(model, rates, policy.micro_batch_size, context, policy.num_micro_batches, engine=engine,
+                          kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True, **_kind_options(kind))
+    layer = chunked(layer)
+    return expert_schedule(layer.num_batches, layer.attention_s, layer.gate_s, layer.hot, layer.cold, layers=max(3, layers),
+                           kv_load_s=layer.kv_load_s, kv_store_s=layer.kv_store_s).timeline
+
+
 def estimate_klotski(hw, model: ModelSpec, workload, policy, options, limits, engine: Engine):
     """:class:`hrm.estimate.EstimateResult` of a policy run by Klotski (the single source of
     the numbers a Klotski plan reports)."""

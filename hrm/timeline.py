@@ -290,6 +290,10 @@ def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: st
     runs everything in sequence, as the estimate does."""
     engine = schedule if isinstance(schedule, Engine) else IDEAL.with_schedule(schedule)
     schedule = engine.schedule
+    if get_schedule(schedule).pipeline == "expert-level":  # Klotski: its own expert-level task graph
+        from .klotski import policy_timeline
+
+        return policy_timeline(model, rates, policy, engine, context, layers)
     times = decode_task_times(model, rates, policy, context, moe, engine)
     effective = "sequential" if rates.shared_unit else schedule
     cpu_experts = moe and not policy.ffn_on_gpu

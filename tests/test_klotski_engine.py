@@ -1,0 +1,155 @@
+"""Engine ``klotski`` (issue 13, item 2): Klotski as an engine the search plans. Its layer
+time is the list-scheduled period of the expert-level pipeline, its search a branch and
+bound over every (μ, n, resident layers) with the largest KV share memory allows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hrm.klotski as klotski
+from hrm import costs, latency
+from hrm.engine import load_engine
+from hrm.errors import HRMError
+from hrm.estimate import estimate
+from hrm.hardware import load_hardware
+from hrm.memory import memory_limits
+from hrm.model import load_model
+from hrm.options import DEFAULT_OPTIONS
+from hrm.rates import rates_from_profile
+from hrm.routing import parse_routing
+from hrm.units import dtype_bytes
+from hrm.workload import make_workload
+from solver.klotski import candidates
+from solver.search import SearchRequest, search
+from solver.terms import LatencyLimits
+
+ENGINE = load_engine("klotski")
+
+
+def _setup(hw_name="rtx3090", model_name="mixtral", routing="uniform"):
+    hw, model = load_hardware(hw_name), load_model(model_name)
+    model = model.model_copy(update={"routing": parse_routing(routing, model.num_experts, model.top_k)})
+    options = DEFAULT_OPTIONS.for_model(model)
+    return hw, model, options, rates_from_profile(hw, options)
+
+
+def test_host_kv_load_and_store_per_batch_from_the_profile():
+    """A batch's host KV share moves over the pageable link (the engine's kv_cache), its
+    μ·c cached tokens in, its μ new tokens out; the GPU share moves nothing."""
+    hw, model, _, rates = _setup()
+    layer = klotski.klotski_layer(model, rates, 16, 300.0, 4, engine=ENGINE, kv_gpu_ratio=0.25, dense_resident=True)
+    kv_token = 2 * model.num_kv_heads * model.head_dim * dtype_bytes(model.kv_dtype)
+    h2d = latency.link_bytes_s(rates, ENGINE, "h2d", pageable=True)
+    d2h = latency.link_bytes_s(rates, ENGINE, "d2h", pageable=True)
+    assert layer.kv_load_s == pytest.approx(0.75 * 16 * 300 * kv_token / h2d, rel=1e-12)
+    assert layer.kv_store_s == pytest.approx(0.75 * 16 * kv_token / d2h, rel=1e-12)
+    assert (layer.attention_load_s, layer.gate_load_s) == (0.0, 0.0)  # non-expert weights resident
+    on_gpu = klotski.klotski_layer(model, rates, 16, 300.0, 4, engine=ENGINE, kv_gpu_ratio=1.0, dense_resident=True)
+    assert (on_gpu.kv_load_s, on_gpu.kv_store_s) == (0.0, 0.0)
+    resident = klotski.klotski_layer(model, rates, 16, 300.0, 4, engine=ENGINE, experts_resident=True)
+    assert all(load == 0.0 for load, _ in resident.hot + resident.cold)
+
+
+def test_memory_by_hand():
+    """tiny-mixtral, μ = 2, N = 6, one of its layers' experts resident: GPU and CPU bytes
+    from the component formulas, affine in r_c."""
+    model = load_model("tiny-mixtral")
+    workload = make_workload(None, prompt_len=10, gen_len=5)
+    memory = klotski.klotski_memory(model, workload, 2, 6, 1)
+    wb, ab = dtype_bytes(model.weight_dtype), dtype_bytes(model.activation_dtype)
+    expert = 3 * model.hidden_size * model.expert_intermediate_size * wb
+    layer = model.num_experts * expert
+    kv_token = costs.kv_bytes_per_token(model)
+    kv_seq = 15 * kv_token * model.num_layers  # max context: prompt 10 + gen 5
+    from hrm.memory import gpu_workspace_bytes
+
+    q_max = model.top_k / model.num_experts  # uniform
+    call = 6 * 10 * q_max * (2 * model.hidden_size + 3 * model.expert_intermediate_size) * ab
+    gpu0 = (costs.static_weight_bytes(model) + layer + layer * (model.num_moe_layers > 1) + 2 * 2 * 15 * kv_token
+            + 6 * 2 * model.hidden_size * ab + float(gpu_workspace_bytes(model, workload, 2, True)) + call)
+    assert float(memory.gpu_bytes(0.0)) == pytest.approx(gpu0, rel=1e-12)
+    assert float(memory.gpu_bytes(1.0)) == pytest.approx(gpu0 + 6 * kv_seq - 2 * 2 * 15 * kv_token, rel=1e-12)
+    assert float(memory.cpu_bytes(0.0)) == pytest.approx((model.num_moe_layers - 1) * layer + 6 * kv_seq, rel=1e-12)
+    assert float(memory.cpu_bytes(1.0)) == pytest.approx((model.num_moe_layers - 1) * layer, rel=1e-12)
+
+
+def test_chunked_schedule_is_close_to_batch_by_batch():
+    """A group of 256 batches scheduled as 64 chunks against batch by batch: within 1.5%
+    with a host KV cache (link-bound) and with the cache on the GPU."""
+    hw, model, _, rates = _setup()
+    for ratio in (0.0, 1.0):
+        layer = klotski.klotski_layer(model, rates, 8, 300.0, 256, engine=ENGINE, kv_gpu_ratio=ratio,
+                                      dense_resident=True)
+        fine = klotski.chunked(layer, 256)
+        exact = klotski.expert_schedule(fine.num_batches, fine.attention_s, fine.gate_s, fine.hot, fine.cold,
+                                        kv_load_s=fine.kv_load_s, kv_store_s=fine.kv_store_s, layers=4)
+        assert klotski.schedule_layer(layer).period_s == pytest.approx(exact.period_s, rel=0.015)
+
+
+@pytest.mark.parametrize("hw_name,model_name,routing", [
+    ("rtx3090", "mixtral", "uniform"), ("a100-80g", "mixtral", "zipf:1.2"), ("t4", "tiny-deepseek", "uniform"),
+    ("h100", "qwen1.5-moe-a2.7b", "zipf:1.0"),
+])
+def test_bounds_never_exceed_the_scheduled_times(hw_name, model_name, routing):
+    """The search's per-candidate bounds (lane busy times plus the link's forced idle) are
+    at most the scheduled decode step and prefill, on seeded random candidates."""
+    hw, model, options, rates = _setup(hw_name, model_name, routing)
+    workload = make_workload("mtbench")
+    request = SearchRequest(hw, model, workload, ENGINE, "generation", "generation", {}, [], 2048, options,
+                            memory_limits(hw, options), 0, "auto", False, None, None, LatencyLimits(), 0.0)
+    cands = candidates(request, rates)
+    rng = np.random.default_rng(13)
+    for i in rng.choice(len(cands), size=12, replace=False):
+        times = klotski.klotski_times(model, rates, workload, cands.policy(i, model.num_moe_layers), ENGINE)
+        assert times.decode_step_s >= cands.step_lb_s[i] * (1 - 1e-9)
+        assert times.prefill_s >= cands.prefill_lb_s[i] * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("hw_name,model_name,routing,extra", [
+    ("rtx3090", "mixtral", "uniform", dict(fixed={"micro_batch_size": 32}, max_batch=1024)),
+    ("a100-80g", "mixtral", "zipf:1.2", dict(fixed={"num_micro_batches": 4}, max_batch=512, objective="decode")),
+    ("t4", "tiny-deepseek", "uniform", dict(max_batch=48)),
+    ("rtx3090", "mixtral", "uniform", dict(fixed={"batch_size": 64}, objective="latency")),
+])
+def test_branch_and_bound_equals_scheduling_every_candidate(hw_name, model_name, routing, extra):
+    """--verify schedules every feasible candidate; the bounded search finds the same optimum."""
+    hw, model, _, _ = _setup(hw_name, model_name, routing)
+    result = search(hw, model, make_workload("mtbench"), engine=ENGINE, verify=True, **extra)
+    assert result.verified, (result.extras["objective"], result.verify_objective)
+    assert result.extras["candidates"] < result.extras["modes_total"]
+
+
+def test_plan_estimate_and_klotskis_own_n():
+    """The plan's numbers are estimate()'s for its policy, it keeps the KV share memory
+    allows (GPU memory binds, or all of it on the GPU), and Klotski's own n (its
+    inequalities at the chosen μ) is reported beside ours."""
+    hw, model, options, rates = _setup()
+    workload = make_workload("mtbench")
+    result = search(hw, model, workload, engine=ENGINE)
+    policy = result.best.policy
+    again = estimate(hw, model, workload, policy, engine=ENGINE)
+    assert again.generation_throughput_tok_s == pytest.approx(result.plan.estimate.generation_throughput_tok_s, rel=1e-12)
+    assert policy.attn_on_gpu and policy.ffn_on_gpu
+    assert policy.kv_gpu_ratio == 1.0 or again.gpu_peak_bytes == pytest.approx(again.gpu_limit_bytes, rel=1e-9)
+    own = klotski.klotski_own_batches(model, rates, workload, policy, ENGINE)
+    assert any(f"Klotski's own planner (inequalities 4-7) at mu={policy.micro_batch_size}: n={own}" in note
+               for note in again.notes)
+    assert result.extras["klotski_own_batches"] == own
+
+
+def test_more_host_kv_is_never_faster():
+    """Loading more of the cache per batch only adds link time."""
+    hw, model, _, rates = _setup()
+    workload = make_workload("mtbench")
+    from hrm.policy import parse_policy
+
+    steps = [klotski.klotski_times(model, rates, workload, parse_policy(f"N=256,mu=16,attn=gpu,rc={rc}"),
+                                   ENGINE).decode_step_s for rc in (1.0, 0.5, 0.0)]
+    assert steps == sorted(steps) and steps[-1] > steps[0]
+
+
+def test_a_cpu_only_host_is_refused():
+    hw, model, _, _ = _setup("cpu-only", "tiny-mixtral")
+    with pytest.raises(HRMError, match="no GPU"):
+        search(hw, model, make_workload("mtbench"), engine=ENGINE, max_batch=8)
