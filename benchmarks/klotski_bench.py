@@ -1,5 +1,7 @@
-"""Klotski's pipeline step by step (paper §4) and its own choice of n (§6.2, inequalities
-4-7), from the cost model on the expert-level list scheduler (:mod:`hrm.klotski`).
+"""Klotski's pipeline step by step (paper §4) and its own choice of n (§7, inequalities
+4-7), from the cost model on the expert-level list scheduler (:mod:`hrm.klotski`); then the
+engine ``klotski`` as the search plans it: its best policy beside the one with Klotski's own
+n at the same μ and placement.
 
 Run: python benchmarks/klotski_bench.py [--hw rtx3090] [--model mixtral] [--mu 16] [--context 512]
 """
@@ -23,6 +25,7 @@ def main() -> None:
     parser.add_argument("--mu", type=int, default=16, help="sequences per batch (the paper's example: 16)")
     parser.add_argument("--context", type=float, default=512.0)
     parser.add_argument("--routings", default="uniform,zipf:1.2")
+    parser.add_argument("--engine-hw", default="rtx3090,a100-80g", help="profiles of the engine table")
     args = parser.parse_args()
     model, hw = load_model(args.model), load_hardware(args.hw)
     rates = rates_from_profile(hw, DEFAULT_OPTIONS.for_model(model))
@@ -43,6 +46,51 @@ def main() -> None:
             sched = s.schedule
             print(f"| {s.step.name} | {s.num_batches} | {sched.period_s * 1e3:,.2f} | {sched.lane_bound_s * 1e3:,.2f} | "
                   f"{sched.bubble_s * 1e3:,.2f} | {s.decode_tok_s:,.2f} | {s.decode_tok_s / steps[0].decode_tok_s:,.1f}x |")
+    engine_table(args)
+
+
+def engine_table(args) -> None:
+    """The engine's best policy (generation objective, mtbench) against Klotski's own n at the
+    same μ, r_w and r_c (when that n fits memory)."""
+    import time
+
+    from hrm.engine import load_engine
+    from hrm.errors import HRMError
+    from hrm.estimate import estimate
+    from hrm.klotski import klotski_own_batches
+    from hrm.memory import memory_limits
+    from hrm.workload import make_workload
+    from solver.search import search
+
+    engine, workload = load_engine("klotski"), make_workload("mtbench")
+    print("\n### engine klotski: the search's best policy and Klotski's own n (mtbench, generation objective)\n")
+    print("| hardware | model | CPU GiB | routing | best policy | gen tok/s | TPOT s | Klotski's n | gen tok/s at its n "
+          "| solve s | scheduled / candidates |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for hw_name in args.engine_hw.split(","):
+        for model_name, cpu in (("mixtral-8x7b", None), ("mixtral-8x22b", 512.0)):
+            for text in args.routings.split(","):
+                hw, model = load_hardware(hw_name), load_model(model_name)
+                model = model.model_copy(update={"routing": parse_routing(text, model.num_experts, model.top_k)})
+                options = DEFAULT_OPTIONS.for_model(model)
+                limits = memory_limits(hw, options, cpu_mem_gib=cpu)
+                start = time.perf_counter()
+                try:
+                    result = search(hw, model, workload, engine=engine, limits=limits)
+                except HRMError as exc:
+                    print(f"| {hw_name} | {model_name} | {cpu or '-'} | {text} | {exc} | - | - | - | - | - | - |")
+                    continue
+                seconds = time.perf_counter() - start
+                best, policy = result.best.estimate, result.best.policy
+                own = klotski_own_batches(model, rates_from_profile(hw, options), workload, policy, engine)
+                at_own = "-"
+                if own is not None:
+                    theirs = policy.model_copy(update={"num_micro_batches": own, "batch_size": own * policy.micro_batch_size})
+                    est = estimate(hw, model, workload, theirs, engine=engine, limits=limits)
+                    at_own = f"{est.generation_throughput_tok_s:,.1f}" + ("" if est.feasible else " (does not fit)")
+                print(f"| {hw_name} | {model_name} | {cpu or '-'} | {text} | {policy.short()} | "
+                      f"{best.generation_throughput_tok_s:,.1f} | {best.per_token_latency_s:,.2f} | {own} | {at_own} | "
+                      f"{seconds:.2f} | {result.extras['candidates']} / {result.extras['modes_total']:,} |")
 
 
 if __name__ == "__main__":

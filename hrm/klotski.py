@@ -23,8 +23,9 @@ demand, and computes hot experts first so cold loads hide behind them.
 Mechanisms of the engine, from the public implementation (mindspore-lab/models@220d9e77,
 ``research/SYSU/Klotski/``, paths relative to it) where the paper is silent:
 
-- experts process all n batches' tokens in one call per expert, hot experts first, then the
-  cold ones in load order (``pytorch_backend.py:449-486``; paper Algorithm 1 line 7);
+- experts run hot first, then the cold ones in load order, each expert for every batch in
+  turn — one call per (expert, batch), so a batch's call reads the expert from HBM again
+  (``pytorch_backend.py:449-486``; paper Algorithm 1 line 7);
 - the KV cache of a layer stays on the GPU when it fits, else in host memory (the greedy
   fill: dense weights, then KV, then experts layer by layer, ``mixtral/configuration_mixtral.py:63-182``);
   a host-resident cache is loaded per batch before its attention, double-buffered, and the
@@ -104,8 +105,7 @@ def _split_router(post: OpCost, model: ModelSpec, tokens: float) -> tuple[OpCost
 
 def expert_compute_s(model: ModelSpec, rates: Rates, tokens: float, engine: Engine = IDEAL) -> float:
     """One expert's SwiGLU on ``tokens`` tokens (expected, may be fractional) on the GPU: its
-    weights read once from HBM, 2·3·h·h2 FLOPs per token (the per-expert term of
-    :func:`group_experts`)."""
+    weights read once from HBM, 2·3·h·h2 FLOPs per token (one term of :func:`batch_expert_s`)."""
     return float(latency.gpu_time_s(costs.single_expert(model, tokens), rates, max(tokens, 1.0), engine, kernel=True))
 
 
@@ -167,20 +167,25 @@ def expert_load_s(model: ModelSpec, rates: Rates, engine: Engine = IDEAL, prefil
     return costs.expert_bytes(model) / link + _dispatch(rates)["copy"]
 
 
-def group_experts(model: ModelSpec, rates: Rates, group_tokens, routing: Routing | None = None,
-                  engine: Engine = IDEAL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The experts a group of ``group_tokens`` tokens (n·t; array) runs, hottest first:
-    (expert ids by mean activation probability, the compute seconds of each for its
-    expected tokens T·q_e in one call — [..., ne] —, how many run: the top-k hot ones and
-    the expected distinct cold ones, :func:`hrm.routing.expected_misses`, rounded)."""
+def experts_used(model: ModelSpec, group_tokens, routing: Routing | None = None) -> np.ndarray:
+    """How many experts a group of ``group_tokens`` tokens (n·t; array) runs per layer: the
+    top-k hot ones and the expected distinct cold ones (:func:`hrm.routing.expected_misses`,
+    rounded to whole experts)."""
     routing = routing or model.routing or uniform(model.num_experts, model.top_k)
-    q = routing.q.mean(axis=0)
-    order = np.argsort(-q, kind="stable")
-    t = np.asarray(group_tokens, dtype=float)[..., None] * q[order]
-    seconds = latency.gpu_time_s(costs.single_expert(model, t), rates, np.maximum(t, 1.0), engine, kernel=True)
     cold = np.rint(expected_misses(routing, model.top_k, group_tokens))
-    used = np.minimum(model.top_k + cold, model.num_experts).astype(int)
-    return order, np.asarray(seconds, dtype=float), used
+    return np.minimum(model.top_k + cold, model.num_experts).astype(int)
+
+
+def batch_expert_s(model: ModelSpec, rates: Rates, batch_tokens, routing: Routing | None = None,
+                   engine: Engine = IDEAL) -> np.ndarray:
+    """[..., ne] seconds of each expert's call for one batch of ``batch_tokens`` tokens
+    (array), hottest expert (by mean activation probability) first: its expected t·q_e
+    tokens, its weights read from HBM once per call."""
+    routing = routing or model.routing or uniform(model.num_experts, model.top_k)
+    q = np.sort(routing.q.mean(axis=0))[::-1]
+    t = np.asarray(batch_tokens, dtype=float)[..., None] * q
+    return np.asarray(latency.gpu_time_s(costs.single_expert(model, t), rates, np.maximum(t, 1.0), engine,
+                                         kernel=True), dtype=float)
 
 
 def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: float, num_batches: int,
@@ -188,8 +193,8 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
                   experts_resident: bool = False, dense_resident: bool = False, prompt_len: int | None = None,
                   moe: bool = True) -> KlotskiLayer:
     """The durations of one layer (module docstring): per batch :func:`batch_durations`;
-    the experts of :func:`group_experts` for the group's n·t tokens, each computing its
-    share in one call (1/n of it per batch, plus one expert call's α per batch).
+    the :func:`experts_used` of the group's n·t tokens, hottest first, each one call per
+    batch (:func:`batch_expert_s`, plus one expert call's α).
     ``kv_gpu_ratio`` of the cache is on the GPU, the rest loaded per batch.
     ``experts_resident``: the layer's experts are on the GPU (no loads); ``dense_resident``:
     its attention and gate weights are (eq. 7 loads them every layer otherwise). A dense
@@ -202,10 +207,11 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
                             per_batch["kv_store_s"])
     prefill = prompt_len is not None
     tokens = float(micro_batch) * (prompt_len if prefill else 1)
-    _, seconds, used = group_experts(model, rates, n * tokens, routing, engine)
+    used = int(experts_used(model, n * tokens, routing))
+    seconds = batch_expert_s(model, rates, tokens, routing, engine)
     load = 0.0 if experts_resident else expert_load_s(model, rates, engine, prefill)
     call = _dispatch(rates)["expert"]
-    experts = [(load, float(c) / n + call) for c in seconds[:int(used)]]
+    experts = [(load, float(c) + call) for c in seconds[:used]]
     static = 0.0 if dense_resident else 1.0
     path = engine.prefill.weight_path if prefill else engine.decode.weight_path
     link = latency.link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")
@@ -410,8 +416,8 @@ def klotski_memory(model: ModelSpec, workload, micro_batch, batch_size, resident
     layer's experts as the load buffer when any layer is offloaded
     (``configuration_mixtral.py:113``), r_c of every sequence's KV cache, two batch buffers
     of one layer's host-resident KV, the hidden states of all N sequences, one batch's
-    workspace and the largest expert call's activations (its n·t·q_max tokens, prefill or
-    decode). CPU: the offloaded layers' experts and (1 − r_c) of the KV cache."""
+    workspace and the largest expert call's activations (a batch's t·q_max tokens, prefill
+    or decode). CPU: the offloaded layers' experts and (1 − r_c) of the KV cache."""
     from .memory import gpu_workspace_bytes, kv_bytes_per_sequence
 
     routing = routing or model.routing or uniform(model.num_experts, model.top_k)
@@ -425,7 +431,7 @@ def klotski_memory(model: ModelSpec, workload, micro_batch, batch_size, resident
     kv_buffers = KV_BUFFERS * mu * workload.max_context_len * costs.kv_bytes_per_token(model)
     q_max = float(routing.q.max())
     per_expert_token = (2 * model.hidden_size + 3 * model.expert_intermediate_size) * ab
-    expert_call = big * max(workload.effective_prompt_len, 1) * q_max * per_expert_token
+    expert_call = mu * max(workload.effective_prompt_len, 1) * q_max * per_expert_token
     static = costs.static_weight_bytes(model)
     buffer = np.where(offloaded > 0, layer_experts, 0.0)
     hidden = big * 2 * model.hidden_size * ab

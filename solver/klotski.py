@@ -11,7 +11,7 @@ over an enumeration instead:
 - a bound per candidate, vectorised over all of them: each layer takes at least the busy
   time of each of its resources (GPU, CPU→GPU, GPU→CPU) — the period of a schedule is never
   below its lane bound — from the very durations the scheduler gets
-  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.group_experts`);
+  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`);
 - candidates are scheduled (:func:`hrm.klotski.klotski_times`) in order of their bound
   until the next bound cannot beat the best scheduled one: the result is the optimum of the
   scheduled model over the whole space. ``--verify`` schedules every candidate instead.
@@ -27,7 +27,8 @@ import numpy as np
 from hrm import latency
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
-from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, expert_load_s, group_experts, klotski_memory, klotski_own_batches,
+from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, expert_load_s, experts_used,
+                         klotski_memory, klotski_own_batches,
                          klotski_times, mean_decode_context, _dispatch)
 from hrm.placement import make_placement
 from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
@@ -124,18 +125,20 @@ def _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, pr
     call = _dispatch(rates)["expert"]
     head = n * latency.lm_head_time_s(model, rates, mu)
     out = []
-    for prompt_len, tokens in ((None, big), (prompt, big * prompt)):
+    for prompt_len, per_token in ((None, 1), (prompt, prompt)):
         per_batch = batch_durations(model, rates, mu, context, engine, ratio, prompt_len)
         dense = batch_durations(model, rates, mu, context, engine, ratio, prompt_len, moe=False)
-        unique, where = np.unique(tokens, return_inverse=True)
-        _, seconds, used = group_experts(model, rates, unique, engine=engine)
-        ranked = np.arange(model.num_experts) < used[:, None]
-        group_s = (np.sum(seconds * ranked, axis=1))[where] + n * used[where] * call
+        groups, at_group = np.unique(big * per_token, return_inverse=True)
+        used = experts_used(model, groups)[at_group]
+        batches, at_batch = np.unique(mu * per_token, return_inverse=True)
+        cumulative = np.concatenate([np.zeros((len(batches), 1)),
+                                     np.cumsum(batch_expert_s(model, rates, batches, engine=engine), axis=1)], axis=1)
+        group_s = n * (cumulative[at_batch, used] + used * call)  # every used expert, every batch
+        last_s = n * (cumulative[at_batch, used] - cumulative[at_batch, np.maximum(used - 1, 0)] + call)
         load = expert_load_s(model, rates, engine, prefill=prompt_len is not None)
         kv_in, kv_out = n * per_batch["kv_load_s"], n * per_batch["kv_store_s"]
         gpu = n * (per_batch["attention_s"] + per_batch["gate_s"]) + group_s
-        link = used[where] * load + kv_in + _link_idle_s(model, per_batch, n, used[where], load, seconds[
-            np.arange(len(unique)), np.maximum(used - 1, 0)][where] + n * call)
+        link = used * load + kv_in + _link_idle_s(model, per_batch, n, used, load, last_s)
         offloaded = np.maximum.reduce([gpu, link, kv_out])
         kept = np.maximum.reduce([gpu, kv_in, kv_out])
         dense_layer = np.maximum.reduce([n * dense["attention_s"], n * dense["kv_load_s"], n * dense["kv_store_s"]])
