@@ -222,8 +222,8 @@ def search_klotski(request):
     found = branch_and_bound(request, rates, cands)
     if found.index is None:
         if len(cands):
-            raise InfeasibleError(f"latency limit binds: no policy meets{describe_limits(request.latency_limits)[11:]} "
-                                  f"(engine {engine.name})")
+            limits = describe_limits(request.latency_limits)[len(", subject to "):]
+            raise InfeasibleError(f"latency limit binds: no policy that fits memory meets {limits} (engine {engine.name})")
         raise InfeasibleError(_infeasible_reason(request) + f" (engine {engine.name})")
     policy = cands.policy(found.index, model.num_moe_layers)
     result = estimate(hw, model, workload, policy, options=request.options, limits=request.limits, engine=engine)
