@@ -54,7 +54,7 @@ from .engine import IDEAL, Engine
 from .model import ModelSpec
 from .rates import Rates
 from .routing import Routing, expected_misses, uniform
-from .timeline import ExpertSchedule, expert_schedule
+from .timeline import KV_BUFFERS, ExpertSchedule, expert_schedule
 from .units import dtype_bytes
 
 #: the most batches per group :func:`klotski_batches` tries (the paper's planner caps n by memory)
@@ -63,8 +63,6 @@ MAX_BATCH_GROUP = 512
 #: chunk's tasks the sum of its batches'): the pipeline's fill and drain then cost at most
 #: one chunk, 1/64 of the attention phase, instead of one batch (tests bound the difference)
 MAX_SCHEDULED_BATCHES = 64
-#: KV buffers a host-resident cache is loaded into (batch k+1 loads while k computes)
-KV_BUFFERS = 2
 
 
 @dataclass(frozen=True)
@@ -103,10 +101,13 @@ def _split_router(post: OpCost, model: ModelSpec, tokens: float) -> tuple[OpCost
     return rest, gate
 
 
-def expert_compute_s(model: ModelSpec, rates: Rates, tokens: float, engine: Engine = IDEAL) -> float:
-    """One expert's SwiGLU on ``tokens`` tokens (expected, may be fractional) on the GPU: its
-    weights read once from HBM, 2·3·h·h2 FLOPs per token (one term of :func:`batch_expert_s`)."""
-    return float(latency.gpu_time_s(costs.single_expert(model, tokens), rates, max(tokens, 1.0), engine, kernel=True))
+def expert_compute_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = IDEAL):
+    """One expert's SwiGLU call on ``tokens`` tokens (expected, may be fractional; array) on
+    the GPU: its weights read once from HBM, 2·3·h·h2 FLOPs per token."""
+    t = np.asarray(tokens, dtype=float)
+    seconds = np.asarray(latency.gpu_time_s(costs.single_expert(model, t), rates, np.maximum(t, 1.0), engine,
+                                            kernel=True), dtype=float)
+    return float(seconds) if seconds.ndim == 0 else seconds
 
 
 def _dispatch(rates: Rates) -> dict[str, float]:
@@ -160,11 +161,15 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     }
 
 
+def weight_link_bytes_s(rates: Rates, engine: Engine = IDEAL, prefill: bool = False) -> float:
+    """CPU→GPU rate of the engine's weight path in the phase (pinned, or the pageable rate)."""
+    path = engine.prefill.weight_path if prefill else engine.decode.weight_path
+    return latency.link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")
+
+
 def expert_load_s(model: ModelSpec, rates: Rates, engine: Engine = IDEAL, prefill: bool = False) -> float:
     """One expert's CPU→GPU load over the engine's weight path, with one copy's α."""
-    path = engine.prefill.weight_path if prefill else engine.decode.weight_path
-    link = latency.link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")
-    return costs.expert_bytes(model) / link + _dispatch(rates)["copy"]
+    return costs.expert_bytes(model) / weight_link_bytes_s(rates, engine, prefill) + _dispatch(rates)["copy"]
 
 
 def experts_used(model: ModelSpec, group_tokens, routing: Routing | None = None) -> np.ndarray:
@@ -183,9 +188,7 @@ def batch_expert_s(model: ModelSpec, rates: Rates, batch_tokens, routing: Routin
     tokens, its weights read from HBM once per call."""
     routing = routing or model.routing or uniform(model.num_experts, model.top_k)
     q = np.sort(routing.q.mean(axis=0))[::-1]
-    t = np.asarray(batch_tokens, dtype=float)[..., None] * q
-    return np.asarray(latency.gpu_time_s(costs.single_expert(model, t), rates, np.maximum(t, 1.0), engine,
-                                         kernel=True), dtype=float)
+    return expert_compute_s(model, rates, np.asarray(batch_tokens, dtype=float)[..., None] * q, engine)
 
 
 def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: float, num_batches: int,
@@ -213,8 +216,7 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
     call = _dispatch(rates)["expert"]
     experts = [(load, float(c) + call) for c in seconds[:used]]
     static = 0.0 if dense_resident else 1.0
-    path = engine.prefill.weight_path if prefill else engine.decode.weight_path
-    link = latency.link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")
+    link = weight_link_bytes_s(rates, engine, prefill)
     wb = dtype_bytes(model.weight_dtype)
     return KlotskiLayer(
         num_batches=n, attention_s=per_batch["attention_s"], gate_s=per_batch["gate_s"],
@@ -287,11 +289,13 @@ def chunked(layer: KlotskiLayer, max_batches: int = MAX_SCHEDULED_BATCHES) -> Kl
                    cold=scale(layer.cold))
 
 
-def schedule_layer(layer: KlotskiLayer, prefetch_hot: bool = True, order: str = "hot-first") -> ExpertSchedule:
-    """The list-scheduled steady-state layer of ``layer`` (:func:`hrm.timeline.expert_schedule`;
-    more than :data:`MAX_SCHEDULED_BATCHES` batches are scheduled in chunks, :func:`chunked`)."""
+def schedule_layer(layer: KlotskiLayer, prefetch_hot: bool = True, order: str = "hot-first",
+                   layers: int = 6) -> ExpertSchedule:
+    """The list-scheduled steady-state layer of ``layer`` (:func:`hrm.timeline.expert_schedule`
+    over ``layers`` layers; more than :data:`MAX_SCHEDULED_BATCHES` batches are scheduled in
+    chunks, :func:`chunked`)."""
     layer = chunked(layer)
-    return expert_schedule(layer.num_batches, layer.attention_s, layer.gate_s, layer.hot, layer.cold,
+    return expert_schedule(layer.num_batches, layer.attention_s, layer.gate_s, layer.hot, layer.cold, layers=layers,
                            order=order, prefetch_hot=prefetch_hot, gate_load_s=layer.gate_load_s,
                            attention_load_s=layer.attention_load_s, kv_load_s=layer.kv_load_s,
                            kv_store_s=layer.kv_store_s)
@@ -441,9 +445,10 @@ def klotski_memory(model: ModelSpec, workload, micro_batch, batch_size, resident
         gpu_per_kv_ratio=big * kv_seq - kv_buffers,
         cpu_const=offloaded * layer_experts + big * kv_seq,
         cpu_per_kv_ratio=-big * kv_seq,
-        components={"static_weights": static, "resident_experts": resident * layer_experts,
-                    "expert_load_buffer": buffer, "kv_batch_buffers_at_rc0": kv_buffers, "hidden": hidden,
-                    "workspace": work, "kv_per_sequence": kv_seq, "offloaded_experts": offloaded * layer_experts})
+        components={"gpu": {"static_weights": static, "resident_experts": resident * layer_experts,
+                            "expert_load_buffer": buffer, "kv_batch_buffers_at_rc0": kv_buffers, "hidden": hidden,
+                            "workspace": work, "kv_per_sequence": kv_seq},
+                    "cpu": {"offloaded_experts": offloaded * layer_experts, "kv_per_sequence": kv_seq}})
 
 
 def klotski_own_batches(model: ModelSpec, rates: Rates, workload, policy, engine: Engine = IDEAL,
@@ -463,9 +468,7 @@ def policy_timeline(model: ModelSpec, rates: Rates, policy, engine: Engine, cont
     kind = "offloaded" if kinds["offloaded"] else "resident"
     layer = klotski_layer(model, rates, policy.micro_batch_size, context, policy.num_micro_batches, engine=engine,
                           kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True, **_kind_options(kind))
-    layer = chunked(layer)
-    return expert_schedule(layer.num_batches, layer.attention_s, layer.gate_s, layer.hot, layer.cold, layers=max(3, layers),
-                           kv_load_s=layer.kv_load_s, kv_store_s=layer.kv_store_s).timeline
+    return schedule_layer(layer, layers=max(3, layers)).timeline
 
 
 def estimate_klotski(hw, model: ModelSpec, workload, policy, options, limits, engine: Engine):
@@ -506,5 +509,5 @@ def estimate_klotski(hw, model: ModelSpec, workload, policy, options, limits, en
         gpu_peak_bytes=gpu_peak, cpu_peak_bytes=cpu_peak, gpu_limit_bytes=limits.gpu_bytes,
         cpu_limit_bytes=limits.cpu_bytes, shared_memory=limits.shared, bottleneck=bottleneck,
         binding_memory=binding, resource_layer_s=busy, lane_layer_s={**busy, "scheduled period": period},
-        memory_components={"gpu": memory.components, "cpu": memory.components},
+        memory_components=memory.components,
         engine=engine.name, notes=tuple(notes), defaulted=used_defaults(engine, rates))

@@ -308,6 +308,10 @@ def decode_timeline(model: ModelSpec, rates: Rates, policy: Policy, schedule: st
     return Timeline(effective, tasks, ends, bound, resource_totals_s(times, policy.num_micro_batches))
 
 
+#: KV buffers a host-resident cache of Klotski is loaded into (Algorithm 1 lines 13-14: batch
+#: k+1's cache loads while batch k computes)
+KV_BUFFERS = 2
+
 #: Klotski's expert compute orders: hot experts first (each over all batches), then the cold
 #: ones in load order (paper §5); or batch by batch in the router's order, cold listed first
 #: (the strawman of Fig. 7(c), whose GPU stalls on a cold expert while a hot one could run).
@@ -341,8 +345,9 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     ``num_batches`` batches, and ``compute_s`` per batch (every batch routes tokens to
     every listed expert). ``attention_s`` and ``gate_s`` are per batch. Per layer the GPU
     runs attention of every batch, then the gate of every batch, then the experts in
-    ``order`` (hot-first: one task per expert over all batches). The link loads, in this order: the attention weights (``attention_load_s``,
-    double-buffered: during the previous layer's experts), the gate weights and the hot
+    ``order`` (hot-first: one task per expert over all batches). The link loads, in this
+    order: the attention weights (``attention_load_s``, double-buffered: during the previous
+    layer's experts), the gate weights and the hot
     experts (prefetched: from the layer's start, during attention; after the first gate if
     not ``prefetch_hot``), then the cold experts on demand after the first gate (the first
     batch's gate selects them). An expert's compute for batch b waits for its load and
@@ -378,7 +383,7 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     def kv_load(i, b):
         if not kv_load_s:
             return None
-        buffer_free = attended[-2] if len(attended) >= 2 else None  # two KV buffers
+        buffer_free = attended[-KV_BUFFERS] if len(attended) >= KV_BUFFERS else None
         return graph.add(f"KV L{i} b{b}", "h2d", kv_load_s, [buffer_free], layer=i, micro_batch=b, kind="kv")
 
     def attend(i, b, deps):

@@ -31,7 +31,6 @@ from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s,
                          klotski_memory, klotski_own_batches,
                          klotski_times, mean_decode_context, _dispatch)
 from hrm.placement import make_placement
-from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
 from hrm.policy import Policy
 from hrm.rates import rates_from_profile
 from hrm.units import GIB
@@ -101,15 +100,12 @@ def candidates(request, rates) -> Candidates:
     rows: list[tuple] = []
     for resident in residents:
         memory = klotski_memory(model, workload, mu, big, resident)
-        # r_c range: GPU bytes grow with it, CPU bytes shrink
+        # the most r_c the GPU holds (its bytes grow with r_c); the CPU must hold the rest
         with np.errstate(divide="ignore", invalid="ignore"):
             hi = np.where(memory.gpu_per_kv_ratio > 0, (limits.gpu_bytes - memory.gpu_const) / memory.gpu_per_kv_ratio,
                           np.inf)
-            lo = np.where(memory.cpu_per_kv_ratio < 0, (memory.cpu_const - limits.cpu_bytes) / -memory.cpu_per_kv_ratio,
-                          -np.inf)
         ratio = np.full(len(mu), float(fixed["kv_gpu_ratio"])) if "kv_gpu_ratio" in fixed else np.clip(hi, 0.0, 1.0)
-        ok = (ratio <= hi + 1e-12) & (ratio >= lo - 1e-12) & (ratio >= 0) & (memory.gpu_bytes(ratio) <= limits.gpu_bytes)
-        ok &= memory.cpu_bytes(ratio) <= limits.cpu_bytes * (1 + 1e-12)
+        ok = (memory.gpu_bytes(ratio) <= limits.gpu_bytes) & (memory.cpu_bytes(ratio) <= limits.cpu_bytes * (1 + 1e-12))
         if np.any(ok):
             rows.append((mu[ok], n[ok], big[ok], np.full(int(ok.sum()), resident), ratio[ok]))
     if not rows:
@@ -205,7 +201,7 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
 
 def search_klotski(request):
     """:func:`solver.search.search` for the expert-level pipeline (module docstring)."""
-    from solver.search import Candidate, SearchResult, describe_limits
+    from solver.search import Candidate, SearchResult, describe_limits, make_plan
 
     hw, model, workload, engine = request.hw, request.model, request.workload, request.engine
     if request.limits.shared or hw.gpu is None:
@@ -239,19 +235,11 @@ def search_klotski(request):
         verify_objective = abs(check.value) if request.objective == "latency" else check.value
         verified = abs(check.value - found.value) <= 1e-9 * max(abs(check.value), 1e-12)
     own = klotski_own_batches(model, rates, workload, policy, engine)
-    plan = Plan(
-        schema_version=SCHEMA_VERSION,
-        hardware=SpecRef(name=request.hw_name or hw.name, sha256=hw.sha256()),
-        model=SpecRef(name=request.model_name or model.name, sha256=model.sha256()),
-        workload=workload, policy=policy, schedule=engine.schedule, engine=engine.name,
-        engine_definition=None if _shipped(engine) else engine, routing=model.routing,
-        estimate=result.to_plan_estimate(),
-        placement=make_placement(model, round(policy.weights_gpu_ratio * model.num_moe_layers) * model.num_experts,
-                                 policy.num_micro_batches, whole_layers=True),
-        solver=SolverInfo(name=f"Klotski branch and bound over {space}{describe_limits(request.latency_limits)}",
-                          seconds=seconds, optimal=True, candidates_evaluated=found.scheduled),
-        created_by="hrm-search 0.1.0",
-    )
+    placement = make_placement(model, round(policy.weights_gpu_ratio * model.num_moe_layers) * model.num_experts,
+                               policy.num_micro_batches, whole_layers=True)
+    plan = make_plan(request, result, placement,
+                     f"Klotski branch and bound over {space}{describe_limits(request.latency_limits)}", seconds,
+                     found.scheduled)
     objective = abs(found.value) if request.objective == "latency" else found.value
     notes = list(request.notes)  # Klotski's own n at this μ is the estimate's note
     return SearchResult(Candidate(policy, result, None), [], plan, "Klotski B&B", seconds, found.scheduled, verified,
@@ -261,12 +249,6 @@ def search_klotski(request):
                          "modes_total": len(cands), "candidates": found.scheduled, "mu_max": int(cands.mu.max()),
                          "klotski_own_batches": own,
                          "verify_modes": (len(cands), len(cands)) if verify else None})
-
-
-def _shipped(engine) -> bool:
-    from hrm.engine import is_shipped
-
-    return is_shipped(engine)
 
 
 def _infeasible_reason(request) -> str:

@@ -247,24 +247,9 @@ def search_lanes(request: SearchRequest) -> SearchResult:
                                found.best.throughput, solver, latency_limits)
         verify_objective, verify_seconds = max(check.objective, check.milp_objective or 0.0), check.seconds
         verified = abs(verify_objective - found.best.throughput) <= 1e-9 * max(verify_objective, 1e-12)
-    plan = Plan(
-        schema_version=SCHEMA_VERSION,
-        hardware=SpecRef(name=hw_name or hw.name, sha256=hw.sha256()),
-        model=SpecRef(name=model_name or model.name, sha256=model.sha256()),
-        workload=workload,
-        policy=best.policy,
-        schedule=engine.schedule,
-        engine=engine.name,
-        engine_definition=None if is_shipped(engine) else engine,
-        routing=model.routing,
-        estimate=best.estimate.to_plan_estimate(),
-        placement=make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches,
-                                 whole_layers=engine.static_experts == "whole-layers"),
-        solver=SolverInfo(name=f"exact branch and bound over {space}{describe_limits(latency_limits)}",
-                          seconds=seconds, optimal=True,
-                          candidates_evaluated=found.candidates),
-        created_by=CREATED_BY,
-    )
+    plan = make_plan(request, best.estimate, make_placement(model, best.choice.gpu_experts, best.policy.num_micro_batches,
+                                                            whole_layers=engine.static_experts == "whole-layers"),
+                     f"exact branch and bound over {space}{describe_limits(latency_limits)}", seconds, found.candidates)
     return SearchResult(best, alternatives, plan, SOLVER_NAME, seconds, found.modes_solved, verified,
                         verify_objective, verify_seconds,
                         {"objective": found.best.throughput, "objective_kind": objective, "notes": notes,
@@ -272,6 +257,27 @@ def search_lanes(request: SearchRequest) -> SearchResult:
                          "engine": engine, "search_space": space, "modes_total": found.modes_total,
                          "candidates": found.candidates, "mu_max": found.mu_max,
                          "verify_modes": (check.modes_enumerated, check.modes_total) if verify else None})
+
+
+def make_plan(request: SearchRequest, best: EstimateResult, placement, solver_name: str, seconds: float,
+              candidates: int) -> Plan:
+    """The plan of a search's optimum (SPEC §6), for every pipeline."""
+    hw, model, engine = request.hw, request.model, request.engine
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        hardware=SpecRef(name=request.hw_name or hw.name, sha256=hw.sha256()),
+        model=SpecRef(name=request.model_name or model.name, sha256=model.sha256()),
+        workload=request.workload,
+        policy=best.policy,
+        schedule=engine.schedule,
+        engine=engine.name,
+        engine_definition=None if is_shipped(engine) else engine,
+        routing=model.routing,
+        estimate=best.to_plan_estimate(),
+        placement=placement,
+        solver=SolverInfo(name=solver_name, seconds=seconds, optimal=True, candidates_evaluated=candidates),
+        created_by=CREATED_BY,
+    )
 
 
 def describe_limits(latency_limits: LatencyLimits) -> str:
