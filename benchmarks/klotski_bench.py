@@ -57,7 +57,7 @@ def engine_table(args) -> None:
     from hrm.engine import load_engine
     from hrm.errors import HRMError
     from hrm.estimate import estimate
-    from hrm.klotski import klotski_own_batches
+    from hrm.pipelines.expert_level import klotski_own_batches
     from hrm.memory import memory_limits
     from hrm.workload import make_workload
     from solver.search import search

@@ -73,8 +73,9 @@ def main() -> None:
         summary.add_column(col)
     for name in args.models:
         hw = load_hardware(args.hw or measured_profile(work, f"this-host-{name}"))
-        report = run_validation(hw, load_model(name), workload, validation_policies(args.policies), "auto", "fp32",
-                                args.repeats, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        report = run_validation(hw, load_model(name), workload, validation_policies(args.policies), device="auto",
+                                dtype="fp32", repeats=args.repeats,
+                                progress=lambda line: print(line, file=sys.stderr, flush=True))
         render_report(report)
         folder = work / name
         folder.mkdir(exist_ok=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from .hardware import HardwareProfile
 from .units import GB
@@ -20,35 +21,54 @@ from .units import GB
 
 @dataclass(frozen=True)
 class Default:
-    """A named default: the value used where a profile lacks the field, and why."""
+    """A named default: the value used where a profile lacks the field (a function of the
+    profile), and why."""
 
     field: str
     source: str
+    value: Callable[[HardwareProfile], object]
+
+
+#: single-thread host memcpy rate when a profile has none (GB/s)
+MEMCPY_ONE_THREAD_GBPS = 10.0
+#: share of datasheet GPU memory bandwidth (streaming kernel) and tensor peak (large GEMM)
+#: when a datasheet profile has none
+GPU_STREAM_EFFICIENCY = GPU_GEMM_EFFICIENCY = 0.8
+#: pageable ÷ pinned copy rate when a profile has no pageable figure (docs/mechanisms.md §1: 2–2.5×)
+PAGEABLE_SLOWDOWN = 2.25
+#: bytes of DRAM traffic per byte copied by a CPU memcpy: read + write + write-allocate read
+COPY_DRAM_BYTES_PER_BYTE = 3.0
 
 
 #: Every default of this module, by profile field (value rules in :func:`achieved_rates`).
 DEFAULTS: dict[str, Default] = {d.field: d for d in (
     Default("cpu.memcpy_one_thread_gbps",
-            "10 GB/s: single-thread memcpy on server CPUs (shared/reference/mechanisms.md §1)"),
+            f"{MEMCPY_ONE_THREAD_GBPS:g} GB/s: single-thread memcpy on server CPUs (docs/mechanisms.md §1)",
+            lambda hw: MEMCPY_ONE_THREAD_GBPS),
     Default("cpu.memcpy_all_threads_gbps",
-            "cpu.memory_bandwidth_gbps / 3: a copy with ordinary stores reads, writes and write-allocates "
-            "each byte (mechanisms.md §1), so DRAM moves 3 bytes per byte copied"),
-    Default("cpu.numa_nodes", "1: one socket (no NUMA penalty)"),
+            f"cpu.memory_bandwidth_gbps / {COPY_DRAM_BYTES_PER_BYTE:g}: a copy with ordinary stores reads, writes and "
+            f"write-allocates each byte (docs/mechanisms.md §1), so DRAM moves {COPY_DRAM_BYTES_PER_BYTE:g} bytes per "
+            f"byte copied",
+            lambda hw: hw.cpu.memory_bandwidth_gbps / COPY_DRAM_BYTES_PER_BYTE),
+    Default("cpu.numa_nodes", "1: one socket (no NUMA penalty)", lambda hw: 1),
     Default("link.h2d_pageable_gbps",
-            "h2d_gbps / 2.25: pageable copies are driver-staged, 2-2.5x slower than pinned (mechanisms.md §1)"),
-    Default("link.d2h_pageable_gbps", "d2h_gbps / 2.25: as h2d_pageable_gbps (mechanisms.md §1)"),
-    Default("link.gpus_per_pcie_switch", "1: each GPU on its own x16 root port"),
-    Default("link.p2p", "true: peer-to-peer copies between GPUs work (gpu_to_gpu_gbps applies)"),
+            f"h2d_gbps / {PAGEABLE_SLOWDOWN:g}: pageable copies are driver-staged, 2-2.5x slower than pinned "
+            f"(docs/mechanisms.md §1)",
+            lambda hw: hw.link.h2d_gbps / PAGEABLE_SLOWDOWN),
+    Default("link.d2h_pageable_gbps",
+            f"d2h_gbps / {PAGEABLE_SLOWDOWN:g}: as h2d_pageable_gbps (docs/mechanisms.md §1)",
+            lambda hw: hw.link.d2h_gbps / PAGEABLE_SLOWDOWN),
+    Default("link.gpus_per_pcie_switch", "1: each GPU on its own x16 root port", lambda hw: 1),
+    Default("link.p2p", "true: peer-to-peer copies between GPUs work (gpu_to_gpu_gbps applies)", lambda hw: True),
     Default("gpu.memory_stream_efficiency",
-            "0.8: a streaming kernel reaches 70-90% of datasheet HBM/GDDR bandwidth (mechanisms.md §2)"),
+            f"{GPU_STREAM_EFFICIENCY:g}: a streaming kernel reaches 70-90% of datasheet HBM/GDDR bandwidth "
+            f"(docs/mechanisms.md §2)",
+            lambda hw: GPU_STREAM_EFFICIENCY),
     Default("gpu.gemm_efficiency",
-            "0.8: a large bf16 GEMM reaches ~790 of 989 TFLOP/s on H100 (shared/reference/facts.md)"),
+            f"{GPU_GEMM_EFFICIENCY:g}: a large bf16 GEMM reaches ~790 of 989 TFLOP/s on H100 (docs/facts.md)",
+            lambda hw: GPU_GEMM_EFFICIENCY),
 )}
 
-#: pageable ÷ pinned copy rate when a profile has no pageable figure (mechanisms.md §1: 2–2.5×)
-PAGEABLE_SLOWDOWN = 2.25
-#: bytes of DRAM traffic per byte copied by a CPU memcpy: read + write + write-allocate read
-COPY_DRAM_BYTES_PER_BYTE = 3.0
 #: a pinned copy whose buffer sits on the far socket runs at this fraction of a local one
 #: (gearshifft PR #82: 12.15 → 3.78 GB/s H2D across a NUMA socket)
 NUMA_REMOTE_FRACTION = 3.78 / 12.15
@@ -86,31 +106,31 @@ def achieved_rates(hw: HardwareProfile) -> Achieved:
     """The achieved rates of ``hw``; :attr:`Achieved.defaulted` names the defaults used."""
     used: list[str] = []
 
-    def pick(section: str, key: str, default):
+    def pick(section: str, key: str):
         value = getattr(getattr(hw, section), key)
         if value is None:
             used.append(f"{section}.{key}")
-            return default
+            return DEFAULTS[f"{section}.{key}"].value(hw)
         return value
 
     cpu, gpu, link = hw.cpu, hw.gpu, hw.link
-    one = pick("cpu", "memcpy_one_thread_gbps", 10.0) * GB
-    all_threads = pick("cpu", "memcpy_all_threads_gbps", cpu.memory_bandwidth_gbps / COPY_DRAM_BYTES_PER_BYTE) * GB
-    numa = pick("cpu", "numa_nodes", 1)
+    one = pick("cpu", "memcpy_one_thread_gbps") * GB
+    all_threads = pick("cpu", "memcpy_all_threads_gbps") * GB
+    numa = pick("cpu", "numa_nodes")
     # no link (CPU-only host): the emulated tier copies within host memory
     h2d_pageable = d2h_pageable = all_threads
     per_switch, p2p = 1, True
     if link is not None:
-        h2d_pageable = pick("link", "h2d_pageable_gbps", link.h2d_gbps / PAGEABLE_SLOWDOWN) * GB
-        d2h_pageable = pick("link", "d2h_pageable_gbps", link.d2h_gbps / PAGEABLE_SLOWDOWN) * GB
-        per_switch = pick("link", "gpus_per_pcie_switch", 1)
-        p2p = pick("link", "p2p", True)
+        h2d_pageable = pick("link", "h2d_pageable_gbps") * GB
+        d2h_pageable = pick("link", "d2h_pageable_gbps") * GB
+        per_switch = pick("link", "gpus_per_pcie_switch")
+        p2p = pick("link", "p2p")
     stream = gemm = 1.0
     if gpu is not None and hw.source.kind == "measured":
         # a measured profile's peaks are already achieved rates (device copy, best matmul)
         stream, gemm = gpu.memory_stream_efficiency or 1.0, gpu.gemm_efficiency or 1.0
     elif gpu is not None:
-        stream = pick("gpu", "memory_stream_efficiency", 0.8)
-        gemm = pick("gpu", "gemm_efficiency", 0.8)
+        stream = pick("gpu", "memory_stream_efficiency")
+        gemm = pick("gpu", "gemm_efficiency")
     return Achieved(one, all_threads, cpu.cores, int(numa), h2d_pageable, d2h_pageable, int(per_switch), bool(p2p),
                     float(stream), float(gemm), gpu.architecture if gpu is not None else None, tuple(used))

@@ -1,4 +1,4 @@
-"""Operator costs (SPEC §4.1): FLOPs and bytes of every operator of a layer.
+"""Operator costs (docs/model.md §4.1): FLOPs and bytes of every operator of a layer.
 
 Each operator reports its FLOPs and the bytes it touches, split by *what* they are
 (weights, KV cache, activations) rather than by level: the policy decides where each kind
@@ -50,7 +50,7 @@ class OpCost:
 
 def expected_distinct_experts(model: ModelSpec, tokens):
     """Expected number of distinct experts touched by ``tokens`` tokens: under uniform
-    top-k routing ne·(1 − (1 − k/ne)^tokens) (SPEC §4.1; k for one token); under the
+    top-k routing ne·(1 − (1 − k/ne)^tokens) (docs/model.md §4.1; k for one token); under the
     model's routing distribution Σ_e 1 − (1 − q_e)^tokens averaged over layers
     (:mod:`hrm.routing`)."""
     if model.routing is not None:
@@ -230,7 +230,7 @@ def post_attention(model: ModelSpec, tokens) -> OpCost:
 
 def routed_experts(model: ModelSpec, tokens) -> OpCost:
     """Routed experts for ``tokens`` tokens: FLOPs use top-k; weight bytes use the expected
-    number of distinct experts the tokens touch (SPEC §4.1)."""
+    number of distinct experts the tokens touch (docs/model.md §4.1)."""
     tokens = np.asarray(tokens, dtype=float)
     h, h2 = model.hidden_size, model.expert_intermediate_size
     ab = dtype_bytes(model.activation_dtype)

@@ -1,4 +1,4 @@
-"""Engines (SPEC §4b): how a real system executes a plan, as data.
+"""Engines (docs/model.md §4.7): how a real system executes a plan, as data.
 
 An engine is its schedule (lanes, overlap, launch order: :mod:`hrm.schedules`) plus its
 execution mechanisms. Every mechanism is one field whose value in the ``ideal`` engine
@@ -67,6 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import bounds
 from .errors import HRMError, read_yaml_mapping, validated
+from .schedules import PIPELINE_FIELDS, SCHEDULES
 
 ENGINES_DIR = Path(__file__).resolve().parent / "data" / "engines"
 
@@ -188,8 +189,6 @@ class Engine(_Frozen):
 
     @model_validator(mode="after")
     def _known_names(self):
-        from .schedules import SCHEDULES
-
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule: unknown '{self.schedule}' (one of {', '.join(SCHEDULES)})")
         if self.moe_kernel not in KERNELS:
@@ -207,6 +206,9 @@ class Engine(_Frozen):
         if cpu_misses and self.schedule != "sequential":
             # the misses' CPU, link and GPU work is one cost per miss: exact in one serial lane
             raise ValueError("offloaded_experts: cached-cpu needs schedule: sequential")
+        problem = unmodelled_field(self)
+        if problem:
+            raise ValueError(f"{problem} (schedule {self.schedule})")
         return self
 
     @property
@@ -217,9 +219,39 @@ class Engine(_Frozen):
         return Engine.model_validate({**self.model_dump(), "schedule": schedule})
 
 
+#: fields that name, describe or bound the engine's policy space rather than a mechanism
+#: of its pipeline (every pipeline honours the policy space through its search)
+IDENTITY_FIELDS = ("name", "description", "schedule", "sources", "policy")
+
+
+def _leaf_fields(model: BaseModel, prefix: str = ""):
+    """(dotted name, value) of every leaf field of a pydantic model."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            yield from _leaf_fields(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def unmodelled_field(engine: "Engine") -> str | None:
+    """The first field set away from ideal's value that ``engine``'s pipeline does not model
+    (:data:`hrm.schedules.PIPELINE_FIELDS`), in words; None when every field is modelled."""
+    fields = PIPELINE_FIELDS[SCHEDULES[engine.schedule].pipeline]
+    defaults = dict(_leaf_fields(Engine.model_construct(name=engine.name)))
+    for field, value in _leaf_fields(engine):
+        if field.split(".")[0] in IDENTITY_FIELDS or value == defaults.get(field):
+            continue
+        problem = fields.problem(field, value)
+        if problem:
+            return problem
+    return None
+
+
 IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-14) - an upper bound")
 
-#: Mechanisms ``--explain`` switches off one at a time (dotted field paths).
+#: Mechanisms ``--explain`` switches off one at a time (dotted field paths): every engine
+#: field that is not the engine's identity or policy space (a test checks the coverage).
 MECHANISMS: dict[str, str] = {
     "decode.weight_path": "decode weight path",
     "decode.kv_cache": "decode host-KV path (pinned/pageable)",
@@ -239,6 +271,13 @@ MECHANISMS: dict[str, str] = {
     "numa_aware": "NUMA placement of pinned buffers",
     "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
     "tensor_parallel.allreduce": "all-reduce path",
+    "offloaded_weights": "every layer weight offloaded, not only experts",
+    "static_experts": "static experts kept in whole units (r_w snapped)",
+    "op_offload_min_tokens": "CPU-kept experts copied to the GPU from a token count",
+    "offload_min_tokens_per_expert": "missed experts copied to the GPU from tokens per expert",
+    "memory.gpu_weight_buffer_layers": "GPU weight buffer (layers)",
+    "memory.pinned_staging_layers": "pinned CPU staging buffer (layers)",
+    "memory.cpu_holds_all_experts": "CPU tensor holds every expert",
 }
 
 
@@ -298,8 +337,6 @@ def resolve_engine(engine: str | Engine | None, schedule: str | None) -> Engine:
     if schedule is None or schedule == eng.schedule:
         return eng
     if eng.name == "ideal":
-        from .schedules import SCHEDULES
-
         if schedule not in SCHEDULES:
             raise HRMError(f"--schedule: unknown '{schedule}' (one of {', '.join(SCHEDULES)})")
         return eng.with_schedule(schedule)
@@ -310,8 +347,6 @@ def resolve_engine(engine: str | Engine | None, schedule: str | None) -> Engine:
 def as_engine(engine_or_schedule: "str | Engine | None") -> Engine:
     """An Engine from an Engine, a schedule name (engine ideal with that lane structure) or
     an engine name/file (API convenience for callers that held a schedule name)."""
-    from .schedules import SCHEDULES
-
     if isinstance(engine_or_schedule, Engine):
         return engine_or_schedule
     if engine_or_schedule in SCHEDULES:

@@ -1,51 +1,31 @@
-"""End-to-end estimate of one policy (SPEC §4.4–4.6): throughput, latency, memory, diagnostics.
+"""End-to-end estimate of one policy: throughput, latency, memory, diagnostics.
 
-Generation throughput (the paper's metric) = N·gen / (prefill + Σ_t decode step(c_t)) with
-the context growing every decode step; decode throughput = N·(gen−1) / Σ_t step(c_t);
-per-token latency = the mean decode step.
+The engine's pipeline (:mod:`hrm.pipelines`) gives the prefill and the decode steps' times
+and the peak memory; generation throughput (the paper's metric) = N·gen / (prefill + Σ_t
+decode step(c_t)) with the context growing every decode step, decode throughput = N·(gen−1)
+/ Σ_t step(c_t) (:mod:`hrm.throughput`); per-token latency = the mean decode step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from . import latency
-from .engine import IDEAL, Engine, resolve_engine
+from .engine import Engine, resolve_engine
 from .errors import HRMError
 from .hardware import HardwareProfile
-from .memory import MemoryLimits, cpu_memory_form, gpu_memory_form, memory_limits
+from .memory import MemoryLimits
 from .model import ModelSpec
 from .options import DEFAULT_OPTIONS, ModelOptions
+from .pipelines import MemoryUse, pipeline_of
 from .policy import Policy
-from .rates import Rates, rates_from_profile
+from .problem import Problem, make_problem
+from .rates import Rates
+from .schedules import SCHEDULES
+from .throughput import end_to_end_time_s, throughput_tok_s
 from .workload import Workload, check_context_window
-
-RESOURCE_LABELS = {
-    "gpu": "GPU compute/HBM",
-    "cpu": "CPU compute/DRAM",
-    "h2d": "CPU->GPU link",
-    "d2h": "GPU->CPU link",
-    "chain": "serial GPU-CPU chain",
-    "all": "one unit (no overlap)",
-    "copy": "CPU staging-copy team",
-    "dram": "host DRAM bandwidth",
-    "gpu+weights": "GPU chain waiting on the weight load",
-}
-
-
-def lane_label(name: str) -> str:
-    """A lane's name for people (``X+weights``: lane X with the weight load of one slot)."""
-    if name.endswith("+weights") and name not in RESOURCE_LABELS:
-        return f"{lane_label(name[:-len('+weights')])} + weight load (sync per micro-batch)"
-    return RESOURCE_LABELS.get(name, name)
-
 
 def schedule_problem(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
     """Why a placement is not allowed under ``schedule`` (None if it is)."""
-    from .schedules import SCHEDULES
-
     if schedule not in SCHEDULES:
         return f"unknown schedule '{schedule}' (one of {', '.join(SCHEDULES)})"
     return SCHEDULES[schedule].problem(policy_attn, policy_ffn)
@@ -131,7 +111,7 @@ class EstimateResult:
         return {k: v / self.decode_layer_latency_s for k, v in self.resource_layer_s.items()} if self.decode_layer_latency_s else {}
 
     def to_plan_estimate(self) -> dict:
-        """The plan's ``estimate`` block (SPEC §6 key names)."""
+        """The plan's ``estimate`` block (the key names of hrm/data/plan.schema.json)."""
         return {
             "decode_layer_latency_s": self.decode_layer_latency_s,
             "prefill_latency_s": self.prefill_latency_s,
@@ -154,37 +134,6 @@ class EstimateResult:
                 "defaulted_rates": list(self.defaulted),
             },
         }
-
-
-def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, schedule: str | Engine):
-    """Per-step decode times (array over steps), the prefill time, and per-layer diagnostics."""
-    engine = schedule if isinstance(schedule, Engine) else IDEAL.with_schedule(schedule)
-    mu, n = policy.micro_batch_size, policy.num_micro_batches
-    rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
-    contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)
-    head = n * latency.lm_head_time_s(model, rates, mu)
-    steps = np.full(contexts.shape, float(head))
-    prefill = float(head)
-    resource_sum: dict[str, float] = {}
-    lane_sum: dict[str, float] = {}
-    for moe, count in latency.layer_kinds(model):
-        resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
-                                             engine)
-        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
-        steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
-        if moe:
-            steps = steps + latency.step_sync_s(resources, engine)
-        for name, lane in resources.items():
-            resource_sum[name] = resource_sum.get(name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
-        for lane in lanes:
-            lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
-        pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
-        prefill += count * float(latency.lanes_time_s(
-            latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill"), n, rw, rc))
-    per_layer = max(len(contexts), 1) * model.num_layers
-    resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
-    lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
-    return steps, prefill, resource_layer, lane_layer
 
 
 def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[Policy, list[str]]:
@@ -218,70 +167,52 @@ def estimate(
     """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
     ``ideal``; ``schedule`` is ideal's lane structure, default cgopipe). Raises HRMError if
     the engine cannot run the placement; r_w is snapped to the engine's granularity (noted)."""
-    from dataclasses import replace
-
-    from .schedules import pipeline_function
-
     check_context_window(model, workload)
     engine = resolve_engine(engine, schedule)
-    policy, notes = realised_policy(model, engine, policy)
-    options = options.for_model(model)
-    limits = limits or memory_limits(hw, options)
-    result = pipeline_function(engine.schedule, 0)(hw, model, workload, policy, options, limits, engine)
-    return replace(result, notes=(*notes, *result.notes))
+    return estimate_problem(make_problem(hw, model, workload, engine, options, limits), policy)
 
 
-def estimate_lanes(hw: HardwareProfile, model: ModelSpec, workload: Workload, policy: Policy, options: ModelOptions,
-                   limits: MemoryLimits, engine: Engine) -> EstimateResult:
-    """:func:`estimate` of a policy the engine runs (realised), for the lanes pipeline: each
-    layer the max of its lanes (eq. 12), summed over the decode steps."""
-    rates = rates_from_profile(hw, options)
-    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, workload, policy, engine)
-    decode = float(np.sum(steps))
-    n_steps = len(steps)
-    big, gen = policy.batch_size, workload.gen_len
-    total = prefill + decode
-    # mean per-layer decode latency: the layer part of the steps, per layer
-    layers_only = decode - n_steps * float(policy.num_micro_batches * latency.lm_head_time_s(model, rates, policy.micro_batch_size))
-    decode_layer = layers_only / (n_steps * model.num_layers) if n_steps else 0.0
-    args = (model, workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu, engine)
-    gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
-    gpu_peak = float(gpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
-    cpu_peak = float(cpu_form.bytes(big, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
+def binding_memory(memory: MemoryUse, limits: MemoryLimits) -> str:
+    """The fuller tier in words, with its share of its usable bytes."""
     if limits.shared:
-        binding = f"host memory {100 * (gpu_peak + cpu_peak) / limits.cpu_bytes:.0f}% (device tier shares it)"
-    else:
-        g, c = gpu_peak / limits.gpu_bytes, cpu_peak / limits.cpu_bytes
-        binding = f"GPU memory {100 * g:.0f}%" if g >= c else f"CPU memory {100 * c:.0f}%"
-    bottleneck_lane = max(lane_layer, key=lane_layer.get)
-    if bottleneck_lane in ("all", "chain") and resource_layer:
-        # name the resource that dominates inside the combined lane
-        top = max(resource_layer, key=resource_layer.get)
-        bottleneck = f"{lane_label(bottleneck_lane)} (largest: {lane_label(top)})"
-    else:
-        bottleneck = lane_label(bottleneck_lane)
+        return (f"host memory {100 * (memory.gpu_peak_bytes + memory.cpu_peak_bytes) / limits.cpu_bytes:.0f}% "
+                f"(device tier shares it)")
+    g, c = memory.gpu_peak_bytes / limits.gpu_bytes, memory.cpu_peak_bytes / limits.cpu_bytes
+    return f"GPU memory {100 * g:.0f}%" if g >= c else f"CPU memory {100 * c:.0f}%"
+
+
+def estimate_problem(problem: Problem, policy: Policy) -> EstimateResult:
+    """:func:`estimate` of a problem: the policy as the engine realises it, its times and
+    memory from the engine's pipeline (:mod:`hrm.pipelines`), throughput from
+    :mod:`hrm.throughput`."""
+    policy, notes = realised_policy(problem.model, problem.engine, policy)
+    pipeline = pipeline_of(problem.engine)
+    times = pipeline.times(problem, policy)
+    memory = pipeline.memory(problem, policy)
+    batch_size, gen_len, limits = policy.batch_size, problem.workload.gen_len, problem.limits
     return EstimateResult(
         policy=policy,
-        schedule=engine.schedule,
-        decode_layer_latency_s=decode_layer,
-        prefill_latency_s=prefill,
-        decode_time_s=decode,
-        total_time_s=total,
-        decode_throughput_tok_s=big * n_steps / decode if decode else 0.0,
-        generation_throughput_tok_s=big * gen / total,
-        per_token_latency_s=decode / n_steps if n_steps else prefill,
-        gpu_peak_bytes=gpu_peak,
-        cpu_peak_bytes=cpu_peak,
+        schedule=problem.engine.schedule,
+        decode_layer_latency_s=times.decode_layer_s,
+        prefill_latency_s=times.prefill_s,
+        decode_time_s=times.decode_s,
+        total_time_s=end_to_end_time_s(times.prefill_s, times.decode_s),
+        decode_throughput_tok_s=throughput_tok_s(batch_size, gen_len, times.prefill_s, times.decode_s, "decode"),
+        generation_throughput_tok_s=throughput_tok_s(batch_size, gen_len, times.prefill_s, times.decode_s),
+        per_token_latency_s=times.per_token_s,
+        gpu_peak_bytes=memory.gpu_peak_bytes,
+        cpu_peak_bytes=memory.cpu_peak_bytes,
         gpu_limit_bytes=limits.gpu_bytes,
         cpu_limit_bytes=limits.cpu_bytes,
         shared_memory=limits.shared,
-        bottleneck=bottleneck,
-        binding_memory=binding,
-        resource_layer_s=resource_layer,
-        lane_layer_s=lane_layer,
-        memory_components={"gpu": gpu_form.components, "cpu": cpu_form.components},
-        engine=engine.name,
-        defaulted=used_defaults(engine, rates),
+        bottleneck=times.bottleneck,
+        binding_memory=binding_memory(memory, limits),
+        resource_layer_s=times.resource_layer_s,
+        lane_layer_s=times.lane_layer_s,
+        memory_components=memory.components,
+        engine=problem.engine.name,
+        notes=(*notes, *times.notes),
+        defaulted=used_defaults(problem.engine, problem.rates),
     )
 
 

@@ -4,7 +4,8 @@ gap to the ideal roofline.
 For an engine E and a policy, every active mechanism m (a field that differs from
 ``ideal``, :data:`hrm.engine.MECHANISMS`) is switched off in turn (:func:`hrm.engine.without`)
 and the policy re-estimated: m costs T(E) − T(E without m) of end-to-end time, in decode
-time per layer and in prefill. Its share is that cost over the whole gap T(E) − T(ideal),
+time per layer and in prefill, and the GPU and CPU bytes it adds to the peaks (buffers,
+what is offloaded). Its share is that cost over the whole gap T(E) − T(ideal),
 where ideal is E with every mechanism off (same schedule and policy). Shares need not add
 to 1: mechanisms interact through the max over lanes (one that is hidden behind another
 bottleneck costs nothing alone).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from .engine import MECHANISMS, Engine, active_mechanisms, without
 from .estimate import EstimateResult, estimate
+from .units import GIB
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class MechanismCost:
     decode_layer_s: float    # mean decode seconds per layer it adds
     prefill_s: float         # prefill seconds it adds
     share_of_gap: float      # total_s / (T(engine) − T(ideal))
+    gpu_bytes: float = 0.0   # GPU peak bytes it adds
+    cpu_bytes: float = 0.0   # CPU peak bytes it adds
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,11 @@ class Explanation:
         table = Table(title=(f"{self.engine}: {eng.generation_throughput_tok_s:,.1f} tok/s vs ideal "
                              f"{ideal.generation_throughput_tok_s:,.1f} tok/s on the same policy "
                              f"(gap {self.gap_s:,.1f} s end to end); each mechanism switched off in turn"))
-        for col in ("mechanism", "decode ms/layer", "prefill s", "total s", "share of gap"):
+        for col in ("mechanism", "decode ms/layer", "prefill s", "total s", "share of gap", "GPU GiB", "CPU GiB"):
             table.add_column(col, justify="left" if col == "mechanism" else "right")
         for c in self.costs:
             table.add_row(c.label, f"{c.decode_layer_s * 1e3:.3f}", f"{c.prefill_s:.2f}", f"{c.total_s:.2f}",
-                          f"{c.share_of_gap:.0%}")
+                          f"{c.share_of_gap:.0%}", f"{c.gpu_bytes / GIB:+.2f}", f"{c.cpu_bytes / GIB:+.2f}")
         Console().print(table)
 
 
@@ -79,6 +83,7 @@ def explain(hw, model, workload, policy, engine: Engine, options, limits) -> Exp
         total = base.total_time_s - other.total_time_s
         costs.append(MechanismCost(
             mechanism, MECHANISMS[mechanism], total, base.decode_layer_latency_s - other.decode_layer_latency_s,
-            base.prefill_latency_s - other.prefill_latency_s, total / gap if gap > 0 else 0.0))
+            base.prefill_latency_s - other.prefill_latency_s, total / gap if gap > 0 else 0.0,
+            base.gpu_peak_bytes - other.gpu_peak_bytes, base.cpu_peak_bytes - other.cpu_peak_bytes))
     costs.sort(key=lambda c: -c.total_s)
     return Explanation(engine.name, base, ideal, costs)

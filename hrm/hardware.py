@@ -1,4 +1,4 @@
-"""Hardware profile (SPEC §3): a YAML file with unit-suffixed keys, SI values via properties.
+"""Hardware profile (docs/model.md §3.1): a YAML file with unit-suffixed keys, SI values via properties.
 
 ``*_gbps`` = 1e9 bytes/s, ``*_gib`` = 2^30 bytes, ``*_tflops`` = 1e12 FLOP/s. A profile
 without a ``gpu`` section describes a CPU-only host: the device tier is then emulated on
@@ -83,7 +83,7 @@ _CURVES = TypeAdapter(dict[str, list[CurvePoint]])
 
 
 class Efficiency(_Strict):
-    """Measured curves that refine the peaks (SPEC §3): achieved TFLOP/s vs matmul rows M
+    """Measured curves that refine the peaks (docs/model.md §3.1): achieved TFLOP/s vs matmul rows M
     per dtype. Interpolated in log-x, clamped at the ends."""
 
     gpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
@@ -225,7 +225,7 @@ class Disk(_Strict):
 
 
 class Emulation(_Strict):
-    """The device tier as the reference runtime emulates it on a CPU-only host (SPEC §8):
+    """The device tier as the reference runtime emulates it on a CPU-only host (docs/model.md §8):
     torch operators on ``threads`` intra-op threads, one task at a time on one unit
     (``runtime.device.SharedUnit``). ``hrm profile`` measures it with the runtime's own
     operators, so that on a CPU-only host the model predicts the machine that executes the

@@ -1,6 +1,7 @@
-"""Klotski (``../shared/papers/klotski.txt`` §4-§7) on the expert-level list scheduler of
-:mod:`hrm.timeline`: its decode layer, its own choice of n, the pipeline step by step, and
-the engine ``klotski`` that the search plans (:mod:`solver.klotski`).
+"""Klotski (Fang et al., ASPLOS'25, arXiv:2502.06888, §4-§7) on the expert-level list scheduler of
+:mod:`hrm.scheduling`: its decode layer's durations, its task graph, its own choice of n and
+the pipeline step by step. The engine ``klotski`` (a whole policy: times, memory) is the
+expert-level pipeline, :mod:`hrm.pipelines.expert_level`, planned by :mod:`solver.klotski`.
 
 Klotski runs a *batch group* of n batches (μ sequences each) through every layer: the
 attention of all n batches, then their gates, then each expert once for all n batches'
@@ -9,16 +10,17 @@ and the K hottest experts (K = top-k, §5.1), loads the cold experts the gates p
 demand, and computes hot experts first so cold loads hide behind them.
 
 - :func:`klotski_layer` — one layer's durations from the cost model (GPU roofline of each
-  task, CPU→GPU loads over the engine's link), with the hot set and the expected number of
-  distinct cold experts from the routing distribution (:mod:`hrm.routing`); options give the
-  engine's placement: experts of the layer resident, non-expert weights resident, a share
-  of the KV cache in host memory loaded per batch;
+  task, CPU→GPU loads over the engine's weight path, :func:`hrm.latency.weight_transfer_s`),
+  with the hot set and the expected number of distinct cold experts from the routing
+  distribution (:mod:`hrm.routing`); options give the engine's placement: experts of the
+  layer resident, non-expert weights resident, a share of the KV cache in host memory
+  loaded per batch (:func:`hrm.latency.kv_load_s`);
 - :func:`klotski_batches` — Klotski's own choice of n: the smallest n that satisfies its
   inequalities (4)-(7) (§7), with the durations taken at each n;
 - :data:`PIPELINE_STEPS` and :func:`pipeline_steps` — the paper's construction step by step
   (simple pipeline → + multi-batch → + hot-only prefetch → + hot-first order);
-- :func:`klotski_times` / :func:`klotski_memory` / :func:`estimate_klotski` — a whole
-  policy: prefill and decode time from the scheduled layer periods, and the engine's memory.
+- :func:`klotski_layer_tasks` / :func:`expert_schedule` / :func:`schedule_layer` — the task
+  graph of the decode layers on the generic list scheduler and its steady-state period.
 
 Mechanisms of the engine, from the public implementation (mindspore-lab/models@220d9e77,
 ``research/SYSU/Klotski/``, paths relative to it) where the paper is silent:
@@ -54,7 +56,7 @@ from .engine import IDEAL, Engine
 from .model import ModelSpec
 from .rates import Rates
 from .routing import Routing, expected_misses, uniform
-from .timeline import KV_BUFFERS, ExpertSchedule, expert_schedule
+from .scheduling import Task, TaskQueues, Timeline, layer_ends_s, list_schedule, scheduled_tasks
 from .units import dtype_bytes
 
 #: the most batches per group :func:`klotski_batches` tries (the paper's planner caps n by memory)
@@ -82,6 +84,10 @@ class KlotskiLayer:
     cold: list[tuple[float, float]]
     kv_load_s: float = 0.0
     kv_store_s: float = 0.0
+    #: per layer, the group's busy seconds on capacity-bound resources (the staging-copy
+    #: team ``copy``, its cores' share ``cpu``, host DRAM ``dram``): they limit the period,
+    #: they do not queue (as the lanes pipeline's bounds, :func:`hrm.latency.schedule_lanes`)
+    capacity_s: tuple[tuple[str, float], ...] = ()
 
     @property
     def hot_compute_s(self) -> float:
@@ -110,7 +116,7 @@ def expert_compute_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = ID
     return float(seconds) if seconds.ndim == 0 else seconds
 
 
-def _dispatch(rates: Rates) -> dict[str, float]:
+def task_dispatch_s(rates: Rates) -> dict[str, float]:
     """A measured profile's α per Klotski task (0 on a datasheet profile): a batch's
     attention task (pre-attention, attention, O projection), its gate with the host reading
     its choice, one expert call per batch with its token list read on the host, one copy."""
@@ -137,9 +143,8 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     else:
         ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
         rows = latency.attention_rows(model, prompt_len)
-    alpha = _dispatch(rates)
+    alpha = task_dispatch_s(rates)
     kv_path = engine.decode.kv_cache if prompt_len is None else engine.prefill.kv_cache
-    kv_pageable = kv_path == "pageable" and latency.host_side_modelled(rates)
     kv_token = costs.kv_bytes_per_token(model)
     host_kv = 1.0 - np.asarray(kv_gpu_ratio, dtype=float)
     loaded = host_kv * mu * float(context) * kv_token if prompt_len is None else 0.0 * host_kv
@@ -154,22 +159,39 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     return {
         "attention_s": attention + zero,
         "gate_s": (latency.gpu_time_s(gate, rates, tokens, engine) + alpha["gate"] if moe else 0.0) + zero,
-        "kv_load_s": np.where(loaded > 0, loaded / latency.link_bytes_s(rates, engine, "h2d", kv_pageable)
+        "kv_load_s": np.where(loaded > 0, latency.kv_load_s(rates, engine, kv_path, loaded)["h2d"]
                               + alpha["kv_load"], 0.0) + zero,
-        "kv_store_s": np.where(stored > 0, stored / latency.link_bytes_s(rates, engine, "d2h", kv_pageable)
+        "kv_store_s": np.where(stored > 0, latency.kv_cache_s(rates, engine, kv_path, stored)["d2h"]
                                + alpha["kv_store"], 0.0) + zero,
+        # host DRAM seconds of the KV loads and stores (a capacity bound when host_dram is modelled)
+        "kv_dram_s": (latency.kv_load_s(rates, engine, kv_path, loaded)["dram"]
+                      + latency.kv_cache_s(rates, engine, kv_path, stored)["dram"]) + zero,
     }
 
 
-def weight_link_bytes_s(rates: Rates, engine: Engine = IDEAL, prefill: bool = False) -> float:
-    """CPU→GPU rate of the engine's weight path in the phase (pinned, or the pageable rate)."""
+def weight_load_s(rates: Rates, weight_bytes, engine: Engine = IDEAL, prefill: bool = False) -> dict:
+    """Seconds per resource to load ``weight_bytes`` over the engine's weight path in the
+    phase: :func:`hrm.latency.weight_transfer_s` (the lanes pipeline's weight path), so a
+    pageable path costs the same here as there."""
     path = engine.prefill.weight_path if prefill else engine.decode.weight_path
-    return latency.link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")
+    return latency.weight_transfer_s(rates, engine, path, weight_bytes)
 
 
 def expert_load_s(model: ModelSpec, rates: Rates, engine: Engine = IDEAL, prefill: bool = False) -> float:
     """One expert's CPU→GPU load over the engine's weight path, with one copy's α."""
-    return costs.expert_bytes(model) / weight_link_bytes_s(rates, engine, prefill) + _dispatch(rates)["copy"]
+    return weight_load_s(rates, costs.expert_bytes(model), engine, prefill)["h2d"] + task_dispatch_s(rates)["copy"]
+
+
+def capacity_bounds_s(rates: Rates, engine: Engine, loaded_bytes: float, kv_dram_s: float,
+                      prefill: bool = False) -> tuple[tuple[str, float], ...]:
+    """A layer's busy seconds on the capacity-bound resources (:attr:`KlotskiLayer.capacity_s`):
+    the staging-copy team and its cores for a pageable weight path, and host DRAM (weight
+    loads and the KV cache's loads and stores) when the engine charges it (``host_dram``)."""
+    weights = weight_load_s(rates, loaded_bytes, engine, prefill)
+    bounds = {r: float(weights[r]) for r in ("copy", "cpu") if r in weights and loaded_bytes > 0}
+    if engine.host_dram:
+        bounds["dram"] = float(weights["dram"]) + float(kv_dram_s)
+    return tuple((r, s) for r, s in bounds.items() if s > 0)
 
 
 def experts_used(model: ModelSpec, group_tokens, routing: Routing | None = None) -> np.ndarray:
@@ -205,25 +227,29 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
     n = int(num_batches)
     per_batch = {k: float(v) for k, v in batch_durations(model, rates, micro_batch, context, engine, kv_gpu_ratio,
                                                          prompt_len, moe).items()}
+    prefill = prompt_len is not None
     if not moe:
         return KlotskiLayer(n, per_batch["attention_s"], 0.0, 0.0, 0.0, 0.0, [], [], per_batch["kv_load_s"],
-                            per_batch["kv_store_s"])
-    prefill = prompt_len is not None
+                            per_batch["kv_store_s"],
+                            capacity_bounds_s(rates, engine, 0.0, n * per_batch["kv_dram_s"], prefill))
     tokens = float(micro_batch) * (prompt_len if prefill else 1)
     used = int(experts_used(model, n * tokens, routing))
     seconds = batch_expert_s(model, rates, tokens, routing, engine)
     load = 0.0 if experts_resident else expert_load_s(model, rates, engine, prefill)
-    call = _dispatch(rates)["expert"]
+    call = task_dispatch_s(rates)["expert"]
     experts = [(load, float(c) + call) for c in seconds[:used]]
     static = 0.0 if dense_resident else 1.0
-    link = weight_link_bytes_s(rates, engine, prefill)
     wb = dtype_bytes(model.weight_dtype)
+    gate_bytes = static * costs.router_params(model) * wb
+    attention_bytes = static * (costs.moe_layer_static_params(model) - costs.router_params(model)) * wb
+    loaded = gate_bytes + attention_bytes + (0.0 if experts_resident else used * costs.expert_bytes(model))
     return KlotskiLayer(
         num_batches=n, attention_s=per_batch["attention_s"], gate_s=per_batch["gate_s"],
-        gate_load_s=static * costs.router_params(model) * wb / link,
-        attention_load_s=static * (costs.moe_layer_static_params(model) - costs.router_params(model)) * wb / link,
+        gate_load_s=weight_load_s(rates, gate_bytes, engine, prefill)["h2d"],
+        attention_load_s=weight_load_s(rates, attention_bytes, engine, prefill)["h2d"],
         expert_load_s=load, hot=experts[:model.top_k], cold=experts[model.top_k:],
-        kv_load_s=per_batch["kv_load_s"], kv_store_s=per_batch["kv_store_s"])
+        kv_load_s=per_batch["kv_load_s"], kv_store_s=per_batch["kv_store_s"],
+        capacity_s=capacity_bounds_s(rates, engine, loaded, n * per_batch["kv_dram_s"], prefill))
 
 
 def inequalities_hold(layer: KlotskiLayer) -> list[bool]:
@@ -290,15 +316,16 @@ def chunked(layer: KlotskiLayer, max_batches: int = MAX_SCHEDULED_BATCHES) -> Kl
 
 
 def schedule_layer(layer: KlotskiLayer, prefetch_hot: bool = True, order: str = "hot-first",
-                   layers: int = 6) -> ExpertSchedule:
-    """The list-scheduled steady-state layer of ``layer`` (:func:`hrm.timeline.expert_schedule`
-    over ``layers`` layers; more than :data:`MAX_SCHEDULED_BATCHES` batches are scheduled in
-    chunks, :func:`chunked`)."""
+                   layers: int = 6, expert_buffers: int = 1) -> ExpertSchedule:
+    """The list-scheduled steady-state layer of ``layer`` (:func:`expert_schedule` over
+    ``layers`` layers; more than :data:`MAX_SCHEDULED_BATCHES` batches are scheduled in
+    chunks, :func:`chunked`), its period at least each capacity bound's busy time."""
     layer = chunked(layer)
-    return expert_schedule(layer.num_batches, layer.attention_s, layer.gate_s, layer.hot, layer.cold, layers=layers,
-                           order=order, prefetch_hot=prefetch_hot, gate_load_s=layer.gate_load_s,
-                           attention_load_s=layer.attention_load_s, kv_load_s=layer.kv_load_s,
-                           kv_store_s=layer.kv_store_s)
+    scheduled = expert_schedule(layer.num_batches, layer.attention_s, layer.gate_s, layer.hot, layer.cold,
+                                layers=layers, order=order, prefetch_hot=prefetch_hot, gate_load_s=layer.gate_load_s,
+                                attention_load_s=layer.attention_load_s, expert_buffers=expert_buffers,
+                                kv_load_s=layer.kv_load_s, kv_store_s=layer.kv_store_s)
+    return with_capacity_bounds(scheduled, dict(layer.capacity_s))
 
 
 def pipeline_steps(model: ModelSpec, rates: Rates, micro_batch: int, context: float, num_batches: int,
@@ -314,200 +341,176 @@ def pipeline_steps(model: ModelSpec, rates: Rates, micro_batch: int, context: fl
     return out
 
 
-# --- the engine: a whole policy -----------------------------------------------------------
-#
-# A Klotski policy in the toolkit's terms: μ sequences per batch, n batches per group
-# (N = n·μ), attention and experts on the GPU, r_w the share of MoE layers whose experts stay
-# on the GPU (whole layers: the greedy fill's unit), r_c the share of the KV cache on the GPU.
+#: KV buffers a host-resident cache of Klotski is loaded into (Algorithm 1 lines 13-14: batch
+#: k+1's cache loads while batch k computes)
+KV_BUFFERS = 2
 
-def resident_moe_layers(model: ModelSpec, weights_gpu_ratio: float) -> int:
-    """MoE layers whose experts stay on the GPU: r_w·L, whole layers."""
-    return int(round(float(weights_gpu_ratio) * model.num_moe_layers))
+#: Klotski's expert compute orders: hot experts first (each over all batches), then the cold
+#: ones in load order (paper §5); or batch by batch in the router's order, cold listed first
+#: (the strawman of Fig. 7(c), whose GPU stalls on a cold expert while a hot one could run).
+KLOTSKI_ORDERS = ("hot-first", "as-routed")
 
 
-def mean_decode_context(workload) -> float:
-    """The context the decode periods are taken at: the mean over the decode steps (the
-    periods are near-affine in the context: attention and KV loads grow with it)."""
-    contexts = latency.decode_contexts(workload.effective_prompt_len, workload.gen_len)
-    return float(np.mean(contexts)) if len(contexts) else float(workload.effective_prompt_len)
+def _check_klotski(num_batches, durations_s, experts, layers, order, expert_buffers) -> None:
+    if int(num_batches) != num_batches or num_batches < 1:
+        raise ValueError(f"num_batches must be a positive integer, not {num_batches!r}")
+    if int(layers) != layers or layers < 1:
+        raise ValueError(f"layers must be a positive integer, not {layers!r}")
+    if int(expert_buffers) != expert_buffers or expert_buffers < 1:
+        raise ValueError(f"expert_buffers must be a positive integer, not {expert_buffers!r}")
+    if order not in KLOTSKI_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(KLOTSKI_ORDERS)}, not {order!r}")
+    for value in [*durations_s, *(x for pair in experts for x in pair)]:
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(f"durations must be finite and ≥ 0 s, not {value!r}")
+
+
+def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
+                        hot_experts: list[tuple[float, float]], cold_experts: list[tuple[float, float]], *,
+                        layers: int = 6, order: str = "hot-first", prefetch_hot: bool = True,
+                        gate_load_s: float = 0.0, attention_load_s: float = 0.0,
+                        expert_buffers: int = 1, kv_load_s: float = 0.0, kv_store_s: float = 0.0) -> TaskQueues:
+    """The task graph of ``layers`` Klotski decode layers (paper §5, Fig. 9, Algorithm 1) on
+    the queues "gpu" (attention, gate, expert compute) and "h2d" (weight loads), for
+    :func:`list_schedule`.
+
+    Each expert is a ``(load_s, compute_s)`` pair: one CPU→GPU load per layer shared by the
+    ``num_batches`` batches, and ``compute_s`` per batch (every batch routes tokens to
+    every listed expert). ``attention_s`` and ``gate_s`` are per batch. Per layer the GPU
+    runs attention of every batch, then the gate of every batch, then the experts in
+    ``order`` (hot-first: one task per expert over all batches). The link loads, in this
+    order: the attention weights (``attention_load_s``, double-buffered: during the previous
+    layer's experts), the gate weights and the hot
+    experts (prefetched: from the layer's start, during attention; after the first gate if
+    not ``prefetch_hot``), then the cold experts on demand after the first gate (the first
+    batch's gate selects them). An expert's compute for batch b waits for its load and
+    batch b's gate; attention of batch b for its experts of the layer before.
+
+    Buffer assumption: the GPU holds the gate and experts of ``expert_buffers`` layers; a
+    layer's prefetch waits until the experts of the layer ``expert_buffers`` back have all
+    been computed (1, Fig. 9: prefetch during the layer's own attention; 2: double-buffered
+    slots, the next layer's hot experts load as soon as this layer's cold ones are in).
+
+    A host-resident KV cache (``kv_load_s`` > 0, per batch): each batch's cache is loaded
+    before its attention into one of two buffers (Algorithm 1 lines 13-14: batch k+1's cache
+    loads while batch k computes; a load waits for the attention two batches back to free
+    its buffer), and its new entries are stored back after it (``kv_store_s``, lines 16-17,
+    on the "d2h" queue). The link takes the transfers in the order the host issues them
+    (one copy engine per direction): the first batch's cache with the attention weights
+    during the layer before (line 6), then the gate and hot experts at the layer's start,
+    then the other batches' caches one by one, then the cold experts."""
+    experts = [*hot_experts, *cold_experts]
+    _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s, kv_load_s, kv_store_s), experts,
+                   layers, order, expert_buffers)
+    graph = TaskQueues(("gpu", "h2d", "d2h"))
+    n, hot = int(num_batches), len(hot_experts)
+    last_gpu: list[Task] = []          # per layer: its last GPU task (its experts are then all computed)
+    last_attention: list[Task] = []    # per layer: its last attention task
+    batch_done: list[Task | None] = [None] * n  # per batch: its last expert of the layer before
+
+    def load(name, i, seconds, deps):
+        return graph.add(f"{name} L{i}", "h2d", seconds, deps, layer=i, micro_batch=-1, kind="weights")
+
+    attended: list[Task] = []          # every attention so far, in order (KV buffer reuse)
+
+    def kv_load(i, b):
+        if not kv_load_s:
+            return None
+        buffer_free = attended[-KV_BUFFERS] if len(attended) >= KV_BUFFERS else None
+        return graph.add(f"KV L{i} b{b}", "h2d", kv_load_s, [buffer_free], layer=i, micro_batch=b, kind="kv")
+
+    def attend(i, b, deps):
+        task = graph.add(f"Attn L{i} b{b}", "gpu", attention_s, deps, layer=i, micro_batch=b, kind="attention")
+        attended.append(task)
+        if kv_store_s:
+            graph.add(f"KV→CPU L{i} b{b}", "d2h", kv_store_s, [task], layer=i, micro_batch=b, kind="kv")
+        return task
+
+    for i in range(layers):
+        freed = last_gpu[i - expert_buffers] if i >= expert_buffers else None
+        attention_w = load("AttnW", i, attention_load_s, [last_attention[i - 2] if i >= 2 else None])
+        first_kv = kv_load(i, 0)
+        gate_w = load("GateW", i, gate_load_s, [freed])
+        loads = [load(f"Hot{e}", i, hot_experts[e][0], [freed]) for e in range(hot)] if prefetch_hot else []
+        attention = []
+        for b in range(n):
+            kv = first_kv if b == 0 else kv_load(i, b)
+            attention.append(attend(i, b, [attention_w, batch_done[b], kv]))
+        gates = [graph.add(f"Gate L{i} b{b}", "gpu", gate_s, [attention[b], gate_w], layer=i, micro_batch=b,
+                           kind="post_attn") for b in range(n)]
+        if not prefetch_hot:
+            loads += [load(f"Hot{e}", i, hot_experts[e][0], [gates[0], freed]) for e in range(hot)]
+        loads += [load(f"Cold{e}", i, cold_experts[e][0], [gates[0], freed]) for e in range(len(cold_experts))]
+        batch_done = _queue_expert_compute(graph, i, experts, hot, loads, gates, order)
+        last_gpu.append(graph.queues["gpu"][-1])
+        last_attention.append(attention[-1])
+    return graph
+
+
+def _queue_expert_compute(graph: TaskQueues, i: int, experts, hot: int, loads: list[Task], gates: list[Task],
+                          order: str) -> list[Task]:
+    """Queue layer ``i``'s expert calls on the GPU in ``order``; per batch, its last task (a
+    layer without experts ends with its gates)."""
+    n = len(gates)
+    names = [f"Hot{e}" for e in range(hot)] + [f"Cold{e}" for e in range(len(experts) - hot)]
+    batch_done = list(gates)
+    if order == "hot-first":
+        # expert by expert, hot ones first, each one call over every batch's tokens (its
+        # per-batch tasks would run back to back anyway: every gate precedes it on the GPU)
+        for e in range(len(experts)):
+            task = graph.add(f"{names[e]} L{i}", "gpu", n * experts[e][1], [loads[e], *gates], layer=i,
+                             micro_batch=-1, kind="post_attn")
+            batch_done = [task] * n
+    else:  # batch by batch, each batch's experts cold first
+        routed = [*range(hot, len(experts)), *range(hot)]
+        for b in range(n):
+            for e in routed:
+                batch_done[b] = graph.add(f"{names[e]} L{i} b{b}", "gpu", experts[e][1], [loads[e], gates[b]],
+                                          layer=i, micro_batch=b, kind="post_attn")
+    return batch_done
 
 
 @dataclass(frozen=True)
-class KlotskiTimes:
-    """Times of a policy: per layer kind (``offloaded``, ``resident`` MoE layers, ``dense``)
-    the scheduled decode and prefill layers and how many layers of each kind there are."""
+class ExpertSchedule:
+    """Steady-state layer of an expert-level schedule: the list-scheduled period against the
+    lane-max bound (each resource's busy time per layer, perfect overlap)."""
 
-    decode_step_s: float
-    decode_steps: int
-    prefill_s: float
-    counts: dict[str, int]
-    decode: dict[str, ExpertSchedule]
-    prefill: dict[str, ExpertSchedule]
-    context: float
+    period_s: float
+    lane_bound_s: float
+    resource_busy_s: dict[str, float]
+    timeline: Timeline
 
     @property
-    def decode_s(self) -> float:
-        return self.decode_step_s * self.decode_steps
-
-    def per_layer_s(self, what: str = "period") -> dict[str, float]:
-        """Decode: each resource's busy seconds per layer (``busy``), or the layer period
-        (``period``), averaged over the layers."""
-        total = sum(self.counts.values())
-        if what == "period":
-            return {"period": sum(c * self.decode[k].period_s for k, c in self.counts.items() if c) / total}
-        out: dict[str, float] = {}
-        for kind, count in self.counts.items():
-            if count:
-                for resource, busy in self.decode[kind].resource_busy_s.items():
-                    out[resource] = out.get(resource, 0.0) + count * busy / total
-        return out
+    def bubble_s(self) -> float:
+        """Idle time per layer that overlap cannot remove under this task order."""
+        return self.period_s - self.lane_bound_s
 
 
-def layer_kinds(model: ModelSpec, weights_gpu_ratio: float) -> dict[str, int]:
-    resident = resident_moe_layers(model, weights_gpu_ratio)
-    return {"offloaded": model.num_moe_layers - resident, "resident": resident, "dense": model.first_dense_layers}
+def expert_schedule(num_batches: int, attention_s: float, gate_s: float,
+                    hot_experts: list[tuple[float, float]], cold_experts: list[tuple[float, float]], *,
+                    layers: int = 6, order: str = "hot-first", prefetch_hot: bool = True,
+                    gate_load_s: float = 0.0, attention_load_s: float = 0.0,
+                    expert_buffers: int = 1, kv_load_s: float = 0.0, kv_store_s: float = 0.0) -> ExpertSchedule:
+    """List-schedule :func:`klotski_layer_tasks` (same arguments) and return its steady-state
+    layer period (the spacing of the ends of the two layers before the last, as
+    :attr:`Timeline.layer_period_s`), the lane bound of one layer and the bubble between."""
+    graph = klotski_layer_tasks(num_batches, attention_s, gate_s, hot_experts, cold_experts, layers=layers,
+                                order=order, prefetch_hot=prefetch_hot, gate_load_s=gate_load_s,
+                                attention_load_s=attention_load_s, expert_buffers=expert_buffers,
+                                kv_load_s=kv_load_s, kv_store_s=kv_store_s)
+    list_schedule(graph.queues)
+    busy = {r: sum(t.duration_s for t in q if t.layer == layers - 1) for r, q in graph.queues.items()}
+    bound = max(busy.values())
+    timeline = Timeline(f"klotski-{order}", scheduled_tasks(graph.queues), layer_ends_s(graph.queues, layers),
+                        bound, busy)
+    return ExpertSchedule(timeline.layer_period_s, bound, busy, timeline)
 
 
-def _kind_options(kind: str) -> dict:
-    return {"offloaded": {"experts_resident": False}, "resident": {"experts_resident": True},
-            "dense": {"moe": False}}[kind]
-
-
-def klotski_times(model: ModelSpec, rates: Rates, workload, policy, engine: Engine = IDEAL,
-                  routing: Routing | None = None) -> KlotskiTimes:
-    """Prefill and decode time of ``policy`` run by Klotski: per layer kind one scheduled
-    layer (:func:`schedule_layer`), decode at :func:`mean_decode_context`; per step the
-    n batches' heads; prefill one pass of the prompts through the same pipeline."""
-    mu, n = policy.micro_batch_size, policy.num_micro_batches
-    counts = layer_kinds(model, policy.weights_gpu_ratio)
-    context = mean_decode_context(workload)
-    common = dict(engine=engine, kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True)
-    decode, prefill = {}, {}
-    for kind, count in counts.items():
-        if count:
-            options = {**common, **_kind_options(kind)}
-            decode[kind] = schedule_layer(klotski_layer(model, rates, mu, context, n, routing, **options))
-            prefill[kind] = schedule_layer(klotski_layer(model, rates, mu, context, n, routing,
-                                                         prompt_len=workload.effective_prompt_len, **options))
-    head = n * float(latency.lm_head_time_s(model, rates, mu))
-    step = head + sum(count * decode[kind].period_s for kind, count in counts.items() if count)
-    pre = head + sum(count * prefill[kind].period_s for kind, count in counts.items() if count)
-    return KlotskiTimes(step, max(workload.gen_len - 1, 0), pre, counts, decode, prefill, context)
-
-
-@dataclass(frozen=True)
-class KlotskiMemory:
-    """Peak bytes per tier, affine in r_c: ``*_const`` + r_c·``*_per_kv_ratio``; arrays
-    broadcast over μ, N and the resident layers."""
-
-    gpu_const: np.ndarray | float
-    gpu_per_kv_ratio: np.ndarray | float
-    cpu_const: np.ndarray | float
-    cpu_per_kv_ratio: np.ndarray | float
-    components: dict
-
-    def gpu_bytes(self, kv_gpu_ratio):
-        return self.gpu_const + self.gpu_per_kv_ratio * np.asarray(kv_gpu_ratio, dtype=float)
-
-    def cpu_bytes(self, kv_gpu_ratio):
-        return self.cpu_const + self.cpu_per_kv_ratio * np.asarray(kv_gpu_ratio, dtype=float)
-
-
-def klotski_memory(model: ModelSpec, workload, micro_batch, batch_size, resident_layers,
-                   routing: Routing | None = None) -> KlotskiMemory:
-    """The engine's memory (module docstring). GPU: every non-expert weight and the
-    embeddings (the greedy fill's first item), the experts of the resident layers, one
-    layer's experts as the load buffer when any layer is offloaded
-    (``configuration_mixtral.py:113``), r_c of every sequence's KV cache, two batch buffers
-    of one layer's host-resident KV, the hidden states of all N sequences, one batch's
-    workspace and the largest expert call's activations (a batch's t·q_max tokens, prefill
-    or decode). CPU: the offloaded layers' experts and (1 − r_c) of the KV cache."""
-    from .memory import gpu_workspace_bytes, kv_bytes_per_sequence
-
-    routing = routing or model.routing or uniform(model.num_experts, model.top_k)
-    mu = np.asarray(micro_batch, dtype=float)
-    big = np.asarray(batch_size, dtype=float)
-    resident = np.asarray(resident_layers, dtype=float)
-    ab = dtype_bytes(model.activation_dtype)
-    layer_experts = costs.layer_expert_bytes(model)
-    offloaded = model.num_moe_layers - resident
-    kv_seq = kv_bytes_per_sequence(model, workload)
-    kv_buffers = KV_BUFFERS * mu * workload.max_context_len * costs.kv_bytes_per_token(model)
-    q_max = float(routing.q.max())
-    per_expert_token = (2 * model.hidden_size + 3 * model.expert_intermediate_size) * ab
-    expert_call = mu * max(workload.effective_prompt_len, 1) * q_max * per_expert_token
-    static = costs.static_weight_bytes(model)
-    buffer = np.where(offloaded > 0, layer_experts, 0.0)
-    hidden = big * 2 * model.hidden_size * ab
-    work = gpu_workspace_bytes(model, workload, mu, True) + expert_call
-    return KlotskiMemory(
-        gpu_const=static + resident * layer_experts + buffer + kv_buffers + hidden + work,
-        gpu_per_kv_ratio=big * kv_seq - kv_buffers,
-        cpu_const=offloaded * layer_experts + big * kv_seq,
-        cpu_per_kv_ratio=-big * kv_seq,
-        components={"gpu": {"static_weights": static, "resident_experts": resident * layer_experts,
-                            "expert_load_buffer": buffer, "kv_batch_buffers_at_rc0": kv_buffers, "hidden": hidden,
-                            "workspace": work, "kv_per_sequence": kv_seq},
-                    "cpu": {"offloaded_experts": offloaded * layer_experts, "kv_per_sequence": kv_seq}})
-
-
-def klotski_own_batches(model: ModelSpec, rates: Rates, workload, policy, engine: Engine = IDEAL,
-                        routing: Routing | None = None) -> int | None:
-    """Klotski's planner's n at this policy's μ and placement (inequalities 4-7 at the mean
-    decode context, an offloaded layer)."""
-    if not layer_kinds(model, policy.weights_gpu_ratio)["offloaded"]:
-        return None
-    return klotski_batches(model, rates, policy.micro_batch_size, mean_decode_context(workload), routing,
-                           engine=engine, kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True)
-
-
-def policy_timeline(model: ModelSpec, rates: Rates, policy, engine: Engine, context: float, layers: int = 6):
-    """The list-scheduled decode layers of ``policy`` (:class:`hrm.timeline.Timeline`): its
-    offloaded MoE layers, or its resident ones when every layer's experts are on the GPU."""
-    kinds = layer_kinds(model, policy.weights_gpu_ratio)
-    kind = "offloaded" if kinds["offloaded"] else "resident"
-    layer = klotski_layer(model, rates, policy.micro_batch_size, context, policy.num_micro_batches, engine=engine,
-                          kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True, **_kind_options(kind))
-    return schedule_layer(layer, layers=max(3, layers)).timeline
-
-
-def estimate_klotski(hw, model: ModelSpec, workload, policy, options, limits, engine: Engine):
-    """:class:`hrm.estimate.EstimateResult` of a policy run by Klotski (the single source of
-    the numbers a Klotski plan reports)."""
-    from .errors import HRMError
-    from .estimate import EstimateResult, lane_label, used_defaults
-    from .rates import rates_from_profile
-
-    if limits.shared or hw.gpu is None:
-        raise HRMError(f"engine {engine.name}: profile '{hw.name}' has no GPU (Klotski loads experts to a GPU)")
-    rates = rates_from_profile(hw, options)
-    times = klotski_times(model, rates, workload, policy, engine)
-    memory = klotski_memory(model, workload, policy.micro_batch_size, policy.batch_size,
-                            resident_moe_layers(model, policy.weights_gpu_ratio))
-    gpu_peak = float(memory.gpu_bytes(policy.kv_gpu_ratio))
-    cpu_peak = float(memory.cpu_bytes(policy.kv_gpu_ratio))
-    g, c = gpu_peak / limits.gpu_bytes, cpu_peak / limits.cpu_bytes
-    binding = f"GPU memory {100 * g:.0f}%" if g >= c else f"CPU memory {100 * c:.0f}%"
-    busy = times.per_layer_s("busy")
-    period = times.per_layer_s("period")["period"]
-    top = max(busy, key=busy.get)
-    bubble = period - busy[top]
-    bottleneck = lane_label(top) + (f" (+{bubble / period:.0%} bubble)" if period and bubble / period >= 0.005 else "")
-    decode, steps, big = times.decode_s, times.decode_steps, policy.batch_size
-    total = times.prefill_s + decode
-    notes = []
-    own = klotski_own_batches(model, rates, workload, policy, engine)
-    notes.append(f"Klotski's own planner (inequalities 4-7) at mu={policy.micro_batch_size}: "
-                 + (f"n={own}" if own is not None else "no n up to 512 hides the loads" if times.counts["offloaded"]
-                    else "no offloaded layer"))
-    return EstimateResult(
-        policy=policy, schedule=engine.schedule, decode_layer_latency_s=period,
-        prefill_latency_s=times.prefill_s, decode_time_s=decode, total_time_s=total,
-        decode_throughput_tok_s=big * steps / decode if decode else 0.0,
-        generation_throughput_tok_s=big * workload.gen_len / total,
-        per_token_latency_s=times.decode_step_s if steps else times.prefill_s,
-        gpu_peak_bytes=gpu_peak, cpu_peak_bytes=cpu_peak, gpu_limit_bytes=limits.gpu_bytes,
-        cpu_limit_bytes=limits.cpu_bytes, shared_memory=limits.shared, bottleneck=bottleneck,
-        binding_memory=binding, resource_layer_s=busy, lane_layer_s={**busy, "scheduled period": period},
-        memory_components=memory.components,
-        engine=engine.name, notes=tuple(notes), defaulted=used_defaults(engine, rates))
+def with_capacity_bounds(scheduled: ExpertSchedule, capacity_s: dict[str, float]) -> ExpertSchedule:
+    """``scheduled`` with capacity-bound resources (staging-copy team, host DRAM; they do
+    not queue tasks) in its busy times: the period and the lane bound are at least each."""
+    if not capacity_s:
+        return scheduled
+    busy = {**scheduled.resource_busy_s, **capacity_s}
+    return replace(scheduled, period_s=max(scheduled.period_s, *capacity_s.values()),
+                   lane_bound_s=max(scheduled.lane_bound_s, *capacity_s.values()), resource_busy_s=busy)

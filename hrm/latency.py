@@ -208,6 +208,15 @@ def kv_cache_s(rates: Rates, engine: Engine, path: str, kv_bytes) -> dict[str, n
             "dram": kv_bytes * dram_bytes_per_byte(pageable) / dram_bytes_s(rates)}
 
 
+def kv_load_s(rates: Rates, engine: Engine, path: str, kv_bytes) -> dict[str, np.ndarray | float]:
+    """Seconds per resource to bring ``kv_bytes`` of host-resident KV cache to the GPU: the
+    cache's memory sets the path (pinned: DMA; pageable: driver-staged at the pageable rate,
+    3 more DRAM bytes per byte)."""
+    pageable = path == "pageable" and host_side_modelled(rates)
+    return {"h2d": kv_bytes / link_bytes_s(rates, engine, "h2d", pageable=pageable),
+            "dram": kv_bytes * dram_bytes_per_byte(pageable) / dram_bytes_s(rates)}
+
+
 def allreduce_s(model: ModelSpec, rates: Rates, engine: Engine, tokens) -> dict[str, np.ndarray | float]:
     """Tensor parallelism: two ring all-reduces of the hidden states per layer (after the
     attention output projection and after the FFN), 2(p−1)/p of the bytes each per GPU, on
@@ -413,8 +422,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         ffn_op = OpCost(ffn_op.name, ffn_op.flops, costs.layer_expert_bytes(model) + 0 * mu, 0.0, ffn_op.act_bytes)
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     # the host KV cache's memory sets the path of its prefetch too (pageable: driver-staged)
-    kv_pageable = engine.decode.kv_cache == "pageable" and host_side_modelled(rates)
-    kv_h2d = link_bytes_s(rates, engine, "h2d", pageable=kv_pageable)
+    kv_read = kv_load_s(rates, engine, engine.decode.kv_cache, attn * mu * context * kv_token)
     qkv_bytes = (1 - attn) * mu * costs.qkv_width(model) * ab
     hidden_bytes = (1 - attn) * mu * model.attn_out_dim * ab
     ffn_bytes = (1 - ffn) * mu * model.hidden_size * ab
@@ -451,7 +459,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         task("Hidden→GPU", "h2d", "hidden", hidden_bytes / h2d),
         task("FFN→GPU", "h2d", "hidden", ffn_bytes / h2d, weights=on_cpu * hidden_each_way / h2d),
         # D4: the CPU-resident part of the cache moves to the GPU for GPU attention
-        task("KV→GPU", "h2d", "kv", per_mb_kv=attn * mu * context * kv_token / kv_h2d),
+        task("KV→GPU", "h2d", "kv", per_mb_kv=kv_read["h2d"]),
         # D3: the offloaded weights of the next layer, in n pages (cached: the misses of the micro-batch)
         task("W", "h2d", "weights", weights=weights["h2d"], pieces=misses),
     ]
@@ -466,10 +474,9 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         dram = dram_bytes_s(rates)
         cpu_reads = (1 - attn) * ops.attention.bytes + (1 - ffn) * ops.ffn.bytes
         dma = qkv_bytes + hidden_bytes + 2 * ffn_bytes
-        kv_read = dram_bytes_per_byte(kv_pageable) * attn * mu * context * kv_token / dram
         offloaded_cpu = on_cpu * (ops.ffn.bytes + 2 * hidden_each_way) / dram
         tasks.append(task("HostDRAM", "dram", "dram", (cpu_reads + dma) / dram + reduce.get("dram", 0.0),
-                          kv_new["dram"] + kv_read, weights["dram"] + offloaded_cpu))
+                          kv_new["dram"] + kv_read["dram"], weights["dram"] + offloaded_cpu))
     return tasks
 
 
@@ -653,8 +660,3 @@ def layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
         kinds.append((False, model.first_dense_layers))
     return kinds
 
-
-def decode_contexts(prompt_len: int, gen_len: int) -> np.ndarray:
-    """Cached tokens before each decode step: the prompt plus the tokens generated so far.
-    Prefill yields the first token; decode steps t = 1..gen−1 see s + t − 1 cached tokens."""
-    return prompt_len + np.arange(gen_len - 1, dtype=float)

@@ -1,4 +1,4 @@
-"""GPU and CPU peak memory (SPEC §4.5; paper appendix A.1) as affine forms.
+"""GPU and CPU peak memory (docs/model.md §4.5; paper appendix A.1) as affine forms.
 
 For a fixed micro-batch size μ and placement (A_g, F_g), peak bytes are affine in the batch
 size N, the static weight ratio r_w and the number of sequences whose KV stays on the GPU
@@ -38,9 +38,9 @@ class MemoryForm:
     components: dict = field(default_factory=dict, compare=False)
 
     def bytes(self, batch_size, weights_gpu_ratio, kv_gpu_ratio):
-        big = np.asarray(batch_size, dtype=float)
-        return (self.const + self.per_sequence * big + self.per_weights_ratio * np.asarray(weights_gpu_ratio)
-                + self.per_gpu_kv_sequence * big * np.asarray(kv_gpu_ratio))
+        batch_size = np.asarray(batch_size, dtype=float)
+        return (self.const + self.per_sequence * batch_size + self.per_weights_ratio * np.asarray(weights_gpu_ratio)
+                + self.per_gpu_kv_sequence * batch_size * np.asarray(kv_gpu_ratio))
 
 
 def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:

@@ -1,4 +1,4 @@
-"""Model spec (SPEC §3): from a Hugging Face ``config.json`` path or a catalog name.
+"""Model spec (docs/model.md §3.2): from a Hugging Face ``config.json`` path or a catalog name.
 
 The catalog (``hrm/data/models/*.json``) holds real config.json files, so catalog names and
 user paths go through the same key-zoo normaliser (:func:`normalize_hf_config`). It is
@@ -88,7 +88,7 @@ class ModelSpec(BaseModel):
     weight_dtype: Dtype = "fp16"
     kv_dtype: Dtype = "fp16"
     activation_dtype: Dtype = "fp16"
-    #: which experts tokens choose (hrm.routing); None: uniform and independent (SPEC §4.1)
+    #: which experts tokens choose (hrm.routing); None: uniform and independent (docs/model.md §4.1)
     routing: Optional[Routing] = None
 
     @model_validator(mode="after")
@@ -116,6 +116,11 @@ class ModelSpec(BaseModel):
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.first_dense_layers
+
+    @property
+    def moe_layer_indices(self) -> list[int]:
+        """Absolute indices of the layers with routed experts (dense first layers excluded)."""
+        return list(range(self.first_dense_layers, self.num_layers))
 
     @property
     def q_dim(self) -> int:
@@ -149,7 +154,7 @@ class ModelSpec(BaseModel):
         return hashlib.sha256(blob).hexdigest()
 
     def with_routing(self, routing: Optional[Routing]) -> "ModelSpec":
-        """The spec with another routing distribution (None or uniform: the SPEC's uniform routing)."""
+        """The spec with another routing distribution (None or uniform: the uniform routing of docs/model.md §4.1)."""
         routing = None if routing is None or routing.kind == "uniform" else routing
         return self if routing == self.routing else ModelSpec.model_validate({**self.model_dump(), "routing": routing})
 
@@ -500,6 +505,161 @@ def _moe_layers(cfg: _Config, num_layers: int) -> tuple[int, list[str]]:
     return moe, used
 
 
+def _config_views(cfg: dict, source: str) -> tuple[_Config, _Config]:
+    """The file's config and the text model's (its ``text_config``, else the file's own)."""
+    top = _Config(cfg, source)
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        top.refuse("text_config", f"must be an object (the text model's config), got {_kind(text)}")
+    return top, (_Config(text, source, "text_config.") if text is not None else top)
+
+
+def _typo_hint(ignored: list[str], keys) -> str:
+    """A hint naming the ignored keys close to one of ``keys`` (empty when none is)."""
+    close = [k for k in ignored if difflib.get_close_matches(k.split(".")[-1], keys, n=1, cutoff=0.75)]
+    return f"; unrecognised key {', '.join(close)}: a typo?" if close else ""
+
+
+def _required_fields(model: _Config, ignored: list[str]) -> tuple[dict, dict[str, str]]:
+    """The required ModelSpec fields (hidden size, layers, heads, vocabulary) and the config
+    key each was read from."""
+    out: dict = {}
+    used: dict[str, str] = {}
+    for field, (keys, hi, hi_name) in REQUIRED_KEYS.items():
+        hit = model.pick(keys, _int(1, hi, f" ({hi_name})"))
+        if hit is None:
+            model.refuse(" / ".join(keys), f"missing (required){_typo_hint(ignored, keys)}")
+        used[field], out[field] = hit
+    return out, used
+
+
+def _attention_fields(model: _Config, required: dict, used: dict[str, str]) -> dict:
+    """head_dim, num_kv_heads and the MLA widths (kv_lora_rank, q_lora_rank, head dims)."""
+    hidden, heads = required["hidden_size"], required["num_heads"]
+    kv = model.pick(KV_HEADS_KEYS, _int(1, MAX_HEADS, " (MAX_HEADS)"))
+    head_dim = model.pick(("head_dim",), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)"))
+    lora = model.pick(("kv_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
+    q_lora = model.pick(("q_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
+    mla_dims = {key: model.pick((key,), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)")) for key in MLA_DIM_KEYS}
+    if head_dim is None and hidden % heads:
+        model.refuse(used["hidden_size"],
+                     f"{hidden} is not a multiple of {used['num_heads']} ({heads}) and head_dim is absent")
+    out = {"head_dim": head_dim[1] if head_dim else hidden // heads, "num_kv_heads": kv[1] if kv else heads}
+    if lora is not None:
+        missing = [key for key, hit in mla_dims.items() if hit is None]
+        if missing:
+            model.refuse(missing[0],
+                         "missing (MLA: kv_lora_rank needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim)")
+        out["num_kv_heads"] = heads  # MLA: every head reads the shared latent
+    elif kv is not None and heads % kv[1]:
+        model.refuse(kv[0], f"{kv[1]} does not divide {used['num_heads']} ({heads})")
+    for key, hit in (("kv_lora_rank", lora), ("q_lora_rank", q_lora), *mla_dims.items()):
+        if hit is not None:
+            out[key] = hit[1]
+    return out
+
+
+def _dense_ffn_fields(model: _Config, top: _Config, dense_width, ignored: list[str]) -> dict:
+    """The FFN fields of a dense model (one expert, top-1, the MLP's width); refused when
+    the config looks like a mixture of experts without an expert count."""
+    reason = _moe_reason(model, top)
+    if reason:
+        model.refuse(" / ".join(EXPERT_KEYS), f"missing, but the config looks like a mixture of experts "
+                                              f"({reason}){_typo_hint(ignored, EXPERT_KEYS)}")
+    if dense_width is None:
+        model.refuse(" / ".join(DENSE_WIDTH_KEYS), f"missing (required){_typo_hint(ignored, DENSE_WIDTH_KEYS)}")
+    return {"num_experts": 1, "top_k": 1, "expert_intermediate_size": dense_width[1]}
+
+
+def _shared_intermediate_size(model: _Config, shared_width, shared_count, routed_width: int) -> int:
+    """Width of the shared expert(s): the config's size, else n_shared_experts routed widths, else 0."""
+    if shared_width and shared_count:
+        model.refuse("n_shared_experts", "contradicts shared_expert_intermediate_size (give one shared-expert size)")
+    if shared_width:
+        return shared_width[1]
+    if shared_count:
+        return shared_count[1] * routed_width  # DeepSeek: n shared experts
+    return 0
+
+
+def _dense_layer_fields(model: _Config, num_layers: int, dense_width) -> dict:
+    """first_dense_layers and dense_intermediate_size of a MoE model with dense layers (empty if none)."""
+    moe_layers, pattern = _moe_layers(model, num_layers)
+    if moe_layers == 0:
+        keys = f" and {model.prefix}".join(pattern)
+        model.refuse(keys, f"leave{'s' if len(pattern) == 1 else ''} no MoE layer among the {num_layers} layers")
+    if moe_layers == num_layers:
+        return {}
+    if dense_width is None:
+        dense = num_layers - moe_layers
+        model.refuse(" / ".join(DENSE_WIDTH_KEYS),
+                     f"missing (width of the {dense} dense layer{'s' if dense > 1 else ''})")
+    return {"first_dense_layers": num_layers - moe_layers, "dense_intermediate_size": dense_width[1]}
+
+
+def _moe_ffn_fields(model: _Config, widths: dict, num_layers: int, ignored: list[str]) -> dict:
+    """The FFN fields of a mixture of experts: expert count, top-k, routed and shared widths,
+    the dense layers."""
+    experts, top_k, dense_width = widths["experts"], widths["top_k"], widths["dense"]
+    out = {"num_experts": experts[1]}
+    if top_k is None and experts[1] > 1:
+        model.refuse(" / ".join(TOP_K_KEYS),
+                     f"missing (experts per token; the config has {experts[1]} experts)"
+                     f"{_typo_hint(ignored, TOP_K_KEYS)}")
+    out["top_k"] = top_k[1] if top_k else 1
+    if out["top_k"] > experts[1]:
+        model.refuse(top_k[0], f"{top_k[1]} exceeds {experts[0]} ({experts[1]})")
+    routed = widths["expert"] or dense_width
+    if routed is None:
+        model.refuse("intermediate_size / moe_intermediate_size / ffn_config.ffn_hidden_size",
+                     f"missing (expert width){_typo_hint(ignored, EXPERT_WIDTH_KEYS + DENSE_WIDTH_KEYS)}")
+    out["expert_intermediate_size"] = routed[1]
+    out["shared_intermediate_size"] = _shared_intermediate_size(model, widths["shared"], widths["shared_count"],
+                                                                routed[1])
+    out["shared_expert_gate"] = widths["shared"] is not None
+    return out | _dense_layer_fields(model, num_layers, dense_width)
+
+
+def _ffn_fields(model: _Config, top: _Config, num_layers: int, ignored: list[str]) -> dict:
+    """The expert and FFN fields, dense or mixture of experts."""
+    width = _int(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)")
+    widths = {
+        "experts": model.pick(EXPERT_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
+        "top_k": model.pick(TOP_K_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
+        "dense": model.pick(DENSE_WIDTH_KEYS, width),
+        "expert": model.pick(EXPERT_WIDTH_KEYS, width),
+        "shared": model.pick(("shared_expert_intermediate_size",), width),
+        "shared_count": model.pick(("n_shared_experts",), _int(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
+    }
+    if widths["experts"] is None:
+        return _dense_ffn_fields(model, top, widths["dense"], ignored)
+    return _moe_ffn_fields(model, widths, num_layers, ignored)
+
+
+def _optional_fields(model: _Config) -> dict:
+    """tie_embeddings (default false) and, when given, rope_theta, rms_norm_eps, max_context_len."""
+    tie = model.pick(("tie_word_embeddings",), _bool)
+    out = {"tie_embeddings": tie[1] if tie else False}
+    theta = model.pick(ROPE_THETA_KEYS, _number(MAX_ROPE_THETA))
+    if theta is not None:
+        out["rope_theta"] = theta[1]
+    eps = model.pick(("rms_norm_eps",), _number(MAX_NORM_EPS))
+    if eps is not None:
+        out["rms_norm_eps"] = eps[1]
+    window = model.pick(CONTEXT_KEYS, _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
+    if window is not None:
+        out["max_context_len"] = window[1]
+    return out
+
+
+def _dtype_fields(model: _Config, top: _Config) -> dict:
+    """weight_dtype (the quantised type, else the checkpoint's float type) and activation_dtype."""
+    float_dtype = _float_dtype(model, top)
+    quant = _quant_dtype(model, top)
+    return {"weight_dtype": quant or float_dtype,
+            "activation_dtype": float_dtype}  # kernels compute in the checkpoint's float type
+
+
 def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> dict:
     """Map a config.json (Mixtral, DBRX, Qwen-MoE, DeepSeek, OLMoE, Llama/Mistral, a multimodal
     wrapper's ``text_config``) to ModelSpec fields, refusing (HRMError naming the key) any
@@ -512,116 +672,14 @@ def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> d
     (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers) are counted
     into ``first_dense_layers``: the cost model depends on how many there are, not where.
     """
-    src = source or name
-    top = _Config(cfg, src)
-    text = cfg.get("text_config")
-    if text is not None and not isinstance(text, dict):
-        top.refuse("text_config", f"must be an object (the text model's config), got {_kind(text)}")
-    model = _Config(text, src, "text_config.") if text is not None else top
-    ignored = _ignored_keys(cfg, text)
-
-    def hint(keys) -> str:
-        close = [k for k in ignored if difflib.get_close_matches(k.split(".")[-1], keys, n=1, cutoff=0.75)]
-        return f"; unrecognised key {', '.join(close)}: a typo?" if close else ""
-
-    out: dict = {"name": name}
-    used: dict[str, str] = {}
-    for field, (keys, hi, hi_name) in REQUIRED_KEYS.items():
-        hit = model.pick(keys, _int(1, hi, f" ({hi_name})"))
-        if hit is None:
-            model.refuse(" / ".join(keys), f"missing (required){hint(keys)}")
-        used[field], out[field] = hit
-    hidden, layers, heads = out["hidden_size"], out["num_layers"], out["num_heads"]
-
-    kv = model.pick(KV_HEADS_KEYS, _int(1, MAX_HEADS, " (MAX_HEADS)"))
-    head_dim = model.pick(("head_dim",), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)"))
-    lora = model.pick(("kv_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
-    q_lora = model.pick(("q_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
-    mla_dims = {key: model.pick((key,), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)")) for key in MLA_DIM_KEYS}
-    if head_dim is None and hidden % heads:
-        model.refuse(used["hidden_size"],
-                     f"{hidden} is not a multiple of {used['num_heads']} ({heads}) and head_dim is absent")
-    out["head_dim"] = head_dim[1] if head_dim else hidden // heads
-    out["num_kv_heads"] = kv[1] if kv else heads
-    if lora is not None:
-        missing = [key for key, hit in mla_dims.items() if hit is None]
-        if missing:
-            model.refuse(missing[0],
-                         "missing (MLA: kv_lora_rank needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim)")
-        out["num_kv_heads"] = heads  # MLA: every head reads the shared latent
-    elif kv is not None and heads % kv[1]:
-        model.refuse(kv[0], f"{kv[1]} does not divide {used['num_heads']} ({heads})")
-    for key, hit in (("kv_lora_rank", lora), ("q_lora_rank", q_lora), *mla_dims.items()):
-        if hit is not None:
-            out[key] = hit[1]
-
-    experts = model.pick(EXPERT_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)"))
-    top_k = model.pick(TOP_K_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)"))
-    width = _int(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)")
-    dense_width = model.pick(DENSE_WIDTH_KEYS, width)
-    expert_width = model.pick(EXPERT_WIDTH_KEYS, width)
-    shared_width = model.pick(("shared_expert_intermediate_size",), width)
-    shared_count = model.pick(("n_shared_experts",), _int(1, MAX_EXPERTS, " (MAX_EXPERTS)"))
-    if experts is None:
-        reason = _moe_reason(model, top)
-        if reason:
-            model.refuse(" / ".join(EXPERT_KEYS), f"missing, but the config looks like a mixture of experts "
-                                                  f"({reason}){hint(EXPERT_KEYS)}")
-        out["num_experts"] = out["top_k"] = 1
-        if dense_width is None:
-            model.refuse(" / ".join(DENSE_WIDTH_KEYS), f"missing (required){hint(DENSE_WIDTH_KEYS)}")
-        out["expert_intermediate_size"] = dense_width[1]
-    else:
-        out["num_experts"] = experts[1]
-        if top_k is None and experts[1] > 1:
-            model.refuse(" / ".join(TOP_K_KEYS),
-                         f"missing (experts per token; the config has {experts[1]} experts){hint(TOP_K_KEYS)}")
-        out["top_k"] = top_k[1] if top_k else 1
-        if out["top_k"] > experts[1]:
-            model.refuse(top_k[0], f"{top_k[1]} exceeds {experts[0]} ({experts[1]})")
-        routed = expert_width or dense_width
-        if routed is None:
-            model.refuse("intermediate_size / moe_intermediate_size / ffn_config.ffn_hidden_size",
-                         f"missing (expert width){hint(EXPERT_WIDTH_KEYS + DENSE_WIDTH_KEYS)}")
-        out["expert_intermediate_size"] = routed[1]
-        if shared_width and shared_count:
-            model.refuse("n_shared_experts",
-                         "contradicts shared_expert_intermediate_size (give one shared-expert size)")
-        if shared_width:
-            out["shared_intermediate_size"] = shared_width[1]
-        elif shared_count:
-            out["shared_intermediate_size"] = shared_count[1] * routed[1]  # DeepSeek: n shared experts
-        else:
-            out["shared_intermediate_size"] = 0
-        out["shared_expert_gate"] = shared_width is not None
-        moe_layers, pattern = _moe_layers(model, layers)
-        if moe_layers == 0:
-            keys = f" and {model.prefix}".join(pattern)
-            model.refuse(keys, f"leave{'s' if len(pattern) == 1 else ''} no MoE layer among the {layers} layers")
-        if moe_layers < layers:
-            if dense_width is None:
-                dense = layers - moe_layers
-                model.refuse(" / ".join(DENSE_WIDTH_KEYS),
-                             f"missing (width of the {dense} dense layer{'s' if dense > 1 else ''})")
-            out["first_dense_layers"] = layers - moe_layers
-            out["dense_intermediate_size"] = dense_width[1]
-
-    tie = model.pick(("tie_word_embeddings",), _bool)
-    out["tie_embeddings"] = tie[1] if tie else False
-    theta = model.pick(ROPE_THETA_KEYS, _number(MAX_ROPE_THETA))
-    if theta is not None:
-        out["rope_theta"] = theta[1]
-    eps = model.pick(("rms_norm_eps",), _number(MAX_NORM_EPS))
-    if eps is not None:
-        out["rms_norm_eps"] = eps[1]
-    window = model.pick(CONTEXT_KEYS, _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
-    if window is not None:
-        out["max_context_len"] = window[1]
-
-    float_dtype = _float_dtype(model, top)
-    quant = _quant_dtype(model, top)
-    out["weight_dtype"] = quant or float_dtype
-    out["activation_dtype"] = float_dtype  # kernels compute in the checkpoint's float type
+    top, model = _config_views(cfg, source or name)
+    ignored = _ignored_keys(cfg, cfg.get("text_config"))
+    required, used = _required_fields(model, ignored)
+    out = {"name": name, **required}
+    out |= _attention_fields(model, required, used)
+    out |= _ffn_fields(model, top, required["num_layers"], ignored)
+    out |= _optional_fields(model)
+    out |= _dtype_fields(model, top)
     return out
 
 

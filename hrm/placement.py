@@ -1,4 +1,4 @@
-"""Concrete placement (SPEC §6): which routed experts of which layers are static on the GPU.
+"""Concrete placement (docs/model.md §6): which routed experts of which layers are static on the GPU.
 
 r_w is realised in whole experts: m = round(r_w · L_moe · ne), dealt round-robin over the
 MoE layers (layer index fastest, lowest expert ids first) so that every layer offloads
@@ -15,7 +15,7 @@ from .policy import Policy
 
 def moe_layers(model: ModelSpec) -> list[int]:
     """Absolute indices of the layers with routed experts (dense first layers excluded)."""
-    return list(range(model.first_dense_layers, model.num_layers))
+    return model.moe_layer_indices
 
 
 def static_expert_count(model: ModelSpec, policy: Policy) -> int:

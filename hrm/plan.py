@@ -1,4 +1,4 @@
-"""The plan (SPEC §6): the contract between solver, CLI, runtime and notebooks.
+"""The plan (docs/model.md §6): the contract between solver, CLI, runtime and notebooks.
 
 Key names are stable; ``hrm/data/plan.schema.json`` is generated from :class:`Plan`
 (``python -m hrm.plan > hrm/data/plan.schema.json``) so other tools can validate plans.
@@ -127,7 +127,7 @@ class SolverInfo(_Frozen):
 
 
 class Plan(_Frozen):
-    """A plan (SPEC §6). Validated whole: known schema version and schedule, the policy's
+    """A plan (docs/model.md §6). Validated whole: known schema version and schedule, the policy's
     placement one the schedule runs, ``weight_pages`` = n, no GPU experts when the experts
     run on the CPU. What needs the model or the hardware (layers and experts of the model,
     the realised ratio, a recomputed estimate) is :func:`plan_problem`, run by :func:`load_plan`."""
@@ -386,9 +386,7 @@ def placement_problem(plan: Plan, model) -> Optional[str]:
     """Why the plan's placement does not fit ``model`` and its policy (None if it does):
     layers must be MoE layers of the model, experts below its expert count, the realised
     ratio the placement's count / slots and the policy's r_w in whole experts."""
-    from .placement import moe_layers
-
-    layers = moe_layers(model)
+    layers = model.moe_layer_indices
     valid = set(layers)
     for entry in plan.placement.layers:
         if entry.layer not in valid:

@@ -1,4 +1,4 @@
-"""Policy (SPEC §3; paper Table 1 plus n): N, μ, n = N/μ, A_g, F_g, r_w, r_c."""
+"""Policy (docs/model.md §3.4; paper Table 1 plus n): N, μ, n = N/μ, A_g, F_g, r_w, r_c."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ def policy_problem(fields: dict) -> str | None:
     """The policy rules, in one place: N = mu x n; rc > 0 needs attn=gpu; rw > 0 needs
     ffn=gpu. ``fields`` (Policy field names) may be partial — ``hrm-search --fix`` pins part
     of a policy — and then only the rules whose fields are all given apply."""
-    big, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
-    if big is not None and mu is not None and n is not None:
-        if big != mu * n:
-            return f"N={big} != mu={mu} x n={n} (N is the batch, mu the micro-batch, n the micro-batches)"
-    elif big is not None and mu is not None and big % mu:
-        return f"N={big} is not a multiple of mu={mu}"
-    elif big is not None and n is not None and big % n:
-        return f"N={big} is not a multiple of n={n}"
+    batch_size, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
+    if batch_size is not None and mu is not None and n is not None:
+        if batch_size != mu * n:
+            return f"N={batch_size} != mu={mu} x n={n} (N is the batch, mu the micro-batch, n the micro-batches)"
+    elif batch_size is not None and mu is not None and batch_size % mu:
+        return f"N={batch_size} is not a multiple of mu={mu}"
+    elif batch_size is not None and n is not None and batch_size % n:
+        return f"N={batch_size} is not a multiple of n={n}"
     if fields.get("attn_on_gpu") is False and (fields.get("kv_gpu_ratio") or 0) > 0:
         return "rc > 0 needs attn=gpu (CPU attention reads the KV cache in CPU memory)"
     if fields.get("ffn_on_gpu") is False and (fields.get("weights_gpu_ratio") or 0) > 0:
@@ -110,17 +110,17 @@ def parse_assignments(text: str, what: str = "policy") -> dict:
 def parse_policy(text: str, what: str = "policy") -> Policy:
     """A full Policy from a string; two of N, mu, n are enough (the third is derived)."""
     fields = parse_assignments(text, what)
-    big, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
-    if (big is None) + (mu is None) + (n is None) > 1:
+    batch_size, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
+    if (batch_size is None) + (mu is None) + (n is None) > 1:
         raise HRMError(f"{what}: give two of N (batch size), mu (micro-batch size), n (micro-batches)")
     problem = policy_problem(fields)
     if problem:
         raise HRMError(f"{what}: {problem}")
     if mu is None:
-        fields["micro_batch_size"] = big // n
+        fields["micro_batch_size"] = batch_size // n
     elif n is None:
-        fields["num_micro_batches"] = big // mu
-    elif big is None:
+        fields["num_micro_batches"] = batch_size // mu
+    elif batch_size is None:
         fields["batch_size"] = bounds.SEQUENCES.check(mu * n, f"{what}: N = mu x n")
     return validate_policy(fields, what)
 

@@ -5,7 +5,7 @@ that one token's top-k set contains expert e (so Σ_e q_e = k and 0 ≤ q_e ≤ 
 taken as independent, so for a micro-batch of t tokens
 
 - expected distinct experts:   D(t) = Σ_e 1 − (1 − q_e)^t
-  (uniform routing, q_e = k/ne: ne·(1 − (1 − k/ne)^t), SPEC §4.1);
+  (uniform routing, q_e = k/ne: ne·(1 − (1 − k/ne)^t), docs/model.md §4.1);
 - hit rate of a cache holding the set S of experts (per token activation):
   h(S) = Σ_{e∈S} q_e / k, best for S = the C hottest experts;
 - bytes of the hot set: |S| × expert bytes; the cold set loads on demand.
@@ -165,7 +165,7 @@ def parse_routing(text: str, num_experts: int, top_k: int) -> Routing:
 
 # --- the quantities a distribution gives ----------------------------------------------------
 def uniform_distinct_experts(num_experts: int, top_k: int, tokens) -> np.ndarray:
-    """D(t) of uniform routing, ne·(1 − (1 − k/ne)^t) (SPEC §4.1); k for one token."""
+    """D(t) of uniform routing, ne·(1 − (1 − k/ne)^t) (docs/model.md §4.1); k for one token."""
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** np.asarray(tokens, dtype=float))
 
 

@@ -10,8 +10,8 @@ which placements the schedule runs, and its launch order for the task timeline.
 - ``pipeline``: how a layer's time is found — ``lanes`` (the max of affine lane sums, eq.
   12: the exact MILP search of :mod:`solver.exact`) or ``expert-level`` (Klotski: the
   list-scheduled period of an expert-level task graph, :mod:`hrm.klotski`, searched by
-  enumeration with lane bounds, :mod:`solver.klotski`). :data:`PIPELINES` names, per
-  pipeline, the estimate and the search that serve it.
+  enumeration with lane bounds, :mod:`solver.klotski`). The pipelines themselves are
+  :data:`hrm.pipelines.PIPELINES`; :data:`PIPELINE_FIELDS` says which engine fields each models.
 """
 
 from __future__ import annotations
@@ -51,20 +51,44 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
              "expert-level", attention=(True,), ffn=(True,), pipeline="expert-level"),
 )}
 
-#: per pipeline: (module:function of the estimate, module:function of the search) — the
-#: lanes pipeline's are :func:`hrm.estimate.estimate_lanes` and :func:`solver.search.search_lanes`
-PIPELINES: dict[str, tuple[str, str]] = {
-    "lanes": ("hrm.estimate:estimate_lanes", "solver.search:search_lanes"),
-    "expert-level": ("hrm.klotski:estimate_klotski", "solver.klotski:search_klotski"),
+@dataclass(frozen=True)
+class PipelineFields:
+    """The engine fields a pipeline models: dotted field -> the values it models (None: any).
+    An engine whose field differs from ideal's (the field's default) and is not modelled by
+    its schedule's pipeline is refused (:func:`hrm.engine.Engine`'s validator) rather than
+    silently ignored. ``None`` for the whole map: every field."""
+
+    pipeline: str
+    models: dict[str, tuple | None] | None
+
+    def problem(self, field: str, value) -> str | None:
+        """Why ``field`` = ``value`` (not ideal's) cannot run on this pipeline (None if it can)."""
+        if self.models is None:
+            return None
+        if field not in self.models:
+            return f"{field}: the {self.pipeline} pipeline does not model it (leave it at ideal's value)"
+        allowed = self.models[field]
+        if allowed is not None and value not in allowed:
+            return (f"{field}: the {self.pipeline} pipeline models {', '.join(map(str, allowed))}, "
+                    f"not {value}")
+        return None
+
+
+#: What each pipeline models. The expert-level pipeline (Klotski, :mod:`hrm.klotski`) runs
+#: attention and every expert on the GPU over the same weight and KV paths as the lanes
+#: (:func:`hrm.latency.weight_transfer_s`, :func:`hrm.latency.kv_load_s`), charges the
+#: staging-copy team and host DRAM as capacity bounds, drains its pipeline once per step under
+#: ``sync: per-step`` (its per-batch host reads are dispatch α), keeps whole layers of experts
+#: (``static_experts``), and sizes its expert load buffer in whole layers.
+PIPELINE_FIELDS: dict[str, PipelineFields] = {
+    "lanes": PipelineFields("lanes", None),
+    "expert-level": PipelineFields("expert-level", {
+        "decode.weight_path": None, "prefill.weight_path": None, "decode.kv_cache": None, "prefill.kv_cache": None,
+        "host_dram": None, "achieved_gpu_rates": None, "moe_kernel": None, "sync": ("none", "per-step"),
+        "static_experts": ("continuous", "whole-layers"), "copy_threads": None, "numa_aware": None,
+        "tensor_parallel.host_shared": None, "memory.gpu_weight_buffer_layers": (1.0, 2.0, 3.0, 4.0),
+        "memory.pinned_staging_layers": None, "memory.cpu_holds_all_experts": None}),
 }
-
-
-def pipeline_function(schedule: str, which: int):
-    """The estimate (``which`` 0) or search (1) function of ``schedule``'s pipeline."""
-    import importlib
-
-    module, _, name = PIPELINES[get_schedule(schedule).pipeline][which].partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def get_schedule(name: str) -> Schedule:

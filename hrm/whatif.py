@@ -32,7 +32,7 @@ def with_link_bandwidth(hw: HardwareProfile, h2d_gbps: float, d2h_gbps: float | 
 
 def with_cpu_scaled(hw: HardwareProfile, ratio: float, memory: bool = True) -> HardwareProfile:
     """The paper's "CPU scaling ratio": CPU FLOP/s (every dtype), memory bandwidth and —
-    with ``memory`` — memory capacity multiplied by ``ratio`` (facts.md: base CPU 100 GB/s,
+    with ``memory`` — memory capacity multiplied by ``ratio`` (docs/facts.md: base CPU 100 GB/s,
     200 GB, 1.6 TFLOP/s scaled together). Measured CPU curves and the emulated-tier rates
     of a CPU-only profile are dropped (they describe the old CPU)."""
     if ratio <= 0:

@@ -1,9 +1,10 @@
-"""Workload (SPEC §3) and the MoE-Lightning paper's workload presets."""
+"""Workload (docs/model.md §3.3) and the MoE-Lightning paper's workload presets."""
 
 from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from . import bounds
@@ -43,6 +44,19 @@ class Workload(BaseModel):
     def max_context_len(self) -> int:
         """KV-cache tokens one sequence may hold at the end of generation (memory sizing)."""
         return (self.max_prompt_len if self.padding else self.effective_prompt_len) + self.gen_len
+
+
+def decode_contexts(prompt_len: int, gen_len: int) -> np.ndarray:
+    """Cached tokens before each decode step: the prompt plus the tokens generated so far.
+    Prefill yields the first token; decode steps t = 1..gen−1 see s + t − 1 cached tokens."""
+    return prompt_len + np.arange(gen_len - 1, dtype=float)
+
+
+def mean_decode_context(workload: Workload) -> float:
+    """The mean context over the decode steps (the prompt's when there are none): where
+    single-context views (timelines, the expert-level pipeline's periods) take decode."""
+    contexts = decode_contexts(workload.effective_prompt_len, workload.gen_len)
+    return float(np.mean(contexts)) if len(contexts) else float(workload.effective_prompt_len)
 
 
 def check_context_window(model, workload: Workload) -> None:

@@ -9,7 +9,8 @@ from hrm_cli import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
                             engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, routed_model,
                             workload_from_args)
-from hrm.estimate import EstimateResult, estimate, lane_label
+from hrm.estimate import EstimateResult, estimate
+from hrm.pipelines import lane_label
 from hrm.explain import explain
 from hrm.policy import parse_policy
 

@@ -6,7 +6,7 @@ import json
 import sys
 
 from hrm_cli import ArgumentParser
-from hrm.export import EXPORTERS, Export, export_plan
+from hrm.export import EXPORTERS, Export, export_plan, fix_pins, get_exporter
 from hrm.plan import load_plan
 
 
@@ -22,7 +22,8 @@ def report_differences(export: Export, stream=None) -> None:
         print(line, file=stream)
     if export.exported_feasible is False:
         print(f"warning: the exported policy exceeds a memory limit under engine {export.estimate_engine}; "
-              f"re-plan inside {export.engine}'s policy space: hrm-search ... --fix {export.search_fix}", file=stream)
+              f"re-plan inside {export.engine}'s policy space: hrm-search ... --fix "
+              f"{fix_pins(get_exporter(export.engine))}", file=stream)
     for caveat in export.caveats:
         print(f"note: {caveat}", file=stream)
 

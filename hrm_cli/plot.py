@@ -194,7 +194,8 @@ def _timeline(args):
     from hrm.plan import load_plan, resolve_plan_engine
     from hrm.policy import parse_policy
     from hrm.rates import rates_from_profile
-    from hrm.timeline import decode_timeline, mid_context
+    from hrm.pipelines import decode_timeline
+    from hrm.workload import mean_decode_context
     from hrm.plots.timeline import plot_timeline, trace_policy
 
     hw, model = machine_from_args(args)
@@ -222,7 +223,7 @@ def _timeline(args):
         result = search(hw, model, workload, engine=engine, options=options,
                         limits=limits_from_args(hw, options, args), top=0)
         policy = result.best.policy
-    context = args.context or mid_context(workload.effective_prompt_len, workload.gen_len)
+    context = args.context or mean_decode_context(workload)
     timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model)), policy, engine, context)
     print(f"layer period {timeline.layer_period_s * 1e3:.4g} ms (list-scheduled), "
           f"eq. 12 bound {timeline.lane_bound_s * 1e3:.4g} ms")

@@ -1,4 +1,4 @@
-"""``hrm profile``: measure this machine into a hardware profile YAML (SPEC §7)."""
+"""``hrm profile``: measure this machine into a hardware profile YAML (docs/model.md §7)."""
 
 from __future__ import annotations
 

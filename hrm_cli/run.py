@@ -69,10 +69,10 @@ def run_plan(plan: Plan, args):
     requests = synthetic_requests(plan.workload, count, spec.vocab_size, args.seed)
     # memory tracking costs time on every task: the peak comes from its own run, which also
     # warms the process (allocator, kernels); the timed run is untracked
-    with PlanExecutor(spec, weights, plan.policy, plan.workload, plan.placement, args.device,
+    with PlanExecutor(spec, weights, plan.policy, plan.workload, placement=plan.placement, device=args.device,
                       track_memory=True, keep_logits=False, lanes=args.lanes) as ex:
         peak = ex.run(requests).peak_device_bytes
-    with PlanExecutor(spec, weights, plan.policy, plan.workload, plan.placement, args.device,
+    with PlanExecutor(spec, weights, plan.policy, plan.workload, placement=plan.placement, device=args.device,
                       track_memory=False, keep_logits=False, lanes=args.lanes) as ex:
         if not args.no_warmup:
             ex.run(requests)

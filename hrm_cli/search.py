@@ -57,7 +57,7 @@ def build_parser() -> ArgumentParser:
                         help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="with --compare: also draw every engine's throughput and per-token latency")
-    parser.add_argument("--json", action="store_true", help="print the plan (SPEC section 6) as JSON")
+    parser.add_argument("--json", action="store_true", help="print the plan (docs/model.md §6) as JSON")
     parser.add_argument("--out", help="write the plan to this file (atomically; checked before the search)")
     from hrm.export import EXPORTERS
 

@@ -55,8 +55,8 @@ def main(argv) -> int:
     policies = validation_policies(args.policies)
     workload = make_workload(None, prompt_len=args.prompt_len, max_prompt_len=args.prompt_len, gen_len=args.gen_len)
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    report = run_validation(hw, spec, workload, policies, args.device, args.dtype, args.repeats, args.seed, progress,
-                            args.lanes)
+    report = run_validation(hw, spec, workload, policies, device=args.device, dtype=args.dtype, repeats=args.repeats,
+                            seed=args.seed, progress=progress, lanes=args.lanes)
     written = write_outputs(report, args.out) if args.out is not None else []
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

@@ -1,4 +1,4 @@
-"""Measure a machine into a hardware profile (SPEC §7): ``hrm profile``.
+"""Measure a machine into a hardware profile (docs/model.md §7): ``hrm profile``.
 
 Modules: :mod:`profiler.timing` (timed ops, budget, median/spread), :mod:`profiler.cpu`
 (STREAM copy/triad, matmul curves, GQA decode attention, disk), :mod:`profiler.gpu` (the

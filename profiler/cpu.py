@@ -363,7 +363,7 @@ def attention_op(batch: int, context: int, kv_heads: int, group: int, head_dim: 
 
 
 def measure_decode_attention(contexts: tuple[int, ...], kv_total_bytes: int, kv_heads: int, group: int,
-                             head_dim: int, threads: int, pool: Executor, warmup: int, repeats: int,
+                             head_dim: int, threads: int, pool: Executor, *, warmup: int, repeats: int,
                              budget: Budget | None) -> dict[int, Measured]:
     """KV-cache read GB/s of decode attention for each context; the batch is chosen so the
     cache is ``kv_total_bytes`` (far beyond the caches). GFLOP/s goes into the note."""

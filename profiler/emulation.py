@@ -86,7 +86,7 @@ def copy_op(torch, nbytes: int) -> Callable[[], float]:
     return op
 
 
-def measure_emulation(torch, threads: int, ms: tuple[int, ...], k: int, n: int, copy_bytes: int, llc_bytes: int,
+def measure_emulation(torch, threads: int, ms: tuple[int, ...], k: int, n: int, copy_bytes: int, llc_bytes: int, *,
                       warmup: int, repeats: int, budget: Budget | None,
                       dtypes: tuple[str, ...] = ("fp32",)) -> EmulationResult:
     """F.linear curve per dtype (fp32 first; a curve stops early when the budget runs out,

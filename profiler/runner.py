@@ -97,7 +97,7 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
         shape = cfg.attention
         results.attention = cpu_mod.measure_decode_attention(
             cfg.attention_contexts, cfg.attention_kv_bytes, shape.kv_heads, shape.group, shape.head_dim,
-            threads, pool, w, r, budget)
+            threads, pool, warmup=w, repeats=r, budget=budget)
 
     def emulation() -> None:
         from runtime.device import EMULATED_THREADS
@@ -105,8 +105,8 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
         from .emulation import measure_emulation
 
         results.emulation = measure_emulation(torch, EMULATED_THREADS, cfg.emulation_ms, cfg.emulation_k,
-                                              cfg.emulation_n, cfg.emulation_copy_bytes, host.llc_bytes, w, r, budget,
-                                              cfg.emulation_dtypes)
+                                              cfg.emulation_n, cfg.emulation_copy_bytes, host.llc_bytes, warmup=w,
+                                              repeats=r, budget=budget, dtypes=cfg.emulation_dtypes)
 
     def dispatch() -> None:
         from .dispatch import measure_dispatch

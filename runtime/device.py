@@ -1,6 +1,6 @@
 """The device tier: where "GPU" tensors live, the lanes that run tasks, and its memory.
 
-One code path for both hosts (SPEC §8):
+One code path for both hosts (docs/model.md §8):
 
 - **CUDA**: device tensors on ``cuda``; every lane (gpu, cpu, h2d, d2h) is a worker thread,
   the device-side lanes each own a CUDA stream; a task runs on its lane's stream and the

@@ -1,4 +1,4 @@
-"""Plan execution (SPEC §8; MoE-Lightning §4.1 and appendix A).
+"""Plan execution (docs/model.md §8; MoE-Lightning §4.1 and appendix A).
 
 - Weights: non-expert weights and the placement's static experts on the device tier; the
   other experts in host memory, moved in n pages per layer into a device double buffer
@@ -55,7 +55,7 @@ LOOKAHEAD = 2  # Algorithm 1: CPU attention is launched two micro-batches ahead
 class PlanExecutor:
     """Runs requests under one policy and placement; returns tokens, logits and timings."""
 
-    def __init__(self, spec: ModelSpec, weights: ModelWeights, policy: Policy, workload: Workload,
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, policy: Policy, workload: Workload, *,
                  placement: Optional[Placement] = None, device: str = "auto", track_memory: bool = True,
                  keep_logits: bool = True, lanes: str = "auto"):
         check_supported(spec)
@@ -577,8 +577,9 @@ class PlanExecutor:
 
 
 def run_plan_once(spec: ModelSpec, weights: ModelWeights, policy: Policy, workload: Workload,
-                  requests: list[Request], placement: Optional[Placement] = None, device: str = "auto",
+                  requests: list[Request], *, placement: Optional[Placement] = None, device: str = "auto",
                   track_memory: bool = True, keep_logits: bool = True, lanes: str = "auto") -> RunResult:
     """Build an executor, run ``requests``, close it."""
-    with PlanExecutor(spec, weights, policy, workload, placement, device, track_memory, keep_logits, lanes) as ex:
+    with PlanExecutor(spec, weights, policy, workload, placement=placement, device=device,
+                      track_memory=track_memory, keep_logits=keep_logits, lanes=lanes) as ex:
         return ex.run(requests)

@@ -1,5 +1,5 @@
 """A Mixtral-architecture decoder built from a :class:`hrm.model.ModelSpec`, and the plain
-single-device forward pass that every offloaded execution must reproduce (SPEC §8).
+single-device forward pass that every offloaded execution must reproduce (docs/model.md §8).
 
 Architecture: token embedding; per layer RMSNorm → GQA attention with RoPE → residual →
 RMSNorm → MoE (top-k softmax router with top-k renormalisation, SwiGLU experts, shared

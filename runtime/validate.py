@@ -1,4 +1,4 @@
-"""Validation of the performance model against the reference runtime (SPEC §8, §9).
+"""Validation of the performance model against the reference runtime (docs/model.md §8, §9).
 
 For each of a set of diverse policies (μ, n, r_w, attention tier, FFN tier, r_c): predict
 with :func:`hrm.estimate.estimate` (never fitted to these runs), execute with
@@ -307,7 +307,7 @@ def outcome_of(policy: Policy, predicted: EstimateResult, peak: int, timed: list
 
 
 def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Workload, policy: Policy,
-                   options: ModelOptions, device: str = "auto", repeats: int = 3, seed: int = 0,
+                   options: ModelOptions, *, device: str = "auto", repeats: int = 3, seed: int = 0,
                    lanes: str = "auto") -> PolicyOutcome:
     """Predict, then run once with memory tracking and ``repeats`` times for timing (medians)."""
     from .requests import synthetic_requests
@@ -319,7 +319,7 @@ def measure_policy(hw: HardwareProfile, spec: ModelSpec, weights, workload: Work
     return outcome_of(policy, predicted, peak, timed, spec.num_layers)
 
 
-def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, policies: list[Policy],
+def run_validation(hw: HardwareProfile, spec: ModelSpec, workload: Workload, policies: list[Policy], *,
                    device: str = "auto", dtype: str = "fp32", repeats: int = 3, seed: int = 0,
                    progress: Optional[Callable[[str], None]] = None, lanes: str = "auto") -> ValidationReport:
     """Predicted vs measured for every policy (same weights, requests and workload). The

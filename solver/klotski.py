@@ -7,12 +7,12 @@ over an enumeration instead:
 - the space: every integer μ and n with N = n·μ ≤ ``--max-batch``, every whole number of
   MoE layers whose experts stay on the GPU (r_w = layers / L), and for each the largest KV
   share on the GPU that memory allows (r_c: more of the cache on the GPU only removes
-  loads), subject to GPU and CPU memory (:func:`hrm.klotski.klotski_memory`) and the pins;
+  loads), subject to GPU and CPU memory (:func:`hrm.pipelines.expert_level.klotski_memory`) and the pins;
 - a bound per candidate, vectorised over all of them: each layer takes at least the busy
   time of each of its resources (GPU, CPU→GPU, GPU→CPU) — the period of a schedule is never
   below its lane bound — from the very durations the scheduler gets
   (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`);
-- candidates are scheduled (:func:`hrm.klotski.klotski_times`) in order of their bound
+- candidates are scheduled (:func:`hrm.pipelines.expert_level.klotski_times`) in order of their bound
   until the next bound cannot beat the best scheduled one: the result is the optimum of the
   scheduled model over the whole space. ``--verify`` schedules every candidate instead.
 """
@@ -28,12 +28,16 @@ from hrm import latency
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
 from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, expert_load_s, experts_used,
-                         klotski_memory, klotski_own_batches,
-                         klotski_times, mean_decode_context, _dispatch)
+                         task_dispatch_s)
+from hrm.pipelines.expert_level import expert_buffers, klotski_memory, klotski_own_batches, klotski_times
 from hrm.placement import make_placement
 from hrm.policy import Policy
 from hrm.rates import rates_from_profile
+from hrm.throughput import decode_steps, throughput_tok_s
 from hrm.units import GIB
+from hrm.workload import mean_decode_context
+
+from .request import Candidate, SearchResult, describe_limits, make_plan
 
 #: --verify schedules every candidate; above this many it is refused (pin part of the policy)
 VERIFY_MAX_CANDIDATES = 4000
@@ -46,7 +50,7 @@ class Candidates:
 
     mu: np.ndarray
     n: np.ndarray
-    big: np.ndarray
+    batch_size: np.ndarray
     resident: np.ndarray
     kv_ratio: np.ndarray
     step_lb_s: np.ndarray
@@ -56,19 +60,18 @@ class Candidates:
         return len(self.mu)
 
     def policy(self, i: int, layers: int) -> Policy:
-        return Policy(batch_size=int(self.big[i]), micro_batch_size=int(self.mu[i]), num_micro_batches=int(self.n[i]),
-                      attn_on_gpu=True, ffn_on_gpu=True, weights_gpu_ratio=int(self.resident[i]) / layers,
+        return Policy(batch_size=int(self.batch_size[i]), micro_batch_size=int(self.mu[i]),
+                      num_micro_batches=int(self.n[i]), attn_on_gpu=True, ffn_on_gpu=True, weights_gpu_ratio=int(self.resident[i]) / layers,
                       kv_gpu_ratio=float(self.kv_ratio[i]))
 
 
-def objective_value(kind: str, big, gen_len: int, step_s, prefill_s):
-    """The value maximised: generation tok/s (N·gen / (prefill + (gen−1)·step)), decode tok/s
-    (N / step), or minus the per-token latency (−step, at a pinned N)."""
-    if kind == "generation":
-        return big * gen_len / (prefill_s + max(gen_len - 1, 0) * step_s)
-    if kind == "decode":
-        return big / step_s
-    return -step_s
+def objective_value(kind: str, batch_size, gen_len: int, step_s, prefill_s):
+    """The value maximised: generation or decode tok/s (:func:`hrm.throughput.throughput_tok_s`
+    of the prefill and gen−1 decode steps), or minus the per-token latency (−step, at a
+    pinned N)."""
+    if kind == "latency":
+        return -step_s
+    return throughput_tok_s(batch_size, gen_len, prefill_s, decode_steps(gen_len) * step_s, kind)
 
 
 def _pairs(max_batch: int, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -96,10 +99,10 @@ def candidates(request, rates) -> Candidates:
     if "weights_gpu_ratio" in fixed:
         residents = [int(round(fixed["weights_gpu_ratio"] * layers))]
     context, prompt = mean_decode_context(workload), workload.effective_prompt_len
-    big = mu * n
+    batch_size = mu * n
     rows: list[tuple] = []
     for resident in residents:
-        memory = klotski_memory(model, workload, mu, big, resident)
+        memory = klotski_memory(model, workload, mu, batch_size, resident, engine=engine)
         # the most r_c the GPU holds (its bytes grow with r_c); the CPU must hold the rest
         with np.errstate(divide="ignore", invalid="ignore"):
             hi = np.where(memory.gpu_per_kv_ratio > 0, (limits.gpu_bytes - memory.gpu_const) / memory.gpu_per_kv_ratio,
@@ -107,24 +110,25 @@ def candidates(request, rates) -> Candidates:
         ratio = np.full(len(mu), float(fixed["kv_gpu_ratio"])) if "kv_gpu_ratio" in fixed else np.clip(hi, 0.0, 1.0)
         ok = (memory.gpu_bytes(ratio) <= limits.gpu_bytes) & (memory.cpu_bytes(ratio) <= limits.cpu_bytes * (1 + 1e-12))
         if np.any(ok):
-            rows.append((mu[ok], n[ok], big[ok], np.full(int(ok.sum()), resident), ratio[ok]))
+            rows.append((mu[ok], n[ok], batch_size[ok], np.full(int(ok.sum()), resident), ratio[ok]))
     if not rows:
         return Candidates(*(np.zeros(0),) * 7)
-    mu, n, big, resident, ratio = (np.concatenate(parts) for parts in zip(*rows))
-    step, pre = _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, prompt, layers)
-    return Candidates(mu, n, big, resident, ratio, step, pre)
+    mu, n, batch_size, resident, ratio = (np.concatenate(parts) for parts in zip(*rows))
+    step, pre = _lower_bounds(model, rates, engine, mu=mu, n=n, batch_size=batch_size, resident=resident, ratio=ratio,
+                              context=context, prompt=prompt, layers=layers)
+    return Candidates(mu, n, batch_size, resident, ratio, step, pre)
 
 
-def _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, prompt, layers):
+def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, context, prompt, layers):
     """Per candidate: decode step and prefill at least n heads plus, per layer, its busiest
     resource's work (the durations of :func:`hrm.klotski.klotski_layer`, summed)."""
-    call = _dispatch(rates)["expert"]
+    call = task_dispatch_s(rates)["expert"]
     head = n * latency.lm_head_time_s(model, rates, mu)
     out = []
     for prompt_len, per_token in ((None, 1), (prompt, prompt)):
         per_batch = batch_durations(model, rates, mu, context, engine, ratio, prompt_len)
         dense = batch_durations(model, rates, mu, context, engine, ratio, prompt_len, moe=False)
-        groups, at_group = np.unique(big * per_token, return_inverse=True)
+        groups, at_group = np.unique(batch_size * per_token, return_inverse=True)
         used = experts_used(model, groups)[at_group]
         batches, at_batch = np.unique(mu * per_token, return_inverse=True)
         cumulative = np.concatenate([np.zeros((len(batches), 1)),
@@ -134,7 +138,10 @@ def _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, pr
         load = expert_load_s(model, rates, engine, prefill=prompt_len is not None)
         kv_in, kv_out = n * per_batch["kv_load_s"], n * per_batch["kv_store_s"]
         gpu = n * (per_batch["attention_s"] + per_batch["gate_s"]) + group_s
-        link = used * load + kv_in + _link_idle_s(model, per_batch, n, used, load, last_s)
+        # the forced idle holds for one expert buffer (the next layer's prefetch waits for this
+        # layer's last expert); with more buffers the bound is each resource's work alone
+        idle = _link_idle_s(model, per_batch, n, used, load, last_s) if expert_buffers(engine) == 1 else 0.0
+        link = used * load + kv_in + idle
         offloaded = np.maximum.reduce([gpu, link, kv_out])
         kept = np.maximum.reduce([gpu, kv_in, kv_out])
         dense_layer = np.maximum.reduce([n * dense["attention_s"], n * dense["kv_load_s"], n * dense["kv_store_s"]])
@@ -144,7 +151,7 @@ def _lower_bounds(model, rates, engine, mu, n, big, resident, ratio, context, pr
 
 def _link_idle_s(model, per_batch, n, used, load, last_expert_s):
     """Time the CPU→GPU link must idle in every offloaded layer of the scheduled pipeline
-    (:func:`hrm.timeline.klotski_layer_tasks`; in chunks of f = max(1, n/64) batches), when
+    (:func:`hrm.klotski.klotski_layer_tasks`; in chunks of f = max(1, n/64) batches), when
     the layer has cold experts. The link takes its loads in order:
 
     - before the first cold load: it waits for the first gate, which follows the last
@@ -173,7 +180,7 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
     """Schedule candidates in order of their bound until none left can beat the best (all
     of them with ``everything``), honouring the latency limits."""
     kind, gen = request.solve_for if request.objective != "latency" else "latency", request.workload.gen_len
-    bound = objective_value(kind, cands.big, gen, cands.step_lb_s, cands.prefill_lb_s)
+    bound = objective_value(kind, cands.batch_size, gen, cands.step_lb_s, cands.prefill_lb_s)
     limits = request.latency_limits
     alive = np.ones(len(cands), dtype=bool)
     if limits.tpot_s is not None:
@@ -193,7 +200,7 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
             continue
         if limits.ttft_s is not None and times.prefill_s > limits.ttft_s * (1 + 1e-9):
             continue
-        value = objective_value(kind, cands.big[i], gen, times.decode_step_s, times.prefill_s)
+        value = objective_value(kind, cands.batch_size[i], gen, times.decode_step_s, times.prefill_s)
         if value > best_value:
             best, best_value = i, float(value)
     return Found(best, best_value, scheduled)
@@ -201,8 +208,6 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
 
 def search_klotski(request):
     """:func:`solver.search.search` for the expert-level pipeline (module docstring)."""
-    from solver.search import Candidate, SearchResult, describe_limits, make_plan
-
     hw, model, workload, engine = request.hw, request.model, request.workload, request.engine
     if request.limits.shared or hw.gpu is None:
         raise HRMError(f"engine {engine.name}: profile '{hw.name}' has no GPU (Klotski loads experts to a GPU)")
@@ -256,12 +261,12 @@ def _infeasible_reason(request) -> str:
     fits) against the limits."""
     model, workload, limits, fixed = request.model, request.workload, request.limits, request.fixed
     mu = int(fixed.get("micro_batch_size", 1))
-    big = int(fixed.get("batch_size", mu * int(fixed.get("num_micro_batches", 1))))
+    batch_size = int(fixed.get("batch_size", mu * int(fixed.get("num_micro_batches", 1))))
     resident = int(round(fixed.get("weights_gpu_ratio", 0.0) * model.num_moe_layers))
-    memory = klotski_memory(model, workload, mu, big, resident)
+    memory = klotski_memory(model, workload, mu, batch_size, resident, engine=request.engine)
     gpu, cpu = float(memory.gpu_bytes(0.0)), float(memory.cpu_bytes(1.0))
     if gpu > limits.gpu_bytes:
-        return (f"GPU memory binds: {big} sequence(s) in batches of {mu} need at least {gpu / GIB:.1f} GiB of "
+        return (f"GPU memory binds: {batch_size} sequence(s) in batches of {mu} need at least {gpu / GIB:.1f} GiB of "
                 f"{limits.gpu_bytes / GIB:.1f} GiB usable (non-expert weights, one layer's experts, KV buffers)")
     if float(memory.cpu_bytes(0.0)) > limits.cpu_bytes and cpu > limits.cpu_bytes:
         return (f"CPU memory binds: the offloaded experts and KV need at least {cpu / GIB:.1f} GiB of "

@@ -20,12 +20,12 @@ import numpy as np
 from hrm import latency
 from hrm.engine import Engine, as_engine
 from hrm.estimate import engine_problem, static_expert_step
-from hrm.hardware import HardwareProfile
 from hrm.memory import MemoryLimits, cpu_memory_form, gpu_memory_form
 from hrm.model import ModelSpec
-from hrm.options import ModelOptions
-from hrm.rates import rates_from_profile
-from hrm.workload import Workload
+from hrm.problem import Problem
+from hrm.rates import Rates
+from hrm.throughput import end_to_end_time_s
+from hrm.workload import decode_contexts
 
 # Default cap on the batch size N (sequences in flight); --max-batch overrides it. Every
 # integer μ ≤ N is searched (no grid).
@@ -37,6 +37,17 @@ class Mode:
     micro_batch_size: int
     attn_on_gpu: bool
     ffn_on_gpu: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A point of the search space in solver variables: the mode (an index into the terms'
+    modes), n, m and z."""
+
+    mode_index: int
+    num_micro_batches: int
+    gpu_experts: int  # m
+    gpu_kv_sequences: float  # z
 
 
 def allowed_placements(engine: Engine, attn=None, ffn=None) -> list[tuple[bool, bool]]:
@@ -74,10 +85,14 @@ class MemoryTerms:
 
 @dataclass(frozen=True)
 class Terms(MemoryTerms):
-    """Arrays indexed [mode, kind, lane, step] (decode) and [mode, kind, lane] (prefill).
+    """Arrays indexed [mode, kind, lane, step] (decode) and [mode, kind, lane] (prefill): the
+    coefficients of :class:`hrm.latency.Lane`, named after its fields (``prefill_`` for the
+    prefill's).
 
-    Decode layer time of kind κ at step t = max_ℓ n·a + (n − z/μ)·b + (1 − m/M)·w + c
-    (w is zero for modes with experts on the CPU); prefill likewise with pa, pb, pw, pc.
+    Decode layer time of kind κ at step t = max_ℓ n·per_micro_batch_s
+    + (n − z/μ)·per_micro_batch_kv_cpu_s + (1 − m/M)·per_layer_offloaded_weights_s
+    + per_layer_s (the weights term is zero for modes with experts on the CPU; it has no
+    step axis); prefill likewise with the ``prefill_`` arrays.
     Each decode step adds ``sync`` (an engine's pipeline drain), m moves in steps of
     ``expert_step`` (the engine's static-weight granularity).
     Memory: bytes = const + per_seq·N + per_rw·(m/M) + kv_seq·z per tier.
@@ -91,21 +106,21 @@ class Terms(MemoryTerms):
 
     modes: list[Mode]
     kind_layers: np.ndarray  # layers per kind
-    a: np.ndarray
-    b: np.ndarray
-    w: np.ndarray
-    pa: np.ndarray
-    pb: np.ndarray
-    pw: np.ndarray
-    c: np.ndarray    # per-layer constants [mode, kind, lane, step]
-    pc: np.ndarray   # [mode, kind, lane]
+    per_micro_batch_s: np.ndarray  # [mode, kind, lane, step]
+    per_micro_batch_kv_cpu_s: np.ndarray  # [mode, kind, lane, step]
+    per_layer_offloaded_weights_s: np.ndarray  # [mode, kind, lane]
+    per_layer_s: np.ndarray  # [mode, kind, lane, step]
+    prefill_per_micro_batch_s: np.ndarray  # [mode, kind, lane]
+    prefill_per_micro_batch_kv_cpu_s: np.ndarray
+    prefill_per_layer_offloaded_weights_s: np.ndarray
+    prefill_per_layer_s: np.ndarray
     sync: np.ndarray  # per decode step [mode, step]
     head: np.ndarray  # lm_head time per micro-batch, per mode
     steps: int
     gen_len: int
     expert_step: int  # m ∈ {0, step, 2·step, …, M}
     step_weight: np.ndarray | float = 1.0  # per column
-    affine: np.ndarray | None = None  # [mode, kind]: every lane's a, b, c affine in the step
+    affine: np.ndarray | None = None  # [mode, kind]: every lane's step coefficients affine in the step
     # piecewise terms (build_terms(pieces=True)): the decode step of each column; every
     # coefficient is affine in the step between consecutive columns
     step_index: np.ndarray | None = None
@@ -122,21 +137,28 @@ def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
     return np.max(np.abs(line - arr), axis=-1) <= rel_tol * steps * scale
 
 
-def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-                limits: MemoryLimits, modes: list[Mode], blocks: int | None = None, pieces: bool = False,
+#: the coefficients of a lane (:class:`hrm.latency.Lane`'s fields), the names of their arrays
+LANE_COEFFICIENTS = ("per_micro_batch_s", "per_micro_batch_kv_cpu_s", "per_layer_offloaded_weights_s", "per_layer_s")
+#: the one that does not change with the decode step (its arrays have no step axis)
+WEIGHTS_COEFFICIENT = "per_layer_offloaded_weights_s"
+#: the lane coefficients that change with the decode step, and with the per-step sync every
+#: decode coefficient with a column per step (or per piece)
+LANE_STEP_COEFFICIENTS = ("per_micro_batch_s", "per_micro_batch_kv_cpu_s", "per_layer_s")
+STEP_COEFFICIENTS = (*LANE_STEP_COEFFICIENTS, "sync")
+
+
+def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, pieces: bool = False,
                 latency_limits: "LatencyLimits | None" = None) -> Terms:
     """The coefficients of ``modes``: one column per decode step; or (``blocks``) one column
     per block of consecutive steps at the block's mean context, weighted by its size; or
     (``pieces``) columns only at the steps where some coefficient changes slope
     (:func:`affine_pieces`), from which every step sum is exact."""
-    engine = as_engine(engine)
-    options = options.for_model(model)
-    rates = rates_from_profile(hw, options)
+    model, workload, engine, rates = problem.model, problem.workload, problem.engine, problem.rates
     mu = np.array([m.micro_batch_size for m in modes], dtype=float)[:, None]
     attn = np.array([m.attn_on_gpu for m in modes], dtype=float)[:, None]
     ffn = np.array([m.ffn_on_gpu for m in modes], dtype=float)[:, None]
     prompt = workload.effective_prompt_len
-    contexts = latency.decode_contexts(prompt, workload.gen_len)
+    contexts = decode_contexts(prompt, workload.gen_len)
     steps = len(contexts)
     step_weight, step_index = 1.0, None
 
@@ -145,7 +167,7 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
 
     if not steps:  # gen 1: prefill only; evaluate the lanes at one context, keep no decode step
         coef = decode_at(np.array([float(prompt)]))
-        coef = {key: (val if key == "w" else val[..., :0]) for key, val in coef.items()}
+        coef = {key: (val if key == WEIGHTS_COEFFICIENT else val[..., :0]) for key, val in coef.items()}
     elif pieces and steps > 2:
         step_index, coef = affine_pieces(lambda t: decode_at(prompt + t.astype(float)), steps)
         step_weight = piece_sum_weights(step_index)
@@ -155,54 +177,57 @@ def build_terms(hw: HardwareProfile, model: ModelSpec, workload: Workload, engin
         step_weight = np.array([float(len(part)) for part in parts])
     else:
         coef = decode_at(contexts)
-    pre_a, pre_b, pre_w, pre_c = [], [], [], []
-    kinds = latency.layer_kinds(model)
-    for moe, _count in kinds:
-        plan = latency.schedule_lanes(
-            latency.prefill_resources(model, rates, mu[:, 0], prompt, moe, engine, workload.gen_len),
-            engine, rates.shared_unit, "prefill")
-        pre_a.append([np.broadcast_to(l.per_micro_batch_s, (len(modes),)) for l in plan])
-        pre_b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, (len(modes),)) for l in plan])
-        pre_w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, (len(modes),)) for l in plan])
-        pre_c.append([np.broadcast_to(l.per_layer_s, (len(modes),)) for l in plan])
-    pa, pb, pw, pc = (_stack(x, 2) for x in (pre_a, pre_b, pre_w, pre_c))
     head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
-    mem = memory_terms(model, workload, engine, limits, mu[:, 0], attn[:, 0] > 0, ffn[:, 0] > 0)
-    a, b, c = coef["a"], coef["b"], coef["c"]
+    mem = memory_terms(problem, mu[:, 0], attn[:, 0] > 0, ffn[:, 0] > 0)
     if step_index is not None:
-        affine = np.ones(a.shape[:2], dtype=bool)
+        affine = np.ones(coef["per_micro_batch_s"].shape[:2], dtype=bool)
     elif blocks and steps:
         affine = None
     else:
-        affine = np.all(affine_in_step(a) & affine_in_step(b) & affine_in_step(c), axis=2)
+        affine = np.all(np.logical_and.reduce([affine_in_step(coef[key]) for key in LANE_STEP_COEFFICIENTS]), axis=2)
     return Terms(
         **{f.name: getattr(mem, f.name) for f in fields(MemoryTerms)},
-        modes=modes, kind_layers=np.array([count for _, count in kinds], dtype=float),
-        a=a, b=b, w=coef["w"], pa=pa, pb=pb, pw=pw, c=c, pc=pc, sync=coef["sync"], head=head, steps=steps,
+        modes=modes, kind_layers=np.array([count for _, count in latency.layer_kinds(model)], dtype=float),
+        **coef, **_prefill_coefficients(problem, mu[:, 0], len(modes)), head=head, steps=steps,
         gen_len=workload.gen_len, expert_step=static_expert_step(model, engine),
         step_weight=step_weight, affine=affine, step_index=step_index,
         latency_limits=latency_limits or NO_LATENCY_LIMITS,
     )
 
 
-def _decode_coefficients(model: ModelSpec, rates, engine: Engine, mu, attn, ffn, contexts: np.ndarray,
+def _prefill_coefficients(problem: Problem, mu: np.ndarray, count: int) -> dict:
+    """The prefill's lane coefficients [mode, kind, lane] (:class:`hrm.latency.Lane`'s fields,
+    ``prefill_``-prefixed) of the micro-batch sizes ``mu``."""
+    model, workload, engine, rates = problem.model, problem.workload, problem.engine, problem.rates
+    per_kind = {name: [] for name in LANE_COEFFICIENTS}
+    for moe, _count in latency.layer_kinds(model):
+        plan = latency.schedule_lanes(
+            latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len),
+            engine, rates.shared_unit, "prefill")
+        for name in LANE_COEFFICIENTS:
+            per_kind[name].append([np.broadcast_to(getattr(lane, name), (count,)) for lane in plan])
+    return {f"prefill_{name}": _stack(arrays, 2) for name, arrays in per_kind.items()}
+
+
+def _decode_coefficients(model: ModelSpec, rates: Rates, engine: Engine, mu, attn, ffn, contexts: np.ndarray,
                          count: int) -> dict:
-    """Decode lane coefficients a, b, c [mode, kind, lane, column], w [mode, kind, lane] and
-    the per-step sync [mode, column] at ``contexts`` [1, column]."""
+    """Decode lane coefficients (:class:`hrm.latency.Lane`'s fields) [mode, kind, lane,
+    column], the weights term [mode, kind, lane] and the per-step sync [mode, column] at
+    ``contexts`` [1, column]."""
     shape_t = (count, contexts.shape[1])
-    a, b, w, c = [], [], [], []
+    per_kind = {name: [] for name in LANE_COEFFICIENTS}
     sync = np.zeros(shape_t)
     for moe, _count in latency.layer_kinds(model):
         resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
         lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
-        a.append([np.broadcast_to(l.per_micro_batch_s, shape_t) for l in lanes])
-        b.append([np.broadcast_to(l.per_micro_batch_kv_cpu_s, shape_t) for l in lanes])
-        w.append([np.broadcast_to(l.per_layer_offloaded_weights_s, shape_t)[:, 0] for l in lanes])
-        c.append([np.broadcast_to(l.per_layer_s, shape_t) for l in lanes])
+        for name in LANE_COEFFICIENTS:
+            values = [np.broadcast_to(getattr(lane, name), shape_t) for lane in lanes]
+            per_kind[name].append([v[:, 0] for v in values] if name == WEIGHTS_COEFFICIENT else values)
         if moe:
             sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)
     # kinds may have different lane counts (an engine's bounds): pad with empty lanes
-    return {"a": _stack(a, 3), "b": _stack(b, 3), "c": _stack(c, 3), "w": _stack(w, 2), "sync": sync}
+    coef = {name: _stack(arrays, 2 if name == WEIGHTS_COEFFICIENT else 3) for name, arrays in per_kind.items()}
+    return {**coef, "sync": sync}
 
 
 def affine_pieces(evaluate, steps: int) -> tuple[np.ndarray, dict]:
@@ -228,19 +253,20 @@ def affine_pieces(evaluate, steps: int) -> tuple[np.ndarray, dict]:
                 still_open += [seg for seg in ((lo, mid), (mid, hi)) if seg[1] - seg[0] > 1]
         open_segments = still_open
     index = np.array(sorted(known))
-    coef = {key: (columns[0][key] if key == "w" else np.stack([columns[int(t)][key] for t in index], axis=-1))
+    coef = {key: (columns[0][key] if key == WEIGHTS_COEFFICIENT
+                  else np.stack([columns[int(t)][key] for t in index], axis=-1))
             for key in first}
     return index, coef
 
 
 def _column(coef: dict, j: int) -> dict:
-    return {key: (val if key == "w" else val[..., j]) for key, val in coef.items()}
+    return {key: (val if key == WEIGHTS_COEFFICIENT else val[..., j]) for key, val in coef.items()}
 
 
 def _on_chord(left: dict, mid: dict, right: dict, theta: float, rel_tol: float = 1e-12) -> bool:
     """Whether every step-dependent coefficient at ``mid`` equals the interpolation of its
     values at ``left`` and ``right`` (up to rounding)."""
-    for key in ("a", "b", "c", "sync"):
+    for key in STEP_COEFFICIENTS:
         line = left[key] + (right[key] - left[key]) * theta
         scale = np.maximum(np.maximum(np.abs(left[key]), np.abs(right[key])), np.abs(mid[key]))
         if np.any(np.abs(mid[key] - line) > rel_tol * 8 * scale + 1e-300):
@@ -263,18 +289,21 @@ def piece_sum_weights(step_index: np.ndarray) -> np.ndarray:
     return weights
 
 
-def memory_terms(model: ModelSpec, workload: Workload, engine: Engine, limits: MemoryLimits, mu, attn, ffn) -> MemoryTerms:
+def memory_terms(problem: Problem, mu, attn, ffn) -> MemoryTerms:
     """Per-tier memory coefficients (:class:`hrm.memory.MemoryForm`) for arrays of μ and placement."""
+    model, workload, engine = problem.model, problem.workload, problem.engine
     mu = np.atleast_1d(np.asarray(mu, dtype=float))
     ones = np.ones(len(mu))
     g = gpu_memory_form(model, workload, mu, attn, ffn, engine)
     cm = cpu_memory_form(model, workload, mu, attn, ffn, engine)
     return MemoryTerms(mu=mu, attn_on_gpu=np.asarray(attn, dtype=bool) & (ones > 0),
                        ffn_on_gpu=np.asarray(ffn, dtype=bool) & (ones > 0),
-                       expert_slots=model.num_moe_layers * model.num_experts, gpu_const=g.const * ones, gpu_per_seq=g.per_sequence * ones,
+                       expert_slots=model.num_moe_layers * model.num_experts, gpu_const=g.const * ones,
+                       gpu_per_seq=g.per_sequence * ones,
                        gpu_per_rw=g.per_weights_ratio * ones, gpu_kv_seq=float(g.per_gpu_kv_sequence),
                        cpu_const=cm.const * ones, cpu_per_seq=cm.per_sequence * ones,
-                       cpu_per_rw=cm.per_weights_ratio * ones, cpu_kv_seq=float(cm.per_gpu_kv_sequence), limits=limits)
+                       cpu_per_rw=cm.per_weights_ratio * ones, cpu_kv_seq=float(cm.per_gpu_kv_sequence),
+                       limits=problem.limits)
 
 
 def tier_bytes(terms: Terms, k: int, batch_size, gpu_experts) -> tuple[np.ndarray, np.ndarray]:
@@ -282,9 +311,9 @@ def tier_bytes(terms: Terms, k: int, batch_size, gpu_experts) -> tuple[np.ndarra
     per_rw·(m/M) (:class:`hrm.memory.MemoryForm`'s coefficients; the MILP states the same sum
     as constraints)."""
     frac = np.asarray(gpu_experts, dtype=float) / terms.expert_slots
-    big = np.asarray(batch_size, dtype=float)
-    return (terms.gpu_const[k] + terms.gpu_per_seq[k] * big + terms.gpu_per_rw[k] * frac,
-            terms.cpu_const[k] + terms.cpu_per_seq[k] * big + terms.cpu_per_rw[k] * frac)
+    batch_size = np.asarray(batch_size, dtype=float)
+    return (terms.gpu_const[k] + terms.gpu_per_seq[k] * batch_size + terms.gpu_per_rw[k] * frac,
+            terms.cpu_const[k] + terms.cpu_per_seq[k] * batch_size + terms.cpu_per_rw[k] * frac)
 
 
 def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
@@ -296,18 +325,21 @@ def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:
     return arr.transpose(2, 0, 1, 3) if ndim == 3 else arr.transpose(2, 0, 1)
 
 
+def phase_times_s(terms: Terms, k, n, m, z, objective: str = "generation") -> tuple:
+    """(prefill, decode) seconds of mode k (an index, or one per candidate) for candidate
+    arrays (n micro-batches, m static expert matrices, z GPU-KV sequences):
+    :func:`prefill_time_s` and :func:`decode_time_s`, each only where ``objective`` counts it
+    (0 for the other phase of ``decode`` or ``prefill``)."""
+    prefill = prefill_time_s(terms, k, n, m, z) if objective != "decode" else 0.0
+    decode = decode_time_s(terms, k, n, m, z) if objective != "prefill" else 0.0
+    return prefill, decode
+
+
 def total_time_s(terms: Terms, k, n, m, z, objective: str = "generation") -> np.ndarray:
-    """Model time of mode k (an index, or one per candidate) for candidate arrays (n
-    micro-batches, m static expert matrices, z GPU-KV sequences): :func:`decode_time_s`,
-    plus :func:`prefill_time_s` for the generation objective (``objective="prefill"``: the
-    prefill alone). The one home of this sum: the search, the verifier and the MILP's
-    incumbent check call it."""
-    if objective == "prefill":
-        return prefill_time_s(terms, k, n, m, z)
-    total = decode_time_s(terms, k, n, m, z)
-    if objective == "generation":
-        total = total + prefill_time_s(terms, k, n, m, z)
-    return total
+    """Model time of candidates that ``objective`` counts (:func:`hrm.throughput.end_to_end_time_s`
+    of :func:`phase_times_s`): prefill + decode, decode, or the prefill alone. The search,
+    the verifier and the MILP's incumbent check call it."""
+    return end_to_end_time_s(*phase_times_s(terms, k, n, m, z, objective), objective)
 
 
 def _candidate_columns(terms: Terms, k, n, m, z):
@@ -322,8 +354,8 @@ def _candidate_columns(terms: Terms, k, n, m, z):
 
 def decode_time_s(terms: Terms, k, n, m, z) -> np.ndarray:
     """Decode time of the whole batch: Σ_κ layers_κ · Σ_t max_ℓ (eq. 12 per decode step, with
-    the lane form n·a + (n − z/μ)·b + (1 − m/M)·w + c) + the per-step sync and lm_head. The
-    mean time per output token (TPOT) is this over ``terms.steps``."""
+    the lane form of :class:`Terms`) + the per-step sync and lm_head. The mean time per
+    output token (TPOT) is this over ``terms.steps``."""
     n, frac_w, kv_cpu = _candidate_columns(terms, k, n, m, z)
     head = np.asarray(terms.head[k], dtype=float)
     total = terms.steps * n[:, 0] * head + (terms.step_weight * terms.sync[k]).sum(axis=-1)
@@ -337,9 +369,11 @@ def prefill_time_s(terms: Terms, k, n, m, z) -> np.ndarray:
     lm_head): when the last request of the batch gets its first token (TTFT)."""
     n, frac_w, kv_cpu = _candidate_columns(terms, k, n, m, z)
     total = n[:, 0] * np.asarray(terms.head[k], dtype=float)
+    per_mb, per_mb_kv = terms.prefill_per_micro_batch_s, terms.prefill_per_micro_batch_kv_cpu_s
+    weights, per_layer = terms.prefill_per_layer_offloaded_weights_s, terms.prefill_per_layer_s
     for q, layers in enumerate(terms.kind_layers):
-        pre = [n[:, 0] * terms.pa[k, q, lane] + kv_cpu[:, 0] * terms.pb[k, q, lane]
-               + frac_w[:, 0] * terms.pw[k, q, lane] + terms.pc[k, q, lane] for lane in range(terms.pa.shape[2])]
+        pre = [n[:, 0] * per_mb[k, q, lane] + kv_cpu[:, 0] * per_mb_kv[k, q, lane]
+               + frac_w[:, 0] * weights[k, q, lane] + per_layer[k, q, lane] for lane in range(per_mb.shape[2])]
         total = total + layers * np.max(pre, axis=0)
     return total
 
@@ -390,7 +424,7 @@ def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
     leading lane). The ranges start as the whole decode (terms with one column per step whose
     rows are affine) or as the pieces of piecewise terms (values between columns
     interpolated); modes whose lanes are not affine are summed step by step."""
-    columns = terms.a.shape[-1]
+    columns = terms.per_micro_batch_s.shape[-1]
     pieces = terms.step_index is not None
     if columns < 2 or terms.affine is None or (np.ndim(terms.step_weight) and not pieces):
         return _dense_step_sum(terms, k, q, n, kv_cpu, frac_w)
@@ -423,8 +457,9 @@ def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
 
     def values(i, t, j):
         kk = k_c[i]
-        a, b, c = (coefficient(arr, kk, t, j) for arr in (terms.a, terms.b, terms.c))
-        return (nn[i][:, None] * a + kv[i][:, None] * b + fw[i][:, None] * terms.w[kk, q] + c).T
+        per_mb, per_mb_kv, per_layer = (coefficient(getattr(terms, name), kk, t, j) for name in LANE_STEP_COEFFICIENTS)
+        return (nn[i][:, None] * per_mb + kv[i][:, None] * per_mb_kv
+                + fw[i][:, None] * terms.per_layer_offloaded_weights_s[kk, q] + per_layer).T
 
     while len(idx):
         v0, v1 = values(idx, t0, seg), values(idx, t1, seg)
@@ -438,7 +473,9 @@ def decode_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
 
 
 def _dense_step_sum(terms: Terms, k, q: int, n, kv_cpu, frac_w) -> np.ndarray:
-    lanes = [n * terms.a[k, q, lane] + kv_cpu * terms.b[k, q, lane]
-             + frac_w * np.asarray(terms.w[k, q, lane])[..., None] + terms.c[k, q, lane]
-             for lane in range(terms.a.shape[2])]
+    per_mb, per_mb_kv, per_layer = (getattr(terms, name) for name in LANE_STEP_COEFFICIENTS)
+    weights = terms.per_layer_offloaded_weights_s
+    lanes = [n * per_mb[k, q, lane] + kv_cpu * per_mb_kv[k, q, lane]
+             + frac_w * np.asarray(weights[k, q, lane])[..., None] + per_layer[k, q, lane]
+             for lane in range(per_mb.shape[2])]
     return (np.max(lanes, axis=0) * terms.step_weight).sum(axis=1)

@@ -98,6 +98,7 @@ def test_whole_layers_granularity_and_placement():
     assert "the experts of 3 of 32 MoE layers" in " ".join(noted.extras["notes"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name,hw_name,fixed", [
     ("mixtral", "rtx3090", {}), ("mixtral", "rtx3090", {"batch_size": 16}), ("mixtral", "l4", {"batch_size": 48}),
     ("tiny-mixtral", "t4", {}), ("deepseek-v2-lite", "rtx3090", {"batch_size": 4}),

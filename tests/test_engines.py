@@ -1,4 +1,4 @@
-"""Engines (SPEC §4b): ideal reproduces the plain model, mechanisms by hand, properties, MILP
+"""Engines (docs/model.md §4.7): ideal reproduces the plain model, mechanisms by hand, properties, MILP
 = verifier for every engine, CLI."""
 
 from __future__ import annotations
@@ -271,6 +271,7 @@ def test_ideal_bounds_every_engine_on_the_same_policy(hw, engine, mu, n, rw, gen
 
 # --- the search ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", SHIPPED)
 @pytest.mark.parametrize("hw,model,gen", [("l4", "mixtral", 16), ("2xt4", "mixtral", 8)])
 def test_milp_equals_exhaustive_for_every_engine(engine, hw, model, gen):

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from hrm import timeline as tl
-from hrm.timeline import Task, TaskQueues, TaskTime, expert_schedule, klotski_layer_tasks, list_schedule
+from hrm.klotski import expert_schedule, klotski_layer_tasks
+from hrm.scheduling import Task, TaskQueues, list_schedule
+from hrm.timeline import TaskTime
 
 MS = 1e-3
 TOL = 1e-12

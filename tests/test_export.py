@@ -17,7 +17,8 @@ import pytest
 import hrm_cli
 from hrm.engine import load_engine
 from hrm.errors import HRMError
-from hrm.export import EXPORTERS, Context, export_plan, export_policy, import_command, import_flags
+from hrm.export import (EXPORTERS, Context, export_plan, export_policy, fix_pins, import_command, import_flags,
+                        policy_space)
 from hrm.hardware import load_hardware
 from hrm.model import load_model
 from hrm.plan import save_plan
@@ -262,3 +263,72 @@ def test_flexgen_percent_is_a_share_of_every_weight():
         assert percent in (math.floor(100 * wg), math.ceil(100 * wg))
         assert rw > 0 or percent >= 1  # the non-expert weights stay on the GPU: not r_w = 0 copied
         assert export.exported_policy.weights_gpu_ratio == percent / 100
+
+
+# --- the policy space of a target: its HRM engines' engine files ---------------------------
+
+#: what each target's engine files (or, for vllm and sglang, its own stated space) pin
+EXPECTED_PINS = {"flexgen": "ffn=gpu", "moe-lightning": "ffn=gpu", "llama.cpp": "ffn=gpu n=1",
+                 "vllm": "attn=gpu rc=1 ffn=gpu n=1", "sglang": "attn=gpu rc=1 n=1"}
+
+
+def tier(on_gpu: bool) -> str:
+    return "gpu" if on_gpu else "cpu"
+
+
+def in_space(policy, space) -> bool:
+    """``policy`` runs inside an engine's ``policy:`` block (tiers, fixed values)."""
+    return (tier(policy.attn_on_gpu) in space.attention and tier(policy.ffn_on_gpu) in space.ffn
+            and all(math.isclose(getattr(policy, key), value) for key, value in space.fixed.items()))
+
+
+@pytest.mark.parametrize("engine", list(EXPORTERS))
+def test_fix_pins_are_what_the_engine_files_allow(engine):
+    """A target's --fix pins are the policy fields every one of its HRM engines' files allows
+    one value of (rc=0 under attn=cpu, rw=0 under ffn=cpu left out: the policy rules imply
+    them); the pins parse as hrm-search --fix and agree with each engine's own space."""
+    from hrm_cli.search import parse_fix
+
+    target = EXPORTERS[engine]
+    pins = fix_pins(target)
+    assert pins == EXPECTED_PINS[engine]
+    fixed = parse_fix(pins.split())
+    spaces = [load_engine(name).policy for name in target.engines] or [target.policy]
+    for space in spaces:
+        if "attn_on_gpu" in fixed:
+            assert space.attention == (tier(fixed["attn_on_gpu"]),)
+        if "ffn_on_gpu" in fixed:
+            assert space.ffn == (tier(fixed["ffn_on_gpu"]),)
+        for key in ("num_micro_batches", "weights_gpu_ratio", "kv_gpu_ratio"):
+            if key in fixed:
+                assert space.fixed[key] == fixed[key], (engine, key)
+    union = policy_space(target)
+    assert set(union.attention) == {t for s in spaces for t in s.attention}
+    assert set(union.ffn) == {t for s in spaces for t in s.ffn}
+
+
+@pytest.mark.parametrize("engine", list(EXPORTERS))
+def test_exported_policies_lie_in_the_engine_files_space(engine):
+    """Every policy a target exports is one its HRM engine (named by hrm_engine, one of its
+    engines) runs; several llama.cpp ubatches, estimated with the plan's engine, are outside."""
+    target = EXPORTERS[engine]
+    hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
+    ctx = Context(model=model, workload=workload, hardware=hw)
+    texts = [t for texts in HAND_BUILT.values() for t in texts] + ["N=32,mu=8,n=4,attn=cpu,ffn=cpu,rw=0,rc=0"]
+    for text in texts:
+        exported = export_policy(engine, parse_policy(text), ctx).exported_policy
+        name = target.hrm_engine(exported) if target.hrm_engine else None
+        if target.engines and name is None:
+            assert engine == "llama.cpp" and exported.num_micro_batches > 1
+            continue
+        space = load_engine(name).policy if name else target.policy
+        assert name is None or name in target.engines
+        assert in_space(exported, space), (engine, text, exported.short())
+
+
+def test_cli_warning_names_the_fix_pins(plans, capsys):
+    """An exported policy over a memory limit: the warning gives the target's --fix pins."""
+    _, path = plans[("l4", "mixtral", "ideal")]
+    assert hrm_cli.main(["export", str(path), "--to", "vllm"]) == 0
+    err = capsys.readouterr().err
+    assert "exceeds a memory limit" in err and "hrm-search ... --fix attn=gpu rc=1 ffn=gpu n=1" in err

@@ -71,6 +71,7 @@ def test_skewed_routing_misses_less(setting):
     assert np.all(steps <= 1e-15) and np.all(np.diff(steps) >= -1e-15)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_seqs,routing", [(1, None), (1, "zipf"), (16, "zipf"), (64, None)])
 def test_milp_and_enumeration_agree_with_the_search(n_seqs, routing):
     model = load_model("mixtral")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import hrm.klotski as klotski
+import hrm.pipelines.expert_level as expert_level
 from hrm import costs, latency
 from hrm.engine import load_engine
 from hrm.errors import HRMError
@@ -56,7 +57,7 @@ def test_memory_by_hand():
     from the component formulas, affine in r_c."""
     model = load_model("tiny-mixtral")
     workload = make_workload(None, prompt_len=10, gen_len=5)
-    memory = klotski.klotski_memory(model, workload, 2, 6, 1)
+    memory = expert_level.klotski_memory(model, workload, 2, 6, 1, engine=ENGINE)
     wb, ab = dtype_bytes(model.weight_dtype), dtype_bytes(model.activation_dtype)
     expert = 3 * model.hidden_size * model.expert_intermediate_size * wb
     layer = model.num_experts * expert
@@ -87,6 +88,7 @@ def test_chunked_schedule_is_close_to_batch_by_batch():
         assert klotski.schedule_layer(layer).period_s == pytest.approx(exact.period_s, rel=0.015)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hw_name,model_name,routing", [
     ("rtx3090", "mixtral", "uniform"), ("a100-80g", "mixtral", "zipf:1.2"), ("t4", "tiny-deepseek", "uniform"),
     ("h100", "qwen1.5-moe-a2.7b", "zipf:1.0"),
@@ -101,11 +103,12 @@ def test_bounds_never_exceed_the_scheduled_times(hw_name, model_name, routing):
     cands = candidates(request, rates)
     rng = np.random.default_rng(13)
     for i in rng.choice(len(cands), size=12, replace=False):
-        times = klotski.klotski_times(model, rates, workload, cands.policy(i, model.num_moe_layers), ENGINE)
+        times = expert_level.klotski_times(model, rates, workload, cands.policy(i, model.num_moe_layers), ENGINE)
         assert times.decode_step_s >= cands.step_lb_s[i] * (1 - 1e-9)
         assert times.prefill_s >= cands.prefill_lb_s[i] * (1 - 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hw_name,model_name,routing,extra", [
     ("rtx3090", "mixtral", "uniform", dict(fixed={"micro_batch_size": 32}, max_batch=1024)),
     ("a100-80g", "mixtral", "zipf:1.2", dict(fixed={"num_micro_batches": 4}, max_batch=512, objective="decode")),
@@ -132,7 +135,7 @@ def test_plan_estimate_and_klotskis_own_n():
     assert again.generation_throughput_tok_s == pytest.approx(result.plan.estimate.generation_throughput_tok_s, rel=1e-12)
     assert policy.attn_on_gpu and policy.ffn_on_gpu
     assert policy.kv_gpu_ratio == 1.0 or again.gpu_peak_bytes == pytest.approx(again.gpu_limit_bytes, rel=1e-9)
-    own = klotski.klotski_own_batches(model, rates, workload, policy, ENGINE)
+    own = expert_level.klotski_own_batches(model, rates, workload, policy, ENGINE)
     assert any(f"Klotski's own planner (inequalities 4-7) at mu={policy.micro_batch_size}: n={own}" in note
                for note in again.notes)
     assert result.extras["klotski_own_batches"] == own
@@ -144,7 +147,7 @@ def test_more_host_kv_is_never_faster():
     workload = make_workload("mtbench")
     from hrm.policy import parse_policy
 
-    steps = [klotski.klotski_times(model, rates, workload, parse_policy(f"N=256,mu=16,attn=gpu,rc={rc}"),
+    steps = [expert_level.klotski_times(model, rates, workload, parse_policy(f"N=256,mu=16,attn=gpu,rc={rc}"),
                                    ENGINE).decode_step_s for rc in (1.0, 0.5, 0.0)]
     assert steps == sorted(steps) and steps[-1] > steps[0]
 

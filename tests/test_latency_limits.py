@@ -41,6 +41,7 @@ def unconstrained():
     return search(load_hardware("l4"), load_model("mixtral"), WL, top=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [1.0, 0.25, 0.08])
 def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
     hw, model = load_hardware("l4"), load_model("mixtral")
@@ -57,6 +58,7 @@ def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
         assert est.generation_throughput_tok_s < free.generation_throughput_tok_s
 
 
+@pytest.mark.slow
 def test_ttft_limit_and_both_limits():
     hw, model = load_hardware("l4"), load_model("mixtral")
     both = LatencyLimits(tpot_s=3.0, ttft_s=10.0)

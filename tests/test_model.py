@@ -1,4 +1,4 @@
-"""Latency and memory model properties (SPEC §4.3-4.6)."""
+"""Latency and memory model properties (docs/model.md §4.3-4.6)."""
 
 import itertools
 
@@ -12,8 +12,8 @@ from hrm.policy import Policy
 from hrm.workload import make_workload
 
 
-def pol(big=512, mu=64, attn=False, ffn=True, rw=0.0, rc=0.0):
-    return Policy(batch_size=big, micro_batch_size=mu, num_micro_batches=big // mu, attn_on_gpu=attn,
+def pol(batch_size=512, mu=64, attn=False, ffn=True, rw=0.0, rc=0.0):
+    return Policy(batch_size=batch_size, micro_batch_size=mu, num_micro_batches=batch_size // mu, attn_on_gpu=attn,
                   ffn_on_gpu=ffn, weights_gpu_ratio=rw, kv_gpu_ratio=rc)
 
 
@@ -33,7 +33,7 @@ def test_cgopipe_never_slower_than_sequential(hw_name, attn, ffn, rw, rc):
 
 def test_gpu_peak_rises_with_mu_and_rw(l4):
     model, wl = load_model("mixtral"), make_workload("mtbench")
-    by_mu = [estimate(l4, model, wl, pol(big=512, mu=mu)).gpu_peak_bytes for mu in (8, 32, 128)]
+    by_mu = [estimate(l4, model, wl, pol(batch_size=512, mu=mu)).gpu_peak_bytes for mu in (8, 32, 128)]
     assert by_mu[0] < by_mu[1] < by_mu[2]
     by_rw = [estimate(l4, model, wl, pol(rw=rw)).gpu_peak_bytes for rw in (0.0, 0.2, 0.5)]
     assert by_rw[0] < by_rw[1] < by_rw[2]
@@ -41,7 +41,7 @@ def test_gpu_peak_rises_with_mu_and_rw(l4):
 
 def test_cpu_peak_rises_with_batch(l4):
     model, wl = load_model("mixtral"), make_workload("mtbench")
-    peaks = [estimate(l4, model, wl, pol(big=big, mu=64)).cpu_peak_bytes for big in (64, 256, 1024)]
+    peaks = [estimate(l4, model, wl, pol(batch_size=batch_size, mu=64)).cpu_peak_bytes for batch_size in (64, 256, 1024)]
     assert peaks[0] < peaks[1] < peaks[2]
 
 
@@ -73,7 +73,7 @@ def test_throughput_definition(l4):
 
 def test_cpu_only_host_adds_compute(tiny):
     hw, wl = load_hardware("cpu-only"), make_workload("mtbench", gen_len=8)
-    est = estimate(hw, tiny, wl, pol(big=8, mu=4))
+    est = estimate(hw, tiny, wl, pol(batch_size=8, mu=4))
     assert est.decode_layer_latency_s == pytest.approx(sum(est.resource_layer_s.values()), rel=1e-9)
 
 

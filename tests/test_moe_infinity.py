@@ -79,6 +79,7 @@ def test_lanes_expand_to_affine_pieces_with_the_same_max(setting):
                                                                               rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name,hw_name,routing,fixed", [
     ("mixtral", "rtx3090", None, {"batch_size": 1}), ("mixtral", "rtx3090", "zipf", {"batch_size": 4}),
     ("mixtral", "l4", "zipf", {}), ("deepseek-v2-lite", "rtx3090", "zipf", {"batch_size": 2}),

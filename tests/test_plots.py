@@ -20,7 +20,7 @@ from hrm.plots.timeline import trace_policy
 from hrm.policy import parse_policy
 from hrm.rates import rates_from_profile
 from hrm.roofline import hrm_from_profile, turning_points
-from hrm.timeline import decode_timeline
+from hrm.pipelines import decode_timeline
 from hrm.whatif import with_cpu_scaled, with_link_bandwidth
 from hrm.workload import make_workload
 

@@ -483,7 +483,8 @@ def test_emulation_measures_each_runtime_dtype():
     from hrm.rates import rates_from_profile
     from profiler.emulation import measure_emulation
 
-    result = measure_emulation(torch, 1, (1, 4), 64, 64, 1 << 20, 1 << 16, 1, 2, None, ("fp16", "fp32", "bf16"))
+    result = measure_emulation(torch, 1, (1, 4), 64, 64, 1 << 20, 1 << 16, warmup=1, repeats=2, budget=None,
+                               dtypes=("fp16", "fp32", "bf16"))
     assert list(result.matmul) == ["fp32", "fp16", "bf16"]
     assert all(len(curve) == 2 and all(m.value > 0 for m in curve.values()) for curve in result.matmul.values())
     curve = [{"x": 1, "y": 0.01}, {"x": 64, "y": 0.05}]

@@ -63,6 +63,7 @@ def test_sampler_has_the_marginals(routing):
     np.testing.assert_allclose(freq, routing.q[0], atol=0.015)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("routing", [uniform(8, 2), zipf(8, 2, 1.2), zipf(64, 6, 1.0), zipf(60, 4, 2.0)],
                          ids=lambda r: f"{r.label()}-{r.num_experts}x{r.top_k}")
 @pytest.mark.parametrize("tokens", [1, 4, 16, 64])

@@ -147,6 +147,7 @@ def test_emulation_section_is_the_device_tier_of_a_cpu_only_host():
     assert hw.sha256() != cpu_only().sha256()
 
 
+@pytest.mark.slow
 def test_milp_carries_the_dispatch_terms():
     """The solver takes its coefficients from the same lanes: optimum = exhaustive optimum, and
     the estimate of the returned policy (with α) reports the MILP's objective."""

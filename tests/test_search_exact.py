@@ -55,6 +55,7 @@ def _value(result, objective):
     return est.generation_throughput_tok_s if objective == "generation" else est.decode_throughput_tok_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DENSE, ids=[f"{c[0]}-{c[1]}-{c[4]}-{c[6]}-{i}" for i, c in enumerate(DENSE)])
 def test_search_beats_every_pinned_micro_batch_size(case):
     args, kw, fixed = _args(case)
@@ -76,6 +77,7 @@ def test_search_beats_every_pinned_micro_batch_size(case):
     assert found == pytest.approx(result.extras["objective"], rel=1e-6)  # the estimate agrees with the terms
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hw_name,model_name,engine", [("l4", "mixtral", "ideal"), ("t4", "deepseek-v2-lite", "ideal"),
                                                        ("l4", "mixtral", "moe-lightning"), ("cpu-only", "tiny-mixtral", "ideal")])
 def test_bisection_equals_enumeration_and_bounds_hold(hw_name, model_name, engine):
@@ -95,6 +97,7 @@ def test_bisection_equals_enumeration_and_bounds_hold(hw_name, model_name, engin
             assert blocks[k] >= grid.throughput * (1 - 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", [{}, {"kv_gpu_ratio": 0.5}, {"weights_gpu_ratio": 0.25}])
 @pytest.mark.parametrize("hw_name,model_name,preset", [("a100-80g", "tiny-deepseek", "summarization"),
                                                        ("l4", "mixtral", "mtbench"), ("2xt4", "tiny-mixtral", "summarization"),

@@ -58,6 +58,7 @@ def _terms(hw_name, model_name, preset, schedule, gpu_mem, cpu_mem, padding):
                                               enumerate_modes(schedule, MU_GRID))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4]}-{i}" for i, c in enumerate(CASES)])
 def test_milp_equals_exhaustive(case):
     hw_name, model_name, preset, schedule, objective, fixed, gpu_mem, cpu_mem, padding = case
@@ -80,6 +81,7 @@ def test_milp_equals_exhaustive(case):
     assert value == pytest.approx(result.objective, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES[:12], ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES[:12])])
 def test_mode_bounds_hold_and_pruned_search_is_optimal(case):
     """search() leaves out modes whose throughput bound is below an incumbent: each bound
@@ -99,6 +101,7 @@ def test_mode_bounds_hold_and_pruned_search_is_optimal(case):
     assert result.verified
 
 
+@pytest.mark.slow
 def test_cases_cover_gpu_attention_and_cpu_ffn():
     placements = set()
     for case in CASES[:15]:
@@ -112,6 +115,7 @@ def test_cases_cover_gpu_attention_and_cpu_ffn():
     assert (False, True) in placements
 
 
+@pytest.mark.slow
 def test_search_highs_and_cbc_agree():
     hw, model, wl = load_hardware("t4"), load_model("mixtral"), make_workload("mtbench", gen_len=16)
     a = search(hw, model, wl, max_batch=512, solver="cbc", top=0)

@@ -259,6 +259,7 @@ BIG = {"hardware": ["l4", "t4", "rtx3090", "a100-40g"], "models": ["mixtral", "m
        "what_if": {"h2d_gbps": [None, 32], "cpu_scale": [1, 2], "cpu_mem_gib": [None, 64]}}
 
 
+@pytest.mark.slow
 def test_big_grid_pool_and_ray_identical(tmp_path):
     ray = pytest.importorskip("ray")
     cells = grid_cells(SweepGrid.model_validate(BIG))

@@ -122,11 +122,11 @@ def roofline_data(hw: HardwareProfile, model: ModelSpec, operator: str = "moe-ff
     i_gpu = float(kernel_op.intensity())
     kernel = float(attainable(hrm, "gpu", i_gpu))
     lines = []
-    for big in batch_sizes:
-        flops = float(costs.routed_experts(model, big).flops)
+    for batch_size in batch_sizes:
+        flops = float(costs.routed_experts(model, batch_size).flops)
         i_cpu = flops / costs.layer_expert_bytes(model)
-        cpu_i = float(costs.routed_experts(model, big).intensity())
-        lines.append(OperatorLine(f"op:ffn-N{big}", f"N={big}", i_cpu, float(attainable(hrm, "cpu", cpu_i)),
+        cpu_i = float(costs.routed_experts(model, batch_size).intensity())
+        lines.append(OperatorLine(f"op:ffn-N{batch_size}", f"N={batch_size}", i_cpu, float(attainable(hrm, "cpu", cpu_i)),
                                   float(attainable(hrm, "gpu", i_gpu, "cpu", i_cpu))))
     cpu_peak = hrm.level("cpu").peak_flops
     # eq. 9 at the intensity where the link roof meets what the CPU attains itself

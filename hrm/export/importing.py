@@ -1,0 +1,97 @@
+"""A target's command line as the HRM policy it runs (``hrm import``)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from ..errors import HRMError
+from ..policy import Policy
+from .registry import get_exporter
+from .target import Context, EngineFlags, FlagSpec
+
+
+def _words(target: EngineFlags, text: str) -> list[str]:
+    """The shell words of ``text``, less a leading program name (pasted with the command)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise HRMError(f"{target.name} flags: {exc}") from None
+    for program in target.programs:
+        prog = program.split()
+        if words[:len(prog)] == prog:
+            return words[len(prog):]
+    return words
+
+
+def _unknown(target: EngineFlags, word: str, spellings) -> HRMError:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(spellings) + list(target.passthrough), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    what = "unknown flag" if word.startswith("-") or word == "serve" else "unexpected word"
+    return HRMError(f"{target.name}: {what} '{word}'{hint}")
+
+
+def _values(target: EngineFlags, spec: FlagSpec | None, word: str, inline: str | None, rest: list[str]) -> list[str]:
+    """The value tokens of flag ``word`` (``rest``: the words after it), in their documented form."""
+    arity = spec.values if spec is not None else target.passthrough[word]
+    if spec is not None and spec.until_next_flag and inline is None:
+        end = 0
+        while end < len(rest) and not rest[end].startswith("-"):
+            end += 1
+        args = rest[:end]
+    elif inline is not None:
+        args = [inline]
+    else:
+        args = rest[:arity]
+        if len(args) < arity or any(a.startswith("-") and not re.fullmatch(r"-\d+", a) for a in args):
+            raise HRMError(f"{target.name}: {word} needs {arity} value(s)")
+    if spec is not None and args and spec.value_form:
+        for arg in args:
+            if not re.fullmatch(spec.value_form, arg):
+                raise HRMError(f"{target.name}: {word} {arg!r} is not of the form {spec.value_form}")
+    return args
+
+
+def split_flags(target: EngineFlags, text: str) -> dict[str, list[str]]:
+    """Engine flags (shell words, ``--flag=value`` too) as {canonical flag: value tokens}.
+    A leading program name (``llama-server``, ``vllm serve`` ...) is skipped. One-line
+    HRMError for an unknown flag, a missing value, or a flag given twice (except a
+    repeatable one such as -ot)."""
+    words = _words(target, text)
+    spell = {s: spec for spec in target.flags for s in spec.spellings}
+    out: dict[str, list[str]] = {}
+    i = 0
+    while i < len(words):
+        word, inline = words[i], None
+        if word.startswith("--") and "=" in word:
+            word, inline = word.split("=", 1)
+        spec = spell.get(word)
+        if spec is None and word not in target.passthrough:
+            raise _unknown(target, word, spell)
+        args = _values(target, spec, word, inline, words[i + 1:])
+        key = spec.flag if spec is not None else word
+        if key in out and not (spec is not None and spec.repeatable):
+            raise HRMError(f"{target.name}: {word} given twice")
+        out[key] = out.get(key, []) + args
+        i += 1 + (len(args) if inline is None else 0)
+    return out
+
+
+def import_command(engine_name: str, text: str, model, workload, hardware=None,
+                   gpu_memory_utilization: float = 0.86) -> tuple[Policy, list[str]]:
+    """An engine's flags as the HRM policy they run, with notes on what HRM does not model."""
+    target = get_exporter(engine_name)
+    ctx = Context(model=model, workload=workload, hardware=hardware, gpu_memory_utilization=gpu_memory_utilization)
+    policy, notes = target.parse(split_flags(target, text), ctx)
+    if policy is None:
+        raise HRMError(f"{target.name}: the flags give no valid policy")
+    return policy, notes
+
+
+def import_flags(engine_name: str, text: str, model, workload=None, hardware=None) -> Policy:
+    """An engine's flags as a :class:`~hrm.policy.Policy` (see :func:`import_command`)."""
+    from ..workload import make_workload
+
+    return import_command(engine_name, text, model, workload or make_workload(), hardware)[0]

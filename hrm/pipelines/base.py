@@ -1,0 +1,83 @@
+"""The pipeline protocol: what every pipeline gives for a policy of a :class:`hrm.problem.Problem`.
+
+A pipeline is how an engine's schedule turns a layer's work into time: ``lanes`` (the max of
+affine lanes, eq. 12 of MoE-Lightning) or ``expert-level`` (Klotski's list-scheduled task
+graph). Each gives, from the same mechanism functions of :mod:`hrm.latency` (one weight path,
+one KV path, one host-DRAM charge, one dispatch α per task):
+
+- :attr:`Pipeline.times` — the prefill and decode time of a policy (:class:`PhaseTimes`);
+- :attr:`Pipeline.memory` — its peak bytes per tier (:class:`MemoryUse`);
+- :attr:`Pipeline.timeline` — list-scheduled decode layers (:class:`hrm.scheduling.Timeline`);
+- :attr:`Pipeline.fields` — the engine fields it models (an engine setting another is refused).
+
+:func:`hrm.estimate.estimate` turns times and memory into the one
+:class:`hrm.estimate.EstimateResult` of every pipeline; each pipeline's search is registered
+in :data:`solver.search.SEARCHES` under the pipeline's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..schedules import PipelineFields
+
+#: resources and lanes in words
+RESOURCE_LABELS = {
+    "gpu": "GPU compute/HBM",
+    "cpu": "CPU compute/DRAM",
+    "h2d": "CPU->GPU link",
+    "d2h": "GPU->CPU link",
+    "chain": "serial GPU-CPU chain",
+    "all": "one unit (no overlap)",
+    "copy": "CPU staging-copy team",
+    "dram": "host DRAM bandwidth",
+    "gpu+weights": "GPU chain waiting on the weight load",
+}
+
+
+def lane_label(name: str) -> str:
+    """A lane's name for people (``X+weights``: lane X with the weight load of one slot)."""
+    if name.endswith("+weights") and name not in RESOURCE_LABELS:
+        return f"{lane_label(name[:-len('+weights')])} + weight load (sync per micro-batch)"
+    return RESOURCE_LABELS.get(name, name)
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """A policy's times: the prefill, the ``decode_steps`` decode steps (``decode_s`` in all),
+    the mean decode step (``per_token_s``; the prefill when there is no decode step), the mean
+    decode time per layer, per-layer busy seconds of each resource and lane, the bottleneck
+    in words and notes."""
+
+    prefill_s: float
+    decode_s: float
+    decode_steps: int
+    per_token_s: float
+    decode_layer_s: float
+    resource_layer_s: dict[str, float]
+    lane_layer_s: dict[str, float]
+    bottleneck: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """A policy's peak bytes per tier and what makes them up (``{"gpu": {...}, "cpu": {...}}``)."""
+
+    gpu_peak_bytes: float
+    cpu_peak_bytes: float
+    components: dict
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One pipeline (module docstring): ``times(problem, policy)``, ``memory(problem,
+    policy)``, ``timeline(model, rates, policy, engine, context, layers, moe)``."""
+
+    name: str
+    help: str
+    fields: PipelineFields
+    times: Callable
+    memory: Callable
+    timeline: Callable

@@ -1,0 +1,93 @@
+"""The lanes pipeline (CGOPipe, FlexGen, DeepSpeed, llama.cpp, MoE-Infinity and Fiddler
+schedules): each layer's resources combine into concurrently running affine lanes and the
+layer takes the max over them (MoE-Lightning eq. 12, :mod:`hrm.latency`); decode steps are
+summed over the growing context, prefill is one pass. Memory is the affine forms of
+:mod:`hrm.memory`; the timeline is :func:`hrm.timeline.lanes_timeline`. It models every
+engine field. Its search is the exact branch and bound of :mod:`solver.exact`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import latency
+from ..memory import cpu_memory_form, gpu_memory_form
+from ..model import ModelSpec
+from ..policy import Policy
+from ..problem import Problem
+from ..rates import Rates
+from ..schedules import PIPELINE_FIELDS
+from ..timeline import lanes_timeline
+from ..workload import Workload, decode_contexts
+from ..engine import Engine
+from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
+
+
+def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, engine: Engine):
+    """Per-step decode times (array over steps), the prefill time, and per-layer busy seconds
+    of each resource and lane (summed over steps and layers)."""
+    mu, n = policy.micro_batch_size, policy.num_micro_batches
+    rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
+    contexts = decode_contexts(workload.effective_prompt_len, workload.gen_len)
+    head = n * latency.lm_head_time_s(model, rates, mu)
+    steps = np.full(contexts.shape, float(head))
+    prefill = float(head)
+    resource_sum: dict[str, float] = {}
+    lane_sum: dict[str, float] = {}
+    for moe, count in latency.layer_kinds(model):
+        resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
+                                             engine)
+        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+        steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
+        if moe:
+            steps = steps + latency.step_sync_s(resources, engine)
+        for name, lane in resources.items():
+            resource_sum[name] = resource_sum.get(name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
+        for lane in lanes:
+            lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
+        pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
+        prefill += count * float(latency.lanes_time_s(
+            latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill"), n, rw, rc))
+    per_layer = max(len(contexts), 1) * model.num_layers
+    resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
+    lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
+    return steps, prefill, resource_layer, lane_layer
+
+
+def bottleneck(resource_layer: dict[str, float], lane_layer: dict[str, float]) -> str:
+    """The busiest lane in words; inside a combined lane (one unit, the serial chain) the
+    resource that dominates it."""
+    lane = max(lane_layer, key=lane_layer.get)
+    if lane in ("all", "chain") and resource_layer:
+        top = max(resource_layer, key=resource_layer.get)
+        return f"{lane_label(lane)} (largest: {lane_label(top)})"
+    return lane_label(lane)
+
+
+def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
+    """Each layer the max of its lanes (eq. 12), summed over the decode steps."""
+    model, rates = problem.model, problem.rates
+    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, problem.workload, policy, problem.engine)
+    decode = float(np.sum(steps))
+    n_steps = len(steps)
+    # mean per-layer decode latency: the layer part of the steps, per layer
+    head = float(policy.num_micro_batches * latency.lm_head_time_s(model, rates, policy.micro_batch_size))
+    layers_only = decode - n_steps * head
+    return PhaseTimes(
+        prefill_s=prefill, decode_s=decode, decode_steps=n_steps,
+        per_token_s=decode / n_steps if n_steps else prefill,
+        decode_layer_s=layers_only / (n_steps * model.num_layers) if n_steps else 0.0,
+        resource_layer_s=resource_layer, lane_layer_s=lane_layer, bottleneck=bottleneck(resource_layer, lane_layer))
+
+
+def lanes_memory(problem: Problem, policy: Policy) -> MemoryUse:
+    """The affine memory forms of :mod:`hrm.memory` at the policy."""
+    args = (problem.model, problem.workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu,
+            problem.engine)
+    gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
+    point = (policy.batch_size, policy.weights_gpu_ratio, policy.kv_gpu_ratio)
+    return MemoryUse(float(gpu_form.bytes(*point)), float(cpu_form.bytes(*point)),
+                     {"gpu": gpu_form.components, "cpu": cpu_form.components})
+
+
+LANES = Pipeline("lanes", "the max of affine lanes per layer (eq. 12), searched exactly by solver.exact",
+                 PIPELINE_FIELDS["lanes"], lanes_times, lanes_memory, lanes_timeline)

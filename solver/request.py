@@ -1,0 +1,121 @@
+"""What every pipeline's search takes and gives: a checked :class:`SearchRequest` (a
+:class:`hrm.problem.Problem` and the search's own settings) in, a :class:`SearchResult`
+(the optimum, alternatives and the plan :func:`make_plan` builds) out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hrm.engine import Engine, is_shipped
+from hrm.estimate import EstimateResult
+from hrm.hardware import HardwareProfile
+from hrm.memory import MemoryLimits
+from hrm.model import ModelSpec
+from hrm.options import ModelOptions
+from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
+from hrm.policy import Policy
+from hrm.problem import Problem
+from hrm.workload import Workload
+
+from .terms import Choice, LatencyLimits
+
+CREATED_BY = "hrm-search 0.1.0"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    policy: Policy
+    estimate: EstimateResult
+    choice: Choice | None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Candidate
+    alternatives: list[Candidate]
+    plan: Plan
+    solver_name: str
+    seconds: float
+    iterations: int
+    verified: bool | None = None
+    verify_objective: float | None = None
+    verify_seconds: float | None = None
+    extras: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchRequest:
+    """A checked search (:func:`solver.search.search`'s arguments: the problem with the
+    engine resolved, the user's pins merged with the engine's), handed to the search of the
+    engine's pipeline. ``solve_for`` is the throughput the search maximises (``decode`` for
+    the ``latency`` objective); ``start`` the ``time.perf_counter()`` the search began at."""
+
+    problem: Problem
+    objective: str
+    solve_for: str
+    fixed: dict
+    notes: list
+    max_batch: int
+    top: int
+    solver: str
+    verify: bool
+    hw_name: str | None
+    model_name: str | None
+    latency_limits: LatencyLimits
+    start: float
+
+    # the problem's parts, as the pipelines' searches read them
+    @property
+    def hw(self) -> HardwareProfile:
+        return self.problem.hw
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.problem.model
+
+    @property
+    def workload(self) -> Workload:
+        return self.problem.workload
+
+    @property
+    def engine(self) -> Engine:
+        return self.problem.engine
+
+    @property
+    def options(self) -> ModelOptions:
+        return self.problem.options
+
+    @property
+    def limits(self) -> MemoryLimits:
+        return self.problem.limits
+
+
+def make_plan(request: SearchRequest, best: EstimateResult, placement, solver_name: str, seconds: float,
+              candidates: int) -> Plan:
+    """The plan of a search's optimum, for every pipeline."""
+    hw, model, engine = request.hw, request.model, request.engine
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        hardware=SpecRef(name=request.hw_name or hw.name, sha256=hw.sha256()),
+        model=SpecRef(name=request.model_name or model.name, sha256=model.sha256()),
+        workload=request.workload,
+        policy=best.policy,
+        schedule=engine.schedule,
+        engine=engine.name,
+        engine_definition=None if is_shipped(engine) else engine,
+        routing=model.routing,
+        estimate=best.to_plan_estimate(),
+        placement=placement,
+        solver=SolverInfo(name=solver_name, seconds=seconds, optimal=True, candidates_evaluated=candidates),
+        created_by=CREATED_BY,
+    )
+
+
+def describe_limits(latency_limits: LatencyLimits) -> str:
+    """The limits in words for the plan's solver name ('' without any)."""
+    parts = []
+    if latency_limits.tpot_s is not None:
+        parts.append(f"TPOT <= {latency_limits.tpot_s * 1e3:g} ms")
+    if latency_limits.ttft_s is not None:
+        parts.append(f"TTFT <= {latency_limits.ttft_s:g} s")
+    return f", subject to {' and '.join(parts)}" if parts else ""
