@@ -244,6 +244,8 @@ SEARCH_BATCH = Range(1, MAX_SEARCH_BATCH, integer=True, why="the search's time g
 #: layers of offloaded weights an engine buffers: the deepest published decoders have ~130 layers
 MAX_BUFFER_LAYERS = 1024
 BUFFER_LAYERS = Range(0, MAX_BUFFER_LAYERS, "layers", why="layers of weights one buffer holds")
+#: memory an engine reserves outside its tensors (CUDA context, the process): a few GiB
+RESERVED_GIB = Range(0.0, 64.0, "GiB", why="memory a process reserves beside its tensors")
 COPY_THREADS = Range(0, MAX_CORES, integer=True, why="threads of one host (0: the profile's cores)")
 COUNT = Range(0, 2**53, integer=True)
 INDEX = Range(0, 2**31 - 1, integer=True)

@@ -154,11 +154,17 @@ class Memory(_Frozen):
 
     - ``gpu_weight_buffer_layers``: layers of offloaded weights the GPU buffers (2 = double);
     - ``pinned_staging_layers``: layers of offloaded weights in pinned CPU staging;
-    - ``cpu_holds_all_experts``: the CPU tensor holds every expert, static ones too."""
+    - ``cpu_holds_all_experts``: the CPU tensor holds every expert, static ones too;
+    - ``gpu_reserved_gib`` / ``host_reserved_gib``: memory the engine's process holds beside
+      its tensors (the CUDA context per GPU; the process's host footprint). The search's
+      planning caps (``--gpu-util``/``--cpu-util``) leave room for them; a pinned policy is
+      checked against physical memory less them (:func:`hrm.memory.physical_limits`)."""
 
     gpu_weight_buffer_layers: bounds.BUFFER_LAYERS.type = 2.0
     pinned_staging_layers: bounds.BUFFER_LAYERS.type = 2.0
     cpu_holds_all_experts: bool = False
+    gpu_reserved_gib: bounds.RESERVED_GIB.type = 0.0
+    host_reserved_gib: bounds.RESERVED_GIB.type = 0.0
 
 
 class Engine(_Frozen):
@@ -222,6 +228,9 @@ class Engine(_Frozen):
 #: fields that name, describe or bound the engine's policy space rather than a mechanism
 #: of its pipeline (every pipeline honours the policy space through its search)
 IDENTITY_FIELDS = ("name", "description", "schedule", "sources", "policy")
+#: fields that bound the memory a pinned policy may use (not a time or a peak of the
+#: pipeline: every pipeline honours them through :func:`hrm.memory.physical_limits`)
+LIMIT_FIELDS = ("memory.gpu_reserved_gib", "memory.host_reserved_gib")
 
 
 def _leaf_fields(model: BaseModel, prefix: str = ""):
@@ -240,7 +249,7 @@ def unmodelled_field(engine: "Engine") -> str | None:
     fields = PIPELINE_FIELDS[SCHEDULES[engine.schedule].pipeline]
     defaults = dict(_leaf_fields(Engine.model_construct(name=engine.name)))
     for field, value in _leaf_fields(engine):
-        if field.split(".")[0] in IDENTITY_FIELDS or value == defaults.get(field):
+        if field.split(".")[0] in IDENTITY_FIELDS or field in LIMIT_FIELDS or value == defaults.get(field):
             continue
         problem = fields.problem(field, value)
         if problem:

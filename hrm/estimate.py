@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .engine import Engine, resolve_engine
 from .errors import HRMError
 from .hardware import HardwareProfile
-from .memory import MemoryLimits
+from .memory import MemoryLimits, fits
 from .model import ModelSpec
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .pipelines import MemoryUse, pipeline_of
@@ -101,9 +101,11 @@ class EstimateResult:
 
     @property
     def feasible(self) -> bool:
-        if self.shared_memory:
-            return self.gpu_peak_bytes + self.cpu_peak_bytes <= self.cpu_limit_bytes
-        return self.gpu_peak_bytes <= self.gpu_limit_bytes and self.cpu_peak_bytes <= self.cpu_limit_bytes
+        return self.fits(MemoryLimits(self.gpu_limit_bytes, self.cpu_limit_bytes, self.shared_memory))
+
+    def fits(self, limits: MemoryLimits) -> bool:
+        """Whether the peaks fit ``limits`` (e.g. :func:`hrm.memory.physical_limits`)."""
+        return fits(self.gpu_peak_bytes, self.cpu_peak_bytes, limits)
 
     @property
     def utilization(self) -> dict[str, float]:

@@ -128,6 +128,30 @@ def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
     )
 
 
+def fits(gpu_bytes: float, cpu_bytes: float, limits: "MemoryLimits") -> bool:
+    """Whether peaks of ``gpu_bytes`` and ``cpu_bytes`` fit ``limits`` (one memory for both on
+    a CPU-only host)."""
+    if limits.shared:
+        return gpu_bytes + cpu_bytes <= limits.cpu_bytes
+    return gpu_bytes <= limits.gpu_bytes and cpu_bytes <= limits.cpu_bytes
+
+
+def physical_limits(hw: HardwareProfile, engine: Engine = IDEAL, gpu_mem_gib: float | None = None,
+                    cpu_mem_gib: float | None = None) -> MemoryLimits:
+    """What a pinned policy may use: all of each memory (``--gpu-mem/--cpu-mem`` replace the
+    capacities) less what the engine's process holds beside its tensors
+    (``memory.gpu_reserved_gib`` per GPU, ``memory.host_reserved_gib``)."""
+    from .units import GIB
+
+    whole = memory_limits(hw, ModelOptions(gpu_memory_utilization=1.0, cpu_memory_utilization=1.0),
+                          gpu_mem_gib, cpu_mem_gib)
+    gpus = hw.gpu.count if hw.gpu is not None else 0
+    host = engine.memory.host_reserved_gib * GIB
+    if whole.shared:
+        return MemoryLimits(whole.gpu_bytes - host, whole.cpu_bytes - host, True)
+    return MemoryLimits(whole.gpu_bytes - gpus * engine.memory.gpu_reserved_gib * GIB, whole.cpu_bytes - host, False)
+
+
 @dataclass(frozen=True)
 class MemoryLimits:
     """Usable bytes after headroom. ``shared``: a CPU-only host, both tiers in one memory."""

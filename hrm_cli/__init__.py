@@ -7,20 +7,13 @@ core needs none of them.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import sys
 
 from hrm.errors import HRMError
 
-#: the exit codes of every command (each --help ends with them)
-EXIT_CODES = """exit codes:
-  0    success
-  1    standard output closed early by its reader (e.g. | head): the rest is dropped quietly
-  2    bad input: a file, a field, a flag or an output target (one line on stderr: error: ...)
-  3    infeasible: the inputs admit no policy (a memory limit binds)
-  130  interrupted (Ctrl-C)"""
+from .parser import EXIT_CODES, ArgumentParser  # noqa: F401  (the package's public names)
 
 SUBCOMMANDS = {
     "estimate": ("hrm_cli.estimate", "predict time, memory and throughput of one policy"),
@@ -128,19 +121,3 @@ def search_main(argv=None) -> int:
     """``hrm-search`` = ``hrm search``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     return main(["search", *argv])
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exit code 2 (no usage dump), and
-    ends every --help with the exit codes (:data:`EXIT_CODES`)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("epilog", EXIT_CODES)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        print(f"error: {self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-

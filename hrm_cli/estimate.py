@@ -5,17 +5,30 @@ from __future__ import annotations
 import json
 
 from hrm import bounds
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
                             engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, routed_model,
                             workload_from_args)
 from hrm.estimate import EstimateResult, estimate
+from hrm.memory import MemoryLimits, physical_limits
 from hrm.pipelines import lane_label
 from hrm.explain import explain
 from hrm.policy import parse_policy
 
 
-def render_estimate(result: EstimateResult, title: str) -> None:
+def fits_in_words(result: EstimateResult, physical: MemoryLimits | None) -> str:
+    """Within the planning caps; above them but within physical memory less the engine's
+    reserve (a warning: the search would not choose it); or not at all."""
+    if result.feasible:
+        return "yes"
+    if physical is not None and result.fits(physical):
+        return ("yes, above the planning caps (--gpu-util/--cpu-util): within physical memory less the engine's "
+                "reserve (CUDA context, process)")
+    return "[red]NO: exceeds physical memory less the engine's reserve[/red]" if physical is not None else \
+        "[red]NO: exceeds a memory limit[/red]"
+
+
+def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -39,7 +52,7 @@ def render_estimate(result: EstimateResult, title: str) -> None:
         table.add_row("GPU memory", f"{gib(result.gpu_peak_bytes)} / {gib(result.gpu_limit_bytes)}")
         table.add_row("CPU memory", f"{gib(result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
     table.add_row("binding memory", result.binding_memory)
-    table.add_row("fits", "yes" if result.feasible else "[red]NO: exceeds a memory limit[/red]")
+    table.add_row("fits", fits_in_words(result, physical))
     for note in result.notes:
         table.add_row("note", note)
     if result.defaulted:
@@ -68,17 +81,23 @@ def main(argv) -> int:
     report = explain(hw, model, workload, policy, engine, options, limits) if args.explain else None
     result = report.engine_estimate if report else estimate(hw, model, workload, policy, options=options,
                                                               limits=limits, engine=engine)
+    physical = physical_limits(hw, engine, getattr(args, "gpu_mem", None), getattr(args, "cpu_mem", None))
+    fits_physical = result.fits(physical)
     if args.json:
         out = {"policy": result.policy.model_dump(), "schedule": result.schedule, "engine": result.engine,
-               "estimate": result.to_plan_estimate(), "feasible": result.feasible}
+               "estimate": result.to_plan_estimate(), "feasible": result.feasible,
+               "fits_physical_memory": fits_physical,
+               "physical_limit_bytes": {"gpu": physical.gpu_bytes, "cpu": physical.cpu_bytes}}
         if report is not None:
             out["explain"] = report.as_dict()
         print(json.dumps(out, indent=2))
     else:
-        render_estimate(result, f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}")
+        render_estimate(result, f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}",
+                        physical)
         if report is not None:
             report.render()
-    return 0
+    # a policy that does not fit physical memory cannot run: the estimate is printed, exit 3
+    return 0 if fits_physical else 3
 
 
 def ops_main(argv) -> int:

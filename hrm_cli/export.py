@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm.export import EXPORTERS, Export, export_plan, fix_pins, get_exporter
 from hrm.plan import load_plan
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
 from hrm.engine import list_engines, load_engine

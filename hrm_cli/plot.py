@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 from hrm import bounds
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, check_input_file, limits_from_args,
                             machine_from_args, options_from_args, progress_bar, workload_from_args)
 from hrm.errors import HRMError
@@ -122,7 +122,9 @@ def _roofline(args):
 def _policy_map(args):
     from solver.sweep import policy_map
 
+    from hrm.engine import resolve_engine
     from hrm.plots.policy_map import plot_policy_map
+    from hrm.problem import make_problem
 
     hw, model = machine_from_args(args)
     if args.workload or args.prompt_len or args.gen_len:
@@ -134,8 +136,8 @@ def _policy_map(args):
     check_what_if(hw, bandwidths, scales)
     progress, update = progress_bar("policy map")
     with progress:
-        table = policy_map(hw, model, workload, bandwidths, scales, args.schedule, args.objective, progress=update,
-                           engine=args.engine)
+        table = policy_map(make_problem(hw, model, workload, resolve_engine(args.engine, args.schedule)), bandwidths,
+                           scales, args.objective, progress=update)
     title = (f"best policy ({args.objective} throughput, {args.engine}/{args.schedule or 'cgopipe'}): {model.name} on {hw.name} with the "
              f"link and CPU varied; prompt {workload.prompt_len}, gen {workload.gen_len}")
     return plot_policy_map(table, title), table
@@ -166,6 +168,7 @@ def _cpu_memory(args):
     from solver.sweep import cpu_memory_sweep
 
     from hrm.plots.cpu_memory import plot_cpu_memory
+    from hrm.problem import make_problem
 
     hw, model = machine_from_args(args)
     workload = workload_from_args(args)
@@ -183,7 +186,8 @@ def _cpu_memory(args):
                        f"engines {', '.join(list_engines())})")
     progress, update = progress_bar("cpu-memory sweep")
     with progress:
-        table = cpu_memory_sweep(hw, model, workload, capacities, schedules, args.objective, progress=update)
+        table = cpu_memory_sweep(make_problem(hw, model, workload), capacities, schedules, args.objective,
+                                 progress=update)
     title = (f"{model.name} on {hw.name}: best policy per schedule vs CPU memory "
              f"(prompt {workload.prompt_len}, gen {workload.gen_len})")
     column = "generation_throughput_tok_s" if args.objective == "generation" else "decode_throughput_tok_s"

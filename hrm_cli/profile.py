@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hrm import bounds
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm.errors import HRMError
 from hrm.hardware import HardwareProfile, dump_hardware_yaml, load_hardware
 from hrm.plan import write_atomic

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from hrm import bounds
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import check_input_file
 from hrm.errors import HRMError, InfeasibleError
 from hrm.plan import Plan, check_output_path, load_plan, plan_problem, resolve_plan_engine

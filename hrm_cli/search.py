@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
                             limits_from_args, machine_from_args, options_from_args, workload_from_args)
 from hrm.errors import HRMError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm.plan import load_plan
 from hrm.units import GIB
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from hrm_cli import EXIT_CODES, ArgumentParser
+from hrm_cli.parser import EXIT_CODES, ArgumentParser
 from hrm_cli.common import check_input_file, progress_bar
 from hrm import bounds
 from hrm.errors import HRMError

@@ -7,7 +7,7 @@ import json
 import sys
 
 from hrm import bounds
-from hrm_cli import ArgumentParser
+from hrm_cli.parser import ArgumentParser
 from hrm.errors import HRMError
 from hrm.hardware import load_hardware
 from hrm.model import load_model

@@ -6,7 +6,10 @@ The search is exact over μ = 1 … μ_max (every integer whose smallest batch f
 every whole-expert m and continuous z:
 
 1. **Bounds** (:func:`throughput_upper_bounds`): no policy of mode k beats
-   per_seq·μ / (a lower bound of T/n). Per lane, T/n = a + s·b + (r·w + c)/n with the
+   per_seq·μ / (a lower bound of T/n) (:func:`hrm.throughput.throughput_tok_s` of one
+   micro-batch). Per lane, T/n = a + s·b + (r·w + c)/n (a, b, w, c: the lane's
+   per_micro_batch_s, per_micro_batch_kv_cpu_s, per_layer_offloaded_weights_s and
+   per_layer_s, :class:`hrm.latency.Lane`) with the
    KV-on-CPU share s = 1 − z/N and the offloaded expert share r = 1 − m/M; each term is
    taken at its least over the mode's policies (n ≤ n̄, m ≤ m_max, z ≤ z_max, any sign of b,
    w, c), and where z is free the GPU bytes that static experts and GPU KV share bound
@@ -34,16 +37,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm.engine import Engine
-from hrm.hardware import HardwareProfile
-from hrm.memory import MemoryLimits
-from hrm.model import ModelSpec
-from hrm.options import ModelOptions
-from hrm.workload import Workload
+from hrm.problem import Problem
+from hrm.throughput import end_to_end_time_s, throughput_tok_s
 
-from .milp import Choice, max_micro_batches, snapped_expert_count
-from .terms import (LATENCY_RTOL, LatencyLimits, Mode, Terms, build_terms, meets_latency_limits, memory_terms, tier_bytes,
-                    total_time_s)
+from .terms import (LATENCY_RTOL, Choice, LatencyLimits, Mode, Terms, build_terms, largest_static_experts,
+                    max_micro_batches, meets_latency_limits, memory_terms, phase_times_s, snapped_expert_count,
+                    tier_bytes)
 
 # Relative slack when comparing a bound with an incumbent: a bound within rounding of the
 # incumbent cannot hold a strictly better policy.
@@ -66,10 +65,9 @@ class ModeBest:
     candidates: int
 
 
-def candidate_micro_batch_sizes(model: ModelSpec, workload: Workload, engine: Engine, limits: MemoryLimits,
-                                placements, max_batch: int, fixed: dict) -> list[Mode]:
+def candidate_micro_batch_sizes(problem: Problem, placements, max_batch: int, fixed: dict) -> list[Mode]:
     """Every (μ, A_g, F_g) whose smallest batch (n = 1, or the pinned n / N) fits the memory
-    limits loosely (:func:`solver.milp.max_micro_batches`): μ = 1 … max_batch, or the pinned μ."""
+    limits loosely (:func:`solver.terms.max_micro_batches`): μ = 1 … max_batch, or the pinned μ."""
     modes = []
     for attn, ffn in placements:
         if "micro_batch_size" in fixed:
@@ -81,7 +79,7 @@ def candidate_micro_batch_sizes(model: ModelSpec, workload: Workload, engine: En
             mu = np.arange(1, top + 1, dtype=float)
         if "batch_size" in fixed:
             mu = mu[fixed["batch_size"] % mu == 0]
-        mem = memory_terms(model, workload, engine, limits, mu, attn, ffn)
+        mem = memory_terms(problem, mu, attn, ffn)
         nbar = max_micro_batches(mem, max_batch)
         need = np.ones_like(nbar)
         if "num_micro_batches" in fixed:
@@ -107,18 +105,23 @@ def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "gene
     rest = 1.0 - largest_static_experts(terms)[k] / terms.expert_slots
     share = smallest_kv_cpu_share(terms, k, fixed or {})
     room = _KvRoom.of(terms, k, fixed or {}, 1.0 - rest)
-    decode = _lane_lower_bound(terms.a[k], terms.b[k], terms.w[k][..., None], terms.c[k], share[:, None, None, None],
-                               rest[:, None, None, None], n_top[:, None, None, None], room.expand(3))
+    decode = _lane_lower_bound(terms.per_micro_batch_s[k], terms.per_micro_batch_kv_cpu_s[k],
+                               terms.per_layer_offloaded_weights_s[k][..., None], terms.per_layer_s[k],
+                               share[:, None, None, None], rest[:, None, None, None], n_top[:, None, None, None],
+                               room.expand(3))
     decode = (np.max(decode, axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
-    per_mb = (decode + terms.steps * terms.head[k]
-              + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
+    decode_s = (decode + terms.steps * terms.head[k]
+                + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
+    prefill_s = 0.0
     if objective == "generation":
-        pre = _lane_lower_bound(terms.pa[k], terms.pb[k], terms.pw[k], terms.pc[k], share[:, None, None],
-                                rest[:, None, None], n_top[:, None, None], room.expand(2))
-        per_mb = per_mb + np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
-    per_seq = terms.gen_len if objective == "generation" else terms.steps
-    with np.errstate(divide="ignore"):
-        bound = np.where(per_mb > 0, per_seq * terms.mu[k] / np.maximum(per_mb, 1e-300), np.inf)
+        pre = _lane_lower_bound(terms.prefill_per_micro_batch_s[k], terms.prefill_per_micro_batch_kv_cpu_s[k],
+                                terms.prefill_per_layer_offloaded_weights_s[k], terms.prefill_per_layer_s[k],
+                                share[:, None, None], rest[:, None, None], n_top[:, None, None], room.expand(2))
+        prefill_s = np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
+    # per micro-batch: μ sequences in at least these times (no policy of the mode beats it;
+    # a time bound at or below 0 bounds nothing)
+    bound = np.where(end_to_end_time_s(prefill_s, decode_s, objective) > 0,
+                     throughput_tok_s(terms.mu[k], terms.gen_len, prefill_s, decode_s, objective), np.inf)
     return np.where(count >= 1, bound, 0.0)
 
 
@@ -237,41 +240,21 @@ def fewest_useful_micro_batches(terms: Terms, modes: np.ndarray, nbar: np.ndarra
     return lo
 
 
-def largest_static_experts(terms: Terms) -> np.ndarray:
-    """m_max per mode: the most expert matrices any feasible policy keeps on the GPU — the
-    GPU (or shared) limit at N = μ and z = 0, since N and z only add GPU bytes (checked:
-    otherwise M)."""
-    M = float(terms.expert_slots)
-    lim = terms.limits
-    ffn = terms.ffn_on_gpu
-    if lim.shared:
-        room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const - (terms.gpu_per_seq + terms.cpu_per_seq) * terms.mu
-        per_rw = terms.gpu_per_rw + terms.cpu_per_rw
-        growing = (terms.gpu_per_seq + terms.cpu_per_seq >= 0) & (terms.gpu_kv_seq + terms.cpu_kv_seq >= 0)
-    else:
-        room = lim.gpu_bytes - terms.gpu_const - terms.gpu_per_seq * terms.mu
-        per_rw = terms.gpu_per_rw
-        growing = (terms.gpu_per_seq >= 0) & (terms.gpu_kv_seq >= 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        m_max = np.where((per_rw > 0) & growing, np.clip(np.floor(room * M / np.where(per_rw > 0, per_rw, 1.0)), 0, M), M)
-    return np.where(ffn, m_max, 0.0)
-
-
-def kv_on_gpu(terms: Terms, k: int, big, gpu, cpu, fixed: dict) -> np.ndarray:
+def kv_on_gpu(terms: Terms, k: int, batch_size, gpu, cpu, fixed: dict) -> np.ndarray:
     """z for candidates of mode k with tier bytes (gpu, cpu) before GPU KV: the pinned r_c·N,
     or the largest z the GPU (shared) limit admits, at most N (time is non-increasing in z
     and CPU bytes shrink with it); 0 with attention on the CPU."""
     lim = terms.limits
-    big = np.asarray(big, dtype=float) * np.ones_like(gpu)
+    batch_size = np.asarray(batch_size, dtype=float) * np.ones_like(gpu)
     attn = terms.attn_on_gpu[k]
     if "kv_gpu_ratio" in fixed:
-        return np.where(attn, fixed["kv_gpu_ratio"] * big, 0.0)
+        return np.where(attn, fixed["kv_gpu_ratio"] * batch_size, 0.0)
     if lim.shared:
         per = terms.gpu_kv_seq + terms.cpu_kv_seq
         slack = np.full(np.shape(gpu), np.inf) if per <= 0 else (lim.cpu_bytes - gpu - cpu) / per
     else:
         slack = (lim.gpu_bytes - gpu) / terms.gpu_kv_seq
-    return np.where(attn, np.clip(slack, 0.0, big), 0.0)
+    return np.where(attn, np.clip(slack, 0.0, batch_size), 0.0)
 
 
 def fits(terms: Terms, gpu, cpu, z) -> np.ndarray:
@@ -317,9 +300,9 @@ def static_expert_choices(terms: Terms, k: int, fixed: dict) -> np.ndarray:
 
 
 def _candidates(terms: Terms, k, n, m, fixed: dict):
-    big = terms.mu[k] * np.asarray(n, dtype=float)
-    gpu, cpu = tier_bytes(terms, k, big, m)
-    z = kv_on_gpu(terms, k, big, gpu, cpu, fixed)
+    batch_size = terms.mu[k] * np.asarray(n, dtype=float)
+    gpu, cpu = tier_bytes(terms, k, batch_size, m)
+    z = kv_on_gpu(terms, k, batch_size, gpu, cpu, fixed)
     return z, fits(terms, gpu, cpu, z)
 
 
@@ -342,34 +325,34 @@ def _enumerate(terms: Terms, k: int, ns, ms, objective: str, fixed: dict) -> Mod
     return None if best is None else ModeBest(best[0], best[1], count)
 
 
-def feasible_expert_interval(terms: Terms, k, big, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
-    """[lo, hi] of the m (reals) that fit, per candidate (mode k, N = big). Every constraint
+def feasible_expert_interval(terms: Terms, k, batch_size, fixed: dict) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi] of the m (reals) that fit, per candidate (mode k, N = batch_size). Every constraint
     is linear in m: with z fixed (0, or r_c·N) both tiers are; with z = z*(m) = min(N, GPU
     slack / kv) and kv_cpu ≤ 0 the CPU bytes are cpu(m) + max(kv_cpu·N, kv_cpu·slack(m)/kv),
     i.e. two linear constraints, and z* ≥ 0 is the GPU one."""
     lim = terms.limits
     M = terms.expert_slots
     rel = 1 + 1e-12  # the slack fits() allows
-    lo, hi = np.full(np.shape(big), -np.inf), np.full(np.shape(big), np.inf)
+    lo, hi = np.full(np.shape(batch_size), -np.inf), np.full(np.shape(batch_size), np.inf)
 
     def at_most(slope, room):  # slope·m ≤ room
         nonlocal lo, hi
-        slope = np.broadcast_to(slope, np.shape(big))
-        room = np.broadcast_to(room, np.shape(big))
+        slope = np.broadcast_to(slope, np.shape(batch_size))
+        room = np.broadcast_to(room, np.shape(batch_size))
         with np.errstate(divide="ignore", invalid="ignore"):
             bound = room / np.where(slope != 0, slope, 1.0)
         hi = np.where(slope > 0, np.minimum(hi, bound), hi)
         lo = np.where(slope < 0, np.maximum(lo, bound), lo)
         hi = np.where((slope == 0) & (room < 0), -np.inf, hi)
 
-    gpu0, cpu0 = tier_bytes(terms, k, big, 0.0)  # bytes at m = 0
+    gpu0, cpu0 = tier_bytes(terms, k, batch_size, 0.0)  # bytes at m = 0
     g_rw, c_rw = terms.gpu_per_rw[k] / M, terms.cpu_per_rw[k] / M
     attn = terms.attn_on_gpu[k]
     free_z = attn & ("kv_gpu_ratio" not in fixed)
-    z_fixed = fixed.get("kv_gpu_ratio", 0.0) * big * attn
+    z_fixed = fixed.get("kv_gpu_ratio", 0.0) * batch_size * attn
     if lim.shared:
         per = terms.gpu_kv_seq + terms.cpu_kv_seq
-        z_use = np.where(free_z, 0.0 if per > 0 else big, z_fixed)  # z* ≥ 0 iff the rest fits
+        z_use = np.where(free_z, 0.0 if per > 0 else batch_size, z_fixed)  # z* ≥ 0 iff the rest fits
         at_most(g_rw + c_rw, lim.cpu_bytes * rel - gpu0 - cpu0 - per * z_use)
         return lo, hi
     # fixed z: linear in both tiers
@@ -379,7 +362,7 @@ def feasible_expert_interval(terms: Terms, k, big, fixed: dict) -> tuple[np.ndar
     # free z: gpu(m) ≤ G (z* ≥ 0); cpu(m) + kv_cpu·N ≤ C; cpu(m) + kv_cpu·(G − gpu(m))/kv_gpu ≤ C
     kv_g, kv_c = terms.gpu_kv_seq, terms.cpu_kv_seq
     at_most(np.where(free_z, g_rw, 0.0), np.where(free_z, lim.gpu_bytes * rel - gpu0, np.inf))
-    at_most(np.where(free_z, c_rw, 0.0), np.where(free_z, lim.cpu_bytes * rel - cpu0 - kv_c * big, np.inf))
+    at_most(np.where(free_z, c_rw, 0.0), np.where(free_z, lim.cpu_bytes * rel - cpu0 - kv_c * batch_size, np.inf))
     at_most(np.where(free_z, c_rw - kv_c * g_rw / kv_g, 0.0),
             np.where(free_z, lim.cpu_bytes * rel - cpu0 - kv_c * (lim.gpu_bytes - gpu0) / kv_g, np.inf))
     return lo, hi
@@ -428,8 +411,7 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     if not len(kk):
         return out
     ffn, attn = terms.ffn_on_gpu[kk], terms.attn_on_gpu[kk]
-    big = terms.mu[kk] * nn
-    lo, hi = feasible_expert_interval(terms, kk, big, fixed)
+    lo, hi = feasible_expert_interval(terms, kk, terms.mu[kk] * nn, fixed)
     top = float(M // g)
     if "weights_gpu_ratio" in fixed:
         pinned = float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))
@@ -442,8 +424,10 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
         ok = lo_i <= hi_i
         ok &= ffn | ((lo <= 1e-9) & (hi >= -1e-9))
     kk, nn, lo_i, hi_i, attn = kk[ok], nn[ok], lo_i[ok].astype(int), hi_i[ok].astype(int), attn[ok]
-    non_increasing = (np.all(terms.w >= 0, axis=(1, 2)) & np.all(terms.pw >= 0, axis=(1, 2))
-                      & np.all(terms.b >= 0, axis=(1, 2, 3)) & np.all(terms.pb >= 0, axis=(1, 2)))[kk]
+    non_increasing = (np.all(terms.per_layer_offloaded_weights_s >= 0, axis=(1, 2))
+                      & np.all(terms.prefill_per_layer_offloaded_weights_s >= 0, axis=(1, 2))
+                      & np.all(terms.per_micro_batch_kv_cpu_s >= 0, axis=(1, 2, 3))
+                      & np.all(terms.prefill_per_micro_batch_kv_cpu_s >= 0, axis=(1, 2)))[kk]
     evaluations = len(kk)
     if floor > 0 and len(kk):
         z_most = most_kv_on_gpu(terms, kk, nn, lo_i * float(g), fixed)
@@ -531,21 +515,27 @@ def last_where(ok, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return -first_where(lambda sel, m: ok(sel, -m), -np.array(hi, dtype=int), -np.array(lo, dtype=int))
 
 
-def chunked_time_s(terms: Terms, k: int, ns, ms, zs, objective: str) -> np.ndarray:
-    """:func:`solver.terms.total_time_s` over candidate arrays, in chunks."""
-    out = np.empty(len(ns))
-    step = max(1, CHUNK_ELEMENTS // max(1, terms.a.shape[-1] * terms.a.shape[2]))
+def chunked_phase_times_s(terms: Terms, k: int, ns, ms, zs, objective: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`solver.terms.phase_times_s` (prefill, decode) over candidate arrays, in chunks."""
+    prefill, decode = np.zeros(len(ns)), np.zeros(len(ns))
+    step = max(1, CHUNK_ELEMENTS // max(1, terms.per_micro_batch_s.shape[-1] * terms.per_micro_batch_s.shape[2]))
     per_candidate = np.ndim(k) > 0
     for lo in range(0, len(ns), step):
         sl = slice(lo, lo + step)
-        out[sl] = total_time_s(terms, k[sl] if per_candidate else k, ns[sl], ms[sl], zs[sl], objective)
-    return out
+        prefill[sl], decode[sl] = phase_times_s(terms, k[sl] if per_candidate else k, ns[sl], ms[sl], zs[sl], objective)
+    return prefill, decode
+
+
+def chunked_time_s(terms: Terms, k: int, ns, ms, zs, objective: str) -> np.ndarray:
+    """:func:`solver.terms.total_time_s` over candidate arrays, in chunks."""
+    return end_to_end_time_s(*chunked_phase_times_s(terms, k, ns, ms, zs, objective), objective)
 
 
 def throughputs(terms: Terms, k: int, ns, ms, zs, objective: str) -> np.ndarray:
-    """Tokens per second of candidate arrays of mode k."""
-    per_seq = terms.gen_len if objective == "generation" else terms.steps
-    return per_seq * terms.mu[k] * ns / chunked_time_s(terms, k, ns, ms, zs, objective)
+    """Tokens per second of candidate arrays of mode k (:func:`hrm.throughput.throughput_tok_s`
+    of N = μ·n sequences)."""
+    prefill_s, decode_s = chunked_phase_times_s(terms, k, ns, ms, zs, objective)
+    return throughput_tok_s(terms.mu[k] * ns, terms.gen_len, prefill_s, decode_s, objective)
 
 
 @dataclass(frozen=True)
@@ -557,9 +547,8 @@ class PlacementResult:
     candidates: int
 
 
-def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine,
-                    options: ModelOptions, limits: MemoryLimits, bound_terms: Terms, idx: np.ndarray,
-                    max_batch: int, objective: str, fixed: dict) -> PlacementResult:
+def solve_placement(problem: Problem, bound_terms: Terms, idx: np.ndarray, max_batch: int, objective: str,
+                    fixed: dict) -> PlacementResult:
     """Branch and bound over one placement's modes ``idx`` (indices into ``bound_terms``, the
     block-context coefficients): modes are solved exactly (piecewise terms, a few columns
     each) in decreasing order of their closed-form bound, in batches that double in size,
@@ -582,8 +571,8 @@ def solve_placement(hw: HardwareProfile, model: ModelSpec, workload: Workload, e
         size = min(2 * size, MAX_BATCH_OF_MODES)
         floor = best[0].throughput if best else 0.0
         n_min = fewest_useful_micro_batches(bound_terms, chosen, nbar, max_batch, objective, floor, fixed) if floor else None
-        terms = build_terms(hw, model, workload, engine, options, limits, [bound_terms.modes[j] for j in chosen],
-                            pieces=True, latency_limits=bound_terms.latency_limits)
+        terms = build_terms(problem, [bound_terms.modes[j] for j in chosen], pieces=True,
+                            latency_limits=bound_terms.latency_limits)
         found = best_in_modes(terms, np.arange(len(chosen)), nbar[chosen], max_batch, objective, fixed, floor=floor,
                               n_min=n_min)
         solved += len(chosen)
@@ -608,24 +597,21 @@ class ExactResult:
     seconds: float
 
 
-def solve(hw: HardwareProfile, model: ModelSpec, workload: Workload, engine: Engine, options: ModelOptions,
-          limits: MemoryLimits, placements, max_batch: int, objective: str, fixed: dict,
+def solve(problem: Problem, placements, max_batch: int, objective: str, fixed: dict,
           latency_limits: LatencyLimits | None = None) -> ExactResult:
     """The optimum over every μ, n, m and z of every allowed placement that meets the
     latency limits, and each placement's own optimum (the alternatives)."""
     start = time.perf_counter()
-    modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
+    modes = candidate_micro_batch_sizes(problem, placements, max_batch, fixed)
     per_place, solved, candidates = [], 0, 0
     if modes:
         # the bounds ignore the latency limits (still upper bounds); the exact solves apply them
-        bound_terms = build_terms(hw, model, workload, engine, options, limits, modes, blocks=BOUND_BLOCKS,
-                                  latency_limits=latency_limits)
+        bound_terms = build_terms(problem, modes, blocks=BOUND_BLOCKS, latency_limits=latency_limits)
         for attn, ffn in placements:
             idx = np.flatnonzero((bound_terms.attn_on_gpu == attn) & (bound_terms.ffn_on_gpu == ffn))
             if not len(idx):
                 continue
-            result = solve_placement(hw, model, workload, engine, options, limits, bound_terms, idx, max_batch,
-                                     objective, fixed)
+            result = solve_placement(problem, bound_terms, idx, max_batch, objective, fixed)
             solved += result.modes_solved
             candidates += result.candidates
             if result.best is not None:

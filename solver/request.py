@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hrm.engine import Engine, is_shipped
+from hrm.engine import is_shipped
 from hrm.estimate import EstimateResult
-from hrm.hardware import HardwareProfile
-from hrm.memory import MemoryLimits
-from hrm.model import ModelSpec
-from hrm.options import ModelOptions
 from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
 from hrm.policy import Policy
 from hrm.problem import Problem
-from hrm.workload import Workload
 
 from .terms import Choice, LatencyLimits
 
@@ -43,6 +38,11 @@ class SearchResult:
     extras: dict = field(default_factory=dict)
 
 
+def _problem_part(name: str) -> property:
+    """A read-only attribute of a request that is its problem's ``name``."""
+    return property(lambda request: getattr(request.problem, name), doc=f"the problem's ``{name}``")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchRequest:
     """A checked search (:func:`solver.search.search`'s arguments: the problem with the
@@ -65,29 +65,12 @@ class SearchRequest:
     start: float
 
     # the problem's parts, as the pipelines' searches read them
-    @property
-    def hw(self) -> HardwareProfile:
-        return self.problem.hw
-
-    @property
-    def model(self) -> ModelSpec:
-        return self.problem.model
-
-    @property
-    def workload(self) -> Workload:
-        return self.problem.workload
-
-    @property
-    def engine(self) -> Engine:
-        return self.problem.engine
-
-    @property
-    def options(self) -> ModelOptions:
-        return self.problem.options
-
-    @property
-    def limits(self) -> MemoryLimits:
-        return self.problem.limits
+    hw = _problem_part("hw")
+    model = _problem_part("model")
+    workload = _problem_part("workload")
+    engine = _problem_part("engine")
+    options = _problem_part("options")
+    limits = _problem_part("limits")
 
 
 def make_plan(request: SearchRequest, best: EstimateResult, placement, solver_name: str, seconds: float,

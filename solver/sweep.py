@@ -24,10 +24,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import pandas as pd
 
 from hrm.errors import HRMError, InfeasibleError
-from hrm.hardware import HardwareProfile
-from hrm.model import ModelSpec
-from hrm.options import DEFAULT_OPTIONS, ModelOptions
-from hrm.workload import Workload
+from hrm.problem import Problem
 
 from .grid import Cell, WhatIf, effective_inputs, make_cells
 
@@ -279,35 +276,40 @@ def run_sweep(cells: list[Cell], backend: str = "local", workers: int | None = N
 
 
 # --- the paper's figures as grids ---------------------------------------------------------
-def policy_map(hw: HardwareProfile, model: ModelSpec, workload: Workload, h2d_gbps: Iterable[float],
-               cpu_scales: Iterable[float], schedule: str | None = None, objective: str = "generation",
-               options: ModelOptions = DEFAULT_OPTIONS, engine=None, backend: str = "local",
-               workers: int | None = None, progress=None) -> pd.DataFrame:
-    """Best policy per (link bandwidth, CPU scaling ratio) cell (MoE-Lightning §6.3, Fig. 10:
-    Mixtral-8x7B on 2×A100-80G, prompt 512, gen 32); one row per cell."""
-    from hrm.engine import resolve_engine
+def _problem_cells(problem: Problem, engines: list, what_if: WhatIf, objective: str) -> list[Cell]:
+    """The cells of ``problem``'s machine, model, workload and options under ``engines`` and
+    the what-ifs."""
+    hw, model = problem.hw, problem.model
+    return make_cells([(hw.name, hw)], [(model.name, model)], [("workload", problem.workload)], engines, what_if,
+                      objective, options=problem.options)
 
+
+def policy_map(problem: Problem, h2d_gbps: Iterable[float], cpu_scales: Iterable[float],
+               objective: str = "generation", backend: str = "local", workers: int | None = None,
+               progress=None) -> pd.DataFrame:
+    """Best policy of ``problem``'s engine per (link bandwidth, CPU scaling ratio) cell
+    (MoE-Lightning §6.3, Fig. 10: Mixtral-8x7B on 2×A100-80G, prompt 512, gen 32); one row
+    per cell."""
+    hw = problem.hw
     if hw.gpu is None:
         raise HRMError(f"{hw.name}: a policy map varies the CPU→GPU link; this profile has no GPU")
     axes = WhatIf(h2d_gbps=list(h2d_gbps), cpu_scale=list(cpu_scales))
-    cells = make_cells([(hw.name, hw)], [(model.name, model)], [("workload", workload)],
-                       [resolve_engine(engine, schedule)], axes, objective, options=options)
-    return run_sweep(cells, backend, workers, progress=progress)
+    return run_sweep(_problem_cells(problem, [problem.engine], axes, objective), backend, workers, progress=progress)
 
 
-def cpu_memory_sweep(hw: HardwareProfile, model: ModelSpec, workload: Workload, cpu_mem_gib: Iterable[float],
+def cpu_memory_sweep(problem: Problem, cpu_mem_gib: Iterable[float],
                      schedules: Iterable[str] = ("cgopipe", "flexgen", "flexgen-cpu-attn", "sequential"),
-                     objective: str = "generation", options: ModelOptions = DEFAULT_OPTIONS,
-                     backend: str = "local", workers: int | None = None, progress=None) -> pd.DataFrame:
-    """Best policy of each schedule (a schedule of engine ideal, or an engine name) for each
-    CPU memory capacity (GiB, before the utilisation headroom, as ``hrm-search --cpu-mem``),
-    the paper's Fig. 1; column ``schedule`` holds the schedule or engine name as given."""
+                     objective: str = "generation", backend: str = "local", workers: int | None = None,
+                     progress=None) -> pd.DataFrame:
+    """Best policy of each schedule (a schedule of engine ideal, or an engine name; they
+    replace ``problem``'s engine) for each CPU memory capacity (GiB, before the utilisation
+    headroom, as ``hrm-search --cpu-mem``), the paper's Fig. 1; column ``schedule`` holds the
+    schedule or engine name as given."""
     from hrm.engine import as_engine
 
     schedules = list(schedules)
-    cells = make_cells([(hw.name, hw)], [(model.name, model)], [("workload", workload)],
-                       [as_engine(s) for s in schedules], WhatIf(cpu_mem_gib=list(cpu_mem_gib)), objective,
-                       options=options)
+    cells = _problem_cells(problem, [as_engine(s) for s in schedules], WhatIf(cpu_mem_gib=list(cpu_mem_gib)),
+                           objective)
     table = run_sweep(cells, backend, workers, progress=progress)
     per_engine = len(table) // len(schedules)
     table["schedule"] = pd.array([s for s in schedules for _ in range(per_engine)], dtype="string")

@@ -39,17 +39,6 @@ class Mode:
     ffn_on_gpu: bool
 
 
-@dataclass(frozen=True)
-class Choice:
-    """A point of the search space in solver variables: the mode (an index into the terms'
-    modes), n, m and z."""
-
-    mode_index: int
-    num_micro_batches: int
-    gpu_experts: int  # m
-    gpu_kv_sequences: float  # z
-
-
 def allowed_placements(engine: Engine, attn=None, ffn=None) -> list[tuple[bool, bool]]:
     """The (A_g, F_g) the engine runs, optionally pinned."""
     engine = as_engine(engine)
@@ -61,6 +50,17 @@ def enumerate_modes(engine: Engine, mu_values, attn=None, ffn=None) -> list[Mode
     """Every (μ, A_g, F_g) with μ from ``mu_values`` that the engine runs, optionally pinned."""
     places = allowed_placements(engine, attn, ffn)
     return [Mode(int(mu), a, f) for mu in mu_values for a, f in places]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A point of the search space in solver variables: the mode (an index into the terms'
+    modes), n, m and z."""
+
+    mode_index: int
+    num_micro_batches: int
+    gpu_experts: int  # m
+    gpu_kv_sequences: float  # z
 
 
 @dataclass(frozen=True)
@@ -314,6 +314,59 @@ def tier_bytes(terms: Terms, k: int, batch_size, gpu_experts) -> tuple[np.ndarra
     batch_size = np.asarray(batch_size, dtype=float)
     return (terms.gpu_const[k] + terms.gpu_per_seq[k] * batch_size + terms.gpu_per_rw[k] * frac,
             terms.cpu_const[k] + terms.cpu_per_seq[k] * batch_size + terms.cpu_per_rw[k] * frac)
+
+
+def largest_static_experts(terms: MemoryTerms) -> np.ndarray:
+    """m_max per mode: the most expert matrices any feasible policy keeps on the GPU — the
+    GPU (or shared) limit at N = μ and z = 0, since N and z only add GPU bytes (checked:
+    otherwise M)."""
+    M = float(terms.expert_slots)
+    lim = terms.limits
+    ffn = terms.ffn_on_gpu
+    if lim.shared:
+        room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const - (terms.gpu_per_seq + terms.cpu_per_seq) * terms.mu
+        per_rw = terms.gpu_per_rw + terms.cpu_per_rw
+        growing = (terms.gpu_per_seq + terms.cpu_per_seq >= 0) & (terms.gpu_kv_seq + terms.cpu_kv_seq >= 0)
+    else:
+        room = lim.gpu_bytes - terms.gpu_const - terms.gpu_per_seq * terms.mu
+        per_rw = terms.gpu_per_rw
+        growing = (terms.gpu_per_seq >= 0) & (terms.gpu_kv_seq >= 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m_max = np.where((per_rw > 0) & growing, np.clip(np.floor(room * M / np.where(per_rw > 0, per_rw, 1.0)), 0, M), M)
+    return np.where(ffn, m_max, 0.0)
+
+
+def max_micro_batches(terms: MemoryTerms, max_batch: int) -> np.ndarray:
+    """Upper bound n̄_k per mode from the batch cap and the memory limits, each tier at its
+    loosest over the policies of the mode: m between 0 and m_max (the most experts one
+    micro-batch leaves room for), z between 0 and N with attention on the GPU, 0 without."""
+    lim = terms.limits
+    mu = terms.mu
+    attn = np.asarray(terms.attn_on_gpu, dtype=float)
+    share = largest_static_experts(terms) / terms.expert_slots
+    bound = np.floor(max_batch / mu)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if lim.shared:
+            per = terms.gpu_per_seq + terms.cpu_per_seq + min(0.0, terms.gpu_kv_seq + terms.cpu_kv_seq) * attn
+            room = (lim.cpu_bytes - terms.gpu_const - terms.cpu_const
+                    - np.minimum(0, (terms.gpu_per_rw + terms.cpu_per_rw) * share))
+            bound = np.minimum(bound, np.floor(room / np.maximum(per, 1e-9) / mu))
+        else:
+            per_gpu = terms.gpu_per_seq + min(0.0, terms.gpu_kv_seq) * attn
+            room = lim.gpu_bytes - terms.gpu_const - np.minimum(0, terms.gpu_per_rw * share)
+            bound = np.minimum(bound, np.floor(room / np.maximum(per_gpu, 1e-9) / mu))
+            per_cpu = terms.cpu_per_seq + min(0.0, terms.cpu_kv_seq) * attn
+            room = lim.cpu_bytes - terms.cpu_const - np.minimum(0, terms.cpu_per_rw * share)
+            bound = np.minimum(bound, np.floor(room / np.maximum(per_cpu, 1e-9) / mu))
+    return np.maximum(np.nan_to_num(bound, nan=0.0, neginf=0.0), 0).astype(int)
+
+
+def snapped_expert_count(terms: Terms, weights_gpu_ratio: float) -> int:
+    """m for a pinned r_w: the nearest multiple of the engine's granularity at or below
+    r_w·M (the engine floors, e.g. ``int(E·wg)`` experts per layer)."""
+    g = terms.expert_step
+    raw = weights_gpu_ratio * terms.expert_slots
+    return int(np.floor(raw / g + 1e-9)) * g if g > 1 else int(round(raw))
 
 
 def _stack(per_kind: list[list[np.ndarray]], ndim: int) -> np.ndarray:

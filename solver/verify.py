@@ -19,9 +19,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hrm.problem import Problem
+
 from .exact import BOUND_RTOL, best_in_mode, candidate_micro_batch_sizes, throughput_upper_bounds
-from .milp import Choice, max_micro_batches, solve_dinkelbach
-from .terms import Terms, build_terms
+from .milp import solve_dinkelbach
+from .terms import Choice, LatencyLimits, Terms, build_terms, max_micro_batches
 
 # Modes per batch of per-step coefficients, and the (mode × decode step) columns a batch may
 # hold: long generations take fewer modes per batch, so memory stays a few hundred MB.
@@ -64,18 +66,17 @@ def exhaustive(terms: Terms, max_batch: int, objective: str = "generation", fixe
                         len(per_mode))
 
 
-def verify_optimum(hw, model, workload, engine, options, limits, placements, max_batch: int, objective: str,
-                   fixed: dict, claimed: float, solver: str = "auto", latency_limits=None) -> VerifyResult:
+def verify_optimum(problem: Problem, placements, max_batch: int, objective: str, fixed: dict, claimed: float,
+                   solver: str = "auto", latency_limits: LatencyLimits | None = None) -> VerifyResult:
     """The best throughput over every mode whose per-step bound exceeds ``claimed`` (every
     other mode is proven not to beat it by its bound), by enumeration and by the MILP;
     equals ``claimed`` when the search is right."""
     start = time.perf_counter()
-    modes = candidate_micro_batch_sizes(model, workload, engine, limits, placements, max_batch, fixed)
+    modes = candidate_micro_batch_sizes(problem, placements, max_batch, fixed)
     open_modes = []
-    per_batch = int(np.clip(VERIFY_COLUMNS_PER_BATCH // max(1, workload.gen_len), 1, VERIFY_MODES_PER_BATCH))
+    per_batch = int(np.clip(VERIFY_COLUMNS_PER_BATCH // max(1, problem.workload.gen_len), 1, VERIFY_MODES_PER_BATCH))
     for lo in range(0, len(modes), per_batch):
-        terms = build_terms(hw, model, workload, engine, options, limits, modes[lo:lo + per_batch],
-                            latency_limits=latency_limits)
+        terms = build_terms(problem, modes[lo:lo + per_batch], latency_limits=latency_limits)
         bounds = throughput_upper_bounds(terms, max_batch, objective, fixed=fixed)
         open_modes += [terms.modes[int(k)] for k in np.flatnonzero(bounds > claimed * (1 - BOUND_RTOL))]
     if not open_modes:
@@ -85,8 +86,7 @@ def verify_optimum(hw, model, workload, engine, options, limits, placements, max
     # far faster than one over thousands of modes)
     ranked, candidates, certificate = [], 0, None
     for lo in range(0, len(open_modes), VERIFY_MILP_MODES):
-        terms = build_terms(hw, model, workload, engine, options, limits, open_modes[lo:lo + VERIFY_MILP_MODES],
-                            latency_limits=latency_limits)
+        terms = build_terms(problem, open_modes[lo:lo + VERIFY_MILP_MODES], latency_limits=latency_limits)
         found = exhaustive(terms, max_batch, objective, fixed)
         candidates += found.candidates
         if found.choice is None:

@@ -106,11 +106,11 @@ def test_ideal_reproduces_the_plain_model():
     for case in golden["searches"]:
         # captured when the search ran over a 15-value μ grid: pinned to the grid's μ it finds
         # the same optimum; free over every μ it can only do better
-        args = (load_hardware(case["hw"]), load_model(case["model"]), make_workload("mtbench"), case["schedule"])
+        args = (load_hardware(case["hw"]), load_model(case["model"]), make_workload("mtbench"))
         mu = parse_policy(case["policy"]).micro_batch_size
-        pinned = search(*args, engine="ideal", fixed={"micro_batch_size": mu}, top=0)
+        pinned = search(*args, schedule=case["schedule"], engine="ideal", fixed={"micro_batch_size": mu}, top=0)
         assert pinned.best.estimate.generation_throughput_tok_s == pytest.approx(case["gen_tput"], rel=1e-9)
-        free = search(*args, engine="ideal", top=0)
+        free = search(*args, schedule=case["schedule"], engine="ideal", top=0)
         assert free.best.estimate.generation_throughput_tok_s >= case["gen_tput"] * (1 - 1e-9)
 
 
@@ -302,7 +302,7 @@ def test_infeasible_names_the_limit_that_binds():
     fixed = {"micro_batch_size": 36, "num_micro_batches": 14, "attn_on_gpu": True, "ffn_on_gpu": True,
              "kv_gpu_ratio": 0.0, "weights_gpu_ratio": 0.04}
     with pytest.raises(InfeasibleError, match="GPU memory binds"):
-        search(hw, model, wl, "flexgen", fixed=fixed, limits=limits)
+        search(hw, model, wl, schedule="flexgen", fixed=fixed, limits=limits)
     # FlexGen itself splits all weights by --percent: the same policy fits its layout
     res = search(hw, model, wl, fixed=fixed, limits=limits, engine="flexgen", top=0)
     assert res.best.estimate.feasible
@@ -362,6 +362,7 @@ def test_hrm_runtime_engine_predicts_what_validate_predicted_before():
         assert a.generation_throughput_tok_s == b.generation_throughput_tok_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ideal", "moe-lightning", "flexgen"])
 def test_gen_len_one_is_prefill_only(engine):
     res = search(load_hardware("l4"), load_model("mixtral"), make_workload("mtbench", gen_len=1), engine=engine,

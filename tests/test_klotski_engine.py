@@ -17,6 +17,7 @@ from hrm.hardware import load_hardware
 from hrm.memory import memory_limits
 from hrm.model import load_model
 from hrm.options import DEFAULT_OPTIONS
+from hrm.problem import make_problem
 from hrm.rates import rates_from_profile
 from hrm.routing import parse_routing
 from hrm.units import dtype_bytes
@@ -98,8 +99,10 @@ def test_bounds_never_exceed_the_scheduled_times(hw_name, model_name, routing):
     at most the scheduled decode step and prefill, on seeded random candidates."""
     hw, model, options, rates = _setup(hw_name, model_name, routing)
     workload = make_workload("mtbench")
-    request = SearchRequest(hw, model, workload, ENGINE, "generation", "generation", {}, [], 2048, options,
-                            memory_limits(hw, options), 0, "auto", False, None, None, LatencyLimits(), 0.0)
+    request = SearchRequest(problem=make_problem(hw, model, workload, ENGINE, options, memory_limits(hw, options)),
+                            objective="generation", solve_for="generation", fixed={}, notes=[], max_batch=2048, top=0,
+                            solver="auto", verify=False, hw_name=None, model_name=None, latency_limits=LatencyLimits(),
+                            start=0.0)
     cands = candidates(request, rates)
     rng = np.random.default_rng(13)
     for i in rng.choice(len(cands), size=12, replace=False):

@@ -17,7 +17,12 @@ def test_there_are_four_notebooks_stored_without_outputs():
         assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), path.name
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+#: 04_validation runs policies in the reference runtime against their predictions (a cross-check)
+SLOW_NOTEBOOKS = ("04_validation.ipynb",)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_NOTEBOOKS else p
+                                  for p in NOTEBOOKS], ids=lambda p: p.name)
 def test_notebook_executes(path, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -10,7 +10,7 @@ import pytest
 import hrm.klotski as klotski
 import hrm.pipelines.expert_level as expert_level
 from hrm import costs, latency
-from hrm.engine import IDENTITY_FIELDS, IDEAL, MECHANISMS, Engine, _leaf_fields, list_engines, load_engine
+from hrm.engine import IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, MECHANISMS, Engine, _leaf_fields, list_engines, load_engine
 from hrm.errors import HRMError
 from hrm.estimate import estimate, estimate_problem
 from hrm.hardware import load_hardware
@@ -59,14 +59,14 @@ def test_every_shipped_engine_is_modelled_by_its_pipeline():
         fields = pipeline_of(engine).fields
         defaults = dict(_leaf_fields(Engine.model_construct(name="x")))
         for field, value in _leaf_fields(engine):
-            if field.split(".")[0] not in IDENTITY_FIELDS and value != defaults[field]:
+            if field.split(".")[0] not in IDENTITY_FIELDS and field not in LIMIT_FIELDS and value != defaults[field]:
                 assert fields.problem(field, value) is None, (name, field)
 
 
 def test_explain_covers_every_mechanism_field():
     """Every engine field that is not identity or policy space is a mechanism --explain can
     switch off."""
-    fields = {f for f, _ in _leaf_fields(IDEAL) if f.split(".")[0] not in IDENTITY_FIELDS}
+    fields = {f for f, _ in _leaf_fields(IDEAL) if f.split(".")[0] not in IDENTITY_FIELDS and f not in LIMIT_FIELDS}
     assert fields == set(MECHANISMS)
 
 

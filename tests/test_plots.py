@@ -18,6 +18,7 @@ from hrm.plots import plot_cpu_memory, plot_policy_map, plot_roofline, plot_time
 from hrm.plots.policy_map import grid
 from hrm.plots.timeline import trace_policy
 from hrm.policy import parse_policy
+from hrm.problem import make_problem
 from hrm.rates import rates_from_profile
 from hrm.roofline import hrm_from_profile, turning_points
 from hrm.pipelines import decode_timeline
@@ -147,7 +148,7 @@ def test_policy_map_cells_equal_search():
 
     model, workload = load_model("mixtral-8x22b"), make_workload(None, 512, None, 32)
     hw = load_hardware("2xa100-80g")
-    table = policy_map(hw, model, workload, [100, 500], [1, 3])
+    table = policy_map(make_problem(hw, model, workload), [100, 500], [1, 3])
     assert len(table) == 4
     for _, row in table.iterrows():
         best = search(fig10_machine(row["h2d_gbps"], row["cpu_scale"]), model, workload, top=0).best
@@ -170,7 +171,7 @@ def test_cpu_memory_sweep_equals_hrm_search_cli(capsys):
     from solver.sweep import cpu_memory_sweep
 
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench")
-    table = cpu_memory_sweep(hw, model, workload, [60, 200], ["cgopipe", "flexgen"])
+    table = cpu_memory_sweep(make_problem(hw, model, workload), [60, 200], ["cgopipe", "flexgen"])
     for _, row in table.iterrows():
         capsys.readouterr()
         code = main(["search", "--hw", "l4", "--model", "mixtral", "--cpu-mem", str(row["cpu_mem_gib"]),

@@ -233,6 +233,7 @@ def skewed_run(tmp_path_factory):
     return path, json.loads(path.read_text()), load_model(model)
 
 
+@pytest.mark.slow
 def test_trace_loads_and_every_count_adds_up(skewed_run):
     path, trace, spec = skewed_run
     k, ne = spec.top_k, spec.num_experts
@@ -268,6 +269,7 @@ def test_trace_loads_and_every_count_adds_up(skewed_run):
         assert np.sum(s["expert_counts"], axis=1).tolist() == [k * (lengths[s["sequence"]] + WORKLOAD.gen_len - 1)] * 2
 
 
+@pytest.mark.slow
 def test_the_skew_is_real(skewed_run):
     """Expert 0 draws well above its uniform share, activations tend to fall with the expert
     id, and the counts are far from uniform. At S = 1.5 the random router's own per-expert
@@ -287,6 +289,7 @@ def test_the_skew_is_real(skewed_run):
         assert chi2 / 10 > stats.chi2.isf(1e-6, ne - 1), chi2
 
 
+@pytest.mark.slow
 def test_distinct_experts_per_decode_micro_batch_within_5_percent(skewed_run):
     """D(t) = Σ_e 1 − (1 − q_e)^t with q from the layer's counts vs the mean measured distinct
     experts of the decode router calls of t tokens — in-sample, and out of sample (q from the
@@ -329,6 +332,7 @@ def hit_share_standard_error(trace: dict, position: int, rids: set[int], hot) ->
     return float(np.sqrt(n / (n - 1) * np.sum((hits - share * activations) ** 2)) / activations.sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cached", [1, 2])
 def test_hot_expert_cache_hit_rate_within_5_percent(skewed_run, cached):
     """Share of decode activations that hit the C hottest experts (by the trace) vs
@@ -344,6 +348,7 @@ def test_hot_expert_cache_hit_rate_within_5_percent(skewed_run, cached):
         assert abs(error) <= TOLERANCE, (layer["layer"], cached, measured, error)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cached", [1, 2])
 def test_hot_expert_cache_hit_rate_out_of_sample(skewed_run, cached):
     """The prediction proper: hot set and h from the decode calls of the first half of the

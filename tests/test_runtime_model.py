@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from hrm import latency
+from hrm.engine import as_engine
 from hrm.estimate import estimate
 from hrm.hardware import Dispatch, Emulation, load_hardware, parse_hardware
 from hrm.memory import memory_limits
 from hrm.model import load_model
 from hrm.options import ModelOptions
 from hrm.policy import Policy
+from hrm.problem import make_problem
 from hrm.rates import rates_from_profile
 from hrm.workload import make_workload
 from solver import milp
@@ -154,14 +156,16 @@ def test_milp_carries_the_dispatch_terms():
     hw = cpu_only(ALPHA, EMU)
     model, wl = tiny(), make_workload("mtbench", gen_len=8)
     limits = memory_limits(hw, FP32)
-    terms = build_terms(hw, model, wl, "cgopipe", FP32, limits, enumerate_modes("cgopipe", (1, 2, 4, 8, 16, 32, 64, 128)))
+    terms = build_terms(make_problem(hw, model, wl, as_engine("cgopipe"), FP32, limits),
+                        enumerate_modes("cgopipe", (1, 2, 4, 8, 16, 32, 64, 128)))
     result = milp.solve_dinkelbach(terms, 256, "generation", solver="cbc")
     check = exhaustive(terms, 256, "generation")
     assert result.objective == pytest.approx(check.objective, rel=1e-3)
     est = estimate(hw, model, wl, choice_to_policy(terms, result.choice), "cgopipe", FP32, limits)
     assert est.generation_throughput_tok_s == pytest.approx(result.objective, rel=1e-6)
-    plain = build_terms(cpu_only(emulation=EMU), model, wl, "cgopipe", FP32, limits, enumerate_modes("cgopipe", (1, 2, 4, 8, 16, 32, 64, 128)))
-    assert np.all(terms.a > plain.a)
+    plain = build_terms(make_problem(cpu_only(emulation=EMU), model, wl, as_engine("cgopipe"), FP32, limits),
+                        enumerate_modes("cgopipe", (1, 2, 4, 8, 16, 32, 64, 128)))
+    assert np.all(terms.per_micro_batch_s > plain.per_micro_batch_s)
 
 
 def test_device_attention_and_kv_indexing_alpha():

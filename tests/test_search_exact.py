@@ -18,12 +18,12 @@ from hrm.hardware import load_hardware
 from hrm.memory import memory_limits
 from hrm.model import load_model
 from hrm.options import DEFAULT_OPTIONS
+from hrm.problem import make_problem
 from hrm.workload import make_workload
 from solver.exact import best_in_mode, best_in_modes, throughput_upper_bounds
-from solver.milp import max_micro_batches
 from solver.search import search
-from solver.terms import (affine_in_step, affine_pieces, build_terms, enumerate_modes, piece_sum_weights,
-                          total_time_s)
+from solver.terms import (STEP_COEFFICIENTS, WEIGHTS_COEFFICIENT, affine_in_step, affine_pieces, build_terms,
+                          enumerate_modes, max_micro_batches, piece_sum_weights, total_time_s)
 
 # hw, model, preset, gen, engine, max_batch, objective, fixed, gpu GiB override
 DENSE = [
@@ -85,10 +85,11 @@ def test_bisection_equals_enumeration_and_bounds_hold(hw_name, model_name, engin
     eng = resolve_engine(engine, None)
     limits = memory_limits(hw, DEFAULT_OPTIONS)
     modes = enumerate_modes(eng, (1, 3, 17, 64, 101, 250, 512))
-    terms = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
+    terms = build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes)
     nbar = max_micro_batches(terms, 4096)
     fast = best_in_modes(terms, np.arange(len(modes)), nbar, 4096, "generation", {})
-    blocks = throughput_upper_bounds(build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes, blocks=4), 4096)
+    blocks = throughput_upper_bounds(build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes,
+                                                 blocks=4), 4096)
     for k in range(len(modes)):
         grid = best_in_mode(terms, k, int(nbar[k]), 4096, "generation", {}, grid=True)
         assert (fast[k] is None) == (grid is None)
@@ -110,10 +111,11 @@ def test_bounds_hold_where_memory_binds_the_kv(hw_name, model_name, preset, fixe
     limits = memory_limits(hw, DEFAULT_OPTIONS)
     max_batch = 16384
     modes = enumerate_modes(eng, (1, 40, 158, 238, 333, 1000, 4000, 8000, 12000, 14000, 14329, 15000, 16384))
-    terms = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
+    terms = build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes)
     nbar = max_micro_batches(terms, max_batch)
     bounds = throughput_upper_bounds(terms, max_batch, fixed=fixed)
-    blocks = throughput_upper_bounds(build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes, blocks=4),
+    blocks = throughput_upper_bounds(build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes,
+                                                 blocks=4),
                                      max_batch, fixed=fixed)
     checked = 0
     for k in range(len(modes)):
@@ -132,9 +134,9 @@ def test_lanes_are_convex_in_the_context(engine, hw_name, model_name):
     differences over the decode steps: the Jensen step of the bounds holds."""
     hw, model, wl = load_hardware(hw_name), load_model(model_name), make_workload("summarization", gen_len=200)
     eng = resolve_engine(engine, None)
-    terms = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, memory_limits(hw, DEFAULT_OPTIONS),
+    terms = build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, memory_limits(hw, DEFAULT_OPTIONS)),
                         enumerate_modes(eng, (1, 7, 32, 128, 700)))
-    for arr in (terms.a, terms.b, terms.c, terms.sync):
+    for arr in (getattr(terms, key) for key in STEP_COEFFICIENTS):
         second = np.diff(arr, n=2, axis=-1)
         scale = np.max(np.abs(arr), axis=-1, keepdims=True) + 1e-300
         assert np.all(second >= -1e-9 * scale)
@@ -151,9 +153,9 @@ def test_piecewise_terms_equal_one_column_per_step(hw_name, model_name, engine, 
     eng = resolve_engine(engine, None)
     limits = memory_limits(hw, DEFAULT_OPTIONS)
     modes = enumerate_modes(eng, (1, 3, 17, 64, 250, 2000))
-    full = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
-    piecewise = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes, pieces=True)
-    assert piecewise.a.shape[-1] <= min(full.a.shape[-1], 9)
+    full = build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes)
+    piecewise = build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes, pieces=True)
+    assert piecewise.per_micro_batch_s.shape[-1] <= min(full.per_micro_batch_s.shape[-1], 9)
     rng = np.random.default_rng(7)
     k = rng.integers(0, len(modes), 500)
     n = rng.integers(1, 40, 500).astype(float)
@@ -172,26 +174,28 @@ def test_piecewise_terms_find_every_change_of_slope(kinks):
     eng = resolve_engine("ideal", None)
     limits = memory_limits(hw, DEFAULT_OPTIONS)
     modes = enumerate_modes(eng, (2, 40, 300))
-    full = build_terms(hw, model, wl, eng, DEFAULT_OPTIONS, limits, modes)
+    full = build_terms(make_problem(hw, model, wl, eng, DEFAULT_OPTIONS, limits), modes)
     steps = np.arange(full.steps, dtype=float)
     rng = np.random.default_rng(len(kinks))
-    bent = {key: getattr(full, key).copy() for key in ("a", "b", "c", "sync")}
+    bent = {key: getattr(full, key).copy() for key in STEP_COEFFICIENTS}
     for kink in kinks:  # a convex bend (slope grows after the kink) on random rows
-        for key in ("a", "c"):
+        for key in ("per_micro_batch_s", "per_layer_s"):
             rows = rng.random(bent[key].shape[:-1]) < 0.3
             scale = np.abs(bent[key]).max(axis=-1, keepdims=True) * 1e-2
             bent[key] = bent[key] + rows[..., None] * scale * np.maximum(steps - kink, 0.0)
-    dense = replace(full, **bent, affine=np.all(affine_in_step(bent["a"]) & affine_in_step(bent["b"])
-                                                & affine_in_step(bent["c"]), axis=2))
+    dense = replace(full, **bent, affine=np.all(affine_in_step(bent["per_micro_batch_s"])
+                                                & affine_in_step(bent["per_micro_batch_kv_cpu_s"])
+                                                & affine_in_step(bent["per_layer_s"]), axis=2))
 
     def evaluate(at):
         cols = {key: val[..., at] for key, val in bent.items()}
-        return {**cols, "w": full.w}
+        return {**cols, WEIGHTS_COEFFICIENT: getattr(full, WEIGHTS_COEFFICIENT)}
 
     index, coef = affine_pieces(evaluate, full.steps)
     assert set(kinks) <= set(index.tolist())
-    piecewise = replace(full, **{key: coef[key] for key in ("a", "b", "c", "sync")}, step_index=index,
-                        step_weight=piece_sum_weights(index), affine=np.ones(full.a.shape[:2], dtype=bool))
+    piecewise = replace(full, **{key: coef[key] for key in STEP_COEFFICIENTS}, step_index=index,
+                        step_weight=piece_sum_weights(index),
+                        affine=np.ones(full.per_micro_batch_s.shape[:2], dtype=bool))
     k = rng.integers(0, len(modes), 300)
     n = rng.integers(1, 30, 300).astype(float)
     m = rng.integers(0, full.expert_slots + 1, 300).astype(float)

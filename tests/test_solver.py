@@ -6,12 +6,14 @@ import sys
 
 import pytest
 
+from hrm.engine import as_engine
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.hardware import load_hardware
 from hrm.memory import memory_limits
 from hrm.model import load_model
 from hrm.options import ModelOptions
+from hrm.problem import make_problem
 from hrm.workload import make_workload
 from solver import milp
 from solver.exact import throughput_upper_bounds
@@ -54,7 +56,7 @@ def _terms(hw_name, model_name, preset, schedule, gpu_mem, cpu_mem, padding):
     hw, model = load_hardware(hw_name), load_model(model_name)
     wl = make_workload(preset, gen_len=8, padding=padding)
     limits = memory_limits(hw, ModelOptions(), gpu_mem, cpu_mem)
-    return hw, model, wl, limits, build_terms(hw, model, wl, schedule, ModelOptions(), limits,
+    return hw, model, wl, limits, build_terms(make_problem(hw, model, wl, as_engine(schedule), ModelOptions(), limits),
                                               enumerate_modes(schedule, MU_GRID))
 
 
@@ -64,10 +66,10 @@ def test_milp_equals_exhaustive(case):
     hw_name, model_name, preset, schedule, objective, fixed, gpu_mem, cpu_mem, padding = case
     hw, model, wl, limits, terms = _terms(hw_name, model_name, preset, schedule, gpu_mem, cpu_mem, padding)
     if fixed.get("micro_batch_size"):
-        terms = build_terms(hw, model, wl, schedule, ModelOptions(), limits,
+        terms = build_terms(make_problem(hw, model, wl, as_engine(schedule), ModelOptions(), limits),
                             enumerate_modes(schedule, (fixed["micro_batch_size"],)))
     if "attn_on_gpu" in fixed:
-        terms = build_terms(hw, model, wl, schedule, ModelOptions(), limits,
+        terms = build_terms(make_problem(hw, model, wl, as_engine(schedule), ModelOptions(), limits),
                             enumerate_modes(schedule, MU_GRID, attn=fixed["attn_on_gpu"]))
     result = milp.solve_dinkelbach(terms, MAX_BATCH, objective, solver="cbc")
     check = exhaustive(terms, MAX_BATCH, objective)
@@ -90,7 +92,8 @@ def test_mode_bounds_hold_and_pruned_search_is_optimal(case):
     hw_name, model_name, preset, schedule, objective, fixed, gpu_mem, cpu_mem, padding = case
     hw, model, wl, limits, terms = _terms(hw_name, model_name, preset, schedule, gpu_mem, cpu_mem, padding)
     bounds = throughput_upper_bounds(terms, MAX_BATCH, objective)
-    blocks = throughput_upper_bounds(build_terms(hw, model, wl, schedule, ModelOptions(), limits, terms.modes, blocks=4),
+    problem = make_problem(hw, model, wl, as_engine(schedule), ModelOptions(), limits)
+    blocks = throughput_upper_bounds(build_terms(problem, terms.modes, blocks=4),
                                      MAX_BATCH, objective)
     check = exhaustive(terms, MAX_BATCH, objective)
     for value, choice in check.ranked:

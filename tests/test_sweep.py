@@ -148,6 +148,7 @@ def test_out_refused_before_work(tmp_path, capsys):
 
 
 # --- rows equal independent searches ----------------------------------------------------
+@pytest.mark.slow
 def test_rows_equal_hrm_search_on_the_what_if_machine():
     table = run_sweep(grid_cells(SweepGrid.model_validate(SMALL)), backend="inline")
     assert list(table.columns) == list(COLUMNS) and len(table) == 32
