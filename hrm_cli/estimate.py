@@ -9,6 +9,7 @@ from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
                             engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, routed_model,
                             workload_from_args)
+from hrm.errors import InfeasibleError
 from hrm.estimate import EstimateResult, estimate
 from hrm.memory import MemoryLimits, physical_limits
 from hrm.pipelines import lane_label
@@ -96,8 +97,11 @@ def main(argv) -> int:
                         physical)
         if report is not None:
             report.render()
-    # a policy that does not fit physical memory cannot run: the estimate is printed, exit 3
-    return 0 if fits_physical else 3
+    if not fits_physical:  # it cannot run: the estimate is printed, then one line and exit 3
+        raise InfeasibleError(f"the policy does not fit physical memory less engine {engine.name}'s reserve: "
+                              f"GPU {gib(result.gpu_peak_bytes)} of {gib(physical.gpu_bytes)}, "
+                              f"CPU {gib(result.cpu_peak_bytes)} of {gib(physical.cpu_bytes)}")
+    return 0
 
 
 def ops_main(argv) -> int:

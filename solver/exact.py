@@ -6,8 +6,8 @@ The search is exact over μ = 1 … μ_max (every integer whose smallest batch f
 every whole-expert m and continuous z:
 
 1. **Bounds** (:func:`throughput_upper_bounds`): no policy of mode k beats
-   per_seq·μ / (a lower bound of T/n) (:func:`hrm.throughput.throughput_tok_s` of one
-   micro-batch). Per lane, T/n = a + s·b + (r·w + c)/n (a, b, w, c: the lane's
+   per_seq·μ / (a lower bound of T/n) (per_seq: :func:`hrm.throughput.tokens_per_sequence`).
+   Per lane, T/n = a + s·b + (r·w + c)/n (a, b, w, c: the lane's
    per_micro_batch_s, per_micro_batch_kv_cpu_s, per_layer_offloaded_weights_s and
    per_layer_s, :class:`hrm.latency.Lane`) with the
    KV-on-CPU share s = 1 − z/N and the offloaded expert share r = 1 − m/M; each term is
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hrm.problem import Problem
-from hrm.throughput import end_to_end_time_s, throughput_tok_s
+from hrm.throughput import end_to_end_time_s, throughput_tok_s, tokens_per_sequence
 
 from .terms import (LATENCY_RTOL, Choice, LatencyLimits, Mode, Terms, build_terms, largest_static_experts,
                     max_micro_batches, meets_latency_limits, memory_terms, phase_times_s, snapped_expert_count,
@@ -110,18 +110,18 @@ def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "gene
                                share[:, None, None, None], rest[:, None, None, None], n_top[:, None, None, None],
                                room.expand(3))
     decode = (np.max(decode, axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
-    decode_s = (decode + terms.steps * terms.head[k]
-                + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
-    prefill_s = 0.0
+    time_s = (decode + terms.steps * terms.head[k]
+              + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
     if objective == "generation":
         pre = _lane_lower_bound(terms.prefill_per_micro_batch_s[k], terms.prefill_per_micro_batch_kv_cpu_s[k],
                                 terms.prefill_per_layer_offloaded_weights_s[k], terms.prefill_per_layer_s[k],
                                 share[:, None, None], rest[:, None, None], n_top[:, None, None], room.expand(2))
-        prefill_s = np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
-    # per micro-batch: μ sequences in at least these times (no policy of the mode beats it;
-    # a time bound at or below 0 bounds nothing)
-    bound = np.where(end_to_end_time_s(prefill_s, decode_s, objective) > 0,
-                     throughput_tok_s(terms.mu[k], terms.gen_len, prefill_s, decode_s, objective), np.inf)
+        time_s = time_s + np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
+    # the tokens of one micro-batch over a lower bound of its time (a bound at or below 0
+    # seconds bounds nothing)
+    tokens = tokens_per_sequence(terms.gen_len, objective) * terms.mu[k]
+    with np.errstate(divide="ignore"):
+        bound = np.where(time_s > 0, tokens / np.maximum(time_s, 1e-300), np.inf)
     return np.where(count >= 1, bound, 0.0)
 
 
@@ -147,7 +147,8 @@ def _gpu_room(terms: Terms) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
         room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const
         kv = terms.gpu_kv_seq + terms.cpu_kv_seq
     else:
-        per_seq, per_rw, room, kv = terms.gpu_per_seq, terms.gpu_per_rw, lim.gpu_bytes - terms.gpu_const, terms.gpu_kv_seq
+        per_seq, per_rw, kv = terms.gpu_per_seq, terms.gpu_per_rw, terms.gpu_kv_seq
+        room = lim.gpu_bytes - terms.gpu_const
     return room - per_seq * terms.mu, per_rw, float(kv), per_seq >= 0
 
 
@@ -475,8 +476,8 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     per_mode = max(1, evaluations // max(1, len(first)))
     for j in first:
         if np.isfinite(value[j]):
-            out[position[int(kk[j])]] = ModeBest(float(value[j]), Choice(int(kk[j]), int(nn[j]), int(m[j]), float(z[j])),
-                                                 per_mode)
+            choice = Choice(int(kk[j]), int(nn[j]), int(m[j]), float(z[j]))
+            out[position[int(kk[j])]] = ModeBest(float(value[j]), choice, per_mode)
     return out
 
 
@@ -570,7 +571,8 @@ def solve_placement(problem: Problem, bound_terms: Terms, idx: np.ndarray, max_b
         i += size
         size = min(2 * size, MAX_BATCH_OF_MODES)
         floor = best[0].throughput if best else 0.0
-        n_min = fewest_useful_micro_batches(bound_terms, chosen, nbar, max_batch, objective, floor, fixed) if floor else None
+        n_min = (fewest_useful_micro_batches(bound_terms, chosen, nbar, max_batch, objective, floor, fixed)
+                 if floor else None)
         terms = build_terms(problem, [bound_terms.modes[j] for j in chosen], pieces=True,
                             latency_limits=bound_terms.latency_limits)
         found = best_in_modes(terms, np.arange(len(chosen)), nbar[chosen], max_batch, objective, fixed, floor=floor,

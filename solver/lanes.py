@@ -113,7 +113,8 @@ def _infeasible_reason(problem: Problem, terms: Terms, fixed: dict) -> str:
         if weights > limits.cpu_bytes:
             return (f"model weights {weights / GIB:.1f} GiB exceed usable host memory {limits.cpu_bytes / GIB:.1f} GiB "
                     f"({hw.name}, CPU-only)")
-        return f"even one sequence of {workload.max_context_len} tokens does not fit host memory {limits.cpu_bytes / GIB:.1f} GiB"
+        return (f"even one sequence of {workload.max_context_len} tokens does not fit host memory "
+                f"{limits.cpu_bytes / GIB:.1f} GiB")
     if not len(terms.modes):
         return "no placement is allowed"
     gpu_need, cpu_need = _smallest_tier_bytes(terms, fixed)

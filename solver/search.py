@@ -56,8 +56,8 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
     if "weights_gpu_ratio" in fixed:
         snapped = snap_weights_ratio(model, engine, fixed["weights_gpu_ratio"])
         if snapped != fixed["weights_gpu_ratio"]:
-            notes.append(f"--fix rw={fixed['weights_gpu_ratio']:g} snapped to {snapped:.4g}: engine {engine.name} keeps "
-                         f"{static_experts_in_words(model, engine, snapped)} on the GPU")
+            notes.append(f"--fix rw={fixed['weights_gpu_ratio']:g} snapped to {snapped:.4g}: engine {engine.name} "
+                         f"keeps {static_experts_in_words(model, engine, snapped)} on the GPU")
             fixed["weights_gpu_ratio"] = snapped
     return fixed, notes
 

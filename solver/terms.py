@@ -332,7 +332,8 @@ def largest_static_experts(terms: MemoryTerms) -> np.ndarray:
         per_rw = terms.gpu_per_rw
         growing = (terms.gpu_per_seq >= 0) & (terms.gpu_kv_seq >= 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        m_max = np.where((per_rw > 0) & growing, np.clip(np.floor(room * M / np.where(per_rw > 0, per_rw, 1.0)), 0, M), M)
+        most = np.clip(np.floor(room * M / np.where(per_rw > 0, per_rw, 1.0)), 0, M)
+        m_max = np.where((per_rw > 0) & growing, most, M)
     return np.where(ffn, m_max, 0.0)
 
 

@@ -88,6 +88,12 @@ class EngineFlags(Frozen):
     #: which of ``engines`` runs a policy (None, or returning None: the plan's engine)
     hrm_engine: Optional[Callable[[Policy], Optional[str]]] = None
     caveats: tuple[str, ...] = ()
+    #: other programs whose flags import reads as this target's (e.g. a runner script that
+    #: takes the same flags); export always prints ``programs``
+    import_programs: tuple[str, ...] = ()
+    #: the workload a command's own flags define (FlexGen's --prompt-len/--gen-len, padded),
+    #: or the workload the engine runs for a plan's; None: the HRM workload unchanged
+    workload: Optional[Callable[[Optional[dict[str, list[str]]], Context], object]] = None
     nearest: Callable[[Policy, Context], list[Policy]]
     render: Callable[[Policy, Context], dict[str, list[str]]]
     parse: Callable[[dict[str, list[str]], Context], tuple[Policy, list[str]]]

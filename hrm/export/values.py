@@ -8,7 +8,6 @@ import math
 from .. import bounds
 from ..errors import HRMError
 from ..policy import Policy, policy_problem
-from ..units import GIB
 from .target import Context
 
 #: percent of a share; GiB of offloaded weights (per GPU)
@@ -80,30 +79,69 @@ def nearest_counts(exact: float) -> list[int]:
     return sorted({math.floor(exact + 1e-9), math.ceil(exact - 1e-9)}, key=lambda c: abs(c - exact))
 
 
-def ratio_from_offload(gib: float, ctx: Context) -> float:
-    """r_w of ``gib`` GiB of expert weights offloaded per GPU (vLLM's and SGLang's
-    ``--cpu-offload-gb``)."""
-    total = expert_bytes(ctx)
-    return max(0.0, 1.0 - gib * GIB * ctx.gpu_count / total) if total else 1.0
-
-
-def served_batch(values: dict[str, list[str]], ctx: Context, *, engine: str, batch_flag: str, tp_flag: str,
-                 memory_flag: str) -> int:
-    """The batch a serving engine's flags give (its running-sequence limit, required), after
-    the checks vLLM and SGLang share: the tensor-parallel size is the machine's GPU count and
-    the GPU memory share a fraction."""
-    big = int_value(values, batch_flag, bounds.SEQUENCES)
-    if big is None:
-        raise HRMError(f"{engine}: give {batch_flag} (the batch size)")
+def server_notes(values: dict[str, list[str]], ctx: Context, *, engine: str, model: str | None,
+                 unmodelled: dict[str, tuple[tuple[str, ...], str]], tp_flag: str, memory_flag: str) -> list[str]:
+    """The checks vLLM and SGLang commands share: the served model is the planned one, flags of
+    mechanisms HRM does not model are at their off values (``unmodelled``: flag -> (values that
+    keep it off, why)), the tensor-parallel size is the machine's GPU count and the GPU memory
+    share a fraction. Notes for what is read with a default."""
+    notes = served_model_notes(model, ctx, engine, "model")
+    for flag, (off, why) in unmodelled.items():
+        if flag in values and not (values[flag] and values[flag][0] in off):
+            raise HRMError(f"{engine}: {flag} {' '.join(values[flag])}: {why}, which HRM's {engine} engine does not model")
     tp = int_value(values, tp_flag, bounds.GPU_COUNT, 1)
     if tp != ctx.gpu_count:
         raise HRMError(f"{tp_flag} {tp}: the hardware profile has {ctx.gpu_count} GPU(s)")
     float_value(values, memory_flag, bounds.MEMORY_UTILIZATION)
-    return big
+    return notes
 
 
-def streamed_offload(big: int, gib: float, ctx: Context) -> Policy:
-    """``--cpu-offload-gb`` (vLLM; SGLang without kTransformers): GPU attention over a KV
-    cache on the GPU, the batch in one forward pass, ``gib`` GiB of weights per GPU streamed."""
-    return Policy(batch_size=big, micro_batch_size=big, num_micro_batches=1, attn_on_gpu=True, ffn_on_gpu=True,
-                  weights_gpu_ratio=ratio_from_offload(gib, ctx), kv_gpu_ratio=1.0)
+def suffixed_int(values: dict[str, list[str]], flag: str, multipliers: dict[str, int], rng: bounds.Range,
+                 default=None, whole_only: tuple[str, ...] = ()) -> int | None:
+    """A token count written with an engine's suffixes (vLLM's and SGLang's human-readable
+    ints: each engine's own multiplier table); ``whole_only`` suffixes take no decimals."""
+    if flag not in values:
+        return default
+    text = values[flag][0].strip()
+    number, suffix = text, ""
+    for key in sorted(multipliers, key=len, reverse=True):
+        if text.endswith(key):
+            number, suffix = text[:-len(key)], key
+            break
+    try:
+        if suffix and "." in number and suffix in whole_only:
+            raise ValueError
+        count = int(float(number) * multipliers[suffix]) if suffix else int(number)
+    except ValueError:
+        raise HRMError(f"{flag} {text!r}: expected a whole number (suffixes: {', '.join(multipliers)})") from None
+    return rng.check(count, flag)
+
+
+def served_model_notes(named: str | None, ctx: Context, engine: str, flag: str) -> list[str]:
+    """Refuse (one line) a model a server command names that is not the model being planned;
+    a command's model matches when its last path part starts with the planned model's name
+    or one of its catalog aliases, the longest catalog name that matches deciding."""
+    from ..model import ALIASES, list_catalog
+
+    if named is None or named == "MODEL":
+        return [] if named else [f"{engine}: no model in the command: read as {ctx.model.name}"]
+    base = named.rstrip("/").split("/")[-1].lower()
+    own = ctx.model.name.lower()
+    names = {name: name for name in list_catalog()} | dict(ALIASES) | {own: own}
+    matches = sorted((key for key in names if base.startswith(key)), key=len, reverse=True)
+    if matches and names[matches[0]] in (own, ALIASES.get(own, own)):
+        return []
+    raise HRMError(f"{engine}: {flag} {named} is not the model being planned ({ctx.model.name}); "
+                   "give HRM's --model the same model")
+
+
+def within_context(ctx: Context, limit: int | None, flag: str, engine: str):
+    """The HRM workload a server bounded to ``limit`` tokens per sequence (prompt + output)
+    serves: unchanged when its longest sequence fits, refused (one line) when it does not."""
+    workload = ctx.workload
+    longest = int(workload.max_prompt_len + workload.gen_len)
+    if limit is not None and longest > limit:
+        raise HRMError(f"{engine}: {flag} {limit} is below the workload's longest sequence, --max-prompt-len + "
+                       f"--gen-len = {longest} tokens: the server rejects those requests; give a shorter "
+                       f"workload or a larger {flag}")
+    return workload
