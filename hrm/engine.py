@@ -127,12 +127,15 @@ class TensorParallel(_Frozen):
 
 
 class PolicySpace(_Frozen):
-    """What the engine can run: placements, and parts of the policy it fixes (e.g. ZeRO-
-    Inference: one batch, all weights streamed, the KV cache on the GPU)."""
+    """What the engine can run: placements, parts of the policy it fixes (e.g. ZeRO-
+    Inference: one batch, all weights streamed, the KV cache on the GPU), and the most
+    sequences it runs at once (``max_batch_size``: a start-up limit of the engine, e.g.
+    llama-server's slots; None: no limit of its own)."""
 
     attention: tuple[Literal["cpu", "gpu"], ...] = ("cpu", "gpu")
     ffn: tuple[Literal["cpu", "gpu"], ...] = ("gpu", "cpu")
     fixed: dict[str, float] = Field(default_factory=dict)
+    max_batch_size: Optional[bounds.SEQUENCES.type] = None
 
     @model_validator(mode="after")
     def _known(self):

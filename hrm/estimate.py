@@ -147,6 +147,9 @@ def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[P
     for key, value in engine.policy.fixed.items():
         if abs(float(getattr(policy, key)) - value) > 1e-9:
             raise HRMError(f"engine {engine.name} runs {key}={value:g} (policy has {getattr(policy, key):g})")
+    limit = engine.policy.max_batch_size
+    if limit is not None and policy.batch_size > limit:
+        raise HRMError(f"engine {engine.name} runs at most {limit} sequences at once (policy has N={policy.batch_size})")
     notes = []
     snapped = snap_weights_ratio(model, engine, policy.weights_gpu_ratio)
     if snapped != policy.weights_gpu_ratio:

@@ -42,22 +42,36 @@ def add_workload_args(parser) -> None:
     parser.add_argument("--padding", action="store_true", help="pad prompts to the maximum (FlexGen style)")
 
 
-def add_engine_args(parser, schedule_default=None) -> None:
+#: the engine ``hrm-search`` plans for unless --engine (or --schedule, a lane structure of
+#: ideal) says otherwise: the MoE-Lightning paper's own system; ideal on a CPU-only profile
+DEFAULT_SEARCH_ENGINE = "moe-lightning"
+
+
+def add_engine_args(parser, schedule_default=None, engine_default: str | None = "ideal") -> None:
     """--engine NAME|FILE.yaml and --schedule (the lane structure of engine ideal)."""
     from hrm.engine import list_engines
     from hrm.schedules import SCHEDULES
 
-    parser.add_argument("--engine", default="ideal", metavar="NAME|FILE.yaml",
+    default_help = ("default ideal: the plain HRM roofline, an upper bound" if engine_default == "ideal" else
+                    f"default {DEFAULT_SEARCH_ENGINE} on a GPU profile, ideal on a CPU-only one or with --schedule; "
+                    "ideal's bound is printed beside it as the headroom")
+    parser.add_argument("--engine", default=engine_default, metavar="NAME|FILE.yaml",
                         help=f"engine that runs the plan: {', '.join(list_engines())}, or an engine YAML file "
-                             "(default ideal: the plain HRM roofline, an upper bound)")
+                             f"({default_help})")
     parser.add_argument("--schedule", default=schedule_default, choices=list(SCHEDULES),
                         help="lane structure of --engine ideal (default cgopipe)")
 
 
-def engine_from_args(args):
+def engine_from_args(args, hw=None):
+    """The engine of --engine/--schedule; with no --engine (None) the search's default for
+    ``hw`` (:data:`DEFAULT_SEARCH_ENGINE`, ideal on a CPU-only profile or with --schedule)."""
     from hrm.engine import resolve_engine
 
-    return resolve_engine(getattr(args, "engine", None), getattr(args, "schedule", None))
+    name = getattr(args, "engine", None)
+    if name is None:
+        cpu_only = hw is not None and hw.gpu is None
+        name = "ideal" if cpu_only or getattr(args, "schedule", None) else DEFAULT_SEARCH_ENGINE
+    return resolve_engine(name, getattr(args, "schedule", None))
 
 
 def add_memory_args(parser) -> None:

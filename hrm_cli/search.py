@@ -36,7 +36,7 @@ def build_parser() -> ArgumentParser:
     add_machine_args(parser)
     add_workload_args(parser)
     add_memory_args(parser)
-    add_engine_args(parser)
+    add_engine_args(parser, engine_default=None)
     parser.add_argument("--objective", default="generation", choices=list(OBJECTIVES),
                         help="maximise end-to-end generation throughput (default) or decode throughput, or minimise "
                              "the per-token latency (TPOT) at the batch pinned with --fix N=")
@@ -86,8 +86,9 @@ def main(argv) -> int:
                   solver=args.solver, hw_name=args.hw, model_name=args.model)
     if args.compare:
         return _compare(hw, model, workload, args, common)
-    engine = engine_from_args(args)
+    engine = engine_from_args(args, hw)
     result = search(hw, model, workload, top=args.top, verify=args.verify, engine=engine, **common)
+    headroom = _ideal_bound(hw, model, workload, engine, common) if not args.json else None
     if args.out:
         save_plan(result.plan, args.out)
     export = _export(result, hw, model, workload, engine, options, args.export) if args.export else None
@@ -100,7 +101,7 @@ def main(argv) -> int:
     else:
         render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
                        f" (max {workload.max_prompt_len}), gen {workload.gen_len}, engine {engine.name}"
-                       f" (schedule {engine.schedule})")
+                       f" (schedule {engine.schedule})", headroom)
         if args.out:
             print(f"plan written to {args.out}")
         if export is not None:
@@ -122,7 +123,20 @@ def _export(result: SearchResult, hw, model, workload, engine, options, target: 
                          planned_throughput=result.best.estimate.generation_throughput_tok_s)
 
 
-def render(result: SearchResult, title: str) -> None:
+def _ideal_bound(hw, model, workload, engine, common) -> str | None:
+    """The ideal machine's best throughput under the same inputs, beside the engine's: the
+    headroom no engine's mechanisms leave (None for engine ideal itself, or when ideal has
+    no policy either)."""
+    if engine.name == "ideal":
+        return None
+    try:
+        ideal = search(hw, model, workload, top=0, engine="ideal", **common).best.estimate
+    except HRMError:
+        return None
+    return f"{ideal.generation_throughput_tok_s:,.1f} tok/s (engine ideal, the roofline bound on this machine)"
+
+
+def render(result: SearchResult, title: str, headroom: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -135,6 +149,8 @@ def render(result: SearchResult, title: str) -> None:
                             f"attn={'gpu' if p.attn_on_gpu else 'cpu'}  ffn={'gpu' if p.ffn_on_gpu else 'cpu'}  "
                             f"rw={p.weights_gpu_ratio:.4f}  rc={p.kv_gpu_ratio:.4f}")
     table.add_row("generation throughput", f"{best.generation_throughput_tok_s:,.1f} tok/s")
+    if headroom:
+        table.add_row("ideal machine bound", headroom)
     table.add_row("decode throughput", f"{best.decode_throughput_tok_s:,.1f} tok/s")
     table.add_row("per-token latency", f"{best.per_token_latency_s:.3f} s")
     table.add_row("decode layer latency", f"{best.decode_layer_latency_s * 1e3:.3f} ms")

@@ -62,6 +62,17 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
     return fixed, notes
 
 
+def engine_max_batch(engine: Engine, max_batch: int, fixed: dict, notes: list) -> tuple[int, list]:
+    """The batch cap within the engine's own limit (``policy.max_batch_size``); a pinned N
+    above it is refused."""
+    limit = engine.policy.max_batch_size
+    if limit is None or max_batch <= limit:
+        return max_batch, notes
+    if fixed.get("batch_size", 0) > limit:
+        raise HRMError(f"--fix N={fixed['batch_size']}: engine {engine.name} runs at most {limit} sequences at once")
+    return limit, [*notes, f"N <= {limit}: engine {engine.name}'s own limit on sequences at once"]
+
+
 def check_objective(objective: str, gen_len: int, fixed: dict, latency_limits: LatencyLimits, max_batch: int) -> str:
     """The throughput to maximise for ``objective`` (``decode`` for ``latency``), after the
     checks that it applies: decode steps for a decode objective or a TPOT limit, a pinned
@@ -108,6 +119,7 @@ def search(
     fixed, notes = engine_fixed(engine, model, dict(fixed or {}))
     latency_limits = latency_limits or LatencyLimits()
     solve_for = check_objective(objective, workload.gen_len, fixed, latency_limits, max_batch)
+    max_batch, notes = engine_max_batch(engine, max_batch, fixed, notes)
     request = SearchRequest(problem=make_problem(hw, model, workload, engine, options, limits), objective=objective,
                             solve_for=solve_for, fixed=fixed, notes=notes, max_batch=max_batch, top=top, solver=solver,
                             verify=verify, hw_name=hw_name, model_name=model_name, latency_limits=latency_limits,

@@ -11,17 +11,55 @@ from .registry import get_exporter
 from .target import Context, EngineFlags, FlagSpec
 
 
-def _words(target: EngineFlags, text: str) -> list[str]:
-    """The shell words of ``text``, less a leading program name (pasted with the command)."""
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise HRMError(f"{target.name} flags: {exc}") from None
-    for program in target.programs:
-        prog = program.split()
-        if words[:len(prog)] == prog:
+#: words that end one shell command and start the next
+_SEPARATORS = ("&&", ";", "||", "&", "|")
+
+
+def _program_word(word: str) -> str:
+    """A program word as it names a program: a path by its file name, python3(.x) as python."""
+    name = word.rsplit("/", 1)[-1]
+    return "python" if re.fullmatch(r"python3(\.\d+)?", name) else name
+
+
+def _program_words(program: str) -> list[str]:
+    """The words of a program's last command (``cd DIR && python bench.py``: python bench.py)."""
+    words = shlex.split(program)
+    cut = max((i for i, w in enumerate(words) if w in _SEPARATORS), default=-1)
+    return [_program_word(w) for w in words[cut + 1:]]
+
+
+def _without_program(target: EngineFlags, words: list[str]) -> list[str]:
+    """``words`` less a leading program name of ``target`` (``python3 -m ...``, a path)."""
+    named = [_program_word(w) for w in words]
+    for program in (*target.programs, *target.import_programs):
+        prog = _program_words(program)
+        if prog and named[:len(prog)] == prog:
             return words[len(prog):]
     return words
+
+
+def _commands(target: EngineFlags, text: str) -> list[list[str]]:
+    """The flag words of each command of ``text``: commands split at newlines and shell
+    separators (a server and its client pasted together), ``cd DIR`` commands and leading
+    VAR=value words dropped, a leading program name skipped."""
+    try:
+        words = shlex.split(text.replace("\\\n", " ").replace("\n", " ; "))
+    except ValueError as exc:
+        raise HRMError(f"{target.name} flags: {exc}") from None
+    commands, current = [], []
+    for word in [*words, ";"]:
+        if word not in _SEPARATORS:
+            current.append(word)
+        elif current:
+            commands.append(current)
+            current = []
+    out = []
+    for command in commands:
+        while command and re.fullmatch(r"[A-Za-z_]\w*=\S*", command[0]):
+            command = command[1:]
+        if command and command[0] != "cd":
+            out.append(_without_program(target, command))
+    return out
 
 
 def _unknown(target: EngineFlags, word: str, spellings) -> HRMError:
@@ -59,8 +97,22 @@ def split_flags(target: EngineFlags, text: str) -> dict[str, list[str]]:
     A leading program name (``llama-server``, ``vllm serve`` ...) is skipped. One-line
     HRMError for an unknown flag, a missing value, or a flag given twice (except a
     repeatable one such as -ot)."""
-    words = _words(target, text)
     spell = {s: spec for spec in target.flags for s in spec.spellings}
+    out: dict[str, list[str]] = {}
+    for words in _commands(target, text):
+        for key, args in _command_flags(target, spell, words).items():
+            spec = spell.get(key)
+            if key not in out:
+                out[key] = args
+            elif spec is not None and spec.repeatable:
+                out[key] = out[key] + args
+            elif key not in target.passthrough:  # a server's and its client's --port: the first kept
+                raise HRMError(f"{target.name}: {key} given twice")
+    return out
+
+
+def _command_flags(target: EngineFlags, spell: dict, words: list[str]) -> dict[str, list[str]]:
+    """One command's flags as {canonical flag: value tokens}."""
     out: dict[str, list[str]] = {}
     i = 0
     while i < len(words):

@@ -42,7 +42,7 @@ UNMODELLED = {
                                    "mechanism"),
     "--offload-group-size": (("-1", "0"), "layer-group offloading is another mechanism"),
     "--cpu-offload-gb": (("0",), "--cpu-offload-gb copies whole parameters of the first layers to the GPU every "
-                                 "forward pass (srt/utils/offloader.py:129-184), a mechanism HRM's vllm engine "
+                                 "forward pass (srt/utils/offloader.py:131-194), a mechanism HRM's vllm engine "
                                  "models: import the same budget with --from vllm"),
 }
 
@@ -164,7 +164,7 @@ def _flag(flag: str, field: str, source: str, **kw) -> FlagSpec:
 
 
 _SUFFIXED = r"\d+(\.\d+)?(k|M|G|T|Ki|Mi|Gi|Ti)?"
-SGLANG_FLAGS = (  # '--' + field name with '-' for '_' (sglang/srt/arg_groups/arg_utils.py:287-289)
+SGLANG_FLAGS = (  # '--' + field name with '-' for '_' (sglang/srt/arg_groups/arg_utils.py:288-290,327-328)
     _flag("serve", "(model: sglang serve MODEL)", "sglang/cli/serve.py:62-66 (a leading positional -> --model-path)",
           value_form=r"[^-]\S*", until_next_flag=True),
     _flag("--model-path", "(model)", f"{_F}/model.py:51-57", aliases=("--model",), value_form=r"\S+"),
