@@ -47,7 +47,7 @@ class FlagFact(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     program: str  # "server" or "client"
-    kind: str  # int, float, str, switch, ints (nargs)
+    kind: str  # int, float, str, switch, ints / strs (nargs)
     default: object
     source: str
     effect: str
@@ -65,8 +65,9 @@ FLAG_FACTS: dict[str, FlagFact] = {
     "--model-path": _fact("server", "str", None, "49-54", "required; config.json's architectures must be "
                           "Mixtral or DBRX (backend/model_runner.py:30-44)"),
     "--tokenizer-path": _fact("server", "str", None, "55-60", "defaults to --model-path (server_args.py:31-32)"),
-    "--host": _fact("server", "str", "127.0.0.1", "61", "HTTP address"),
-    "--port": _fact("server", "int", 30000, "62", "HTTP port"),
+    "--host": _fact("server", "str", "127.0.0.1", "61", "HTTP address; bench.py's --host: the server's URL, "
+                    "http://127.0.0.1 (bench.py:9)"),
+    "--port": _fact("server", "int", 30000, "62", "HTTP port; bench.py's --port too, 30000 (bench.py:10)"),
     "--additional-ports": _fact("server", "ints", [], "64-70", "ports of the worker processes"),
     "--load-format": _fact("server", "str", "auto", "71-86", "weight file format"),
     "--tokenizer-mode": _fact("server", "str", "auto", "87-95", "fast or slow tokenizer"),
@@ -83,7 +84,7 @@ FLAG_FACTS: dict[str, FlagFact] = {
     "--max-prefill-num-token": _fact("server", "int", None, "131-136", "never used"),
     "--tp-size": _fact("server", "int", 1, "137-142", "tensor parallel ranks; the optimizer multiplies GPU memory, "
                        "bandwidth and FLOP/s by it only on an L4 or T4 (backend/utils.py:102-107)"),
-    "--model-mode": _fact("server", "ints", [], "143-150", "parsed, then dropped (not a ServerArgs field)"),
+    "--model-mode": _fact("server", "strs", [], "143-150", "parsed, then dropped (not a ServerArgs field)"),
     "--schedule-conservativeness": _fact("server", "float", 1.0, "151-156", "never used"),
     "--random-seed": _fact("server", "int", 42, "157-162", "sampling seed"),
     "--stream-interval": _fact("server", "int", 8, "163-168", "streaming only"),
@@ -96,10 +97,6 @@ FLAG_FACTS: dict[str, FlagFact] = {
                    "server never sees it"),
     "--n-ub": _fact("client", "int", 0, "13", "with --ubs, how many prompts bench.py sends (bench.py:28)"),
 }
-#: the client's --host/--port (bench.py:9-10) share their spelling with the server's
-CLIENT_ADDRESS = {"--host": _fact("client", "str", "http://127.0.0.1", "9", "the server's URL"),
-                  "--port": _fact("client", "int", 30000, "10", "the server's port")}
-
 
 def _spec(flag: str, field: str, form: str = r"\d+") -> FlagSpec:
     return FlagSpec(flag=flag, policy_field=field, value_form=form, source=FLAG_FACTS[flag].source)
@@ -176,6 +173,7 @@ def _nearest(policy: Policy, ctx: Context) -> list[Policy]:
 
 
 def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
+    # no flag carries a policy: the server runs its pick, whatever ``policy``
     choice = choice_for(ctx)
     flags = server_flags(None, ctx)
     out = {"--model-path": ["MODEL"], "--avg-prompt-len": [str(flags.avg_prompt_len)],
@@ -275,6 +273,12 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     run = ctx.model_copy(update={"workload": workload})
     choice = choice_for(run, values if "--model-path" in values else None)
     policy, client = _client_policy(choice, values, workload.gen_len)
+    ignored = [f for f in ("--mem-fraction-static", "--max-prefill-num-token", "--schedule-conservativeness",
+                           "--model-mode") if f in values]
+    if "--cpu-mem-bdw" in values and choice.hardware.label not in RECOGNISED_GPUS:
+        ignored.append("--cpu-mem-bdw")
+    if ignored:
+        notes.append(f"moe-lightning: the server does not read {', '.join(ignored)} here (docs/engines/moe_lightning.md)")
     if (workload.prompt_len, workload.gen_len) != (ctx.workload.prompt_len, ctx.workload.gen_len):
         notes.append(f"moe-lightning: the server plans for --avg-prompt-len {workload.prompt_len} --gen-len "
                      f"{workload.gen_len}, not the workload's {ctx.workload.prompt_len}/{ctx.workload.gen_len}")
