@@ -7,12 +7,23 @@ from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, 
                             limits_from_args, machine_from_args, options_from_args, workload_from_args)
 from hrm.errors import HRMError
 from hrm import bounds
+from hrm.memory import physical_limits
 from hrm.plan import check_output_path, save_plan
 from hrm.policy import parse_assignments, policy_problem
 
 from solver.search import OBJECTIVES, SearchResult, search
 from solver.terms import LatencyLimits
 from solver.terms import DEFAULT_MAX_BATCH
+
+
+#: the policy fields that, pinned together with two of N, mu and n, leave the search nothing to choose
+PINNED_FIELDS = ("attn_on_gpu", "ffn_on_gpu", "weights_gpu_ratio", "kv_gpu_ratio")
+
+
+def fully_pinned(fixed: dict) -> bool:
+    """Whether ``--fix`` pins the whole policy (hrm estimate's case, through the search)."""
+    sizes = sum(k in fixed for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
+    return sizes >= 2 and all(k in fixed for k in PINNED_FIELDS)
 
 
 def parse_fix(items: list[str] | None) -> dict:
@@ -87,7 +98,13 @@ def main(argv) -> int:
     if args.compare:
         return _compare(hw, model, workload, args, common)
     engine = engine_from_args(args, hw)
+    if fully_pinned(fixed):
+        # a pinned policy may use physical memory less the engine's reserve, not the planning caps
+        common["limits"] = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
     result = search(hw, model, workload, top=args.top, verify=args.verify, engine=engine, **common)
+    if fully_pinned(fixed) and not result.best.estimate.fits(limits):
+        result.extras["notes"].append("the pinned policy is above the planning caps (--gpu-util/--cpu-util): it fits "
+                                      "physical memory less the engine's reserve, the search would not choose it")
     headroom = _ideal_bound(hw, model, workload, engine, common) if not args.json else None
     if args.out:
         save_plan(result.plan, args.out)

@@ -75,3 +75,17 @@ def test_hrm_estimate_warns_above_the_caps_and_exits_3_beyond_physical_memory(ca
                           "--policy", too_big)
     assert code == 3 and "generation throughput" in out and len(err.strip().splitlines()) == 1
     assert "physical memory" in err
+
+
+def test_search_of_a_fully_pinned_policy_checks_physical_memory(capsys):
+    """--fix of every field is a pinned policy: it is held to physical memory less the
+    engine's reserve, with a note when it is above the planning caps the search uses."""
+    hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench")
+    policy = _between_caps_and_physical(hw, model, workload, "moe-lightning")
+    pins = [f"N={policy.batch_size}", f"mu={policy.micro_batch_size}", "attn=cpu", "ffn=gpu", "rw=0", "rc=0"]
+    code, out, err = call(capsys, "search", "--hw", "l4", "--model", "mixtral", "--engine", "moe-lightning", "--fix",
+                          *pins)
+    assert code == 0 and "above the planning caps" in out
+    code, out, err = call(capsys, "search", "--hw", "l4", "--model", "mixtral", "--engine", "moe-lightning", "--fix",
+                          f"N={policy.batch_size}", f"mu={policy.micro_batch_size}", "attn=cpu", "ffn=gpu")
+    assert code == 3  # not fully pinned: the planning caps hold, and nothing fits them at this N
