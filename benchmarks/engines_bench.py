@@ -34,7 +34,12 @@ SHORT = {"decode weight path": "dec-W", "decode host-KV path (pinned/pageable)":
          "prefill weight-load overlap": "pre-ovl", "prefill KV write-back path": "pre-KV",
          "prefill writes reserved KV slots": "pre-slots", "prefill hidden-state round trip": "pre-hid",
          "staging-copy thread team": "copy-team", "NUMA placement of pinned buffers": "NUMA",
-         "ranks share host PCIe uplinks": "PCIe-share", "all-reduce path": "allreduce"}
+         "ranks share host PCIe uplinks": "PCIe-share", "all-reduce path": "allreduce",
+         "every layer weight offloaded, not only experts": "all-W", "static experts kept in whole units (r_w snapped)":
+         "whole-units", "CPU-kept experts copied to the GPU from a token count": "op-offload",
+         "missed experts copied to the GPU from tokens per expert": "miss-copy",
+         "GPU weight buffer (layers)": "W-buffer", "pinned CPU staging buffer (layers)": "pinned-buf",
+         "CPU tensor holds every expert": "cpu-all-exp"}
 
 
 def breakdown(report, top: int = 3) -> str:
