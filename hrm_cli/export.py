@@ -10,22 +10,49 @@ from hrm.export import EXPORTERS, Export, export_plan, fix_pins, get_exporter
 from hrm.plan import load_plan
 
 
-def report_differences(export: Export, stream=None) -> None:
-    """What the target could not express, on ``stream`` (stderr): one line each."""
-    stream = stream or sys.stderr
+def _throughputs(export: Export) -> str:
+    """': planned -> exported tok/s (engine E)' when both were estimated, else ''."""
+    if export.exported_throughput_tok_s is None or export.planned_throughput_tok_s is None:
+        return ""
+    return (f": {export.planned_throughput_tok_s:,.1f} -> {export.exported_throughput_tok_s:,.1f} tok/s "
+            f"(engine {export.estimate_engine})")
+
+
+def _server_pick_lines(export: Export) -> list[str]:
+    """A target whose server picks its own policy: what it runs instead of the plan (no
+    "nearest", no --fix: no flag makes it run another policy)."""
+    lines = []
     if not export.exact:
-        line = (f"note: {export.engine} cannot express {export.planned_policy.short()} exactly; exported the nearest "
-                f"{export.exported_policy.short()} ({', '.join(export.differences)})")
-        if export.exported_throughput_tok_s is not None and export.planned_throughput_tok_s is not None:
-            line += (f": {export.planned_throughput_tok_s:,.1f} -> {export.exported_throughput_tok_s:,.1f} tok/s "
-                     f"(engine {export.estimate_engine})")
-        print(line, file=stream)
+        lines.append(f"note: {export.engine}'s server picks its own policy at launch and runs "
+                     f"{export.exported_policy.short()}, not the plan's {export.planned_policy.short()} "
+                     f"({', '.join(export.differences)}){_throughputs(export)}")
     if export.exported_feasible is False:
-        print(f"warning: the exported policy exceeds a memory limit under engine {export.estimate_engine}; "
-              f"re-plan inside {export.engine}'s policy space: hrm-search ... --fix "
-              f"{fix_pins(get_exporter(export.engine))}", file=stream)
-    for caveat in export.caveats:
-        print(f"note: {caveat}", file=stream)
+        lines.append(f"warning: the server's pick exceeds a memory limit under engine {export.estimate_engine} "
+                     "(HRM's caps); the server checks only its own planning caps at launch")
+    return lines
+
+
+def _nearest_lines(export: Export) -> list[str]:
+    """A target that runs the flags' policy: the nearest it can express, and a re-plan when
+    that exceeds memory."""
+    lines = []
+    if not export.exact:
+        lines.append(f"note: {export.engine} cannot express {export.planned_policy.short()} exactly; exported the "
+                     f"nearest {export.exported_policy.short()} ({', '.join(export.differences)}){_throughputs(export)}")
+    if export.exported_feasible is False:
+        lines.append(f"warning: the exported policy exceeds a memory limit under engine {export.estimate_engine}; "
+                     f"re-plan inside {export.engine}'s policy space: hrm-search ... --fix "
+                     f"{fix_pins(get_exporter(export.engine))}")
+    return lines
+
+
+def report_differences(export: Export, stream=None) -> None:
+    """What the target runs other than the plan, its notes and caveats, on ``stream``
+    (stderr): one line each."""
+    stream = stream or sys.stderr
+    lines = _server_pick_lines(export) if export.server_picks_policy else _nearest_lines(export)
+    for line in [*lines, *(f"note: {note}" for note in (*export.notes, *export.caveats))]:
+        print(line, file=stream)
 
 
 def print_export(export: Export, fmt: str) -> None:
@@ -41,8 +68,10 @@ def main(argv) -> int:
     parser = ArgumentParser(prog="hrm export", description=(
         "Print a plan as another engine's command line (text) or its flag mapping (json: each flag, its value, "
         "the policy field it carries, the engine version it was checked against and the source file:line). "
-        "A plan the engine cannot express exactly is exported with the nearest policy it can, re-estimated; "
-        "the difference goes to stderr (text) or the json fields."))
+        "A plan the engine cannot express exactly is exported with the nearest policy it can, re-estimated on the "
+        "workload the engine runs (FlexGen pads prompts); a server that picks its own policy (moe-lightning) is "
+        "exported with its pick; the difference goes to stderr (text) or the json fields. A plan the engine cannot "
+        "run is refused in one line (exit 2; 3 when no placement it makes fits)."))
     parser.add_argument("plan", help="a plan file (hrm-search --out)")
     parser.add_argument("--to", required=True, choices=list(EXPORTERS), help="target engine")
     parser.add_argument("--format", default="text", choices=["text", "json"],

@@ -11,34 +11,52 @@ from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args
 from hrm.engine import list_engines, load_engine
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
-from hrm.export import EXPORTERS, get_exporter, import_command
+from hrm.export import EXPORTERS, get_exporter, read_command
+from hrm.export.importing import WORKLOAD_FLAGS
+from hrm.workload import DEFAULT_PRESET, PRESETS
+
+
+def given_fields(args) -> tuple[str, ...]:
+    """The workload fields the user set on ``hrm import``: every length of a preset named with
+    --workload, and --prompt-len, --max-prompt-len, --gen-len, --padding when given."""
+    named = tuple(PRESETS[args.workload]) if args.workload is not None else ()
+    flags = tuple(field for field in WORKLOAD_FLAGS if getattr(args, field) not in (None, False))
+    return tuple(dict.fromkeys(named + flags))
 
 
 def main(argv) -> int:
     parser = ArgumentParser(prog="hrm import", description=(
         "Read another engine's flags (one shell string) as the HRM policy they run and print its estimate: "
-        "what does my current command reach? Unknown or malformed flags are refused in one line (exit 2)."))
+        "what does my current command reach? The command's own workload flags (and the engine's defaults where "
+        "absent) define the workload estimated; a workload flag given here that differs from them is an error. "
+        "Unknown or malformed flags are refused in one line (exit 2)."))
     parser.add_argument("--from", dest="source", required=True, choices=list(EXPORTERS), help="the engine the flags are for")
     parser.add_argument("flags", help='the engine\'s flags in one string, e.g. "-np 64 -ub 16 --n-cpu-moe 20"')
     add_machine_args(parser)
     add_workload_args(parser)
+    parser.set_defaults(workload=None)  # None: no preset named (mtbench is used), so none to check
     add_memory_args(parser)
     parser.add_argument("--engine", choices=list(list_engines()),
                         help="HRM engine to estimate with (default: the closest shipped one, else ideal)")
     parser.add_argument("--json", action="store_true", help="print the policy and its estimate as JSON")
     args = parser.parse_args(argv)
+    fields = given_fields(args)
+    args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)
-    workload = workload_from_args(args)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
-    policy, notes = import_command(args.source, args.flags, model, workload, hw, options.gpu_memory_utilization)
+    asked = workload_from_args(args)
+    imported = read_command(args.source, args.flags, model, asked, hw, options.gpu_memory_utilization,
+                            {field: getattr(asked, field) for field in fields})
+    policy, notes, workload = imported.policy, list(imported.notes), imported.workload
     target = get_exporter(args.source)
     engine_name = args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal")
     result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=load_engine(engine_name))
     if args.json:
         print(json.dumps({"source": args.source, "policy": result.policy.model_dump(), "policy_short": policy.short(),
-                          "engine": result.engine, "estimate": result.to_plan_estimate(),
-                          "feasible": result.feasible, "notes": notes + list(target.caveats)}, indent=2))
+                          "engine": result.engine, "workload": workload.model_dump(),
+                          "estimate": result.to_plan_estimate(), "feasible": result.feasible,
+                          "notes": notes + list(target.caveats)}, indent=2))
     else:
         from hrm_cli.estimate import render_estimate
 

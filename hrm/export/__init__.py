@@ -2,7 +2,8 @@
 
 ``export_plan(plan, "llama.cpp")`` turns a plan into the flags that make a real engine run
 its policy; ``import_flags("llama.cpp", "-np 64 -ub 16 --n-cpu-moe 20", model, ...)`` reads
-such flags back into a :class:`~hrm.policy.Policy`. Each engine is one target module
+such flags back into a :class:`~hrm.policy.Policy` (``read_command``: with the workload the
+command itself runs). Each engine is one target module
 (``flexgen``, ``moe_lightning``, ``llama_cpp``, ``vllm``, ``sglang``) over the protocol of
 :mod:`hrm.export.target`, listed once in :data:`EXPORTERS` (:mod:`hrm.export.registry`). A
 target's policy space is its HRM engines' ``policy:`` blocks (:mod:`hrm.export.space`);
@@ -11,7 +12,7 @@ target's policy space is its HRM engines' ``policy:`` blocks (:mod:`hrm.export.s
 
 from .exporting import Export, FlagValue, choose_nearest, command_lines, export_plan, export_policy
 from .flexgen import FLEXGEN, FLEXGEN_VERSION, all_weights_ratio
-from .importing import import_command, import_flags, split_flags
+from .importing import Imported, import_command, import_flags, read_command, split_flags
 from .llama_cpp import LLAMA_CPP, LLAMA_CPP_VERSION, LLAMA_EXPS_REGEX
 from .moe_lightning import MOE_LIGHTNING, MOE_LIGHTNING_VERSION
 from .registry import EXPORTERS, get_exporter
@@ -23,6 +24,7 @@ from .vllm import VLLM, VLLM_VERSION
 __all__ = [
     "EXPORTERS", "FLEXGEN", "FLEXGEN_VERSION", "LLAMA_CPP", "LLAMA_CPP_VERSION", "LLAMA_EXPS_REGEX", "MOE_LIGHTNING",
     "MOE_LIGHTNING_VERSION", "SGLANG", "SGLANG_VERSION", "VLLM", "VLLM_VERSION", "Context", "EngineFlags", "Export",
-    "FlagSpec", "FlagValue", "all_weights_ratio", "choose_nearest", "command_lines", "export_plan", "export_policy",
-    "fix_pins", "get_exporter", "import_command", "import_flags", "policy_space", "split_flags",
+    "FlagSpec", "FlagValue", "Imported", "all_weights_ratio", "choose_nearest", "command_lines", "export_plan",
+    "export_policy", "fix_pins", "get_exporter", "import_command", "import_flags", "policy_space", "read_command",
+    "split_flags",
 ]

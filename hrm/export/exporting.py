@@ -1,9 +1,11 @@
 """A policy or a plan as a target's command lines (``hrm export``).
 
-An engine can express only part of HRM's policy space (FlexGen's ``--percent`` is whole
-percent; llama.cpp keeps experts on the CPU per whole layer; vLLM has no CPU attention). A
-plan it cannot express exactly is exported with the nearest policy it can, re-estimated,
-and the difference stated (:class:`Export`).
+An engine can express only part of HRM's policy space (FlexGen places whole tensors by
+midpoint; llama.cpp keeps experts on the CPU per whole layer). A plan it cannot express
+exactly is exported with the nearest policy it can, re-estimated, and the difference stated
+(:class:`Export`); one it cannot run at all is refused in one line (vLLM and SGLang have no
+CPU attention). A server that picks its own policy at launch (MoE-Lightning) is exported with
+its pick. Every prediction is for the workload the target runs (FlexGen pads every prompt).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Optional
 
 from ..errors import HRMError
 from ..policy import Policy
+from ..workload import Workload
 from .registry import get_exporter
 from .target import Context, EngineFlags, Frozen
 
@@ -43,6 +46,12 @@ class Export(Frozen):
     exported_throughput_tok_s: Optional[float] = None
     exported_feasible: Optional[bool] = None
     caveats: tuple[str, ...] = ()
+    #: the target's server picks its own policy at launch: ``exported_policy`` is its pick
+    server_picks_policy: bool = False
+    #: what this export should say besides the caveats (the target's ``notes`` hook, the workload)
+    notes: tuple[str, ...] = ()
+    #: the workload both predictions are for: the one the target runs (FlexGen: padded)
+    workload: Optional[Workload] = None
 
     def to_json(self) -> dict:
         data = self.model_dump(mode="json")
@@ -124,18 +133,31 @@ def _flag_values(target: EngineFlags, values: dict[str, list[str]]) -> tuple[Fla
     return tuple(rows)
 
 
+def _workload_notes(target: EngineFlags, plan_workload, run) -> list[str]:
+    """A line when the target runs another workload than the plan's (FlexGen pads prompts)."""
+    def show(w) -> str:
+        return f"prompts of {w.effective_prompt_len} tokens{' (padded)' if w.padding else ''}, {w.gen_len} generated"
+
+    if show(plan_workload) == show(run):
+        return []
+    return [f"{target.name} runs {show(run)}, the plan {show(plan_workload)}: both predictions are for "
+            f"{target.name}'s workload"]
+
+
 def export_policy(target_name: str, policy: Policy, ctx: Context, hw=None, plan_engine=None, options=None,
                   planned_throughput: float | None = None) -> Export:
-    """``policy`` as ``target_name``'s flags (the nearest expressible policy when needed),
-    both policies re-estimated with the target's closest HRM engine when ``hw`` is given."""
+    """``policy`` as ``target_name``'s flags (the nearest expressible policy when needed, the
+    server's own pick for a target that picks), both policies re-estimated with the target's
+    closest HRM engine on the workload the target runs when ``hw`` is given."""
     from ..engine import load_engine
 
     target = get_exporter(target_name)
     plan_engine = plan_engine if plan_engine is not None else load_engine("ideal")
     ctx = ctx.model_copy(update={"rw_reads": plan_engine.offloaded_weights})
+    run = target.run_workload(None, ctx)
 
     def estimate_with(p: Policy):
-        return _estimate(hw, ctx.model, ctx.workload, p, _estimate_engine(target, p, plan_engine), options)
+        return _estimate(hw, ctx.model, run, p, _estimate_engine(target, p, plan_engine), options)
 
     exported = choose_nearest(target, policy, ctx, estimate_with if hw is not None else None)
     values = target.render(exported, ctx)
@@ -144,15 +166,17 @@ def export_policy(target_name: str, policy: Policy, ctx: Context, hw=None, plan_
     if hw is not None:
         engine = _estimate_engine(target, exported, plan_engine)
         engine_name = engine.name
-        new = _estimate(hw, ctx.model, ctx.workload, exported, engine, options)
-        old = _estimate(hw, ctx.model, ctx.workload, policy, engine, options)
+        new = _estimate(hw, ctx.model, run, exported, engine, options)
+        old = _estimate(hw, ctx.model, run, policy, engine, options)
         new_tput, feasible = (new if new else (None, None))
         old_tput = old[0] if old else planned_throughput
+    notes = target.export_notes(exported, ctx) + _workload_notes(target, ctx.workload, run)
     return Export(engine=target.name, version=target.version, commands=command_lines(target, values),
                   flags=_flag_values(target, values), planned_policy=policy, exported_policy=exported,
                   exact=not differences, differences=tuple(differences), estimate_engine=engine_name,
                   planned_throughput_tok_s=old_tput, exported_throughput_tok_s=new_tput, exported_feasible=feasible,
-                  caveats=target.caveats)
+                  caveats=target.caveats, server_picks_policy=target.server_picks_policy, notes=tuple(notes),
+                  workload=run)
 
 
 def export_plan(plan, engine_name: str, options=None) -> Export:

@@ -1,4 +1,4 @@
-"""A target's command line as the HRM policy it runs (``hrm import``)."""
+"""A target's command line as the HRM policy it runs and the workload it runs (``hrm import``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import shlex
 
 from ..errors import HRMError
 from ..policy import Policy
+from ..workload import Workload
 from .registry import get_exporter
-from .target import Context, EngineFlags, FlagSpec
+from .target import Context, EngineFlags, FlagSpec, Frozen
 
 
 #: words that end one shell command and start the next
@@ -131,15 +132,64 @@ def _command_flags(target: EngineFlags, spell: dict, words: list[str]) -> dict[s
     return out
 
 
-def import_command(engine_name: str, text: str, model, workload, hardware=None,
-                   gpu_memory_utilization: float = 0.86) -> tuple[Policy, list[str]]:
-    """An engine's flags as the HRM policy they run, with notes on what HRM does not model."""
+class Imported(Frozen):
+    """A command line read back: the policy it runs, notes on what HRM does not model, and
+    the workload the command itself runs (which the estimate is for)."""
+
+    policy: Policy
+    notes: tuple[str, ...]
+    workload: Workload
+
+
+#: ``hrm import``'s workload flags, by the :class:`~hrm.workload.Workload` field each sets
+WORKLOAD_FLAGS = {"prompt_len": "--prompt-len", "max_prompt_len": "--max-prompt-len", "gen_len": "--gen-len",
+                  "padding": "--padding"}
+
+
+def _shown(workload) -> str:
+    return (f"prompts of {workload.prompt_len} tokens (at most {workload.max_prompt_len}"
+            f"{', every one padded to it' if workload.padding else ''}), {workload.gen_len} generated")
+
+
+def check_workload_flags(target: EngineFlags, given: dict, run) -> None:
+    """One-line HRMError when a workload flag given to ``hrm import`` (``given``: Workload
+    field -> value) differs from what the command itself runs (``run``)."""
+    clashes = [f"{WORKLOAD_FLAGS[key]}{'' if key == 'padding' else f' {value}'} (the command: "
+               f"{getattr(run, key)})" for key, value in given.items() if getattr(run, key) != value]
+    if clashes:
+        raise HRMError(f"{target.name}: the command runs {_shown(run)}, which defines the estimate; hrm import was "
+                       f"also given {', '.join(clashes)}: drop those flags or change the command")
+
+
+def read_command(engine_name: str, text: str, model, workload, hardware=None, gpu_memory_utilization: float = 0.86,
+                 given: dict | None = None) -> Imported:
+    """An engine's command line as the policy it runs on the workload it runs (its own flags,
+    the engine's defaults where absent: the target's ``workload`` hook), with notes. ``given``:
+    the workload fields the user set explicitly, each of which must agree with the command."""
     target = get_exporter(engine_name)
     ctx = Context(model=model, workload=workload, hardware=hardware, gpu_memory_utilization=gpu_memory_utilization)
-    policy, notes = target.parse(split_flags(target, text), ctx)
+    values = split_flags(target, text)
+    try:
+        run, problem = target.run_workload(values, ctx), None
+    except HRMError as exc:  # the command's refusal (another model ...) names the deeper problem: it goes first
+        run, problem = workload, exc
+    policy, notes = target.parse(values, ctx.model_copy(update={"workload": run}))
+    if problem is not None:
+        raise problem
     if policy is None:
         raise HRMError(f"{target.name}: the flags give no valid policy")
-    return policy, notes
+    check_workload_flags(target, given or {}, run)
+    if _shown(run) != _shown(workload):
+        notes = [*notes, f"{target.name}: the command runs {_shown(run)}: the estimate is for that workload"]
+    return Imported(policy=policy, notes=tuple(notes), workload=run)
+
+
+def import_command(engine_name: str, text: str, model, workload, hardware=None,
+                   gpu_memory_utilization: float = 0.86) -> tuple[Policy, list[str]]:
+    """An engine's flags as the HRM policy they run, with notes on what HRM does not model
+    (:func:`read_command` without the workload)."""
+    imported = read_command(engine_name, text, model, workload, hardware, gpu_memory_utilization)
+    return imported.policy, list(imported.notes)
 
 
 def import_flags(engine_name: str, text: str, model, workload=None, hardware=None) -> Policy:

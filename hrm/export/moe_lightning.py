@@ -285,6 +285,13 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     return policy, notes + list(choice.notes) + client
 
 
+def _export_notes(policy: Policy, ctx: Context) -> list[str]:
+    # the server's own notes on its pick (a GPU it does not recognise, ties) and what it makes
+    # of the prompts the printed client sends (those beyond its batch are aborted)
+    choice, values = choice_for(ctx), _render(policy, ctx)
+    return list(choice.notes) + _client_policy(choice, values, int(values["--gen-len"][0]))[1]
+
+
 MOE_LIGHTNING = EngineFlags(
     name="moe-lightning", version=MOE_LIGHTNING_VERSION,
     engines=("moe-lightning",), hrm_engine=lambda p: "moe-lightning",
@@ -318,6 +325,6 @@ MOE_LIGHTNING = EngineFlags(
              "the exported policy is the one it will pick, bench.py's --ubs/--n-ub only size the prompts it sends",
              "moe-lightning: start the server first (its weights load for minutes), then the client from "
              "benchmarks/mtbench (bench.py:26 opens ./question.jsonl)"),
-    workload=_workload,
+    workload=_workload, server_picks_policy=True, notes=_export_notes,
     nearest=_nearest, render=_render, parse=_parse,
 )

@@ -6,7 +6,9 @@ engine's argument parser), the policy fields its flags can set, the shipped HRM 
 policies are re-estimated with (whose ``policy:`` blocks are its policy space:
 :mod:`hrm.export.space`), and three functions — ``nearest`` (the policies the engine can
 express near a wanted one), ``render`` (a policy as flag values) and ``parse`` (flag values
-as a policy). One module per target (``flexgen.py`` ...) fills it in.
+as a policy) — and optional hooks: ``workload`` (the workload a command or an export runs:
+FlexGen pads, vLLM's --max-model-len bounds it) and ``notes`` (what one export should say).
+One module per target (``flexgen.py`` ...) fills it in.
 """
 
 from __future__ import annotations
@@ -94,6 +96,12 @@ class EngineFlags(Frozen):
     #: the workload a command's own flags define (FlexGen's --prompt-len/--gen-len, padded),
     #: or the workload the engine runs for a plan's; None: the HRM workload unchanged
     workload: Optional[Callable[[Optional[dict[str, list[str]]], Context], object]] = None
+    #: the engine's server chooses its own policy at launch (MoE-Lightning's optimizer): an
+    #: export is the server's pick, never "the nearest" to the plan, and no --fix re-plans it
+    server_picks_policy: bool = False
+    #: what one export should say besides the caveats (ties in the server's pick, a GPU it does
+    #: not recognise, requests it aborts); None: nothing
+    notes: Optional[Callable[[Policy, Context], list[str]]] = None
     nearest: Callable[[Policy, Context], list[Policy]]
     render: Callable[[Policy, Context], dict[str, list[str]]]
     parse: Callable[[dict[str, list[str]], Context], tuple[Policy, list[str]]]
@@ -113,6 +121,15 @@ class EngineFlags(Frozen):
         if bool(self.engines) == (self.policy is not None):
             raise ValueError(f"{self.name}: give the HRM engines (their policy space) or a policy space, one of them")
         return self
+
+    def run_workload(self, values: Optional[dict[str, list[str]]], ctx: Context):
+        """The workload a command's flags (``values``) or an export of a plan (None) runs on
+        this engine: its ``workload`` hook, else ``ctx``'s workload unchanged."""
+        return self.workload(values, ctx) if self.workload is not None else ctx.workload
+
+    def export_notes(self, policy: Policy, ctx: Context) -> list[str]:
+        """The ``notes`` hook's lines for exporting ``policy`` (none without the hook)."""
+        return list(self.notes(policy, ctx)) if self.notes is not None else []
 
     def spec(self, flag: str) -> FlagSpec:
         for item in self.flags:
