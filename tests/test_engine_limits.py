@@ -89,3 +89,12 @@ def test_search_of_a_fully_pinned_policy_checks_physical_memory(capsys):
     code, out, err = call(capsys, "search", "--hw", "l4", "--model", "mixtral", "--engine", "moe-lightning", "--fix",
                           f"N={policy.batch_size}", f"mu={policy.micro_batch_size}", "attn=cpu", "ffn=gpu")
     assert code == 3  # not fully pinned: the planning caps hold, and nothing fits them at this N
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "llama.cpp-nkvo"])
+def test_llama_server_plans_hold_its_slot_limit(engine):
+    """llama-server runs at most LLAMA_MAX_SEQ = 256 sequences (src/llama-cparams.h:7): the
+    engine file says so and the search never plans more."""
+    assert load_engine(engine).policy.max_batch_size == 256
+    result = search(load_hardware("l4"), load_model("mixtral"), make_workload("mtbench"), engine=engine, top=0)
+    assert result.best.policy.batch_size <= 256
