@@ -60,6 +60,7 @@ Mechanisms (field: what it models; ideal value):
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -246,11 +247,18 @@ def _leaf_fields(model: BaseModel, prefix: str = ""):
             yield f"{prefix}{name}", value
 
 
+@lru_cache(maxsize=1)
+def ideal_field_values() -> dict:
+    """Every leaf field's default (ideal's) value by dotted name (built without validation, so
+    the validator may call it)."""
+    return dict(_leaf_fields(Engine.model_construct(name="ideal")))
+
+
 def unmodelled_field(engine: "Engine") -> str | None:
     """The first field set away from ideal's value that ``engine``'s pipeline does not model
     (:data:`hrm.schedules.PIPELINE_FIELDS`), in words; None when every field is modelled."""
     fields = PIPELINE_FIELDS[SCHEDULES[engine.schedule].pipeline]
-    defaults = dict(_leaf_fields(Engine.model_construct(name=engine.name)))
+    defaults = ideal_field_values()
     for field, value in _leaf_fields(engine):
         if field.split(".")[0] in IDENTITY_FIELDS or field in LIMIT_FIELDS or value == defaults.get(field):
             continue

@@ -156,16 +156,14 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     if not moe:
         attention = attention + latency.gpu_time_s(ops.ffn, rates, tokens, engine)
     zero = 0.0 * (mu + host_kv)
+    kv_in, kv_out = latency.kv_load_s(rates, engine, kv_path, loaded), latency.kv_cache_s(rates, engine, kv_path, stored)
     return {
         "attention_s": attention + zero,
         "gate_s": (latency.gpu_time_s(gate, rates, tokens, engine) + alpha["gate"] if moe else 0.0) + zero,
-        "kv_load_s": np.where(loaded > 0, latency.kv_load_s(rates, engine, kv_path, loaded)["h2d"]
-                              + alpha["kv_load"], 0.0) + zero,
-        "kv_store_s": np.where(stored > 0, latency.kv_cache_s(rates, engine, kv_path, stored)["d2h"]
-                               + alpha["kv_store"], 0.0) + zero,
+        "kv_load_s": np.where(loaded > 0, kv_in["h2d"] + alpha["kv_load"], 0.0) + zero,
+        "kv_store_s": np.where(stored > 0, kv_out["d2h"] + alpha["kv_store"], 0.0) + zero,
         # host DRAM seconds of the KV loads and stores (a capacity bound when host_dram is modelled)
-        "kv_dram_s": (latency.kv_load_s(rates, engine, kv_path, loaded)["dram"]
-                      + latency.kv_cache_s(rates, engine, kv_path, stored)["dram"]) + zero,
+        "kv_dram_s": (kv_in["dram"] + kv_out["dram"]) + zero,
     }
 
 

@@ -10,7 +10,8 @@ import pytest
 import hrm.klotski as klotski
 import hrm.pipelines.expert_level as expert_level
 from hrm import costs, latency
-from hrm.engine import IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, MECHANISMS, Engine, _leaf_fields, list_engines, load_engine
+from hrm.engine import (IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, MECHANISMS, Engine, _leaf_fields, ideal_field_values,
+                        list_engines, load_engine)
 from hrm.errors import HRMError
 from hrm.estimate import estimate, estimate_problem
 from hrm.hardware import load_hardware
@@ -57,7 +58,7 @@ def test_every_shipped_engine_is_modelled_by_its_pipeline():
     for name in list_engines():
         engine = load_engine(name)
         fields = pipeline_of(engine).fields
-        defaults = dict(_leaf_fields(Engine.model_construct(name="x")))
+        defaults = ideal_field_values()
         for field, value in _leaf_fields(engine):
             if field.split(".")[0] not in IDENTITY_FIELDS and field not in LIMIT_FIELDS and value != defaults[field]:
                 assert fields.problem(field, value) is None, (name, field)
