@@ -126,6 +126,21 @@ class SolverInfo(_Frozen):
     candidates_evaluated: bounds.COUNT.type
 
 
+class SearchSettings(_Frozen):
+    """What the search that made a plan was asked for beside the hardware, model and
+    workload: the objective, the latency limits, the batch cap and the memory it planned in.
+    ``hrm export --to TARGET`` re-plans inside another engine's space with these."""
+
+    objective: Label = "generation"
+    max_tpot_s: Optional[bounds.BUDGET_S.type] = None
+    max_ttft_s: Optional[bounds.BUDGET_S.type] = None
+    max_batch: bounds.SEARCH_BATCH.type
+    gpu_limit_bytes: Amount
+    cpu_limit_bytes: Amount
+    #: a CPU-only host: both tiers in one memory (:class:`hrm.memory.MemoryLimits`)
+    shared_memory: Flag = False
+
+
 class Plan(_Frozen):
     """A plan (docs/model.md §6). Validated whole: known schema version and schedule, the policy's
     placement one the schedule runs, ``weight_pages`` = n, no GPU experts when the experts
@@ -148,6 +163,8 @@ class Plan(_Frozen):
     placement: Placement
     solver: SolverInfo
     created_by: Label
+    #: the search's settings (None: a plan written before they were recorded, or not searched)
+    search: Optional[SearchSettings] = None
 
     @field_validator("schema_version")
     @classmethod

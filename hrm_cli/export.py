@@ -6,8 +6,9 @@ import json
 import sys
 
 from hrm_cli.parser import ArgumentParser
-from hrm.export import EXPORTERS, Export, export_plan, fix_pins, get_exporter
+from hrm.export import EXPORTERS, Export, fix_pins, get_exporter
 from hrm.plan import load_plan
+from solver.retarget import Retargeted, export_for_target
 
 
 def _throughputs(export: Export) -> str:
@@ -46,21 +47,39 @@ def _nearest_lines(export: Export) -> list[str]:
     return lines
 
 
+def _replan_lines(export: Export) -> list[str]:
+    """A plan re-planned inside the target's space: what the target's search found, beside
+    the plan as it was made."""
+    planned = (f"{export.planned_throughput_tok_s:,.1f} tok/s" if export.planned_throughput_tok_s is not None
+               else "not estimated")
+    return [f"note: re-planned inside {export.engine}'s policy space (engine {export.estimate_engine}): "
+            f"{export.exported_policy.short()}, {export.exported_throughput_tok_s:,.1f} tok/s; the plan (engine "
+            f"{export.planned_engine}) was {export.planned_policy.short()}, {planned}"]
+
+
 def report_differences(export: Export, stream=None) -> None:
     """What the target runs other than the plan, its notes and caveats, on ``stream``
     (stderr): one line each."""
     stream = stream or sys.stderr
-    lines = _server_pick_lines(export) if export.server_picks_policy else _nearest_lines(export)
+    lines = (_replan_lines(export) if export.replanned else
+             _server_pick_lines(export) if export.server_picks_policy else _nearest_lines(export))
     for line in [*lines, *(f"note: {note}" for note in (*export.notes, *export.caveats))]:
         print(line, file=stream)
 
 
-def print_export(export: Export, fmt: str) -> None:
+def print_export(retargeted: Retargeted, fmt: str) -> None:
+    export = retargeted.export
     if fmt == "json":
-        print(json.dumps(export.to_json(), indent=2))
+        data = export.to_json()
+        if retargeted.replanned:
+            data["replan"] = {"reason": retargeted.reason,
+                              "searched": [{"engine": name, "result": what} for name, what in retargeted.searched]}
+        print(json.dumps(data, indent=2))
         return
     for command in export.commands:
         print(command)
+    if retargeted.replanned:
+        print(f"note: why re-planned: {retargeted.reason}", file=sys.stderr)
     report_differences(export)
 
 
@@ -77,6 +96,5 @@ def main(argv) -> int:
     parser.add_argument("--format", default="text", choices=["text", "json"],
                         help="text: the command line(s); json: the flag mapping and the policy difference")
     args = parser.parse_args(argv)
-    export = export_plan(load_plan(args.plan), args.to)
-    print_export(export, args.format)
+    print_export(export_for_target(load_plan(args.plan), args.to), args.format)
     return 0

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from hrm.engine import is_shipped
 from hrm.estimate import EstimateResult
-from hrm.plan import SCHEMA_VERSION, Plan, SolverInfo, SpecRef
+from hrm.plan import SCHEMA_VERSION, Plan, SearchSettings, SolverInfo, SpecRef
 from hrm.policy import Policy
 from hrm.problem import Problem
 
@@ -91,7 +91,18 @@ def make_plan(request: SearchRequest, best: EstimateResult, placement, solver_na
         placement=placement,
         solver=SolverInfo(name=solver_name, seconds=seconds, optimal=True, candidates_evaluated=candidates),
         created_by=CREATED_BY,
+        search=search_settings(request),
     )
+
+
+def search_settings(request: SearchRequest) -> SearchSettings:
+    """What the plan records of the search beside hardware, model and workload (a re-plan
+    for another engine repeats it: :mod:`solver.retarget`)."""
+    limits = request.limits
+    return SearchSettings(objective=request.objective, max_tpot_s=request.latency_limits.tpot_s,
+                          max_ttft_s=request.latency_limits.ttft_s, max_batch=request.max_batch,
+                          gpu_limit_bytes=limits.gpu_bytes, cpu_limit_bytes=limits.cpu_bytes,
+                          shared_memory=limits.shared)
 
 
 def describe_limits(latency_limits: LatencyLimits) -> str:

@@ -343,11 +343,8 @@ def test_nearest_policy_is_stated_and_re_estimated(plans, engine):
 @pytest.mark.parametrize("key,engine,needle,code", [
     (("t4", "olmoe", "ideal"), "flexgen", "runs Mixtral models only", 2),  # flexgen.md §1
     (("2xt4", "mixtral", "ideal"), "flexgen", "dist_flex_moe", 2),  # §6
-    (("l4", "mixtral", "ideal"), "flexgen", "--prompt-len 418", 3),  # §4: padded, nothing fits (by hand above)
     (("t4", "deepseek-v2-lite", "moe-lightning"), "moe-lightning", "Mixtral and DBRX only", 2),
     (("l4", "qwen1.5-moe-a2.7b", "ideal"), "moe-lightning", "Mixtral and DBRX only", 2),
-    (("l4", "mixtral", "ideal"), "vllm", "attention on the CPU", 2),  # the 567% of GPU memory
-    (("l4", "mixtral", "moe-lightning"), "sglang", "attention on the CPU", 2),
 ])
 def test_cli_export_refuses_in_one_line(plans, capsys, key, engine, needle, code):
     _, path = plans[key]
@@ -362,7 +359,8 @@ def test_cli_export_text_and_json(plans, capsys):
     assert hrm_cli.main(["export", str(path), "--to", "llama.cpp"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("llama-server ") and "--n-cpu-moe" in out
-    assert "cannot express" in err and "tok/s" in err
+    # an ideal plan is re-planned inside llama.cpp's space (tests/test_export_replan.py)
+    assert "re-planned inside llama.cpp's policy space" in err and "tok/s" in err
     plan, path = plans[("l4", "mixtral", "flexgen")]
     assert hrm_cli.main(["export", str(path), "--to", "flexgen", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -52,6 +52,11 @@ class Export(Frozen):
     notes: tuple[str, ...] = ()
     #: the workload both predictions are for: the one the target runs (FlexGen: padded)
     workload: Optional[Workload] = None
+    #: the exported policy is the target's own search for the plan's problem, not the plan's
+    #: policy (:mod:`solver.retarget`); ``planned_*`` are then the plan's as it was made
+    replanned: bool = False
+    #: the engine the plan was made with, when re-planned
+    planned_engine: Optional[str] = None
 
     def to_json(self) -> dict:
         data = self.model_dump(mode="json")
@@ -93,7 +98,8 @@ def choose_nearest(target: EngineFlags, policy: Policy, ctx: Context, estimate_w
     return ranked[0][2]
 
 
-def _differences(old: Policy, new: Policy) -> list[str]:
+def policy_differences(old: Policy, new: Policy) -> list[str]:
+    """Each policy field that differs, as 'N 2548 -> 256'."""
     names = {"batch_size": "N", "micro_batch_size": "mu", "num_micro_batches": "n", "attn_on_gpu": "attn",
              "ffn_on_gpu": "ffn", "weights_gpu_ratio": "rw", "kv_gpu_ratio": "rc"}
 
@@ -161,7 +167,7 @@ def export_policy(target_name: str, policy: Policy, ctx: Context, hw=None, plan_
 
     exported = choose_nearest(target, policy, ctx, estimate_with if hw is not None else None)
     values = target.render(exported, ctx)
-    differences = _differences(policy, exported)
+    differences = policy_differences(policy, exported)
     engine_name = old_tput = new_tput = feasible = None
     if hw is not None:
         engine = _estimate_engine(target, exported, plan_engine)

@@ -278,5 +278,5 @@ FLEXGEN = EngineFlags(
              "--percent places whole tensors, each where its cumulative-size midpoint falls: a Mixtral layer's "
              "experts are all, a third (w2) or none on the GPU",
              "every prompt is padded to --prompt-len (the workload's longest): KV cache and prefill sized by it"),
-    workload=command_workload, nearest=_nearest, render=_render, parse=_parse,
+    workload=command_workload, check_runs=check_runs, nearest=_nearest, render=_render, parse=_parse,
 )

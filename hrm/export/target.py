@@ -102,6 +102,9 @@ class EngineFlags(Frozen):
     #: what one export should say besides the caveats (ties in the server's pick, a GPU it does
     #: not recognise, requests it aborts); None: nothing
     notes: Optional[Callable[[Policy, Context], list[str]]] = None
+    #: raises a one-line HRMError when the engine cannot run ``ctx``'s model on its machine at
+    #: all (FlexGen: Mixtral on one GPU), whatever the policy: nothing to re-plan then
+    check_runs: Optional[Callable[[Context], None]] = None
     nearest: Callable[[Policy, Context], list[Policy]]
     render: Callable[[Policy, Context], dict[str, list[str]]]
     parse: Callable[[dict[str, list[str]], Context], tuple[Policy, list[str]]]
