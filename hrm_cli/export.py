@@ -28,9 +28,19 @@ def _server_pick_lines(export: Export) -> list[str]:
                      f"{export.exported_policy.short()}, not the plan's {export.planned_policy.short()} "
                      f"({', '.join(export.differences)}){_throughputs(export)}")
     if export.exported_feasible is False:
-        lines.append(f"warning: the server's pick exceeds a memory limit under engine {export.estimate_engine} "
-                     "(HRM's caps); the server checks only its own planning caps at launch")
+        lines.append(f"warning: the server's pick exceeds physical memory less the engine's fixed costs as HRM's "
+                     f"engine {export.estimate_engine} counts it: the server checks only its own planning caps at "
+                     "launch and may run out of memory")
+    lines += _cap_lines(export)
     return lines
+
+
+def _cap_lines(export: Export) -> list[str]:
+    """A policy that fits physical memory but not the planning caps: said, not refused."""
+    if export.exported_feasible and export.exported_within_caps is False:
+        return [f"warning: the exported policy fits physical memory less {export.estimate_engine}'s fixed costs "
+                "but is above HRM's planning caps (--gpu-util/--cpu-util): little headroom"]
+    return []
 
 
 def _nearest_lines(export: Export) -> list[str]:
@@ -41,10 +51,10 @@ def _nearest_lines(export: Export) -> list[str]:
         lines.append(f"note: {export.engine} cannot express {export.planned_policy.short()} exactly; exported the "
                      f"nearest {export.exported_policy.short()} ({', '.join(export.differences)}){_throughputs(export)}")
     if export.exported_feasible is False:
-        lines.append(f"warning: the exported policy exceeds a memory limit under engine {export.estimate_engine}; "
+        lines.append(f"warning: the exported policy exceeds physical memory under engine {export.estimate_engine}; "
                      f"re-plan inside {export.engine}'s policy space: hrm-search ... --fix "
                      f"{fix_pins(get_exporter(export.engine))}")
-    return lines
+    return lines + _cap_lines(export)
 
 
 def _replan_lines(export: Export) -> list[str]:
@@ -52,7 +62,7 @@ def _replan_lines(export: Export) -> list[str]:
     the plan as it was made."""
     planned = (f"{export.planned_throughput_tok_s:,.1f} tok/s" if export.planned_throughput_tok_s is not None
                else "not estimated")
-    return [f"note: re-planned inside {export.engine}'s policy space (engine {export.estimate_engine}): "
+    return [*_cap_lines(export), f"note: re-planned inside {export.engine}'s policy space (engine {export.estimate_engine}): "
             f"{export.exported_policy.short()}, {export.exported_throughput_tok_s:,.1f} tok/s; the plan (engine "
             f"{export.planned_engine}) was {export.planned_policy.short()}, {planned}"]
 

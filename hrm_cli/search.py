@@ -112,7 +112,8 @@ def main(argv) -> int:
     if args.json and export is not None:
         import json
 
-        print(json.dumps({"plan": json.loads(result.plan.model_dump_json()), "export": export.to_json()}, indent=2))
+        print(json.dumps({"plan": json.loads(result.plan.model_dump_json()), "export": export.export.to_json()},
+                         indent=2))
     elif args.json:
         print(result.plan.model_dump_json(indent=2))
     else:
@@ -124,7 +125,7 @@ def main(argv) -> int:
         if export is not None:
             from hrm_cli.export import print_export
 
-            print(f"{export.engine} ({export.version}):")
+            print(f"{export.export.engine} ({export.export.version}):")
             print_export(export, "text")
     if result.verified is False:
         raise HRMError(f"verifier disagrees: search {result.extras['objective']:.6g} vs verifier {result.verify_objective:.6g}")
@@ -132,12 +133,11 @@ def main(argv) -> int:
 
 
 def _export(result: SearchResult, hw, model, workload, engine, options, target: str):
-    """The best policy as ``target``'s command line (:func:`hrm.export.export_policy`)."""
-    from hrm.export import Context, export_policy
+    """The plan as ``target``'s command line, re-planned inside the target's space when the
+    target does not run it as it is (:func:`solver.retarget.export_for_target`)."""
+    from solver.retarget import export_for_target
 
-    ctx = Context(model=model, workload=workload, hardware=hw, gpu_memory_utilization=options.gpu_memory_utilization)
-    return export_policy(target, result.best.policy, ctx, hw=hw, plan_engine=engine, options=options,
-                         planned_throughput=result.best.estimate.generation_throughput_tok_s)
+    return export_for_target(result.plan, target, options, hw=hw, model=model)
 
 
 def _ideal_bound(hw, model, workload, engine, common) -> str | None:

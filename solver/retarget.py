@@ -60,13 +60,13 @@ def _plan_search_kwargs(plan: Plan) -> dict:
             "limits": MemoryLimits(settings.gpu_limit_bytes, settings.cpu_limit_bytes, settings.shared_memory)}
 
 
-def _direct_reason(plan: Plan, target: EngineFlags, options: ModelOptions) -> tuple[Optional[Export], str]:
+def _direct_reason(plan: Plan, target: EngineFlags, options: ModelOptions, hw, model) -> tuple[Optional[Export], str]:
     """(the plan exported as it is, '') when the plan is the target's own and it runs it
     exactly within memory; else (None, why it must be re-planned)."""
     if plan.engine not in target.engines:
         return None, f"the plan is for engine {plan.engine}, not {target.name}'s ({', '.join(target.engines)})"
     try:
-        export = export_plan(plan, target.name, options)
+        export = export_plan(plan, target.name, options, hw=hw, model=model)
     except HRMError as exc:
         return None, f"{target.name} cannot run the plan's policy as it is ({exc})"
     if not export.exact:
@@ -108,18 +108,21 @@ def _search_engines(plan: Plan, target: EngineFlags, hw, model, ctx: Context, op
     return found, tuple(searched)
 
 
-def export_for_target(plan: Plan, target_name: str, options: ModelOptions = DEFAULT_OPTIONS) -> Retargeted:
+def export_for_target(plan: Plan, target_name: str, options: ModelOptions = DEFAULT_OPTIONS, hw=None,
+                      model=None) -> Retargeted:
     """``plan`` as ``target_name``'s command lines, re-planned inside its space when the plan
-    is not one it runs as it is (module docstring). InfeasibleError (exit 3) when none of the
-    target's engines has a policy that fits; HRMError when the target cannot run the model
-    or the machine at all."""
+    is not one it runs as it is (module docstring). ``hw``/``model``: the plan's own (the
+    search's), else resolved from the plan's names and hashes. InfeasibleError (exit 3) when
+    none of the target's engines has a policy that fits; HRMError when the target cannot run
+    the model or the machine at all."""
     target = get_exporter(target_name)
+    hw = hw if hw is not None else resolve_plan_hardware(plan)
+    model = model if model is not None else resolve_plan_model(plan)
     if target.server_picks_policy:
-        return Retargeted(export=export_plan(plan, target_name, options), replanned=False)
-    direct, reason = _direct_reason(plan, target, options)
+        return Retargeted(export=export_plan(plan, target_name, options, hw=hw, model=model), replanned=False)
+    direct, reason = _direct_reason(plan, target, options, hw, model)
     if direct is not None:
         return Retargeted(export=direct, replanned=False)
-    hw, model = resolve_plan_hardware(plan), resolve_plan_model(plan)
     if hw is None or model is None:
         missing = "hardware profile" if hw is None else "model"
         raise HRMError(f"{reason}; re-planning for {target.name} needs the plan's {missing} "

@@ -496,7 +496,7 @@ def test_cli_warning_names_the_fix_pins():
     report_differences(export, stream)
     text = stream.getvalue()
     assert export.exact and export.exported_feasible is False
-    assert "exceeds a memory limit" in text and "hrm-search ... --fix attn=gpu rc=1 ffn=gpu n=1" in text
+    assert "exceeds physical memory" in text and "hrm-search ... --fix attn=gpu rc=1 ffn=gpu n=1" in text
 
 
 BAD_FLAGS = [

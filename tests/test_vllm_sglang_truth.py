@@ -15,7 +15,7 @@ import pytest
 import hrm_cli
 from hrm.engine import load_engine
 from hrm.errors import HRMError
-from hrm.export import SGLANG, VLLM, Context, export_policy, fix_pins, import_command, split_flags
+from hrm.export import SGLANG, VLLM, Context, export_plan, export_policy, fix_pins, import_command, split_flags
 from hrm.hardware import load_hardware
 from hrm.model import load_model
 from hrm.plan import save_plan
@@ -139,18 +139,22 @@ def test_exports_hold_the_engines_start_up_limits(vllm_plans):
             assert int(values["--max-running-requests"]) == n
 
 
-def test_cpu_attention_plan_is_refused_in_one_line(capsys, tmp_path):
+def test_cpu_attention_plan_is_refused_or_replanned(capsys, tmp_path):
     """The issue: a CPU-attention plan exported to vLLM/SGLang printed a command needing 567%
-    of GPU memory and exited 0; neither engine has CPU attention."""
+    of GPU memory and exited 0; neither engine has CPU attention. The policy itself is refused
+    in one line (hrm.export.export_plan); ``hrm export`` re-plans inside the engine's space
+    (GPU attention, tests/test_export_replan.py)."""
     hw, model = load_hardware("l4"), load_model("mixtral")
     plan = search(hw, model, make_workload(), top=0, engine="moe-lightning", hw_name="l4", model_name="mixtral").plan
     assert not plan.policy.attn_on_gpu
     path = tmp_path / "plan.json"
     save_plan(plan, path)
     for target in ("vllm", "sglang"):
-        assert hrm_cli.main(["export", str(path), "--to", target]) == 2
+        with pytest.raises(HRMError, match="attention on the CPU"):
+            export_plan(plan, target)
+        assert hrm_cli.main(["export", str(path), "--to", target]) == 0
         out, err = capsys.readouterr()
-        assert out == "" and len(err.strip().splitlines()) == 1 and "attention on the CPU" in err
+        assert "attn=gpu" in err and "re-planned" in err
 
 
 # --- vLLM import -------------------------------------------------------------------------

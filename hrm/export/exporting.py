@@ -44,7 +44,10 @@ class Export(Frozen):
     estimate_engine: Optional[str] = None
     planned_throughput_tok_s: Optional[float] = None
     exported_throughput_tok_s: Optional[float] = None
+    #: the exported policy fits physical memory less the engine's fixed costs (a pinned policy)
     exported_feasible: Optional[bool] = None
+    #: ... and within the planning caps (--gpu-util/--cpu-util): above them, a warning only
+    exported_within_caps: Optional[bool] = None
     caveats: tuple[str, ...] = ()
     #: the target's server picks its own policy at launch: ``exported_policy`` is its pick
     server_picks_policy: bool = False
@@ -66,15 +69,21 @@ class Export(Frozen):
 
 
 def _estimate(hw, model, workload, policy: Policy, engine, options=None):
-    """(throughput, feasible) of ``policy`` under ``engine``, or None when it cannot run it."""
+    """(throughput, fits, within the planning caps) of ``policy`` under ``engine``, or None
+    when it cannot run it. An exported policy is pinned: it fits when it fits physical memory
+    less the engine's fixed costs (:func:`hrm.memory.physical_limits`); above the planning
+    caps (``--gpu-util``/``--cpu-util``) it is only warned about."""
+    from ..engine import resolve_engine
     from ..estimate import estimate
+    from ..memory import physical_limits
 
     try:
         kwargs = {"options": options} if options is not None else {}
         result = estimate(hw, model, workload, policy, engine=engine, **kwargs)
     except HRMError:
         return None
-    return result.generation_throughput_tok_s, result.feasible
+    fits_physical = result.fits(physical_limits(hw, resolve_engine(engine, None)))
+    return result.generation_throughput_tok_s, fits_physical, result.feasible
 
 
 def _estimate_engine(target: EngineFlags, policy: Policy, plan_engine):
@@ -168,35 +177,36 @@ def export_policy(target_name: str, policy: Policy, ctx: Context, hw=None, plan_
     exported = choose_nearest(target, policy, ctx, estimate_with if hw is not None else None)
     values = target.render(exported, ctx)
     differences = policy_differences(policy, exported)
-    engine_name = old_tput = new_tput = feasible = None
+    engine_name = old_tput = new_tput = feasible = within_caps = None
     if hw is not None:
         engine = _estimate_engine(target, exported, plan_engine)
         engine_name = engine.name
         new = _estimate(hw, ctx.model, run, exported, engine, options)
         old = _estimate(hw, ctx.model, run, policy, engine, options)
-        new_tput, feasible = (new if new else (None, None))
+        new_tput, feasible, within_caps = (new if new else (None, None, None))
         old_tput = old[0] if old else planned_throughput
     notes = target.export_notes(exported, ctx) + _workload_notes(target, ctx.workload, run)
     return Export(engine=target.name, version=target.version, commands=command_lines(target, values),
                   flags=_flag_values(target, values), planned_policy=policy, exported_policy=exported,
                   exact=not differences, differences=tuple(differences), estimate_engine=engine_name,
                   planned_throughput_tok_s=old_tput, exported_throughput_tok_s=new_tput, exported_feasible=feasible,
-                  caveats=target.caveats, server_picks_policy=target.server_picks_policy, notes=tuple(notes),
+                  exported_within_caps=within_caps, caveats=target.caveats, server_picks_policy=target.server_picks_policy, notes=tuple(notes),
                   workload=run)
 
 
-def export_plan(plan, engine_name: str, options=None) -> Export:
+def export_plan(plan, engine_name: str, options=None, hw=None, model=None) -> Export:
     """A plan (:class:`hrm.plan.Plan`) as ``engine_name``'s command lines. The model and the
-    hardware are resolved from the plan's names and hashes; without them the export is not
-    re-estimated (and the model's layer and expert counts are needed: an HRMError then)."""
+    hardware (unless given: the search's own) are resolved from the plan's names and hashes;
+    without them the export is not re-estimated (and the model's layer and expert counts are
+    needed: an HRMError then)."""
     from ..options import DEFAULT_OPTIONS
     from ..plan import resolve_plan_engine, resolve_plan_hardware, resolve_plan_model
 
-    model = resolve_plan_model(plan)
+    model = model if model is not None else resolve_plan_model(plan)
     if model is None:
         raise HRMError(f"plan: model {plan.model.name!r} with the plan's hash does not load here; "
                        "export needs its layers and experts")
-    hw = resolve_plan_hardware(plan)
+    hw = hw if hw is not None else resolve_plan_hardware(plan)
     options = options or DEFAULT_OPTIONS
     ctx = Context(model=model, workload=plan.workload, hardware=hw,
                   gpu_memory_utilization=options.gpu_memory_utilization)
