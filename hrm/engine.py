@@ -34,7 +34,9 @@ Mechanisms (field: what it models; ideal value):
   after the last micro-batch was queued: overlaps only its MoE), ``none``;
   ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the slots of the
   tokens still to be generated; ``prefill.hidden_round_trip``: hidden states go to pinned
-  CPU memory and back every layer;
+  CPU memory and back every layer; ``prefill.max_tokens_per_pass``: chunked prefill, at
+  most that many prompt tokens per forward pass, each pass re-reading the offloaded
+  weights (needs one micro-batch: the passes are per micro-batch);
 - ``static_experts``: ``continuous`` (r_w any fraction; ideal), ``whole-experts-per-layer``
   (``int(E·r_w)`` experts of every layer stay on the GPU) or ``whole-layers`` (all experts
   of ``r_w·L`` layers, none of the others: llama.cpp's ``--n-cpu-moe``);
@@ -120,6 +122,11 @@ class Prefill(Phase):
     weights_overlap: Literal["full", "one-micro-batch", "last-micro-batch-moe", "none"] = "full"
     kv_reserved_gen_slots: bool = False
     hidden_round_trip: bool = False
+    #: chunked prefill: a forward pass takes at most this many prompt tokens (vLLM's
+    #: --max-num-batched-tokens, SGLang's --chunked-prefill-size), so a micro-batch's prompts
+    #: take ceil(tokens / it) passes, each reading the layer's offloaded weights again; None:
+    #: one pass (ideal)
+    max_tokens_per_pass: Optional[bounds.TOKENS.type] = None
 
 
 class TensorParallel(_Frozen):
@@ -216,6 +223,10 @@ class Engine(_Frozen):
         if cpu_misses and self.schedule != "sequential":
             # the misses' CPU, link and GPU work is one cost per miss: exact in one serial lane
             raise ValueError("offloaded_experts: cached-cpu needs schedule: sequential")
+        if self.prefill.max_tokens_per_pass is not None and self.policy.fixed.get("num_micro_batches") != 1:
+            # every pass of a chunked prefill reads the layer's offloaded weights: the lanes'
+            # per-layer weight term carries that exactly only for one micro-batch
+            raise ValueError("prefill.max_tokens_per_pass needs policy.fixed.num_micro_batches: 1")
         problem = unmodelled_field(self)
         if problem:
             raise ValueError(f"{problem} (schedule {self.schedule})")
@@ -287,6 +298,7 @@ MECHANISMS: dict[str, str] = {
     "prefill.offloaded_experts": "prefill: experts not on the GPU run on the CPU or fetched as misses",
     "prefill.kv_reserved_gen_slots": "prefill writes reserved KV slots",
     "prefill.hidden_round_trip": "prefill hidden-state round trip",
+    "prefill.max_tokens_per_pass": "chunked prefill (each pass re-reads offloaded weights)",
     "copy_threads": "staging-copy thread team",
     "numa_aware": "NUMA placement of pinned buffers",
     "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
@@ -307,15 +319,22 @@ def _get(obj, path: str):
     return obj
 
 
+def with_fields(engine: Engine, values: dict) -> Engine:
+    """``engine`` with fields (dotted paths, e.g. ``prefill.max_tokens_per_pass``) set to
+    ``values``, validated again."""
+    data = engine.model_dump()
+    for path, value in values.items():
+        parts = path.split(".")
+        target = data
+        for part in parts[:-1]:
+            target = target[part]
+        target[parts[-1]] = value
+    return Engine.model_validate(data)
+
+
 def without(engine: Engine, mechanism: str) -> Engine:
     """``engine`` with one mechanism switched to its ideal value."""
-    data = engine.model_dump()
-    parts = mechanism.split(".")
-    target = data
-    for part in parts[:-1]:
-        target = target[part]
-    target[parts[-1]] = _get(IDEAL, mechanism)
-    return Engine.model_validate(data)
+    return with_fields(engine, {mechanism: _get(IDEAL, mechanism)})
 
 
 def active_mechanisms(engine: Engine) -> list[str]:

@@ -510,6 +510,15 @@ def step_sync_s(resources: dict[str, Lane], engine: Engine = IDEAL):
     return sum(resources[r].per_micro_batch_s for r in RESOURCES if r in resources)
 
 
+def prefill_passes(engine: Engine, tokens):
+    """Forward passes of one micro-batch's prefill of ``tokens`` prompt tokens: one, or
+    ⌈tokens / prefill.max_tokens_per_pass⌉ under chunked prefill (each re-reads the layer's
+    offloaded weights: vLLM's UVA reads happen inside every pass's kernels)."""
+    cap = engine.prefill.max_tokens_per_pass
+    tokens = np.asarray(tokens, dtype=float)
+    return np.ones(tokens.shape) if cap is None else np.ceil(tokens / cap)
+
+
 def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True,
                       engine: Engine = IDEAL, gen_len: int = 0) -> dict[str, Lane]:
     """Prefill of one layer, layer-major (every micro-batch of the layer, then the next
@@ -517,6 +526,7 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     engine's prefill weight path, the prompt's KV written back to the CPU (with the slots
     reserved for the ``gen_len`` tokens to come when the engine allocates them there), and
     the hidden states' round trip to pinned CPU memory when the engine parks them there.
+    Under chunked prefill the offloaded weights cross once per pass (:func:`prefill_passes`).
 
     The weight load overlaps the layer as ``prefill.weights_overlap`` says: ``full`` — its
     own lane; ``last-micro-batch-moe`` — issued after the last micro-batch was queued, so
@@ -539,7 +549,8 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     blocking = engine.prefill.kv_cache == "pageable"
     on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, tokens) if moe else zero
     weights = weight_transfer_s(rates, engine, engine.prefill.weight_path,
-                                (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe))
+                                prefill_passes(engine, tokens) * (1 - on_cpu)
+                                * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe))
     hidden = tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     kv_chain = kv["d2h"] if blocking else 0.0

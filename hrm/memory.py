@@ -48,14 +48,17 @@ def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:
     return workload.max_context_len * costs.kv_bytes_per_token(model) * model.num_layers
 
 
-def prefill_tokens(workload: Workload, micro_batch):
-    """Tokens of one prefill micro-batch: μ prompts of the effective length, and at least the
-    longest prompt (Algorithm 2 balances tokens across micro-batches)."""
-    return np.maximum(np.asarray(micro_batch, dtype=float) * workload.effective_prompt_len, workload.max_prompt_len)
+def prefill_tokens(workload: Workload, micro_batch, max_tokens_per_pass=None):
+    """Tokens of one prefill pass: μ prompts of the effective length, and at least the
+    longest prompt (Algorithm 2 balances tokens across micro-batches); at most
+    ``max_tokens_per_pass`` under chunked prefill (``prefill.max_tokens_per_pass``)."""
+    tokens = np.maximum(np.asarray(micro_batch, dtype=float) * workload.effective_prompt_len, workload.max_prompt_len)
+    return tokens if max_tokens_per_pass is None else np.minimum(tokens, max_tokens_per_pass)
 
 
-def gpu_workspace_bytes(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu):
-    """Activations of one micro-batch on the device tier, the larger of decode and prefill."""
+def gpu_workspace_bytes(model: ModelSpec, workload: Workload, micro_batch, attn_on_gpu, max_tokens_per_pass=None):
+    """Activations of one micro-batch on the device tier, the larger of decode and prefill
+    (one pass of at most ``max_tokens_per_pass`` tokens under chunked prefill)."""
     ab = dtype_bytes(model.activation_dtype)
     per_token = (2 * model.hidden_size + costs.qkv_width(model) + model.attn_out_dim
                  + model.top_k * 2 * model.expert_intermediate_size + 2 * model.shared_intermediate_size
@@ -63,7 +66,7 @@ def gpu_workspace_bytes(model: ModelSpec, workload: Workload, micro_batch, attn_
     mu = np.asarray(micro_batch, dtype=float)
     scores = np.asarray(attn_on_gpu, dtype=float) * mu * model.num_heads * workload.max_context_len * FP32_BYTES
     decode = mu * per_token + scores + mu * model.vocab_size * FP32_BYTES
-    prefill = prefill_tokens(workload, mu) * per_token + mu * model.vocab_size * FP32_BYTES
+    prefill = prefill_tokens(workload, mu, max_tokens_per_pass) * per_token + mu * model.vocab_size * FP32_BYTES
     return np.maximum(decode, prefill)
 
 
@@ -89,7 +92,7 @@ def gpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
     if engine.offloaded_weights == "all":  # only the embeddings stay on the GPU for sure
         static = static + costs.total_expert_bytes(model) - total
     buffer = engine.memory.gpu_weight_buffer_layers * layer * ffn
-    work = gpu_workspace_bytes(model, workload, micro_batch, attn_on_gpu)
+    work = gpu_workspace_bytes(model, workload, micro_batch, attn_on_gpu, engine.prefill.max_tokens_per_pass)
     hidden = 2 * model.hidden_size * dtype_bytes(model.activation_dtype)
     return MemoryForm(
         const=static + buffer + work,

@@ -8,7 +8,7 @@ import sys
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
-from hrm.engine import list_engines, load_engine
+from hrm.engine import list_engines, load_engine, with_fields
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.export import EXPORTERS, get_exporter, read_command
@@ -51,7 +51,10 @@ def main(argv) -> int:
     policy, notes, workload = imported.policy, list(imported.notes), imported.workload
     target = get_exporter(args.source)
     engine_name = args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal")
-    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=load_engine(engine_name))
+    engine = load_engine(engine_name)
+    if imported.engine_fields and engine.name in target.engines:  # what the command sets of the engine itself
+        engine = with_fields(engine, imported.engine_fields)
+    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     if args.json:
         print(json.dumps({"source": args.source, "policy": result.policy.model_dump(), "policy_short": policy.short(),
                           "engine": result.engine, "workload": workload.model_dump(),

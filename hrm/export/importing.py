@@ -139,6 +139,9 @@ class Imported(Frozen):
     policy: Policy
     notes: tuple[str, ...]
     workload: Workload
+    #: HRM engine fields the command sets (the target's ``engine_fields`` hook): the estimate
+    #: runs the target's engine with them (:func:`hrm.engine.with_fields`)
+    engine_fields: dict = {}
 
 
 #: ``hrm import``'s workload flags, by the :class:`~hrm.workload.Workload` field each sets
@@ -181,7 +184,8 @@ def read_command(engine_name: str, text: str, model, workload, hardware=None, gp
     check_workload_flags(target, given or {}, run)
     if _shown(run) != _shown(workload):
         notes = [*notes, f"{target.name}: the command runs {_shown(run)}: the estimate is for that workload"]
-    return Imported(policy=policy, notes=tuple(notes), workload=run)
+    fields = target.engine_fields(values, ctx.model_copy(update={"workload": run})) if target.engine_fields else {}
+    return Imported(policy=policy, notes=tuple(notes), workload=run, engine_fields=fields)
 
 
 def import_command(engine_name: str, text: str, model, workload, hardware=None,

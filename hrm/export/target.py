@@ -102,6 +102,9 @@ class EngineFlags(Frozen):
     #: what one export should say besides the caveats (ties in the server's pick, a GPU it does
     #: not recognise, requests it aborts); None: nothing
     notes: Optional[Callable[[Policy, Context], list[str]]] = None
+    #: the HRM engine fields a command's flags set beside the policy (dotted path -> value:
+    #: vLLM's --max-num-batched-tokens is ``prefill.max_tokens_per_pass``); None: none
+    engine_fields: Optional[Callable[[dict[str, list[str]], Context], dict]] = None
     #: raises a one-line HRMError when the engine cannot run ``ctx``'s model on its machine at
     #: all (FlexGen: Mixtral on one GPU), whatever the policy: nothing to re-plan then
     check_runs: Optional[Callable[[Context], None]] = None

@@ -207,6 +207,15 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     return policy, notes + offload_notes
 
 
+def prefill_budget(values: dict[str, list[str]], ctx: Context) -> dict:
+    """The engine field the command sets: its step's token budget bounds every prefill pass
+    (config/scheduler.py:48,134: prompt chunks and decode tokens share max_num_batched_tokens;
+    without chunked prefill whole prompts still fill at most the budget), so a command's
+    prompts take ⌈N·s / budget⌉ passes, each reading the offloaded experts over UVA again."""
+    _, tokens = scheduler_limits(values, ctx)
+    return {"prefill.max_tokens_per_pass": tokens}
+
+
 def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
     """The workload vLLM serves: the plan's (vLLM pads nothing); for a command, the HRM
     workload bounded by --max-model-len (prompt + output per sequence; longer requests are
@@ -253,7 +262,7 @@ VLLM_FLAGS = (  # vllm/engine/arg_utils.py (EngineArgs.add_cli_args) and entrypo
 VLLM = EngineFlags(
     name="vllm", version=VLLM_VERSION, programs=("vllm",),
     import_programs=("python -m vllm.entrypoints.openai.api_server", "python3 -m vllm.entrypoints.openai.api_server"),
-    engines=("vllm",), hrm_engine=lambda policy: "vllm",
+    engines=("vllm",), hrm_engine=lambda policy: "vllm", engine_fields=prefill_budget,
     description="vLLM serve: one forward pass per step, GPU attention, experts of the first layers read over UVA",
     flags=VLLM_FLAGS,
     passthrough={**HTTP_SERVER_FLAGS, "--dtype": 1, "--quantization": 1, "-q": 1, "--kv-cache-dtype": 1,
