@@ -134,6 +134,7 @@ class SearchSettings(_Frozen):
     objective: Label = "generation"
     max_tpot_s: Optional[bounds.BUDGET_S.type] = None
     max_ttft_s: Optional[bounds.BUDGET_S.type] = None
+    #: the batch cap asked for (each engine's own limit applies on top)
     max_batch: bounds.SEARCH_BATCH.type
     gpu_limit_bytes: Amount
     cpu_limit_bytes: Amount

@@ -63,6 +63,9 @@ class SearchRequest:
     model_name: str | None
     latency_limits: LatencyLimits
     start: float
+    #: the batch cap asked for, before the engine's own limit lowered it (``max_batch``): a
+    #: re-plan for another engine starts from it
+    asked_max_batch: int | None = None
 
     # the problem's parts, as the pipelines' searches read them
     hw = _problem_part("hw")
@@ -100,7 +103,8 @@ def search_settings(request: SearchRequest) -> SearchSettings:
     for another engine repeats it: :mod:`solver.retarget`)."""
     limits = request.limits
     return SearchSettings(objective=request.objective, max_tpot_s=request.latency_limits.tpot_s,
-                          max_ttft_s=request.latency_limits.ttft_s, max_batch=request.max_batch,
+                          max_ttft_s=request.latency_limits.ttft_s,
+                          max_batch=request.asked_max_batch or request.max_batch,
                           gpu_limit_bytes=limits.gpu_bytes, cpu_limit_bytes=limits.cpu_bytes,
                           shared_memory=limits.shared)
 

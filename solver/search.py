@@ -119,9 +119,10 @@ def search(
     fixed, notes = engine_fixed(engine, model, dict(fixed or {}))
     latency_limits = latency_limits or LatencyLimits()
     solve_for = check_objective(objective, workload.gen_len, fixed, latency_limits, max_batch)
+    asked_max_batch = max_batch
     max_batch, notes = engine_max_batch(engine, max_batch, fixed, notes)
     request = SearchRequest(problem=make_problem(hw, model, workload, engine, options, limits), objective=objective,
                             solve_for=solve_for, fixed=fixed, notes=notes, max_batch=max_batch, top=top, solver=solver,
                             verify=verify, hw_name=hw_name, model_name=model_name, latency_limits=latency_limits,
-                            start=start)
+                            start=start, asked_max_batch=asked_max_batch)
     return SEARCHES[get_schedule(engine.schedule).pipeline](request)

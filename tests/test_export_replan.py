@@ -156,3 +156,14 @@ def test_cli_says_why_and_prints_json(ideal_plan, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["replanned"] is True and doc["planned_engine"] == "ideal"
     assert [row["engine"] for row in doc["replan"]["searched"]] == ["vllm"]
+
+
+def test_replan_starts_from_the_batch_cap_asked_not_the_plans_engine_limit(l4_mixtral):
+    """A llama.cpp plan searched at most 256 sequences (its slot limit); the user asked for
+    the default cap, so vLLM's re-plan may run more (its best on l4 has N > 256)."""
+    hw, model, workload = l4_mixtral
+    plan = search(hw, model, workload, engine="llama.cpp", top=0, hw_name="l4", model_name="mixtral").plan
+    assert plan.policy.batch_size <= LLAMA_MAX_SEQ and plan.search.max_batch > LLAMA_MAX_SEQ
+    export = export_for_target(plan, "vllm").export
+    assert export.exported_policy == best_of_target("vllm", hw, model, workload)[2]
+    assert export.exported_policy.batch_size > LLAMA_MAX_SEQ
