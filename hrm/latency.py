@@ -129,8 +129,21 @@ def gpu_rate_factors(rates: Rates, engine: Engine = IDEAL, kernel: bool = False)
 
 
 def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL, kernel: bool = False):
+    """``op`` on the device tier; ``kernel``: it runs in the engine's MoE kernel, whose
+    efficiency (:func:`gpu_rate_factors`) and time factor at ``matmul_rows`` tokens per
+    expert (:func:`kernel_slowdown`) apply."""
     flops, bandwidth = gpu_rate_factors(rates, engine, kernel)
-    return op_time_s(op, rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
+    seconds = op_time_s(op, rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
+    return seconds * kernel_slowdown(rates, engine, matmul_rows) if kernel else seconds
+
+
+def kernel_slowdown(rates: Rates, engine: Engine, rows):
+    """The engine's MoE kernel time over a tuned kernel's at ``rows`` tokens per expert
+    (:meth:`hrm.engine.Kernel.slowdown`); 1 on the emulated tier of a CPU-only host, which is
+    measured as it runs."""
+    if rates.achieved is None or rates.shared_unit or rows is None:
+        return 1.0
+    return engine.kernel.slowdown(rows)
 
 
 def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
