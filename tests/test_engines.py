@@ -107,10 +107,13 @@ def test_ideal_reproduces_the_plain_model():
         # captured when the search ran over a 15-value μ grid: pinned to the grid's μ it finds
         # the same optimum; free over every μ it can only do better
         args = (load_hardware(case["hw"]), load_model(case["model"]), make_workload("mtbench"))
+        # the host memory the case was captured with (l4.yaml's was 178.8 GiB then, 192 now)
+        limits = memory_limits(args[0], cpu_mem_gib=case.get("cpu_mem_gib"))
         mu = parse_policy(case["policy"]).micro_batch_size
-        pinned = search(*args, schedule=case["schedule"], engine="ideal", fixed={"micro_batch_size": mu}, top=0)
+        pinned = search(*args, schedule=case["schedule"], engine="ideal", fixed={"micro_batch_size": mu}, top=0,
+                        limits=limits)
         assert pinned.best.estimate.generation_throughput_tok_s == pytest.approx(case["gen_tput"], rel=1e-9)
-        free = search(*args, schedule=case["schedule"], engine="ideal", top=0)
+        free = search(*args, schedule=case["schedule"], engine="ideal", top=0, limits=limits)
         assert free.best.estimate.generation_throughput_tok_s >= case["gen_tput"] * (1 - 1e-9)
 
 
