@@ -1,22 +1,66 @@
 """llama.cpp ``llama-server``: experts kept on the CPU per whole layer, the KV cache on the
 GPU or (``-nkvo``) in host memory. Its policy space: the shipped ``llama.cpp`` and
-``llama.cpp-nkvo`` engines."""
+``llama.cpp-nkvo`` engines. Every flag, default, start-up limit and placement rule used here
+is a fact of ``docs/engines/llama_cpp.md`` (file:line at the pinned commit); tests:
+``tests/test_llama_cpp_truth.py``."""
 
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from .. import bounds
 from ..errors import HRMError
 from ..policy import Policy
 from .target import Context, EngineFlags, FlagSpec
 from .values import (CONTEXT, HTTP_SERVER_FLAGS, LAYERS, context_tokens, int_value, make_policy, moe_layers,
-                     nearest_counts, with_fields)
+                     nearest_counts, served_model_notes, with_fields)
 
 LLAMA_CPP_VERSION = "ggml-org/llama.cpp@0c1e5709 (vendored by llama-cpp-python 0.3.36)"
 _ARG = "common/arg.cpp"
+_CTX = "src/llama-context.cpp"
 #: the tensors --n-cpu-moe / --cpu-moe match (common/common.h:1198): one layer's routed experts
 LLAMA_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+#: n_seq_max (the server's slots, -np) must be <= 256 (src/llama-cparams.h:7; src/llama-context.cpp:100-103)
+LLAMA_MAX_SEQ = 256
+#: the context is padded up to a multiple of 256, and so is each slot's share of it without
+#: a unified KV cache (src/llama-context.cpp:290,295-305)
+CTX_PAD_TOKENS = 256
+#: -b and -ub defaults (common/common.h:454-455)
+DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512
+#: llama-server with no -np (default -1, auto: common/arg.cpp:1403) runs 4 slots sharing one
+#: KV cache (tools/server/server.cpp:156-160)
+AUTO_SLOTS = 4
+#: --fit (on by default, common/common.h:478) may shrink an unset -c, never below 4096 (:480)
+FIT_MIN_CTX = 4096
+#: -ot patterns longer than this are refused: a user's regex is matched here with Python's
+#: ``re`` (no timeout), against a few hundred tensor names only
+MAX_PATTERN_CHARS = 500
+#: a device's buffer type name as -ot takes it (common/arg.cpp:255-278: the devices' default
+#: buffer types by name, exact); CPU is the host
+_GPU_BUFFER = re.compile(r"(CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)(\d+)|Metal")
+#: the expert tensors of one MoE block in a GGUF (three, as --n-cpu-moe's regex matches them)
+EXPERT_PARTS = ("gate", "up", "down")
+#: flags llama-server no longer takes at the pinned commit (their value counts in older
+#: versions): read with a note (--mlock and --no-mmap became --load-mode, common/arg.cpp:2691)
+_LEGACY = {"--no-mmap": 0, "--mlock": 0}
+
+
+def ctx_pad(tokens: int) -> int:
+    """GGML_PAD(tokens, 256): up to a multiple of 256."""
+    return -(-int(tokens) // CTX_PAD_TOKENS) * CTX_PAD_TOKENS
+
+
+def slot_context(ctx_size: int, slots: int, unified: bool) -> tuple[int, int]:
+    """(n_ctx, n_ctx_seq): the KV cache's tokens and each slot's context, as llama.cpp sizes
+    them from -c and -np (src/llama-context.cpp:290-305): n_ctx padded to 256; unified, each
+    slot may use all of it; otherwise each slot gets n_ctx / slots padded up to 256 and the
+    cache holds slots x that."""
+    n_ctx = ctx_pad(ctx_size)
+    if unified:
+        return n_ctx, n_ctx
+    per_slot = ctx_pad(n_ctx // slots)
+    return per_slot * slots, per_slot
 
 
 def _cpu_moe_layers(policy: Policy, ctx: Context) -> int:
@@ -48,9 +92,20 @@ def _layers_policy(policy: Policy, ctx: Context, cpu_layers: int, attn_gpu: bool
     return make_policy(**fields)
 
 
+def _within_slots(policy: Policy) -> Policy:
+    """The policy with at most LLAMA_MAX_SEQ sequences (slots): N and mu cut to 256, n kept
+    where the cut N still holds whole micro-batches."""
+    if policy.batch_size <= LLAMA_MAX_SEQ:
+        return policy
+    mu = min(policy.micro_batch_size, LLAMA_MAX_SEQ)
+    n = LLAMA_MAX_SEQ // mu
+    return make_policy(**with_fields(policy, batch_size=mu * n, micro_batch_size=mu, num_micro_batches=n)) or policy
+
+
 def _nearest(policy: Policy, ctx: Context) -> list[Policy]:
     # the KV cache is on the GPU whole (attention there) or, with -nkvo, in host memory
-    # (attention on the CPU): rc is 1 or 0
+    # (attention on the CPU): rc is 1 or 0; at most 256 slots
+    policy = _within_slots(policy)
     layers = moe_layers(ctx)
     counts = nearest_counts(layers if not policy.ffn_on_gpu else (1.0 - policy.weights_gpu_ratio) * layers)
     tiers = [True, False] if policy.attn_on_gpu and policy.kv_gpu_ratio < 1 else [policy.attn_on_gpu]
@@ -58,111 +113,349 @@ def _nearest(policy: Policy, ctx: Context) -> list[Policy]:
 
 
 def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
+    if policy.batch_size > LLAMA_MAX_SEQ:
+        raise HRMError(f"llama.cpp: N={policy.batch_size} slots: llama.cpp refuses more than {LLAMA_MAX_SEQ} "
+                       "(n_seq_max, src/llama-cparams.h:7)")
     cpu_layers = _cpu_moe_layers(policy, ctx)  # exact for a policy from _nearest
     # --n-cpu-moe N matches blk.0 .. blk.N-1: dense first layers (DeepSeek) count as blocks
     blocks = cpu_layers + int(ctx.model.first_dense_layers) if cpu_layers else 0
+    mu = policy.micro_batch_size
     out = {"-m": ["MODEL.gguf"],
            "-ngl": [str(int(ctx.model.num_layers) + 1)],  # every block and the output layer
            "--n-cpu-moe": [str(blocks)],
            "-np": [str(policy.batch_size)],
-           "-ub": [str(policy.micro_batch_size)],
            "-c": [str(policy.batch_size * context_tokens(ctx))],  # the slots share -c
+           # -ub above -b is cut to -b (src/llama-context.cpp:248): -b printed, never below -ub
+           "-b": [str(max(DEFAULT_BATCH, mu))],
+           "-ub": [str(mu)],
            "--fit": ["off"]}  # keep these values (--fit on would adjust unset ones to memory)
-    if policy.micro_batch_size > 2048:  # -b (default 2048) must hold one ubatch
-        out["-b"] = [str(policy.micro_batch_size)]
-    if not policy.attn_on_gpu:
+    if policy.attn_on_gpu:
+        out["-kvu"] = []  # one KV cache the slots share: its size is the plan's, not 256-padded per slot
+    else:
         out["-nkvo"] = []
     return out
 
 
-def _ot_cpu_layers(patterns: list[str], ctx: Context) -> set[int]:
-    """Blocks whose expert tensors an -ot pattern sends to the CPU: each pattern is matched
-    (regex search, as llama.cpp does) against the expert tensor names of every block."""
+def _notes(policy: Policy, ctx: Context) -> list[str]:
+    """What an export's KV cache is: -kvu (GPU) the plan's, padded to 256 tokens; -nkvo (host)
+    each slot padded to 256 tokens."""
+    from ..costs import kv_bytes_per_token
+
+    n, longest = policy.batch_size, context_tokens(ctx)
+    unified = policy.attn_on_gpu
+    total, per_slot = slot_context(n * longest, n, unified)
+    if unified:
+        return [f"llama.cpp: -kvu: the {n} slots share one KV cache of {total} tokens (-c {n * longest} padded to a "
+                f"multiple of 256, {_CTX}:290-293), the plan's {n} x {longest}; each ubatch's attention spans the "
+                "cells of every slot (other slots' masked), GPU compute HRM's engine does not count"]
+    extra_gib = (total - n * longest) * kv_bytes_per_token(ctx.model) * int(ctx.model.num_layers) / 2**30
+    return [f"llama.cpp: -nkvo without -kvu: each slot's context is padded to {per_slot} tokens ({_CTX}:295-305), "
+            f"the KV cache in host memory holds {total} tokens, {total / (n * longest):.3g}x the plan's {n} x "
+            f"{longest}: {extra_gib:.3g} GiB more host memory than the estimate counts"]
+
+
+# --- import --------------------------------------------------------------------------------
+
+def _check_pattern(pattern: str) -> re.Pattern:
+    """A user's -ot regex, compiled, or a one-line refusal: too long, a quantified group that
+    itself holds a quantifier (catastrophic backtracking), or no regular expression."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise HRMError(f"-ot: a tensor name pattern of {len(pattern)} characters (at most {MAX_PATTERN_CHARS})")
+    if _nested_quantifier(pattern):
+        raise HRMError(f"-ot {pattern!r}: a repeated group that holds a repetition (catastrophic backtracking); "
+                       "write the pattern without nested repetition")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise HRMError(f"-ot {pattern!r}: not a regular expression ({exc})") from None
+
+
+def _nested_quantifier(pattern: str) -> bool:
+    """Whether a group with a quantifier inside is itself quantified (``(a+)+``, ``(.*)*``)."""
+    stack, i = [False], 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "(":
+            stack.append(False)
+        elif char == ")" and len(stack) > 1:
+            inner = stack.pop()
+            quantified = i + 1 < len(pattern) and pattern[i + 1] in "*+{"
+            if inner and quantified:
+                return True
+            stack[-1] = stack[-1] or inner or quantified
+        elif char in "*+{":
+            stack[-1] = True
+        i += 1
+    return False
+
+
+def _buffer_on_cpu(buffer: str, ctx: Context) -> bool:
+    """-ot's buffer type: CPU (the host) or a GPU's; another name is refused as llama.cpp does
+    ('unknown buffer type', common/arg.cpp:272-278)."""
+    if buffer == "CPU":
+        return True
+    match = _GPU_BUFFER.fullmatch(buffer)
+    if match is None:
+        raise HRMError(f"-ot ...={buffer}: unknown buffer type (llama.cpp takes a device's name, exact: CPU, CUDA0 "
+                       f"...; {_ARG}:264-278)")
+    if match.group(2) is not None and int(match.group(2)) >= ctx.gpu_count:
+        raise HRMError(f"-ot ...={buffer}: the hardware profile has {ctx.gpu_count} GPU(s)")
+    return False
+
+
+def _overrides(values: dict[str, list[str]], ctx: Context) -> list[tuple[str, re.Pattern, bool]]:
+    """The tensor overrides in llama.cpp's order (the flags' order, each -ot's comma-joined
+    items in turn): (the flag's text, pattern, to the CPU). -cmoe and --n-cpu-moe add theirs
+    (common/arg.cpp:2759-2774; common/common.h:1198-1217)."""
+    out = []
+    for flag, args in values.items():
+        if flag == "-ot":
+            for item in ",".join(args).split(","):
+                if "=" not in item:
+                    raise HRMError(f"-ot {item!r}: expected <tensor name pattern>=<buffer type>")
+                pattern, buffer = item.split("=", 1)  # the first '=' splits (common/arg.cpp:265-270)
+                out.append((item, _check_pattern(pattern), _buffer_on_cpu(buffer, ctx)))
+        elif flag == "-cmoe":
+            out.append(("-cmoe", re.compile(LLAMA_EXPS_REGEX), True))
+        elif flag == "--n-cpu-moe":
+            out += [(f"--n-cpu-moe {args[0]}", re.compile(rf"blk\.{i}{LLAMA_EXPS_REGEX}"), True)
+                    for i in range(int_value(values, flag, LAYERS))]
+    return out
+
+
+def _tensor_names(model) -> dict[int, dict[str, bool]]:
+    """Each block's tensor names in the GGUF, True for a routed-expert tensor (the rest: the
+    tensors HRM keeps on the GPU), and block -1: the model's own (embeddings, output)."""
+    dense = int(model.first_dense_layers)
+    names = {-1: {"token_embd.weight": False, "output_norm.weight": False, "output.weight": False}}
+    for block in range(int(model.num_layers)):
+        own = {f"blk.{block}.{part}.weight": False for part in ("attn_norm", "attn_q", "attn_k", "attn_v",
+                                                                "attn_output", "ffn_norm")}
+        if block < dense:
+            own |= {f"blk.{block}.ffn_{p}.weight": False for p in EXPERT_PARTS}
+        else:
+            own[f"blk.{block}.ffn_gate_inp.weight"] = False
+            own |= {f"blk.{block}.ffn_{p}_exps.weight": True for p in EXPERT_PARTS}
+            if int(getattr(model, "shared_intermediate_size", 0) or 0):
+                own |= {f"blk.{block}.ffn_{p}_shexp.weight": False for p in EXPERT_PARTS}
+        names[block] = own
+    return names
+
+
+def _first_match(name: str, overrides) -> Optional[tuple[str, bool]]:
+    """The first override whose pattern a tensor name matches (regex search, first wins:
+    src/llama-model-loader.cpp:1235-1259): (its text, to the CPU), or None."""
+    for text, pattern, cpu in overrides:
+        if pattern.search(name):
+            return text, cpu
+    return None
+
+
+def _cpu_blocks(values: dict[str, list[str]], ctx: Context) -> set[int]:
+    """MoE blocks whose experts the overrides keep on the CPU, whole blocks only: an override
+    that moves part of a block's experts, or any other weight, to the CPU is refused."""
+    overrides = _overrides(values, ctx)
     cpu = set()
-    for text in patterns:
-        for item in text.split(","):
-            if "=" not in item:
-                raise HRMError(f"-ot {item!r}: expected <tensor name pattern>=<buffer type>")
-            pattern, buffer = item.rsplit("=", 1)
-            try:
-                regex = re.compile(pattern)
-            except re.error as exc:
-                raise HRMError(f"-ot {pattern!r}: not a regular expression ({exc})") from None
-            if buffer.strip().upper() != "CPU":
-                continue
-            for block in range(int(ctx.model.num_layers)):
-                if any(regex.search(f"blk.{block}.ffn_{part}_exps.weight") for part in ("up", "down", "gate")):
-                    cpu.add(block)
+    for block, names in _tensor_names(ctx.model).items():
+        placed = {name: _first_match(name, overrides) for name in names}
+        on_cpu = {name for name, hit in placed.items() if hit and hit[1]}
+        for name in sorted(on_cpu):
+            if not names[name]:
+                raise HRMError(f"-ot/--n-cpu-moe: '{placed[name][0]}' keeps {name} on the CPU: only routed experts "
+                               "on the CPU are in HRM's policy space")
+        experts = {name for name, is_expert in names.items() if is_expert}
+        if experts and on_cpu and on_cpu != experts:
+            cpu_parts = ", ".join(sorted(n.split(".")[2] for n in on_cpu))
+            gpu_parts = ", ".join(sorted(n.split(".")[2] for n in experts - on_cpu))
+            raise HRMError(f"-ot: blk.{block} keeps {cpu_parts} on the CPU but {gpu_parts} on the GPU: HRM's llama.cpp "
+                           "engines place a layer's experts whole; move all of them (e.g. 'ffn_.*_exps=CPU')")
+        if experts and on_cpu:
+            cpu.add(block)
     return cpu
 
 
-def _check_all_layers_on_gpu(values: dict[str, list[str]], model) -> None:
+def _check_all_layers_on_gpu(values: dict[str, list[str]], model) -> list[str]:
     """-ngl below the layer count puts whole layers on the CPU: outside HRM's policy space."""
-    if "-ngl" not in values:
-        return
-    text = values["-ngl"][0]
+    text = values.get("-ngl", ["auto"])[0]
     if text == "auto":
-        raise HRMError("-ngl auto: llama.cpp then fits the layers to memory itself; give a number or all")
+        return [f"llama.cpp: -ngl auto (the default, {_ARG}:2787-2801): --fit picks the GPU layers; read as every "
+                "layer on the GPU (give -ngl all to be sure)"]
     if text != "all":
         ngl = int_value(values, "-ngl", LAYERS)
         if ngl < model.num_layers:
             raise HRMError(f"-ngl {ngl}: {model.num_layers - ngl} whole layers on the CPU are outside HRM's "
                            f"policy space (give -ngl {model.num_layers + 1} or all)")
+    return []
+
+
+def _slots(values: dict[str, list[str]]) -> tuple[int, bool]:
+    """(slots, unified KV): -np (absent or -1: 4 slots, unified; at most 256), -kvu / -no-kvu."""
+    text = values.get("-np", ["-1"])[0]
+    try:
+        np_value = int(text)
+    except ValueError:
+        raise HRMError(f"-np {text!r}: expected an integer") from None
+    if np_value > LLAMA_MAX_SEQ:
+        raise HRMError(f"-np {np_value}: llama.cpp refuses more than {LLAMA_MAX_SEQ} slots at start-up "
+                       f"(n_seq_max must be <= {LLAMA_MAX_SEQ}: src/llama-cparams.h:7, {_CTX}:100-103)")
+    auto = np_value == -1
+    slots = AUTO_SLOTS if auto else bounds.SEQUENCES.check(np_value, "-np")
+    unified = ("-kvu" in values or auto) and "-no-kvu" not in values
+    return slots, unified
+
+
+def _ctx_size(values: dict[str, list[str]], ctx: Context) -> int:
+    """-c (absent or 0: the model's training context, n_ctx_train)."""
+    size = int_value(values, "-c", CONTEXT, 0)
+    return size or int(ctx.model.max_context_len)
+
+
+def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
+    """The workload a command serves: the HRM workload when every slot's context holds its
+    longest sequence (and, with a shared KV cache, all slots' together), else a one-line
+    refusal naming -c. An export (``values`` None) runs the plan's workload."""
+    workload = ctx.workload
+    if values is None:
+        return workload
+    slots, unified = _slots(values)
+    size = _ctx_size(values, ctx)
+    total, per_slot = slot_context(size, slots, unified)
+    limit = min(per_slot, int(ctx.model.max_context_len))  # capped at n_ctx_train (server-context.cpp:4007-4015)
+    longest = context_tokens(ctx)
+    if longest > limit:
+        raise HRMError(f"llama.cpp: -c {size} with {slots} slots gives each {limit} tokens of context "
+                       f"({_CTX}:290-305), below the workload's longest sequence, --max-prompt-len + --gen-len = "
+                       f"{longest}: the server rejects those requests; give -c {ctx_pad(slots * longest)} or a "
+                       "shorter workload")
+    if unified and slots * longest > total:
+        raise HRMError(f"llama.cpp: the {slots} slots share one KV cache of {total} tokens (-c {size}, unified), below "
+                       f"{slots} x {longest} for the workload's longest sequences: requests fail with the context "
+                       f"exceeded; give -c {slots * longest} or more")
+    return workload
+
+
+def _batch_notes(values: dict[str, list[str]], slots: int, n_ctx: int) -> tuple[int, list[str]]:
+    """(the ubatch llama.cpp runs, notes): -ub cut to -b, -b cut to the context (causal
+    attention) (src/llama-context.cpp:246-248)."""
+    b = int_value(values, "-b", bounds.SEQUENCES, DEFAULT_BATCH)
+    ub = int_value(values, "-ub", bounds.SEQUENCES, DEFAULT_UBATCH)
+    b_run = min(b, n_ctx)
+    ub_run = min(ub, b_run)
+    notes = [f"llama.cpp: -ub {ub} above -b {b_run}: llama.cpp runs ubatches of {ub_run} ({_CTX}:246-248)"] \
+        if ub_run < ub else []
+    mu = min(ub_run, slots)
+    if slots > b_run and b_run % mu:
+        raise HRMError(f"-b {b_run} is not a multiple of -ub {mu}: the server splits a step of {slots} tokens into "
+                       "uneven ubatches (tools/server/server-context.cpp:2848-2856)")
+    return mu, notes
+
+
+def _legacy_notes(values: dict[str, list[str]]) -> list[str]:
+    notes = [f"llama.cpp: {flag}: an older llama-server's switch (the pinned version has --load-mode instead, "
+             f"{_ARG}:2691); no policy field" for flag in _LEGACY if flag in values]
+    if values.get("-fa") == []:
+        notes.append(f"llama.cpp: bare -fa: an older llama-server's switch; the pinned version takes -fa on|off|auto "
+                     f"({_ARG}:1754)")
+    return notes
+
+
+#: a local GGUF file name that names no model (llama.cpp's own examples: models/7B/ggml-model.gguf)
+GENERIC_GGUF_NAME = re.compile(r"(?i)^(ggml-)?model([-_.][^/]*)?\.gguf$")
+
+
+def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
+    """Refuse (one line) a model the command names that is not the model being planned — a
+    Hugging Face repo (-hf) or a GGUF file (-m) named after another model, as every target
+    does (:func:`served_model_notes`); note a file whose name names no model, and a quantised
+    file (the estimate is for the model's own weight type)."""
+    flag = "-m" if values.get("-m") else "-hf"
+    named = (values.get("-m") or values.get("-hf") or [None])[0]
+    if named is None or named == "MODEL.gguf":
+        return []
+    base = named.rstrip("/").split("/")[-1].lower()
+    if flag == "-m" and (GENERIC_GGUF_NAME.match(base) or set(base) <= {"."}):  # "-m ...": a path left out
+        return [f"llama.cpp: {named}: the file's name names no model: read as {ctx.model.name}"]
+    served_model_notes(named, ctx, "llama.cpp", flag)
+    quant = re.search(r"(?i)(?<![a-z0-9])i?q\d(_[a-z0-9]+)*", base)
+    if quant:
+        return [f"llama.cpp: {named}: {quant.group(0).upper()} weights; the estimate is for "
+                f"{ctx.model.weight_dtype}"]
+    return []
 
 
 def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str]]:
     model = ctx.model
-    _check_all_layers_on_gpu(values, model)
-    big = int_value(values, "-np", bounds.SEQUENCES, 1)
-    ub = min(int_value(values, "-ub", bounds.SEQUENCES, 512), big)  # -ub default 512 (arg.cpp:1676)
-    if big % ub:
-        raise HRMError(f"-np {big} is not a multiple of -ub {ub}: HRM's batch is N = mu x n micro-batches")
-    int_value(values, "-c", CONTEXT)
-    cpu_blocks = set(range(int(model.num_layers))) if "-cmoe" in values else set()
-    if "--n-cpu-moe" in values:
-        cpu_blocks |= set(range(int_value(values, "--n-cpu-moe", LAYERS)))
-    cpu_blocks |= _ot_cpu_layers(values.get("-ot", []), ctx)
-    moe_blocks = set(range(int(model.first_dense_layers), int(model.num_layers)))
-    cpu_layers = len(cpu_blocks & moe_blocks)
-    attn_gpu = "-nkvo" not in values
-    policy = _layers_policy(Policy(batch_size=big, micro_batch_size=ub, num_micro_batches=big // ub), ctx,
-                            cpu_layers, attn_gpu)
-    return policy, []
+    notes = _model_notes(values, ctx) + _check_all_layers_on_gpu(values, model)
+    slots, unified = _slots(values)
+    n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
+    if "-np" not in values:
+        notes.append(f"llama.cpp: no -np: {AUTO_SLOTS} slots sharing one KV cache (tools/server/server.cpp:156-160)")
+    if int_value(values, "-c", CONTEXT, 0) == 0:
+        notes.append(f"llama.cpp: no -c (or -c 0): the model's context, {model.max_context_len} tokens; --fit (on by "
+                     f"default) may shrink it to fit memory, not below {FIT_MIN_CTX}")
+    mu, batch_notes = _batch_notes(values, slots, n_ctx)
+    if slots % mu:
+        raise HRMError(f"-np {slots} is not a multiple of -ub {mu}: HRM's batch is N = mu x n micro-batches")
+    cpu_layers = len(_cpu_blocks(values, ctx))
+    policy = _layers_policy(Policy(batch_size=slots, micro_batch_size=mu, num_micro_batches=slots // mu), ctx,
+                            cpu_layers, "-nkvo" not in values)
+    return policy, notes + batch_notes + _legacy_notes(values)
+
+
+def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> FlagSpec:
+    return FlagSpec(flag=flag, aliases=aliases, policy_field=field, values=0, source=f"{_ARG}:{lines}")
 
 
 LLAMA_CPP = EngineFlags(
-    name="llama.cpp", version=LLAMA_CPP_VERSION, programs=("llama-server",),
+    name="llama.cpp", version=LLAMA_CPP_VERSION, programs=("llama-server",), import_programs=("llama-server.exe",),
     engines=("llama.cpp", "llama.cpp-nkvo"), hrm_engine=_hrm_engine,
     description="llama.cpp llama-server: experts kept on the CPU per whole layer, KV on the GPU or the host",
     flags=(
-        FlagSpec(flag="-m", aliases=("--model",), policy_field="(model)", value_form=r"\S+",
-                 source=f"{_ARG} (-m, --model)"),
+        FlagSpec(flag="-m", aliases=("--model",), policy_field="(model)", value_form=r"\S+", source=f"{_ARG}:3035"),
+        FlagSpec(flag="-hf", aliases=("-hfr", "--hf-repo"), policy_field="(model)", value_form=r"\S+",
+                 source=f"{_ARG}:3060"),
         FlagSpec(flag="-ngl", aliases=("--gpu-layers", "--n-gpu-layers"), policy_field="(all layers on the GPU)",
-                 value_form=r"\d+|all|auto", source=f"{_ARG}:2789-2801"),
+                 value_form=r"-?\d+|all|auto", source=f"{_ARG}:2787-2801"),
         FlagSpec(flag="--n-cpu-moe", aliases=("-ncmoe",), policy_field="weights_gpu_ratio, ffn_on_gpu (whole layers)",
-                 source=f"{_ARG}:2767-2774; common/common.h:1198-1217"),
-        FlagSpec(flag="-cmoe", aliases=("--cpu-moe",), policy_field="ffn_on_gpu (all experts on the CPU)", values=0,
-                 source=f"{_ARG}:2760-2765"),
-        FlagSpec(flag="-ot", aliases=("--override-tensor",), policy_field="weights_gpu_ratio (expert tensors =CPU)",
-                 value_form=r"[^=,]+=[A-Za-z0-9_]+(,[^=,]+=[A-Za-z0-9_]+)*", repeatable=True,
-                 source=f"{_ARG}:2754-2758"),
-        FlagSpec(flag="-nkvo", aliases=("--no-kv-offload",), values=0,
-                 policy_field="attn_on_gpu, kv_gpu_ratio (KV in host memory)", source=f"{_ARG}:2414-2420"),
-        FlagSpec(flag="-np", aliases=("--parallel",), policy_field="batch_size (server slots)",
-                 source=f"{_ARG}:2544-2552"),
-        FlagSpec(flag="-ub", aliases=("--ubatch-size",), policy_field="micro_batch_size", source=f"{_ARG}:1676-1682"),
+                 source=f"{_ARG}:2766-2775; common/common.h:1198-1217"),
+        _switch("-cmoe", ("--cpu-moe",), "ffn_on_gpu (all experts on the CPU)", "2759-2765"),
+        FlagSpec(flag="-ot", aliases=("--override-tensor",), policy_field="weights_gpu_ratio (first match, =CPU)",
+                 value_form=r"[^,]+=[A-Za-z0-9_]+(,[^,]+=[A-Za-z0-9_]+)*", repeatable=True,
+                 source=f"{_ARG}:2753-2758,252-284; src/llama-model-loader.cpp:1235-1259"),
+        _switch("-nkvo", ("--no-kv-offload",), "attn_on_gpu, kv_gpu_ratio (KV in host memory)", "2413-2420"),
+        _switch("-kvu", ("--kv-unified",), "(the slots share one KV cache)", "1723-1730"),
+        _switch("-no-kvu", ("--no-kv-unified",), "(a KV cache per slot)", "1723-1730"),
+        FlagSpec(flag="-np", aliases=("--parallel",), policy_field="batch_size (server slots, <= 256)",
+                 source=f"{_ARG}:2544-2552,1403"),
+        FlagSpec(flag="-ub", aliases=("--ubatch-size",), policy_field="micro_batch_size (cut to -b)",
+                 source=f"{_ARG}:1675-1681"),
         FlagSpec(flag="-b", aliases=("--batch-size",), policy_field="(logical batch >= -ub)",
-                 source=f"{_ARG}:1669-1675"),
-        FlagSpec(flag="-c", aliases=("--ctx-size",), policy_field="batch_size x (max prompt + gen) tokens",
-                 source=f"{_ARG}:1639-1648"),
-        FlagSpec(flag="--fit", aliases=("-fit",), policy_field="(off: keep the given values)", value_form=r"on|off",
-                 source=f"{_ARG}:2868-2880"),
+                 source=f"{_ARG}:1668-1674"),
+        FlagSpec(flag="-c", aliases=("--ctx-size",), policy_field="(workload: each slot's context)",
+                 source=f"{_ARG}:1638-1648"),
+        FlagSpec(flag="--fit", aliases=("-fit",), policy_field="(off: keep the given values)",
+                 value_form=r"on|off|enabled|disabled|true|false|1|0", source=f"{_ARG}:2867-2880,1334-1340"),
+        FlagSpec(flag="-fa", aliases=("--flash-attn",), policy_field="(none: flash attention)",
+                 value_form=r"on|off|auto|enabled|disabled|true|false|1|0", until_next_flag=True,
+                 source=f"{_ARG}:1754-1765"),
     ),
-    passthrough={**HTTP_SERVER_FLAGS, "-fa": 1, "--flash-attn": 1, "-t": 1, "--threads": 1, "-ctk": 1, "-ctv": 1,
-                 "--no-mmap": 0, "--mlock": 0, "-hf": 1, "--jinja": 0},
+    # flags with no policy field and their value counts (common/arg.cpp: a flag with a value
+    # hint takes one token, a switch none)
+    passthrough={**HTTP_SERVER_FLAGS, **_LEGACY, "-t": 1, "--threads": 1, "-tb": 1, "--threads-batch": 1,
+                 "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--jinja": 0,
+                 "--temp": 1, "--temperature": 1, "--top-k": 1, "--top-p": 1, "--min-p": 1, "--repeat-penalty": 1,
+                 "-s": 1, "--seed": 1, "-n": 1, "--predict": 1, "--n-predict": 1, "-ts": 1, "--tensor-split": 1,
+                 "-sm": 1, "--split-mode": 1, "-mg": 1, "--main-gpu": 1, "-dev": 1, "--device": 1,
+                 "-a": 1, "--alias": 1, "--api-key": 1, "--chat-template": 1, "--reasoning-format": 1,
+                 "-cb": 0, "--cont-batching": 0, "--metrics": 0, "--no-warmup": 0, "-v": 0, "--verbose": 0,
+                 "--numa": 1, "--log-file": 1, "-lm": 1, "--load-mode": 1, "-kvo": 0, "--kv-offload": 0,
+                 "-mm": 1, "--mmproj": 1},
     caveats=("re-estimated with HRM's llama.cpp engine (llama.cpp-nkvo with -nkvo: experts of CPU layers run on the "
              "CPU below 32 tokens per ubatch, their used experts copied to the GPU above) when one ubatch holds "
              "the batch; several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
-    nearest=_nearest, render=_render, parse=_parse,
+    workload=command_workload, notes=_notes, nearest=_nearest, render=_render, parse=_parse,
 )

@@ -1,0 +1,38 @@
+"""The import table (issue 25): real command lines from the engines' READMEs, docs and issues
+(tests/data/real_commands.yaml, each with its source) read by ``hrm import`` to the policy the
+flags say — derived by hand in each entry's note — or refused in one line naming why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hrm.export.real_commands import load_real_commands, read_real_command
+
+TABLE = Path(__file__).parent / "data" / "real_commands.yaml"
+ENTRIES = load_real_commands(TABLE)
+
+
+def test_the_table_is_big_enough_and_cited():
+    assert len(ENTRIES) >= 15
+    assert len({e.engine for e in ENTRIES}) >= 4
+    assert all(e.source.strip() for e in ENTRIES)
+    assert sum(e.expect.refused is None for e in ENTRIES) >= 8  # most read to a policy
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[f"{e.engine}-{i}" for i, e in enumerate(ENTRIES)])
+def test_real_command(entry):
+    policy, notes, refusal = read_real_command(entry)
+    want = entry.expect
+    if want.refused is not None:
+        assert refusal is not None and want.refused in refusal and "\n" not in refusal, (entry.source, refusal)
+        return
+    assert refusal is None, (entry.source, refusal)
+    if want.policy is not None:
+        assert policy.short() == want.policy, entry.source
+    for field in ("batch_size", "micro_batch_size", "attn_on_gpu"):
+        if getattr(want, field) is not None:
+            assert getattr(policy, field) == getattr(want, field), (entry.source, field)
+    if want.weights_gpu_ratio is not None:
+        assert policy.weights_gpu_ratio == pytest.approx(want.weights_gpu_ratio, abs=1e-9), entry.source
