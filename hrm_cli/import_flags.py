@@ -11,6 +11,7 @@ from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args
 from hrm.engine import list_engines, load_engine, with_fields
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
+from hrm.memory import physical_limits
 from hrm.export import EXPORTERS, get_exporter, read_command
 from hrm.export.importing import WORKLOAD_FLAGS
 from hrm.workload import DEFAULT_PRESET, PRESETS
@@ -55,18 +56,23 @@ def main(argv) -> int:
     if imported.engine_fields and engine.name in target.engines:  # what the command sets of the engine itself
         engine = with_fields(engine, imported.engine_fields)
     result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
+    # a command's policy is pinned: it must fit physical memory less the engine's fixed costs
+    # (hrm.memory.physical_limits), as hrm estimate checks; above the planning caps it is said
+    physical = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
+    fits_physical = result.fits(physical)
     if args.json:
         print(json.dumps({"source": args.source, "policy": result.policy.model_dump(), "policy_short": policy.short(),
                           "engine": result.engine, "workload": workload.model_dump(),
                           "estimate": result.to_plan_estimate(), "feasible": result.feasible,
-                          "notes": notes + list(target.caveats)}, indent=2))
+                          "fits_physical_memory": fits_physical, "notes": notes + list(target.caveats)}, indent=2))
     else:
         from hrm_cli.estimate import render_estimate
 
         render_estimate(result, f"{args.source} flags as an HRM policy: {model.name} on {hw.name}, "
-                                f"prompt {workload.effective_prompt_len}, gen {workload.gen_len}")
+                                f"prompt {workload.effective_prompt_len}, gen {workload.gen_len}", physical)
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
-    if not result.feasible:
-        raise InfeasibleError(f"{policy.short()} exceeds a memory limit ({result.binding_memory})")
+    if not fits_physical:
+        raise InfeasibleError(f"{policy.short()} does not fit physical memory less engine {engine.name}'s reserve "
+                              f"({result.binding_memory} of the planning caps)")
     return 0
