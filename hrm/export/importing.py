@@ -14,6 +14,13 @@ from .target import Context, EngineFlags, FlagSpec, Frozen
 
 #: words that end one shell command and start the next
 _SEPARATORS = ("&&", ";", "||", "&", "|")
+#: a shell redirection word (its file is the next word when the word names none)
+_REDIRECTION = re.compile(r"(\d*|&)(>>?|<)(&\d+)?(\S*)")
+#: programs users put before the engine's that take only dash options (numactl
+#: --interleave=all, nohup, time): dropped with their options
+_WRAPPERS = ("numactl", "nohup", "time")
+#: python's own options before -m (python -u -m ...)
+_PYTHON_OPTION = re.compile(r"-[uOBsSEIqv]+")
 
 
 def _program_word(word: str) -> str:
@@ -29,9 +36,35 @@ def _program_words(program: str) -> list[str]:
     return [_program_word(w) for w in words[cut + 1:]]
 
 
+def _shell_words(words: list[str]) -> list[str]:
+    """One command's words less what the shell, not the engine, reads: redirections
+    (``>> run.log 2>&1``) and a leading wrapper with its options (``numactl --interleave=all``)."""
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        match = _REDIRECTION.fullmatch(word)
+        if match and (match.group(1) or match.group(2)):
+            skip = not match.group(3) and not match.group(4)  # "> file": the file is the next word
+            continue
+        out.append(word)
+    while out and _program_word(out[0]) in _WRAPPERS:
+        out = out[1:]
+        while out and out[0].startswith("-"):
+            out = out[1:]
+    return out
+
+
 def _without_program(target: EngineFlags, words: list[str]) -> list[str]:
-    """``words`` less a leading program name of ``target`` (``python3 -m ...``, a path)."""
+    """``words`` less a leading program name of ``target`` (``python3 -u -m ...``, a path);
+    one line HRMError for a program of the engine that import refuses (``refused_programs``)."""
+    if words and _program_word(words[0]) == "python":  # python's own options before -m
+        words = [words[0], *[w for i, w in enumerate(words[1:]) if not (
+            _PYTHON_OPTION.fullmatch(w) and all(_PYTHON_OPTION.fullmatch(v) for v in words[1:i + 1]))]]
     named = [_program_word(w) for w in words]
+    if named and named[0] in target.refused_programs:
+        raise HRMError(f"{target.name}: {words[0]}: {target.refused_programs[named[0]]}")
     for program in (*target.programs, *target.import_programs):
         prog = _program_words(program)
         if prog and named[:len(prog)] == prog:
@@ -56,6 +89,7 @@ def _commands(target: EngineFlags, text: str) -> list[list[str]]:
             current = []
     out = []
     for command in commands:
+        command = _shell_words(command)
         while command and re.fullmatch(r"[A-Za-z_]\w*=\S*", command[0]):
             command = command[1:]
         if command and command[0] != "cd":

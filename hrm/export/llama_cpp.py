@@ -410,7 +410,13 @@ def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> Flag
 
 
 LLAMA_CPP = EngineFlags(
-    name="llama.cpp", version=LLAMA_CPP_VERSION, programs=("llama-server",), import_programs=("llama-server.exe",),
+    name="llama.cpp", version=LLAMA_CPP_VERSION, programs=("llama-server",),
+    # "server" was llama-server's name before ggml-org/llama.cpp PR #7809 (June 2024), with the
+    # same -m/-c/-np/-ngl/-ub flags; "main" (now llama-cli) runs one prompt and has no slots
+    import_programs=("llama-server.exe", "server", "server.exe"),
+    refused_programs={name: "llama-cli (named main before ggml-org/llama.cpp PR #7809) runs one prompt at a time, "
+                            "not a server with slots; HRM reads llama-server commands"
+                      for name in ("main", "llama-cli", "main.exe", "llama-cli.exe")},
     engines=("llama.cpp", "llama.cpp-nkvo"), hrm_engine=_hrm_engine,
     description="llama.cpp llama-server: experts kept on the CPU per whole layer, KV on the GPU or the host",
     flags=(

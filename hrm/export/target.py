@@ -93,6 +93,9 @@ class EngineFlags(Frozen):
     #: other programs whose flags import reads as this target's (e.g. a runner script that
     #: takes the same flags); export always prints ``programs``
     import_programs: tuple[str, ...] = ()
+    #: programs of the engine that import recognises and refuses, each with why (llama.cpp's
+    #: llama-cli runs one prompt, no server slots)
+    refused_programs: dict[str, str] = {}
     #: the workload a command's own flags define (FlexGen's --prompt-len/--gen-len, padded),
     #: or the workload the engine runs for a plan's; None: the HRM workload unchanged
     workload: Optional[Callable[[Optional[dict[str, list[str]]], Context], object]] = None

@@ -261,7 +261,10 @@ VLLM_FLAGS = (  # vllm/engine/arg_utils.py (EngineArgs.add_cli_args) and entrypo
 
 VLLM = EngineFlags(
     name="vllm", version=VLLM_VERSION, programs=("vllm",),
-    import_programs=("python -m vllm.entrypoints.openai.api_server", "python3 -m vllm.entrypoints.openai.api_server"),
+    # vllm.entrypoints.api_server: the older demo server over the same engine arguments
+    # (AsyncEngineArgs.add_cli_args)
+    import_programs=("python -m vllm.entrypoints.openai.api_server", "python3 -m vllm.entrypoints.openai.api_server",
+                     "python -m vllm.entrypoints.api_server"),
     engines=("vllm",), hrm_engine=lambda policy: "vllm", engine_fields=prefill_budget,
     description="vLLM serve: one forward pass per step, GPU attention, experts of the first layers read over UVA",
     flags=VLLM_FLAGS,
