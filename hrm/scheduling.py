@@ -89,7 +89,22 @@ def list_schedule(queues: dict[str, list[Task]]) -> float:
     """Set every task's start and end and return the makespan. Each resource runs its queue
     in order; a task starts when its resource is free and its inputs are done; of the
     resources whose head task is ready, the one that can start earliest goes first (ties:
-    the resource listed first). One scheduler for every engine's task graph."""
+    the resource listed first). One scheduler for every engine's task graph.
+
+    Each task keeps a count of its inputs still running and the latest end among those done
+    (updated as each input ends), so a step looks at each resource's head once instead of
+    walking every head's inputs."""
+    pending: dict[int, int] = {}
+    ready_s: dict[int, float] = {}
+    dependents: dict[int, list[Task]] = {}
+    for q in queues.values():
+        for task in q:
+            ends = [d.end_s for d in task.deps if d.end_s is not None]
+            ready_s[id(task)] = max(ends, default=0.0)
+            pending[id(task)] = len(task.deps) - len(ends)
+            for d in task.deps:
+                if d.end_s is None:
+                    dependents.setdefault(id(d), []).append(task)
     heads = {r: 0 for r in queues}
     free = {r: 0.0 for r in queues}
     remaining = sum(len(q) for q in queues.values())
@@ -99,15 +114,18 @@ def list_schedule(queues: dict[str, list[Task]]) -> float:
             if heads[r] >= len(q):
                 continue
             task = q[heads[r]]
-            if any(d.end_s is None for d in task.deps):
+            if pending[id(task)]:
                 continue
-            start = max([free[r], *(d.end_s for d in task.deps)])
+            start = max(free[r], ready_s[id(task)])
             if best is None or start < best[0]:
                 best = (start, r, task)
         if best is None:
             raise RuntimeError("timeline: dependency cycle in the task order")
         start, r, task = best
         task.start_s, task.end_s = start, start + task.duration_s
+        for waiting in dependents.get(id(task), ()):
+            pending[id(waiting)] -= 1
+            ready_s[id(waiting)] = max(ready_s[id(waiting)], task.end_s)
         free[r] = task.end_s
         heads[r] += 1
         remaining -= 1
