@@ -64,6 +64,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "highs"],
                         help="MILP backend of the --verify certificate: auto = HiGHS when highspy is installed, else CBC")
     parser.add_argument("--verify", action="store_true", help="also run the exhaustive verifier and compare")
+    parser.add_argument("--time-limit", dest="time_limit_s", type=bounds.BUDGET_S.flag("--time-limit"), default=None,
+                        metavar="S", help="seconds a branch and bound (engine klotski) may run before it returns its "
+                                          "best, marked not proven optimal (default 10)")
     parser.add_argument("--compare", action="store_true",
                         help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
     parser.add_argument("--plot", metavar="FILE.png",
@@ -93,7 +96,7 @@ def main(argv) -> int:
     fixed = parse_fix(args.fix)
     latency_limits = LatencyLimits(args.max_tpot_ms / 1e3 if args.max_tpot_ms is not None else None, args.max_ttft_s)
     common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
-                  latency_limits=latency_limits,
+                  latency_limits=latency_limits, time_limit_s=args.time_limit_s,
                   solver=args.solver, hw_name=args.hw, model_name=args.model)
     if args.compare:
         return _compare(hw, model, workload, args, common)
@@ -192,7 +195,8 @@ def render(result: SearchResult, title: str, headroom: str | None = None) -> Non
     else:
         table.add_row("GPU memory", f"{gib(best.gpu_peak_bytes)} / {gib(best.gpu_limit_bytes)}")
         table.add_row("CPU memory", f"{gib(best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
-    table.add_row("solve", f"{result.seconds:.2f} s, optimal over {result.extras['search_space']}")
+    proven = "optimal" if result.plan.solver.optimal else "best found (not proven optimal)"
+    table.add_row("solve", f"{result.seconds:.2f} s, {proven} over {result.extras['search_space']}")
     if result.verified is not None:
         opened, total = result.extras["verify_modes"]
         table.add_row("verifier", f"{'agrees' if result.verified else 'DISAGREES'}: optimum {result.verify_objective:,.3f} "

@@ -41,6 +41,11 @@ from .request import Candidate, SearchResult, describe_limits, make_plan
 
 #: --verify schedules every candidate; above this many it is refused (pin part of the policy)
 VERIFY_MAX_CANDIDATES = 4000
+#: seconds the branch and bound schedules candidates before it stops with the best so far
+#: and the gap to the best bound left (many-expert models have weak lane bounds: thousands
+#: of schedules of ~0.1 s each); issue 24's worst case for any search on the catalog.
+#: Override: search(..., time_limit_s=...) / hrm-search --time-limit S
+SEARCH_TIME_LIMIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -174,11 +179,16 @@ class Found:
     index: int | None
     value: float
     scheduled: int
+    #: the best bound of the candidates not scheduled when the time limit stopped the search
+    #: (None: it ran to the end, the result is the optimum)
+    open_bound: float | None = None
 
 
-def branch_and_bound(request, rates, cands: Candidates, everything: bool = False) -> Found:
+def branch_and_bound(request, rates, cands: Candidates, everything: bool = False,
+                     time_limit_s: float | None = None) -> Found:
     """Schedule candidates in order of their bound until none left can beat the best (all
-    of them with ``everything``), honouring the latency limits."""
+    of them with ``everything``), honouring the latency limits; past ``time_limit_s`` (once a
+    feasible one was scheduled) it stops, returning the best bound still open."""
     kind, gen = request.solve_for if request.objective != "latency" else "latency", request.workload.gen_len
     bound = objective_value(kind, cands.batch_size, gen, cands.step_lb_s, cands.prefill_lb_s)
     limits = request.latency_limits
@@ -190,9 +200,12 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
     order = [int(i) for i in np.argsort(-bound, kind="stable") if alive[i]]
     best, best_value, scheduled = None, -np.inf, 0
     layers = request.model.num_moe_layers
+    started = time.perf_counter()
     for i in order:
         if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
             break
+        if time_limit_s is not None and best is not None and time.perf_counter() - started > time_limit_s:
+            return Found(best, best_value, scheduled, float(bound[i]))
         policy = cands.policy(i, layers)
         times = klotski_times(request.model, rates, request.workload, policy, request.engine)
         scheduled += 1
@@ -220,7 +233,8 @@ def search_klotski(request):
     if verify and len(cands) > VERIFY_MAX_CANDIDATES:
         raise HRMError(f"--verify with engine {engine.name} schedules every candidate: {len(cands):,} are more than "
                        f"{VERIFY_MAX_CANDIDATES:,}; pin part of the policy (--fix mu=... or N=...)")
-    found = branch_and_bound(request, rates, cands)
+    limit_s = request.time_limit_s if request.time_limit_s is not None else SEARCH_TIME_LIMIT_S
+    found = branch_and_bound(request, rates, cands, time_limit_s=limit_s)
     if found.index is None:
         if len(cands):
             limits = describe_limits(request.latency_limits)[len(", subject to "):]
@@ -229,9 +243,12 @@ def search_klotski(request):
     policy = cands.policy(found.index, model.num_moe_layers)
     result = estimate(hw, model, workload, policy, options=request.options, limits=request.limits, engine=engine)
     seconds = time.perf_counter() - request.start
+    stopped = "" if found.open_bound is None else (
+        f"; stopped after {limit_s:g} s: not proven optimal, the best candidate left is bounded by "
+        f"{_gap(found):.1%} above the result")
     space = (f"every integer mu and n with N <= {request.max_batch} ({len(cands):,} feasible (mu, n, layers) "
-             f"candidates, {found.scheduled} scheduled, the rest bounded), every whole number of MoE layers with GPU "
-             f"experts, the largest r_c memory allows")
+             f"candidates, {found.scheduled} scheduled, the rest bounded{stopped}), every whole number of MoE "
+             f"layers with GPU experts, the largest r_c memory allows")
     verified = verify_objective = verify_seconds = None
     if verify:
         t0 = time.perf_counter()
@@ -247,6 +264,11 @@ def search_klotski(request):
                      found.scheduled)
     objective = abs(found.value) if request.objective == "latency" else found.value
     notes = list(request.notes)  # Klotski's own n at this μ is the estimate's note
+    if found.open_bound is not None:
+        notes.append(f"engine {engine.name}: search stopped after {limit_s:g} s with {found.scheduled} of "
+                     f"{len(cands):,} candidates scheduled; the best left could be at most {_gap(found):.1%} better "
+                     "(pin mu or N with --fix to search a smaller space exactly)")
+        plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"optimal": False})})
     return SearchResult(Candidate(policy, result, None), [], plan, "Klotski B&B", seconds, found.scheduled, verified,
                         verify_objective, verify_seconds,
                         {"objective": objective, "objective_kind": request.objective, "notes": notes,
@@ -254,6 +276,13 @@ def search_klotski(request):
                          "modes_total": len(cands), "candidates": found.scheduled, "mu_max": int(cands.mu.max()),
                          "klotski_own_batches": own,
                          "verify_modes": (len(cands), len(cands)) if verify else None})
+
+
+def _gap(found: Found) -> float:
+    """How much better than the result the best candidate left unscheduled could be (its
+    bound over the result, minus 1; for the latency objective the values are negated)."""
+    value, bound = found.value, found.open_bound
+    return (bound - value) / abs(value) if value else float("inf")
 
 
 def _infeasible_reason(request) -> str:

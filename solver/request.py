@@ -66,6 +66,8 @@ class SearchRequest:
     #: the batch cap asked for, before the engine's own limit lowered it (``max_batch``): a
     #: re-plan for another engine starts from it
     asked_max_batch: int | None = None
+    #: seconds a branch and bound may run before it returns its best (None: the pipeline's default)
+    time_limit_s: float | None = None
 
     # the problem's parts, as the pipelines' searches read them
     hw = _problem_part("hw")

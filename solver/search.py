@@ -108,11 +108,14 @@ def search(
     model_name: str | None = None,
     engine: str | Engine | None = None,
     latency_limits: LatencyLimits | None = None,
+    time_limit_s: float | None = None,
 ) -> SearchResult:
     """Best policy for the model on the machine and workload as ``engine`` runs it (default
     ``ideal`` with ``schedule``, default cgopipe) among those that meet ``latency_limits``
-    (TPOT, TTFT); ``objective`` one of :data:`OBJECTIVES`. Raises InfeasibleError (exit 3)
-    with the binding limit when no policy fits."""
+    (TPOT, TTFT); ``objective`` one of :data:`OBJECTIVES`. ``time_limit_s``: how long a
+    search that is not exact by construction (Klotski's branch and bound) may schedule
+    candidates before it returns its best, marked not proven optimal (None: its default).
+    Raises InfeasibleError (exit 3) with the binding limit when no policy fits."""
     start = time.perf_counter()
     check_context_window(model, workload)
     engine = resolve_engine(engine, schedule)
@@ -124,5 +127,5 @@ def search(
     request = SearchRequest(problem=make_problem(hw, model, workload, engine, options, limits), objective=objective,
                             solve_for=solve_for, fixed=fixed, notes=notes, max_batch=max_batch, top=top, solver=solver,
                             verify=verify, hw_name=hw_name, model_name=model_name, latency_limits=latency_limits,
-                            start=start, asked_max_batch=asked_max_batch)
+                            start=start, asked_max_batch=asked_max_batch, time_limit_s=time_limit_s)
     return SEARCHES[get_schedule(engine.schedule).pipeline](request)

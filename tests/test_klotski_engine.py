@@ -4,6 +4,8 @@ bound over every (μ, n, resident layers) with the largest KV share memory allow
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,18 @@ def test_a_cpu_only_host_is_refused():
     hw, model, _, _ = _setup("cpu-only", "tiny-mixtral")
     with pytest.raises(HRMError, match="no GPU"):
         search(hw, model, make_workload("mtbench"), engine=ENGINE, max_batch=8)
+
+
+def test_time_limit_returns_the_best_so_far_with_its_gap():
+    """Issue 24: Klotski's branch and bound on a many-expert model schedules for minutes; a
+    time limit returns the best scheduled candidate, marked not proven optimal, and the best
+    bound left is a true bound: the optimum lies between the result and it."""
+    hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
+    full = search(hw, model, workload, engine="klotski", top=0)
+    assert full.plan.solver.optimal
+    cut = search(hw, model, workload, engine="klotski", top=0, time_limit_s=1e-9)
+    assert not cut.plan.solver.optimal and any("search stopped" in n for n in cut.extras["notes"])
+    best, found = full.best.estimate.generation_throughput_tok_s, cut.best.estimate.generation_throughput_tok_s
+    assert found <= best * (1 + 1e-9)
+    gap = float(re.search(r"at most ([\d.]+)% better", " ".join(cut.extras["notes"])).group(1)) / 100
+    assert best <= found * (1 + gap) * (1 + 1e-3)
