@@ -24,7 +24,7 @@ GRID_HELP = """GRID.yaml (every combination of the lists is one cell; paths are 
   objective: generation                     # or decode, latency; also max_batch, gpu_util, cpu_util,
                                             # weight_dtype, kv_dtype as the hrm-search flags
 
-Output: one row per cell (inputs, cell_key, status ok|infeasible|refused, reason, policy,
+Output: one row per cell (inputs, cell_key, status ok|infeasible|refused|error, reason, policy,
 throughputs, per-token latency, bottleneck, binding memory, solve_s); read it with
 pandas.read_parquet or DuckDB. Cells whose cell_key is already in --out are skipped."""
 

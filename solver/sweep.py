@@ -76,6 +76,8 @@ def run_cell(cell: Cell) -> dict:
         row.update(status="infeasible", feasible=False, reason=" ".join(str(exc).split()))
     except HRMError as exc:
         row.update(status="refused", feasible=False, reason=" ".join(str(exc).split()))
+    except Exception as exc:  # noqa: BLE001 - one cell's failure is its row's status; the sweep goes on
+        row.update(status="error", feasible=False, reason=f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500])
     else:
         p, e = result.best.policy, result.best.estimate
         row.update(
@@ -219,6 +221,12 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     if found != SWEEP_FORMAT:
         raise HRMError(f"--out {path}: not a sweep output of format {SWEEP_FORMAT} (found {found or 'none'}); "
                        f"give another --out or delete it")
+    want = _arrow_schema()
+    wrong = [f"{f.name} ({'missing' if f.name not in table.schema.names else table.schema.field(f.name).type})"
+             for f in want if f.name not in table.schema.names or table.schema.field(f.name).type != f.type]
+    if wrong:  # marked as a sweep output but damaged: resuming into it would lose or mix rows
+        raise HRMError(f"--out {path}: a damaged sweep output, columns {', '.join(wrong[:4])} are not of format "
+                       f"{SWEEP_FORMAT}; give another --out or delete it")
     return table.to_pylist()
 
 

@@ -308,3 +308,42 @@ def test_batch_axis_pins_n_like_fix():
     free = run_sweep(grid_cells(SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"],
                                                           "batch_sizes": [None]})), backend="inline")
     assert free["pinned_batch_size"].isna().all()
+
+
+def test_damaged_sweep_output_refused_and_left_untouched(tmp_path, capsys):
+    """Issue 24: a file marked as a sweep output but without cell_key, or with a column of
+    another type, is refused in one line; its bytes are not changed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    grid = write_grid(tmp_path, SMALL)
+    rows = sweep_mod.rows_to_table([])
+    for name, table in (("nokey", rows.drop(["cell_key"])),
+                        ("badtype", rows.set_column(rows.schema.get_field_index("batch_size"), "batch_size",
+                                                    pa.array([], pa.string())))):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table.replace_schema_metadata(rows.schema.metadata), path)
+        before = path.read_bytes()
+        code, out, err = call(capsys, "sweep", grid, "--out", path)
+        assert code == 2 and "damaged sweep output" in err and len(err.strip().splitlines()) == 1, err
+        assert path.read_bytes() == before
+
+
+def test_a_cell_that_raises_is_an_error_row_and_the_sweep_goes_on(monkeypatch):
+    import solver.search as search_mod
+
+    cells = grid_cells(SweepGrid.model_validate(SMALL))[:3]
+
+    calls = []
+    original = search_mod.search
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ZeroDivisionError("a worker's bug")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(search_mod, "search", flaky)
+    table = run_sweep(cells, backend="inline")
+    assert list(table["status"])[1] == "error" and "ZeroDivisionError: a worker's bug" in table["reason"][1]
+    assert list(table["status"])[0] != "error" and list(table["status"])[2] != "error"
