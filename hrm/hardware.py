@@ -42,14 +42,17 @@ class _Strict(BaseModel):
 
 
 class Source(_Strict):
-    """Where the numbers come from. ``methods`` maps a field to how it was measured."""
+    """Where the numbers come from. ``methods`` maps a field to how it was measured.
+    ``kind: calibrated``: a profile whose achieved rates ``hrm calibrate`` fitted to the
+    user's own runs (``methods`` names each fitted field; ``runs_sha256`` is the runs file's)."""
 
-    kind: Literal["datasheet", "measured"] = "datasheet"
+    kind: Literal["datasheet", "measured", "calibrated"] = "datasheet"
     date: Optional[str] = None
     tool_version: Optional[str] = None
     host: Optional[str] = None
     notes: Optional[str] = None
     methods: dict[str, str] = Field(default_factory=dict)
+    runs_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 class Flops(_Strict):
@@ -285,6 +288,8 @@ class HardwareProfile(_Strict):
                 data[section].pop("dispatch", None)
         if data.get("emulation") is None:
             data.pop("emulation", None)
+        if data["source"].get("runs_sha256") is None:
+            data["source"].pop("runs_sha256", None)
         if self.efficiency is not None:
             data["efficiency"].update(self.efficiency._legacy_curves)
         for section, keys in ACHIEVED_FIELDS.items():

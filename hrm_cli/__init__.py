@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "export": ("hrm_cli.export", "a plan as another engine's command line (flexgen, llama.cpp, vllm, ...)"),
     "import": ("hrm_cli.import_flags", "another engine's command line as a policy, estimated"),
     "sweep": ("hrm_cli.sweep", "search every cell of a hardware x model x workload x engine x what-if grid (Parquet)"),
+    "calibrate": ("hrm_cli.calibrate", "fit a profile's achieved rates to your own measured runs"),
 }
 
 #: the optional extra (pyproject.toml) that brings a package a subcommand may import

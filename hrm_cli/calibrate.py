@@ -1,0 +1,152 @@
+"""``hrm calibrate RUNS.yaml --out PROFILE.yaml``: fit a profile's achieved rates to the
+user's own runs (hrm.calibrate; docs/calibrate.md)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from hrm.calibrate import Calibration, calibrated_profile, fit, is_shipped_profile, load_runs
+from hrm.errors import HRMError
+from hrm.hardware import dump_hardware_yaml, load_hardware, parse_hardware
+from hrm.model import load_model
+from hrm_cli.parser import ArgumentParser
+
+HEADER = ("# Hardware profile calibrated by `hrm calibrate` to the user's own runs: source.methods names\n"
+          "# each fitted field; the others are the base profile's.\n"
+          "# Units: *_gib = 2^30 bytes, *_gbps = 1e9 bytes/s, *_tflops = 1e12 FLOP/s, *_s = seconds.\n")
+
+
+def parse_args(argv):
+    from hrm.calibrate import FIELDS
+
+    parser = ArgumentParser(prog="hrm calibrate",
+                            description="Fit a hardware profile's achieved rates (link, host copy and DRAM rates, GPU\n"
+                                        "efficiencies, dispatch) to your own measured runs, each within a physical\n"
+                                        "range; print measured vs predicted before and after the fit, and the\n"
+                                        "leave-one-out error. docs/calibrate.md says what, why and how.")
+    parser.add_argument("runs", metavar="RUNS.yaml",
+                        help="hardware, model and runs (engine, workload, policy, measured); docs/calibrate.md")
+    parser.add_argument("--out", metavar="PROFILE.yaml", help="write the calibrated profile here (atomically); "
+                                                              "without it nothing is written")
+    parser.add_argument("--fields", metavar="A,B",
+                        help=f"fit only these fields (default: every one the runs identify): {', '.join(FIELDS)}")
+    parser.add_argument("--name", help="name of the calibrated profile (default: <base>@calibrated)")
+    return parser.parse_args(argv)
+
+
+def field_list(text: str | None):
+    if text is None:
+        return None
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise HRMError("--fields: give one or more field names separated by commas")
+    return names
+
+
+def check_out(path: str | None, runs_path: str):
+    """Fail before fitting when ``--out`` cannot be written, is a shipped profile (they never
+    change) or is the runs file itself."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    from hrm.plan import check_output_path
+
+    if is_shipped_profile(path):
+        raise HRMError(f"--out {path}: shipped profiles never change; write the calibrated profile elsewhere")
+    if Path(path).resolve() == Path(runs_path).resolve():
+        raise HRMError(f"--out {path}: is the runs file; write the calibrated profile elsewhere")
+    return check_output_path(path, "--out")
+
+
+def _error(predicted: float | None, measured: float) -> str:
+    """The relative error in few characters: +41%, -9.7%, +0.0%."""
+    if predicted is None:
+        return "n/a"
+    percent = 100 * (predicted / measured - 1)
+    return f"{percent:+.0f}%" if abs(percent) >= 9.95 else f"{percent:+.1f}%"
+
+
+def _percent(rms: float | None) -> str:
+    return "n/a" if rms is None else f"{100 * (math.exp(rms) - 1):.1f}%"
+
+
+def render(calibration: Calibration, console) -> None:
+    """The per-run table (measured, before, after, leave-one-out error), the field table
+    (fitted beside start and range) and the fields left as the profile has them."""
+    from rich.table import Table
+
+    from hrm.calibrate import QUANTITIES
+
+    runs = Table(title=f"runs of {calibration.runs_path} on {calibration.base}: predicted before and after the "
+                       f"fit, and leave-one-out (LOO: fitted without the run)", title_justify="left", box=None,
+                 pad_edge=False, header_style="bold underline")
+    for header, justify in (("run", "left"), ("quantity", "left"), ("measured", "right"), ("before", "right"),
+                            ("after", "right"), ("LOO err", "right")):
+        runs.add_column(header, justify=justify, overflow="fold", no_wrap=header != "run")
+    previous = None
+    for m in calibration.measurements:
+        runs.add_row(m.run if m.run != previous else "", QUANTITIES[m.quantity].label, f"{m.measured:.4g}",
+                     f"{m.before:.4g} {_error(m.before, m.measured)}", f"{m.after:.4g} {_error(m.after, m.measured)}",
+                     _error(m.loo, m.measured))
+        previous = m.run
+    console.print(runs)
+    console.print()
+    console.print(f"typical error (RMS of ln predicted/measured): before {_percent(calibration.rms_log_error('before'))}"
+                  f", after {_percent(calibration.rms_log_error('after'))}, leave-one-out "
+                  f"{_percent(calibration.rms_log_error('loo'))}", highlight=False)
+    console.print()
+    fields = Table(title="fitted fields, within their physical ranges", title_justify="left",
+                   box=None, pad_edge=False, header_style="bold underline")
+    for header, justify in (("field", "left"), ("profile", "right"), ("fitted", "right"), ("range", "right")):
+        fields.add_column(header, justify=justify, overflow="fold", no_wrap=header != "field")
+    for f in calibration.fields:
+        if f.value is None:
+            continue
+        change = f"{100 * (f.value / f.start - 1):+.0f}%" if f.start > 0 else ""
+        fields.add_row(f.name, f"{f.start:.4g}{'*' if f.defaulted else ''}",
+                       f"{f.value:.4g} {change}{' at bound' if f.at_bound else ''}",
+                       f"{f.lo:.3g}-{f.hi:.3g}{' ' + f.unit if f.unit else ''}")
+    console.print(fields)
+    if any(f.defaulted for f in calibration.fields):
+        console.print("* the profile lacks it: the hrm.achieved default", highlight=False)
+    for f in calibration.left:
+        console.print(f"left at the profile's value: {f.name} = {f.start:.4g}{'*' if f.defaulted else ''} "
+                      f"({f.reason})", highlight=False)
+    if any(f.at_bound for f in calibration.fields):
+        console.print("a field ended on its range's bound: the runs ask for a value outside its physical range, so "
+                      "something other than that rate is likely off (docs/calibrate.md)", highlight=False)
+
+
+def main(argv) -> int:
+    args = parse_args(argv)
+    fields = field_list(args.fields)
+    out = check_out(args.out, args.runs)
+    if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
+        raise HRMError(f"--name: must be a non-empty printable name, got {args.name!r}")
+    runs = load_runs(args.runs)
+    try:
+        hw = load_hardware(runs.hardware)
+        model = load_model(runs.model)
+    except HRMError as exc:
+        raise HRMError(f"{runs.path}: {exc}") from None
+    calibration = fit(hw, model, runs, fields)
+    profile = calibrated_profile(hw, calibration, args.name)
+    text = HEADER + dump_hardware_yaml(profile)
+    import yaml
+
+    parse_hardware(yaml.safe_load(text), "the calibrated profile")  # it must read back through the schema
+
+    from rich.console import Console
+
+    console = Console()
+    render(calibration, console)
+    if out is None:
+        console.print("no --out: nothing written", highlight=False)
+        return 0
+    from hrm.plan import write_atomic
+
+    write_atomic(out, text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
