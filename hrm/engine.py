@@ -169,15 +169,22 @@ class PolicySpace(_Frozen):
     """What the engine can run: placements, parts of the policy it fixes (e.g. ZeRO-
     Inference: one batch, all weights streamed, the KV cache on the GPU), and the most
     sequences it runs at once (``max_batch_size``: a start-up limit of the engine, e.g.
-    llama-server's slots; None: no limit of its own)."""
+    llama-server's slots; None: no limit of its own). ``chosen_by``: the engine takes no
+    policy but picks its own at launch with this optimizer (a name in
+    :data:`hrm.choosers.CHOOSERS`); None: it runs the policy it is given."""
 
     attention: tuple[Literal["cpu", "gpu"], ...] = ("cpu", "gpu")
     ffn: tuple[Literal["cpu", "gpu"], ...] = ("gpu", "cpu")
     fixed: dict[str, float] = Field(default_factory=dict)
     max_batch_size: Optional[bounds.SEQUENCES.type] = None
+    chosen_by: Optional[str] = None
 
     @model_validator(mode="after")
     def _known(self):
+        from .choosers import CHOOSERS  # the registry of engines' own optimizers
+
+        if self.chosen_by is not None and self.chosen_by not in CHOOSERS:
+            raise ValueError(f"policy.chosen_by: unknown '{self.chosen_by}' (one of {', '.join(CHOOSERS)})")
         allowed = {"num_micro_batches", "weights_gpu_ratio", "kv_gpu_ratio"}
         unknown = set(self.fixed) - allowed
         if unknown:

@@ -142,6 +142,32 @@ class SearchSettings(_Frozen):
     shared_memory: Flag = False
 
 
+class ServerPick(_Frozen):
+    """The policy an engine that picks its own (``policy.chosen_by``) will run on the plan's
+    machine, model and workload, estimated as the plan's policy is (same engine, options and
+    memory caps); or, in ``unavailable``, the one line why it picks none (no GPU, a model it
+    cannot serve). The plan's ``policy`` stays the search's best in the engine's space."""
+
+    chosen_by: Label
+    #: the command whose launch makes the pick
+    program: Label
+    policy: Optional[Policy] = None
+    generation_throughput_tok_s: Optional[Amount] = None
+    decode_throughput_tok_s: Optional[Amount] = None
+    notes: tuple[Label, ...] = ()
+    unavailable: Optional[Label] = None
+
+    @model_validator(mode="after")
+    def _pick_or_reason(self):
+        picked = (self.policy, self.generation_throughput_tok_s, self.decode_throughput_tok_s)
+        if self.unavailable is None and any(v is None for v in picked):
+            raise ValueError("server_pick: give policy, generation_throughput_tok_s and decode_throughput_tok_s, "
+                             "or unavailable")
+        if self.unavailable is not None and any(v is not None for v in picked):
+            raise ValueError("server_pick: unavailable has no policy nor throughputs")
+        return self
+
+
 class Plan(_Frozen):
     """A plan (docs/model.md §6). Validated whole: known schema version and schedule, the policy's
     placement one the schedule runs, ``weight_pages`` = n, no GPU experts when the experts
@@ -166,6 +192,9 @@ class Plan(_Frozen):
     created_by: Label
     #: the search's settings (None: a plan written before they were recorded, or not searched)
     search: Optional[SearchSettings] = None
+    #: the policy the engine picks itself at launch (its ``policy.chosen_by``) beside the
+    #: search's best; None: the engine runs the policy it is given (or not recorded)
+    server_pick: Optional[ServerPick] = None
 
     @field_validator("schema_version")
     @classmethod

@@ -11,6 +11,7 @@ from hrm.memory import physical_limits
 from hrm.plan import check_output_path, save_plan
 from hrm.policy import parse_assignments, policy_problem
 
+from solver.request import server_pick, with_server_pick
 from solver.search import OBJECTIVES, SearchResult, search
 from solver.terms import LatencyLimits
 from solver.terms import DEFAULT_MAX_BATCH
@@ -108,6 +109,10 @@ def main(argv) -> int:
     if fully_pinned(fixed) and not result.best.estimate.fits(limits):
         result.extras["notes"].append("the pinned policy is above the planning caps (--gpu-util/--cpu-util): it fits "
                                       "physical memory less the engine's reserve, the search would not choose it")
+    # an engine that picks its own policy at launch: its pick beside the search's best,
+    # checked against physical memory like a pinned policy (it is not the search's choice)
+    pick = server_pick(hw, model, workload, engine, options, physical_limits(hw, engine, args.gpu_mem, args.cpu_mem))
+    result = with_server_pick(result, pick)
     headroom = _ideal_bound(hw, model, workload, engine, common) if not args.json else None
     if args.out:
         save_plan(result.plan, args.out)
@@ -165,10 +170,15 @@ def render(result: SearchResult, title: str, headroom: str | None = None) -> Non
     table.add_column("quantity", style="bold")
     table.add_column("value")
     p = result.best.policy
-    table.add_row("policy", f"N={p.batch_size}  mu={p.micro_batch_size}  n={p.num_micro_batches}  "
+    pick = result.plan.server_pick
+    table.add_row("policy" if pick is None else "policy (HRM's best)", f"N={p.batch_size}  mu={p.micro_batch_size}  n={p.num_micro_batches}  "
                             f"attn={'gpu' if p.attn_on_gpu else 'cpu'}  ffn={'gpu' if p.ffn_on_gpu else 'cpu'}  "
                             f"rw={p.weights_gpu_ratio:.4f}  rc={p.kv_gpu_ratio:.4f}")
     table.add_row("generation throughput", f"{best.generation_throughput_tok_s:,.1f} tok/s")
+    if pick is not None:
+        table.add_row("server's own pick", server_pick_in_words(pick, best.generation_throughput_tok_s))
+        for note in pick.notes:
+            table.add_row("server pick note", note)
     if headroom:
         table.add_row("ideal machine bound", headroom)
     table.add_row("decode throughput", f"{best.decode_throughput_tok_s:,.1f} tok/s")
@@ -214,6 +224,14 @@ def render(result: SearchResult, title: str, headroom: str | None = None) -> Non
                         f"{est.generation_throughput_tok_s / best.generation_throughput_tok_s:.2f}x",
                         est.bottleneck, est.binding_memory)
         console.print(alt)
+
+
+def server_pick_in_words(pick, best_tok_s: float) -> str:
+    """The engine's own pick (:class:`hrm.plan.ServerPick`) in one line, beside the search's best."""
+    if pick.unavailable is not None:
+        return f"none: {pick.unavailable}"
+    return (f"{pick.policy.short()}  {pick.generation_throughput_tok_s:,.1f} tok/s (what `{pick.program}` runs; "
+            f"HRM's best in its space: {best_tok_s:,.1f})")
 
 
 def compare_engines(hw, model, workload, common) -> list[tuple[str, object]]:

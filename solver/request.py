@@ -4,11 +4,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from hrm.engine import is_shipped
-from hrm.estimate import EstimateResult
-from hrm.plan import SCHEMA_VERSION, Plan, SearchSettings, SolverInfo, SpecRef
+from hrm.choosers import CHOOSERS
+from hrm.engine import Engine, is_shipped
+from hrm.errors import HRMError
+from hrm.estimate import EstimateResult, estimate
+from hrm.memory import MemoryLimits
+from hrm.options import DEFAULT_OPTIONS, ModelOptions
+from hrm.plan import SCHEMA_VERSION, Plan, SearchSettings, ServerPick, SolverInfo, SpecRef
 from hrm.policy import Policy
 from hrm.problem import Problem
 
@@ -119,3 +123,32 @@ def describe_limits(latency_limits: LatencyLimits) -> str:
     if latency_limits.ttft_s is not None:
         parts.append(f"TTFT <= {latency_limits.ttft_s:g} s")
     return f", subject to {' and '.join(parts)}" if parts else ""
+
+
+def server_pick(hw, model, workload, engine: Engine, options: ModelOptions = DEFAULT_OPTIONS,
+                limits: MemoryLimits | None = None) -> ServerPick | None:
+    """The policy ``engine`` picks itself at launch (its ``policy.chosen_by``,
+    :data:`hrm.choosers.CHOOSERS`), estimated as a search's best is (same engine and options;
+    ``limits``: the memory it is checked against, e.g. :func:`hrm.memory.physical_limits`);
+    ``unavailable`` holds the one line why there is no pick. None: the engine runs the policy
+    it is given."""
+    name = engine.policy.chosen_by
+    if name is None:
+        return None
+    chooser = CHOOSERS[name]
+    try:
+        policy, notes = chooser.choose(hw, model, workload)
+        result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
+    except HRMError as exc:
+        return ServerPick(chosen_by=name, program=chooser.program, unavailable=str(exc))
+    if limits is not None and not result.fits(limits):
+        notes = (*notes, f"HRM's memory model puts this pick above the memory it was checked against ({result.binding_memory}): "
+                         "the server may fail to start")
+    return ServerPick(chosen_by=name, program=chooser.program, policy=policy,
+                      generation_throughput_tok_s=result.generation_throughput_tok_s,
+                      decode_throughput_tok_s=result.decode_throughput_tok_s, notes=(*notes, *result.notes))
+
+
+def with_server_pick(result: SearchResult, pick: ServerPick | None) -> SearchResult:
+    """``result`` with its plan recording the engine's own pick (:func:`server_pick`)."""
+    return replace(result, plan=result.plan.model_copy(update={"server_pick": pick}))

@@ -12,8 +12,11 @@ import json
 import shlex
 
 import pytest
+from pydantic import ValidationError
 
 import hrm_cli
+from hrm.choosers import CHOOSERS
+from hrm.engine import Engine, list_engines, load_engine
 from hrm.errors import HRMError
 from hrm.estimate import estimate
 from hrm.export import Context, export_plan, export_policy, import_command
@@ -22,11 +25,13 @@ from hrm.hardware import load_hardware
 from hrm.model import load_model
 from hrm.moe_lightning_optimizer import (FALLBACK_HARDWARE, ServerFlags, ServerModel, best_candidates,
                                          largest_feasible_count, micro_batch_sizes, recognised_hardware,
-                                         server_choice, server_model, solve_candidate)
-from hrm.plan import save_plan
-from hrm.policy import parse_policy
+                                         server_choice, server_model, server_policy, solve_candidate)
+from hrm.plan import Plan, ServerPick, load_plan, save_plan
+from hrm.policy import Policy, parse_policy
 from hrm.units import GIB
 from hrm.workload import make_workload
+from hrm_cli.search import server_pick_in_words
+from solver.request import server_pick
 from solver.search import search
 
 # --- the hardware the server recognises (backend/utils.py:22-61) ----------------------------
@@ -331,3 +336,89 @@ def test_export_imports_back_from_the_cli(l4_plan, capsys):
                          "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code in (0, 3) and doc["policy_short"] == export_plan(plan, "moe-lightning").exported_policy.short()
+
+
+# --- hrm-search: the server's own pick beside HRM's best (engine policy.chosen_by) ---------
+
+
+def search_json(capsys, *args) -> dict:
+    assert hrm_cli.main(["search", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def export_flags(hw) -> ServerFlags:
+    """The flags an export prints: the profile's CPU bandwidth in GiB/s to one decimal."""
+    return ServerFlags(cpu_mem_bdw_gib_s=round(hw.cpu.memory_bandwidth_gbps * 1e9 / GIB, 1), tp_size=hw.gpu.count)
+
+
+@pytest.mark.parametrize("hw_name", ["l4", "t4"])
+def test_search_json_records_the_servers_pick_and_its_estimate(hw_name, capsys):
+    hw, model, workload = load_hardware(hw_name), load_model("mixtral"), make_workload()
+    doc = search_json(capsys, "--hw", hw_name, "--model", "mixtral")
+    pick = doc["server_pick"]
+    expected = server_policy(hw, model, workload, export_flags(hw))
+    assert Policy.model_validate(pick["policy"]) == expected
+    assert pick["chosen_by"] == "moe-lightning-optimizer" and pick["unavailable"] is None
+    assert pick["program"] == SERVER
+    est = estimate(hw, model, workload, expected, engine="moe-lightning")
+    assert pick["generation_throughput_tok_s"] == pytest.approx(est.generation_throughput_tok_s, rel=1e-9)
+    assert pick["decode_throughput_tok_s"] == pytest.approx(est.decode_throughput_tok_s, rel=1e-9)
+    # the headline stays the search's best in the space: here not the server's pick, and above it
+    plan = Plan.model_validate(doc)
+    assert plan.policy != expected
+    assert plan.estimate.generation_throughput_tok_s > pick["generation_throughput_tok_s"]
+    # the pick the search shows is the one hrm export prints
+    assert export_plan(plan, "moe-lightning").exported_policy == expected
+
+
+def test_search_of_an_engine_that_takes_its_policy_has_no_pick(capsys):
+    assert search_json(capsys, "--hw", "l4", "--model", "mixtral", "--engine", "ideal").get("server_pick") is None
+    assert hrm_cli.main(["search", "--hw", "l4", "--model", "mixtral", "--engine", "vllm"]) in (0, 3)
+    assert "server's own pick" not in capsys.readouterr().out
+    assert [name for name in list_engines() if load_engine(name).policy.chosen_by] == ["moe-lightning"]
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--hw", "cpu-only", "--model", "tiny-mixtral", "--engine", "moe-lightning"], "from the GPU it finds at launch"),
+    (["--hw", "l4", "--model", "deepseek-moe-16b"], "Mixtral and DBRX only"),
+    # a tiny Mixtral: the optimizer's search runs through millions of candidates
+    (["--hw", "l4", "--model", "tiny-mixtral", "--gen-len", "8"], "HRM does not follow it that far"),
+])
+def test_no_pick_is_one_line_why(args, reason, capsys):
+    pick = search_json(capsys, *args)["server_pick"]
+    assert pick["policy"] is None and pick["generation_throughput_tok_s"] is None
+    assert reason in pick["unavailable"] and "\n" not in pick["unavailable"]
+    assert hrm_cli.main(["search", *args]) == 0
+    out, err = capsys.readouterr()
+    assert "server's own pick" in out and "none: moe-lightning:" in out and "Traceback" not in out + err
+
+
+def test_the_pick_row_in_words():
+    hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
+    pick = server_pick(hw, model, workload, load_engine("moe-lightning"))
+    line = server_pick_in_words(pick, 500.0)
+    assert line.startswith(pick.policy.short()) and f"{pick.generation_throughput_tok_s:,.1f} tok/s" in line
+    assert f"what `{SERVER}` runs; HRM's best in its space: 500.0" in line
+    assert server_pick(hw, model, workload, load_engine("ideal")) is None
+
+
+def test_plan_file_keeps_the_pick(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert hrm_cli.main(["search", "--hw", "t4", "--model", "mixtral", "--out", str(path)]) == 0
+    assert "server's own pick" in capsys.readouterr().out
+    pick = load_plan(path).server_pick
+    assert pick.policy == server_policy(load_hardware("t4"), load_model("mixtral"), make_workload(),
+                                        export_flags(load_hardware("t4")))
+
+
+def test_chosen_by_names_a_known_chooser_and_a_pick_has_a_policy_or_a_reason():
+    data = load_engine("moe-lightning").model_dump()
+    data["policy"]["chosen_by"] = "no-such-optimizer"
+    with pytest.raises(ValidationError, match="chosen_by"):
+        Engine.model_validate(data)
+    assert set(CHOOSERS) == {"moe-lightning-optimizer"}
+    with pytest.raises(ValidationError, match="unavailable"):
+        ServerPick(chosen_by="moe-lightning-optimizer", program=SERVER)
+    with pytest.raises(ValidationError, match="unavailable"):
+        ServerPick(chosen_by="moe-lightning-optimizer", program=SERVER, unavailable="no GPU",
+                   policy=parse_policy("N=1,mu=1,attn=cpu,rw=0"))

@@ -19,11 +19,11 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict
 
 from .. import bounds
+from ..choosers import moe_lightning_launch_flags
 from ..errors import HRMError
 from ..moe_lightning_optimizer import (CPU_MEMORY_CAP, GPU_MEMORY_CAP, RECOGNISED_GPUS, ServerChoice, ServerFlags, artifact_model_class,
                                        server_choice)
 from ..policy import Policy
-from ..units import GIB
 from ..workload import Workload
 from .target import Context, EngineFlags, FlagSpec
 from .values import float_value, int_value
@@ -106,10 +106,10 @@ def server_flags(values: Optional[dict[str, list[str]]], ctx: Context) -> Server
     """The server's launch flags: read from a command (``values``), or those an export prints
     for ``ctx`` (the workload's lengths, the profile's CPU bandwidth in GiB/s, one rank per GPU)."""
     if values is None:
-        hw = ctx.hardware
-        bdw = hw.cpu.memory_bandwidth_gbps * 1e9 / GIB if hw is not None else None
-        return ServerFlags(avg_prompt_len=ctx.workload.prompt_len, gen_len=ctx.workload.gen_len,
-                           cpu_mem_bdw_gib_s=None if bdw is None else round(bdw, 1), tp_size=ctx.gpu_count)
+        if ctx.hardware is None:
+            return ServerFlags(avg_prompt_len=ctx.workload.prompt_len, gen_len=ctx.workload.gen_len,
+                               tp_size=ctx.gpu_count)
+        return moe_lightning_launch_flags(ctx.hardware, ctx.workload)
     return ServerFlags(avg_prompt_len=int_value(values, "--avg-prompt-len", bounds.TOKENS),
                        gen_len=int_value(values, "--gen-len", bounds.GEN_TOKENS),
                        cpu_mem_bdw_gib_s=float_value(values, "--cpu-mem-bdw", bounds.BANDWIDTH_GBPS),
