@@ -56,6 +56,8 @@ def legacy_sha256(profile) -> str:
         if isinstance(data.get(section), dict):
             data[section].pop("dispatch", None)
     data.pop("emulation", None)
+    if data["source"].get("runs_sha256") is None:  # hrm calibrate's field, did not exist then
+        data["source"].pop("runs_sha256", None)
     from hrm.hardware import ACHIEVED_FIELDS
 
     for section, keys in ACHIEVED_FIELDS.items():  # fields that did not exist then
