@@ -90,21 +90,30 @@ def _search_engines(plan: Plan, target: EngineFlags, hw, model, ctx: Context, op
     kwargs = _plan_search_kwargs(plan)
     objective = kwargs["objective"]
     workload = target.run_workload(None, ctx)
+    pin_sets = target.replan_pins(ctx) if target.replan_pins is not None else [{}]
     found, searched = [], []
     for name in target.engines:
-        try:
-            result = search(hw, model, workload, engine=name, options=options, top=0,
-                            hw_name=plan.hardware.name, model_name=plan.model.name, **kwargs)
-        except HRMError as exc:  # InfeasibleError included: nothing of this engine fits
-            searched.append((name, str(exc)))
+        reads = ctx.model_copy(update={"rw_reads": load_engine(name).offloaded_weights})
+        best, why = None, "nothing fits"
+        for pins in pin_sets:
+            try:
+                result = search(hw, model, workload, engine=name, options=options, top=0, fixed=pins,
+                                hw_name=plan.hardware.name, model_name=plan.model.name, **kwargs)
+            except HRMError as exc:  # InfeasibleError included: nothing of this engine fits
+                why = str(exc)
+                continue
+            policy = result.best.policy
+            if not _expresses(target, policy, reads):
+                why = f"{target.name} cannot express its best {policy.short()}"
+                continue
+            score = objective_score(result.best.estimate, objective)
+            if best is None or score > best[0]:
+                best = (score, name, policy)
+        if best is None:
+            searched.append((name, why))
             continue
-        policy = result.best.policy
-        if not _expresses(target, policy, ctx.model_copy(update={"rw_reads": load_engine(name).offloaded_weights})):
-            searched.append((name, f"{target.name} cannot express its best {policy.short()}"))
-            continue
-        score = objective_score(result.best.estimate, objective)
-        found.append((score, name, policy))
-        searched.append((name, f"{policy.short()}: {score:,.4g} ({objective})"))
+        found.append(best)
+        searched.append((name, f"{best[2].short()}: {best[0]:,.4g} ({objective})"))
     return found, tuple(searched)
 
 

@@ -167,3 +167,46 @@ def test_replan_starts_from_the_batch_cap_asked_not_the_plans_engine_limit(l4_mi
     export = export_for_target(plan, "vllm").export
     assert export.exported_policy == best_of_target("vllm", hw, model, workload)[2]
     assert export.exported_policy.batch_size > LLAMA_MAX_SEQ
+
+
+@pytest.mark.parametrize("hw_name", ["l4", "t4"])
+def test_flexgen_replan_uses_only_placements_flexgen_makes_on_padded_prompts(hw_name):
+    """Issue 25: FlexGen places whole tensors by midpoint and pads every prompt. The re-plan
+    searches only the r_w its --percent can produce (cache on the CPU) on the padded workload;
+    the printed --percent gives, by the midpoint rule computed by hand (tests/test_export.py),
+    exactly the exported GPU share; and it is the best of those pinned searches."""
+    import shlex
+
+    from hrm.flexgen import realisable_shares
+    from test_export import hand_layer_share
+
+    hw, model = load_hardware(hw_name), load_model("mixtral")
+    workload = make_workload()
+    plan = search(hw, model, workload, engine="ideal", top=0, hw_name=hw_name, model_name="mixtral").plan
+    done = export_for_target(plan, "flexgen")
+    export = done.export
+    assert done.replanned and export.exported_feasible and export.workload.padding
+    assert export.workload.effective_prompt_len == workload.max_prompt_len
+    rw = export.exported_policy.weights_gpu_ratio
+    assert any(abs(rw - s) < 1e-12 for s in realisable_shares(model, "layers"))
+    words = shlex.split(export.commands[0])
+    wg = int(words[words.index("--percent") + 1])
+    assert hand_layer_share(wg) == pytest.approx(rw, abs=1e-12)
+    padded = make_workload(padding=True)
+    best = max((search(hw, model, padded, engine=engine, top=0,
+                       fixed={"weights_gpu_ratio": share, "kv_gpu_ratio": 0.0}).best
+                for engine in ("flexgen", "flexgen-cpu-attn") for share in realisable_shares(model, "layers")
+                if _fits_some(hw, model, padded, engine, share)),
+               key=lambda c: c.estimate.generation_throughput_tok_s)
+    assert export.exported_policy == best.policy
+    assert export.exported_throughput_tok_s == pytest.approx(best.estimate.generation_throughput_tok_s, rel=1e-9)
+
+
+def _fits_some(hw, model, workload, engine, share) -> bool:
+    from hrm.errors import HRMError
+
+    try:
+        search(hw, model, workload, engine=engine, top=0, fixed={"weights_gpu_ratio": share, "kv_gpu_ratio": 0.0})
+    except HRMError:
+        return False
+    return True

@@ -78,6 +78,14 @@ def _candidates(policy: Policy, ctx: Context) -> list[Policy]:
     return [p for p in out if p]
 
 
+def replan_pins(ctx: Context) -> list[dict]:
+    """FlexGen's policy space for a re-plan: r_w (a share of every layer weight: its engines'
+    ``offloaded_weights: all``) only at the placements the midpoint rule produces
+    (:func:`hrm.flexgen.realisable_shares`), and the KV cache on the CPU (``--percent .. 0
+    100``: a GPU cache share is cut per micro-batch row, which a continuous r_c misses)."""
+    return [{"weights_gpu_ratio": share, "kv_gpu_ratio": 0.0} for share in realisable_shares(ctx.model, "layers")]
+
+
 def _padded_estimate(policy: Policy, ctx: Context):
     """The estimate of ``policy`` under the FlexGen engine that runs it, prompts padded."""
     from ..engine import load_engine
@@ -278,5 +286,6 @@ FLEXGEN = EngineFlags(
              "--percent places whole tensors, each where its cumulative-size midpoint falls: a Mixtral layer's "
              "experts are all, a third (w2) or none on the GPU",
              "every prompt is padded to --prompt-len (the workload's longest): KV cache and prefill sized by it"),
-    workload=command_workload, check_runs=check_runs, nearest=_nearest, render=_render, parse=_parse,
+    workload=command_workload, check_runs=check_runs, replan_pins=replan_pins, nearest=_nearest, render=_render,
+    parse=_parse,
 )

@@ -108,6 +108,10 @@ class EngineFlags(Frozen):
     #: the HRM engine fields a command's flags set beside the policy (dotted path -> value:
     #: vLLM's --max-num-batched-tokens is ``prefill.max_tokens_per_pass``); None: none
     engine_fields: Optional[Callable[[dict[str, list[str]], Context], dict]] = None
+    #: the target's policy space where its HRM engines' files cannot say it: pin sets (``--fix``
+    #: values) the re-plan searches one by one, keeping the best (FlexGen: r_w only at the
+    #: shares its midpoint rule places, the cache on the CPU); None: one unpinned search
+    replan_pins: Optional[Callable[[Context], list[dict]]] = None
     #: raises a one-line HRMError when the engine cannot run ``ctx``'s model on its machine at
     #: all (FlexGen: Mixtral on one GPU), whatever the policy: nothing to re-plan then
     check_runs: Optional[Callable[[Context], None]] = None
