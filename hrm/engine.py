@@ -171,20 +171,28 @@ class PolicySpace(_Frozen):
     sequences it runs at once (``max_batch_size``: a start-up limit of the engine, e.g.
     llama-server's slots; None: no limit of its own). ``chosen_by``: the engine takes no
     policy but picks its own at launch with this optimizer (a name in
-    :data:`hrm.choosers.CHOOSERS`); None: it runs the policy it is given."""
+    :data:`hrm.choosers.CHOOSERS`); None: it runs the policy it is given.
+    ``weights_levels``: the engine places weights only at some r_w (a placement rule in
+    :data:`hrm.flexgen.WEIGHT_LEVELS`: FlexGen's whole-tensor midpoint rule); the search
+    considers those alone. None: any r_w its ``static_experts`` granularity allows."""
 
     attention: tuple[Literal["cpu", "gpu"], ...] = ("cpu", "gpu")
     ffn: tuple[Literal["cpu", "gpu"], ...] = ("gpu", "cpu")
     fixed: dict[str, float] = Field(default_factory=dict)
     max_batch_size: Optional[bounds.SEQUENCES.type] = None
     chosen_by: Optional[str] = None
+    weights_levels: Optional[str] = None
 
     @model_validator(mode="after")
     def _known(self):
         from .choosers import CHOOSERS  # the registry of engines' own optimizers
+        from .flexgen import WEIGHT_LEVELS  # the registry of placement rules
 
         if self.chosen_by is not None and self.chosen_by not in CHOOSERS:
             raise ValueError(f"policy.chosen_by: unknown '{self.chosen_by}' (one of {', '.join(CHOOSERS)})")
+        if self.weights_levels is not None and self.weights_levels not in WEIGHT_LEVELS:
+            raise ValueError(f"policy.weights_levels: unknown '{self.weights_levels}' "
+                             f"(one of {', '.join(WEIGHT_LEVELS)})")
         allowed = {"num_micro_batches", "weights_gpu_ratio", "kv_gpu_ratio"}
         unknown = set(self.fixed) - allowed
         if unknown:
@@ -236,6 +244,9 @@ class Engine(_Frozen):
     #: expert is copied to the GPU instead of run on the CPU; None: always on the CPU
     offload_min_tokens_per_expert: Optional[bounds.NON_NEGATIVE.type] = None
     offloaded_weights: Literal["experts", "all"] = "experts"
+    #: every prompt is padded to the workload's longest (FlexGen pads to --prompt-len): the
+    #: engine runs the padded workload (:func:`hrm.problem.make_problem`)
+    pads_prompts: bool = False
     copy_threads: bounds.COPY_THREADS.type = 0
     numa_aware: bool = True
     tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
@@ -342,6 +353,7 @@ MECHANISMS: dict[str, str] = {
     "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
     "tensor_parallel.allreduce": "all-reduce path",
     "offloaded_weights": "every layer weight offloaded, not only experts",
+    "pads_prompts": "every prompt padded to the longest",
     "static_experts": "static experts kept in whole units (r_w snapped)",
     "op_offload_min_tokens": "CPU-kept experts copied to the GPU from a token count",
     "offload_min_tokens_per_expert": "missed experts copied to the GPU from tokens per expert",

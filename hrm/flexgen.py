@@ -200,6 +200,11 @@ def realisable_shares(model: ModelSpec, reads: Reads = "layers") -> tuple[float,
     return tuple(sorted({lv.share(reads) for lv in realised_levels(model)}))
 
 
+#: placement rules an engine's ``policy.weights_levels`` names: the r_w the engine can realise
+#: for a model, as a share of what its ``offloaded_weights`` offloads (FlexGen: every layer)
+WEIGHT_LEVELS = {"flexgen-midpoint": lambda model: realisable_shares(model, "layers")}
+
+
 def percent_for_share(model: ModelSpec, share: float, reads: Reads = "layers") -> Optional[int]:
     """The smallest ``--percent`` wg whose realised GPU share (of the experts or of all layer
     bytes) is ``share``; None when FlexGen cannot realise it (:func:`nearest_levels`)."""

@@ -40,5 +40,7 @@ def make_problem(hw: HardwareProfile, model: ModelSpec, workload: Workload, engi
     """The problem with options resolved for the model, the usable memory (``limits``, or the
     options' share of the profile's) and the profile's rates."""
     options = options.for_model(model)
+    if engine.pads_prompts and not workload.padding:  # the engine runs every prompt at the longest
+        workload = workload.model_copy(update={"padding": True})
     return Problem(hw=hw, model=model, workload=workload, engine=engine, options=options,
                    limits=limits or memory_limits(hw, options), rates=rates_from_profile(hw, options))

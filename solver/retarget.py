@@ -26,7 +26,7 @@ from hrm.memory import MemoryLimits
 from hrm.options import DEFAULT_OPTIONS, ModelOptions
 from hrm.plan import Plan, resolve_plan_engine, resolve_plan_hardware, resolve_plan_model
 
-from .search import search
+from .search import objective_score, search
 from .terms import DEFAULT_MAX_BATCH, LatencyLimits
 
 
@@ -40,13 +40,6 @@ class Retargeted:
     reason: str = ""
     #: per engine of the target searched: its best's objective value, or why it had none
     searched: tuple[tuple[str, str], ...] = ()
-
-
-def objective_score(estimate, objective: str) -> float:
-    """What the search maximised, read off an estimate (higher is better): generation or
-    decode tok/s, or minus the per-token latency (``latency``)."""
-    return {"generation": estimate.generation_throughput_tok_s, "decode": estimate.decode_throughput_tok_s,
-            "latency": -estimate.per_token_latency_s}[objective]
 
 
 def _plan_search_kwargs(plan: Plan) -> dict:

@@ -13,7 +13,7 @@ import time
 from typing import Callable
 
 from hrm.engine import Engine, resolve_engine
-from hrm.errors import HRMError
+from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import snap_weights_ratio, static_experts_in_words
 from hrm.hardware import HardwareProfile
 from hrm.memory import MemoryLimits
@@ -124,8 +124,57 @@ def search(
     solve_for = check_objective(objective, workload.gen_len, fixed, latency_limits, max_batch)
     asked_max_batch = max_batch
     max_batch, notes = engine_max_batch(engine, max_batch, fixed, notes)
-    request = SearchRequest(problem=make_problem(hw, model, workload, engine, options, limits), objective=objective,
-                            solve_for=solve_for, fixed=fixed, notes=notes, max_batch=max_batch, top=top, solver=solver,
-                            verify=verify, hw_name=hw_name, model_name=model_name, latency_limits=latency_limits,
-                            start=start, asked_max_batch=asked_max_batch, time_limit_s=time_limit_s)
-    return SEARCHES[get_schedule(engine.schedule).pipeline](request)
+    base = SearchRequest(problem=make_problem(hw, model, workload, engine, options, limits), objective=objective,
+                         solve_for=solve_for, fixed=fixed, notes=notes, max_batch=max_batch, top=top, solver=solver,
+                         verify=verify, hw_name=hw_name, model_name=model_name, latency_limits=latency_limits,
+                         start=start, asked_max_batch=asked_max_batch, time_limit_s=time_limit_s)
+    run = SEARCHES[get_schedule(engine.schedule).pipeline]
+    levels = weights_levels(engine, model, fixed)
+    if levels is None:
+        return run(base)
+    return best_of_levels(run, base, levels)
+
+
+def weights_levels(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[float, ...] | None:
+    """The r_w an engine with a placement rule (``policy.weights_levels``) can realise, or
+    None (no rule, or r_w pinned: then it must be one of them)."""
+    from hrm.flexgen import WEIGHT_LEVELS
+
+    if engine.policy.weights_levels is None:
+        return None
+    levels = tuple(WEIGHT_LEVELS[engine.policy.weights_levels](model))
+    if "weights_gpu_ratio" in fixed:
+        if not any(abs(fixed["weights_gpu_ratio"] - level) < 1e-9 for level in levels):
+            raise HRMError(f"--fix rw={fixed['weights_gpu_ratio']:g}: engine {engine.name} places weights only at "
+                           f"rw one of {' '.join(f'{v:.4g}' for v in levels)} ({engine.policy.weights_levels})")
+        return None
+    return levels
+
+
+def objective_score(estimate, objective: str) -> float:
+    """What the search maximised, read off an estimate (higher is better): generation or
+    decode tok/s, or minus the per-token latency (``latency``)."""
+    return {"generation": estimate.generation_throughput_tok_s, "decode": estimate.decode_throughput_tok_s,
+            "latency": -estimate.per_token_latency_s}[objective]
+
+
+def best_of_levels(run, base: SearchRequest, levels: tuple[float, ...]) -> SearchResult:
+    """One search per realisable r_w (pinned), the best by the objective: the engine's space
+    is those placements alone (FlexGen's midpoint rule), not the continuum between them."""
+    from dataclasses import replace
+
+    results, failures = [], []
+    for level in levels:
+        request = replace(base, fixed={**base.fixed, "weights_gpu_ratio": level}, notes=list(base.notes))
+        try:
+            results.append(run(request))
+        except InfeasibleError as exc:
+            failures.append(exc)
+    if not results:
+        raise failures[0]
+    best = max(results, key=lambda r: objective_score(r.best.estimate, base.objective))
+    shown = " ".join(f"{v:.4g}" for v in levels)
+    best.extras["notes"] = [*best.extras.get("notes", []),
+                            f"rw searched at the {len(levels)} placements engine {base.engine.name}'s rule makes "
+                            f"({base.engine.policy.weights_levels}): {shown}"]
+    return best

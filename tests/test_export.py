@@ -444,9 +444,14 @@ def test_export_prediction_is_for_the_workload_the_target_runs():
     ctx = Context(model=model, workload=workload, hardware=hw)
     policy = parse_policy("N=8,mu=8,n=1,attn=gpu,ffn=gpu,rw=0,rc=0")
     export = export_policy("flexgen", policy, ctx, hw=hw, plan_engine=load_engine("flexgen"))
+    from hrm.engine import with_fields
+
     padded = make_workload(padding=True)
     expected = estimate(hw, model, padded, policy, engine="flexgen").generation_throughput_tok_s
-    unpadded = estimate(hw, model, workload, policy, engine="flexgen").generation_throughput_tok_s
+    # the flexgen engine pads by itself (pads_prompts); switched off, it would not
+    assert estimate(hw, model, workload, policy, engine="flexgen").generation_throughput_tok_s == pytest.approx(expected)
+    no_padding = with_fields(load_engine("flexgen"), {"pads_prompts": False})
+    unpadded = estimate(hw, model, workload, policy, engine=no_padding).generation_throughput_tok_s
     assert export.exported_throughput_tok_s == pytest.approx(expected) != pytest.approx(unpadded)
     assert export.workload == padded and any("padded" in note for note in export.notes)
     other = export_policy("vllm", parse_policy("N=16,mu=16,n=1,attn=gpu,ffn=gpu,rw=0,rc=1"), ctx, hw=hw)

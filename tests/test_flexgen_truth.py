@@ -180,9 +180,15 @@ def test_unrealisable_share_exports_the_nearest_realised_one():
 
 
 def test_unpadded_plan_that_does_not_fit_padded_is_refused():
-    """The plan assumed 77-token prompts; FlexGen pads to 418: the KV cache no longer fits."""
+    """A plan that assumed 77-token prompts (FlexGen's engine with its padding switched off);
+    FlexGen pads to 418: the KV cache no longer fits. (The shipped flexgen engines pad:
+    pads_prompts, flex_moe.py:1207-1211.)"""
+    from hrm.engine import with_fields
+
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
-    plan = search(hw, model, workload, top=0, engine="flexgen", fixed={"weights_gpu_ratio": 0.0, "kv_gpu_ratio": 0.0}).plan
+    unpadded = with_fields(load_engine("flexgen"), {"pads_prompts": False})
+    assert load_engine("flexgen").pads_prompts
+    plan = search(hw, model, workload, top=0, engine=unpadded, fixed={"weights_gpu_ratio": 0.0, "kv_gpu_ratio": 0.0}).plan
     with pytest.raises(InfeasibleError, match="--prompt-len 418"):
         export_policy("flexgen", plan.policy, Context(model=model, workload=workload, hardware=hw), hw=hw,
                       plan_engine=load_engine("flexgen"))
@@ -260,3 +266,29 @@ def test_bad_commands_are_refused_in_one_line(capsys, text, needle):
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1 and needle in lines[0], err
+
+
+@pytest.mark.parametrize("hw_name", ["l4", "t4"])
+def test_search_plans_flexgen_as_flexgen_runs(hw_name):
+    """Issue 25: the flexgen engines plan on padded prompts (pads_prompts) and only at the
+    placements FlexGen's midpoint rule makes (policy.weights_levels): the plan's r_w is one
+    of hrm.flexgen's realisable shares, the best of the searches pinned at each of them, and
+    a pin between two placements is refused in one line."""
+    from hrm.errors import HRMError as Refusal
+    from hrm.flexgen import realisable_shares
+
+    hw, model, workload = load_hardware(hw_name), load_model("mixtral"), make_workload()
+    result = search(hw, model, workload, top=0, engine="flexgen")
+    assert result.plan.workload.padding and result.plan.workload.effective_prompt_len == 418
+    shares = realisable_shares(model, "layers")
+    assert any(abs(result.best.policy.weights_gpu_ratio - s) < 1e-12 for s in shares)
+    pinned = []
+    for share in shares:
+        try:
+            pinned.append(search(hw, model, make_workload(padding=True), top=0, engine="flexgen",
+                                 fixed={"weights_gpu_ratio": share}).best.estimate.generation_throughput_tok_s)
+        except Refusal:
+            continue
+    assert result.best.estimate.generation_throughput_tok_s == pytest.approx(max(pinned), rel=1e-12)
+    with pytest.raises(Refusal, match="places weights only at"):
+        search(hw, model, workload, top=0, engine="flexgen", fixed={"weights_gpu_ratio": 0.2})
