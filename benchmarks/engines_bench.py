@@ -39,7 +39,8 @@ SHORT = {"decode weight path": "dec-W", "decode host-KV path (pinned/pageable)":
          "whole-units", "CPU-kept experts copied to the GPU from a token count": "op-offload",
          "missed experts copied to the GPU from tokens per expert": "miss-copy",
          "GPU weight buffer (layers)": "W-buffer", "pinned CPU staging buffer (layers)": "pinned-buf",
-         "CPU tensor holds every expert": "cpu-all-exp"}
+         "CPU tensor holds every expert": "cpu-all-exp", "every prompt padded to the longest": "pad",
+         "chunked prefill (each pass re-reads offloaded weights)": "chunk"}
 
 
 def breakdown(report, top: int = 3) -> str:
