@@ -261,9 +261,9 @@ def _rank(result, objective: str) -> float:
     """Sort key of a --compare row: best first by the objective, engines without a policy last."""
     if isinstance(result, str):
         return float("inf")
-    est = result.best.estimate
-    return {"generation": -est.generation_throughput_tok_s, "decode": -est.decode_throughput_tok_s,
-            "latency": est.per_token_latency_s}[objective]
+    from solver.search import objective_score
+
+    return -objective_score(result.best.estimate, objective)
 
 
 def _compare(hw, model, workload, args, common) -> int:

@@ -21,8 +21,8 @@ from hrm.hardware import load_hardware
 from hrm.model import load_model
 from hrm.plan import save_plan
 from hrm.workload import make_workload
-from solver.retarget import export_for_target, objective_score
-from solver.search import search
+from solver.retarget import export_for_target
+from solver.search import objective_score, search
 from solver.terms import LatencyLimits
 
 #: llama-server's most slots: LLAMA_MAX_SEQ (ggml-org/llama.cpp@0349835b src/llama-cparams.h:7)
