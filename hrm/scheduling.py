@@ -67,6 +67,11 @@ class Task:
     kind: str = "other"
     start_s: float | None = None
     end_s: float | None = None
+    # the scheduler's bookkeeping (:func:`list_schedule`): inputs still running, the latest
+    # end among those done, and the tasks waiting on this one
+    pending: int = field(default=0, init=False, repr=False)
+    ready_s: float = field(default=0.0, init=False, repr=False)
+    dependents: list = field(default_factory=list, init=False, repr=False)
 
 
 class TaskQueues:
@@ -94,39 +99,43 @@ def list_schedule(queues: dict[str, list[Task]]) -> float:
     Each task keeps a count of its inputs still running and the latest end among those done
     (updated as each input ends), so a step looks at each resource's head once instead of
     walking every head's inputs."""
-    pending: dict[int, int] = {}
-    ready_s: dict[int, float] = {}
-    dependents: dict[int, list[Task]] = {}
+    for q in queues.values():
+        for task in q:
+            task.dependents = []
     for q in queues.values():
         for task in q:
             ends = [d.end_s for d in task.deps if d.end_s is not None]
-            ready_s[id(task)] = max(ends, default=0.0)
-            pending[id(task)] = len(task.deps) - len(ends)
+            task.ready_s = max(ends, default=0.0)
+            task.pending = len(task.deps) - len(ends)
             for d in task.deps:
                 if d.end_s is None:
-                    dependents.setdefault(id(d), []).append(task)
-    heads = {r: 0 for r in queues}
-    free = {r: 0.0 for r in queues}
-    remaining = sum(len(q) for q in queues.values())
+                    d.dependents.append(task)
+    lanes = [(r, q) for r, q in queues.items() if q]
+    heads = dict.fromkeys(queues, 0)
+    free = dict.fromkeys(queues, 0.0)
+    remaining = sum(len(q) for _, q in lanes)
     while remaining:
         best = None
-        for r, q in queues.items():
-            if heads[r] >= len(q):
+        for r, q in lanes:
+            head = heads[r]
+            if head >= len(q):
                 continue
-            task = q[heads[r]]
-            if pending[id(task)]:
+            task = q[head]
+            if task.pending:
                 continue
-            start = max(free[r], ready_s[id(task)])
+            start = free[r] if free[r] > task.ready_s else task.ready_s
             if best is None or start < best[0]:
                 best = (start, r, task)
         if best is None:
             raise RuntimeError("timeline: dependency cycle in the task order")
         start, r, task = best
-        task.start_s, task.end_s = start, start + task.duration_s
-        for waiting in dependents.get(id(task), ()):
-            pending[id(waiting)] -= 1
-            ready_s[id(waiting)] = max(ready_s[id(waiting)], task.end_s)
-        free[r] = task.end_s
+        task.start_s = start
+        end = task.end_s = start + task.duration_s
+        for waiting in task.dependents:
+            waiting.pending -= 1
+            if end > waiting.ready_s:
+                waiting.ready_s = end
+        free[r] = end
         heads[r] += 1
         remaining -= 1
     return max(free.values(), default=0.0)

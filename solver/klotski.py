@@ -32,6 +32,7 @@ from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s,
 from hrm.pipelines.expert_level import expert_buffers, klotski_memory, klotski_own_batches, klotski_times
 from hrm.placement import make_placement
 from hrm.policy import Policy
+from hrm.progress import Progress
 from hrm.rates import rates_from_profile
 from hrm.throughput import decode_steps, throughput_tok_s
 from hrm.units import GIB
@@ -179,16 +180,20 @@ class Found:
     index: int | None
     value: float
     scheduled: int
-    #: the best bound of the candidates not scheduled when the time limit stopped the search
-    #: (None: it ran to the end, the result is the optimum)
+    #: the best bound of the candidates not scheduled when the time limit (or Ctrl-C) stopped
+    #: the search (None: it ran to the end, the result is the optimum)
     open_bound: float | None = None
+    #: Ctrl-C stopped it (rather than the time limit)
+    interrupted: bool = False
 
 
 def branch_and_bound(request, rates, cands: Candidates, everything: bool = False,
-                     time_limit_s: float | None = None) -> Found:
+                     deadline: float | None = None) -> Found:
     """Schedule candidates in order of their bound until none left can beat the best (all
-    of them with ``everything``), honouring the latency limits; past ``time_limit_s`` (once a
-    feasible one was scheduled) it stops, returning the best bound still open."""
+    of them with ``everything``), honouring the latency limits. Past ``deadline`` (a
+    ``time.perf_counter()``) or on Ctrl-C, once a feasible one was scheduled, it stops and
+    returns the best bound still open; Ctrl-C before that is re-raised. Progress on standard
+    error (:class:`hrm.progress.Progress`)."""
     kind, gen = request.solve_for if request.objective != "latency" else "latency", request.workload.gen_len
     bound = objective_value(kind, cands.batch_size, gen, cands.step_lb_s, cands.prefill_lb_s)
     limits = request.latency_limits
@@ -200,23 +205,36 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
     order = [int(i) for i in np.argsort(-bound, kind="stable") if alive[i]]
     best, best_value, scheduled = None, -np.inf, 0
     layers = request.model.num_moe_layers
-    started = time.perf_counter()
-    for i in order:
-        if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
-            break
-        if time_limit_s is not None and best is not None and time.perf_counter() - started > time_limit_s:
-            return Found(best, best_value, scheduled, float(bound[i]))
-        policy = cands.policy(i, layers)
-        times = klotski_times(request.model, rates, request.workload, policy, request.engine)
-        scheduled += 1
-        if limits.tpot_s is not None and times.decode_step_s > limits.tpot_s * (1 + 1e-9):
-            continue
-        if limits.ttft_s is not None and times.prefill_s > limits.ttft_s * (1 + 1e-9):
-            continue
-        value = objective_value(kind, cands.batch_size[i], gen, times.decode_step_s, times.prefill_s)
-        if value > best_value:
-            best, best_value = i, float(value)
+    with Progress(f"engine {request.engine.name}: branch and bound, candidates scheduled", len(order)) as progress:
+        for i in order:
+            if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
+                break
+            if deadline is not None and best is not None and time.perf_counter() > deadline:
+                return Found(best, best_value, scheduled, float(bound[i]))
+            try:
+                policy = cands.policy(i, layers)
+                times = klotski_times(request.model, rates, request.workload, policy, request.engine)
+            except KeyboardInterrupt:
+                if best is None or everything:
+                    raise
+                return Found(best, best_value, scheduled, float(bound[i]), interrupted=True)
+            scheduled += 1
+            progress(scheduled, _progress_note(kind, best_value, float(bound[i])) if best is not None else "")
+            if limits.tpot_s is not None and times.decode_step_s > limits.tpot_s * (1 + 1e-9):
+                continue
+            if limits.ttft_s is not None and times.prefill_s > limits.ttft_s * (1 + 1e-9):
+                continue
+            value = objective_value(kind, cands.batch_size[i], gen, times.decode_step_s, times.prefill_s)
+            if value > best_value:
+                best, best_value = i, float(value)
     return Found(best, best_value, scheduled)
+
+
+def _progress_note(kind: str, best_value: float, open_bound: float) -> str:
+    """The best so far and the bound of the next candidate, in the objective's unit."""
+    if kind == "latency":
+        return f"best TPOT {-best_value * 1e3:.1f} ms, the rest at least {-open_bound * 1e3:.1f} ms"
+    return f"best {best_value:.1f} tok/s, the rest at most {open_bound:.1f} tok/s"
 
 
 def search_klotski(request):
@@ -234,7 +252,9 @@ def search_klotski(request):
         raise HRMError(f"--verify with engine {engine.name} schedules every candidate: {len(cands):,} are more than "
                        f"{VERIFY_MAX_CANDIDATES:,}; pin part of the policy (--fix mu=... or N=...)")
     limit_s = request.time_limit_s if request.time_limit_s is not None else SEARCH_TIME_LIMIT_S
-    found = branch_and_bound(request, rates, cands, time_limit_s=limit_s)
+    # the limit counts from the search's start: building the candidates and their bounds is
+    # part of the time the user waits
+    found = branch_and_bound(request, rates, cands, deadline=request.start + limit_s)
     if found.index is None:
         if len(cands):
             limits = describe_limits(request.latency_limits)[len(", subject to "):]
@@ -243,8 +263,9 @@ def search_klotski(request):
     policy = cands.policy(found.index, model.num_moe_layers)
     result = estimate(hw, model, workload, policy, options=request.options, limits=request.limits, engine=engine)
     seconds = time.perf_counter() - request.start
+    why_stopped = "on Ctrl-C" if found.interrupted else f"after {limit_s:g} s"
     stopped = "" if found.open_bound is None else (
-        f"; stopped after {limit_s:g} s: not proven optimal, the best candidate left is bounded by "
+        f"; stopped {why_stopped}: not proven optimal, the best candidate left is bounded by "
         f"{_gap(found):.1%} above the result")
     space = (f"every integer mu and n with N <= {request.max_batch} ({len(cands):,} feasible (mu, n, layers) "
              f"candidates, {found.scheduled} scheduled, the rest bounded{stopped}), every whole number of MoE "
@@ -265,7 +286,7 @@ def search_klotski(request):
     objective = abs(found.value) if request.objective == "latency" else found.value
     notes = list(request.notes)  # Klotski's own n at this μ is the estimate's note
     if found.open_bound is not None:
-        notes.append(f"engine {engine.name}: search stopped after {limit_s:g} s with {found.scheduled} of "
+        notes.append(f"engine {engine.name}: search stopped {why_stopped} with {found.scheduled} of "
                      f"{len(cands):,} candidates scheduled; the best left could be at most {_gap(found):.1%} better "
                      "(pin mu or N with --fix to search a smaller space exactly)")
         plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"optimal": False})})

@@ -176,3 +176,61 @@ def test_time_limit_returns_the_best_so_far_with_its_gap():
     assert found <= best * (1 + 1e-9)
     gap = float(re.search(r"at most ([\d.]+)% better", " ".join(cut.extras["notes"])).group(1)) / 100
     assert best <= found * (1 + gap) * (1 + 1e-3)
+
+
+def test_ctrl_c_returns_the_best_so_far_marked_interrupted(monkeypatch):
+    """Issue 24: a long branch and bound can be interrupted cleanly: Ctrl-C after the first
+    schedules returns the best scheduled candidate, not proven optimal, with the reason."""
+    import solver.klotski as klotski_search
+
+    hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
+    full = search(hw, model, workload, engine="klotski", top=0)
+    real, calls = klotski_search.klotski_times, []
+
+    def interrupted_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(klotski_search, "klotski_times", interrupted_on_third)
+    if full.plan.solver.candidates_evaluated < 3:
+        pytest.skip("the search proves its optimum in fewer than 3 schedules")
+    cut = search(hw, model, workload, engine="klotski", top=0)
+    assert not cut.plan.solver.optimal
+    assert any("stopped on Ctrl-C" in n for n in cut.extras["notes"])
+    assert cut.best.estimate.generation_throughput_tok_s <= full.best.estimate.generation_throughput_tok_s * (1 + 1e-9)
+
+
+def test_ctrl_c_before_any_schedule_is_an_interrupt(monkeypatch):
+    """With nothing scheduled there is no answer: Ctrl-C stays an interrupt (exit 130)."""
+    import solver.klotski as klotski_search
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(klotski_search, "klotski_times", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        search(load_hardware("l4"), load_model("mixtral"), make_workload(), engine="klotski", top=0)
+
+
+def test_progress_reports_on_stderr_only_when_asked(monkeypatch):
+    """Progress: nothing in the first moment or when disabled; then lines with the count."""
+    import io
+
+    from hrm import progress as progress_module
+
+    quiet = io.StringIO()
+    with progress_module.Progress("step", total=5, stream=quiet, enabled=False) as step:
+        step(1)
+    assert quiet.getvalue() == ""
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(progress_module, "PROGRESS_EVERY_S", 0.0)
+    shown = io.StringIO()
+    with progress_module.Progress("step", total=5, stream=shown, enabled=True) as step:
+        step(2, "best 3.0 tok/s")
+    assert shown.getvalue().startswith("step: 2/5 ") and "best 3.0 tok/s" in shown.getvalue()
+    monkeypatch.setenv(progress_module.PROGRESS_ENV, "0")
+    assert not progress_module.progress_enabled(io.StringIO())
+    monkeypatch.setenv(progress_module.PROGRESS_ENV, "1")
+    assert progress_module.progress_enabled(io.StringIO())
