@@ -11,7 +11,8 @@ EXIT_CODES = """exit codes:
   1    standard output closed early by its reader (e.g. | head): the rest is dropped quietly
   2    bad input: a file, a field, a flag or an output target (one line on stderr: error: ...)
   3    infeasible: the inputs admit no policy (a memory limit binds)
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C) before an answer; a search stopped by Ctrl-C once it has one
+       prints it, marked not proven optimal, and exits 0"""
 
 
 class ArgumentParser(argparse.ArgumentParser):
