@@ -244,6 +244,11 @@ class Engine(_Frozen):
     #: expert is copied to the GPU instead of run on the CPU; None: always on the CPU
     offload_min_tokens_per_expert: Optional[bounds.NON_NEGATIVE.type] = None
     offloaded_weights: Literal["experts", "all"] = "experts"
+    #: ZeRO-3's ``stage3_prefetch_bucket_size`` in units of hidden² parameters: that much of
+    #: the offloaded weights ahead is fetched while the GPU computes; the rest of a layer's
+    #: is fetched on demand, serial with the GPU (:func:`hrm.latency.on_demand_weights_share`).
+    #: None: a layer's offloaded weights are all prefetched
+    prefetch_bucket_hidden_sq: Optional[bounds.NON_NEGATIVE.type] = None
     #: every prompt is padded to the workload's longest (FlexGen pads to --prompt-len): the
     #: engine runs the padded workload (:func:`hrm.problem.make_problem`)
     pads_prompts: bool = False
@@ -353,6 +358,7 @@ MECHANISMS: dict[str, str] = {
     "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
     "tensor_parallel.allreduce": "all-reduce path",
     "offloaded_weights": "every layer weight offloaded, not only experts",
+    "prefetch_bucket_hidden_sq": "ZeRO-3 prefetch bucket (the rest of a layer fetched on demand)",
     "pads_prompts": "every prompt padded to the longest",
     "static_experts": "static experts kept in whole units (r_w snapped)",
     "op_offload_min_tokens": "CPU-kept experts copied to the GPU from a token count",

@@ -324,6 +324,21 @@ def crossing_layer_bytes(model: ModelSpec, engine: Engine, phase, tokens, moe: b
     return offloaded_layer_bytes(model, engine, moe, ffn_on_gpu)
 
 
+def on_demand_weights_share(model: ModelSpec, engine: Engine, layer_bytes):
+    """Share of a layer's crossing weights (``layer_bytes``) that ZeRO-3 fetches on demand,
+    serial with the GPU: all but its prefetch bucket of ``prefetch_bucket_hidden_sq`` × hidden²
+    parameters (FlexGen's DeepSpeed baseline sets hidden², benchmark/hf_ds/hf_opt.py:115;
+    DeepSpeed fetches the next sub-modules up to the bucket while the current one runs,
+    partitioned_param_coordinator.py:379-413). 0 without a bucket (all prefetched)."""
+    bucket = engine.prefetch_bucket_hidden_sq
+    layer_bytes = np.asarray(layer_bytes, dtype=float)
+    if bucket is None:
+        return 0.0 * layer_bytes
+    bucket_bytes = bucket * model.hidden_size ** 2 * dtype_bytes(model.weight_dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(layer_bytes > 0, np.clip(1.0 - bucket_bytes / layer_bytes, 0.0, 1.0), 0.0)
+
+
 def offloaded_layer_bytes(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gpu=1.0):
     """Offloadable weights of one layer at r_w = 0 (W_L of eq. 12's D3): the routed experts
     when they run on the GPU; with ``offloaded_weights: all`` (FlexGen ``--percent``) the
@@ -442,8 +457,8 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     kv_new = kv_cache_s(rates, engine, engine.decode.kv_cache, attn * mu * kv_token)
     # experts not kept on the GPU: streamed to it, or (offloaded_experts: cpu) computed on the CPU
     on_cpu = offloaded_experts_on_cpu(engine, engine.decode, mu) * ffn if moe else zero
-    weights = weight_transfer_s(rates, engine, engine.decode.weight_path,
-                                (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.decode, mu, moe, ffn))
+    crossing = (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.decode, mu, moe, ffn)
+    weights = weight_transfer_s(rates, engine, engine.decode.weight_path, crossing)
     reduce = allreduce_s(model, rates, engine, mu)
     gpu_experts_s = gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)  # a dense layer: its MLP
     misses = cache_miss_pieces(model, engine.decode, mu, seconds_per_miss(model, rates, engine, engine.decode, mu,
@@ -476,6 +491,11 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         # D3: the offloaded weights of the next layer, in n pages (cached: the misses of the micro-batch)
         task("W", "h2d", "weights", weights=weights["h2d"], pieces=misses),
     ]
+    if engine.prefetch_bucket_hidden_sq is not None:
+        # beyond the prefetch bucket the GPU waits for its weights: this bound's other part is
+        # the GPU chain (:func:`decode_resources`)
+        tasks.append(task("W on demand", "gpu+weights", "weights",
+                          weights=on_demand_weights_share(model, engine, crossing) * weights["h2d"]))
     if "cpu" in weights:  # the CPU side of a pageable weight path
         tasks.append(task("StageW", "cpu", "weights", weights=weights["cpu"]))
     if "copy" in weights:
@@ -511,6 +531,8 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
         alpha = decode_dispatch(model, rates, np.asarray(micro_batch, dtype=float),
                                 np.asarray(attn_on_gpu, dtype=float), ffn, moe)
         lanes = {r: _sum_lanes(r, [lane, Lane(r, *alpha[r])]) if r in alpha else lane for r, lane in lanes.items()}
+    if "gpu+weights" in lanes:  # the GPU chain plus what it waits for (the on-demand weights)
+        lanes["gpu+weights"] = _sum_lanes("gpu+weights", [lanes["gpu"], lanes["gpu+weights"]])
     return lanes
 
 
@@ -561,9 +583,8 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
     blocking = engine.prefill.kv_cache == "pageable"
     on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, tokens) if moe else zero
-    weights = weight_transfer_s(rates, engine, engine.prefill.weight_path,
-                                prefill_passes(engine, tokens) * (1 - on_cpu)
-                                * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe))
+    crossing = (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe)
+    weights = weight_transfer_s(rates, engine, engine.prefill.weight_path, prefill_passes(engine, tokens) * crossing)
     hidden = tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     kv_chain = kv["d2h"] if blocking else 0.0
@@ -585,6 +606,9 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     if engine.prefill.weights_overlap != "full":
         overlap = {"one-micro-batch": gpu, "last-micro-batch-moe": moe_s, "none": 0.0}[engine.prefill.weights_overlap]
         lanes["gpu+weights"] = Lane("gpu+weights", gpu + zero, kv_chain + zero, weights["h2d"] + zero, -overlap + zero)
+    elif engine.prefetch_bucket_hidden_sq is not None:  # the GPU chain waits for what the bucket does not hold
+        on_demand = on_demand_weights_share(model, engine, crossing) * weights["h2d"]
+        lanes["gpu+weights"] = Lane("gpu+weights", gpu + zero, kv_chain + zero, on_demand + zero)
     if engine.host_dram:
         lanes["dram"] = Lane("dram", (2 * hidden / dram_bytes_s(rates) + reduce.get("dram", 0.0)) + zero,
                              kv["dram"] + zero, weights["dram"] + zero)
