@@ -16,11 +16,13 @@ One code path for both hosts (docs/model.md §8):
 Device memory is tracked explicitly: persistent buffers through :meth:`DeviceTier.alloc`
 (weights, double buffer, KV), transient activations of device-side tasks through a
 dispatch mode that counts every tensor an op creates until it is freed (emulated tier); on
-CUDA the allocator's own peak is reported as well.
+CUDA the allocator's peak above what was live when the tier opened is reported instead (what
+this plan held, not what earlier executors or the caller still hold).
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import queue
 import threading
@@ -172,13 +174,30 @@ class Task:
     end_s: float = 0.0
 
 
+_LANE_STREAMS: dict = {}
+_LANE_STREAMS_LOCK = threading.Lock()
+
+
+def lane_stream(device: torch.device, lane: str):
+    """The CUDA stream of ``lane`` on ``device``, one per process. cuBLAS keeps a workspace per
+    (handle, stream) for the life of the process (32 MiB on Hopper, torch's
+    CUBLAS_WORKSPACE_CONFIG default), so a fresh stream per executor would leave one more
+    workspace allocated after every run (measured on an H200: +34 MB per executor,
+    docs/validation/gpu.md)."""
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device(), lane)
+    with _LANE_STREAMS_LOCK:
+        if key not in _LANE_STREAMS:
+            _LANE_STREAMS[key] = torch.cuda.Stream(device=torch.device(device.type, key[1]))
+        return _LANE_STREAMS[key]
+
+
 class Lane:
     """An in-order worker (a CUDA stream's host side, or its emulation). Under the shared
     unit (exclusive emulation) the lane is only a queue that :class:`SharedUnit` drains."""
 
     def __init__(self, name: str, tier: "DeviceTier", unit: Optional["SharedUnit"] = None):
         self.name, self.tier, self.unit = name, tier, unit
-        self.stream = torch.cuda.Stream() if tier.is_cuda and name != "cpu" else None
+        self.stream = lane_stream(tier.device, name) if tier.is_cuda and name != "cpu" else None
         self._queue: queue.Queue = queue.Queue()
         self._thread = None
         if unit is None:
@@ -315,8 +334,14 @@ class DeviceTier:
         self.gate.set()
         self.unit = SharedUnit(self) if self.lane_mode == "exclusive" else None
         self.lanes = {name: Lane(name, self, self.unit) for name in LANES}
+        self.baseline_bytes = 0
         if self.is_cuda:
+            # what earlier executors left to the garbage collector is freed now, not during this
+            # plan's run (which would put the baseline above the plan's own peak)
+            gc.collect()
+            torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline_bytes = int(torch.cuda.memory_allocated(self.device))
 
     # --- tensors ------------------------------------------------------------------
     def pin(self, t: torch.Tensor) -> torch.Tensor:
@@ -383,9 +408,11 @@ class DeviceTier:
         return wait_all(tasks)
 
     def peak_bytes(self) -> int:
-        """Peak device-tier bytes: the allocator's peak on CUDA, the tracked peak when emulated."""
+        """Peak device-tier bytes: on CUDA the allocator's peak less what was live when the tier
+        opened (so memory other executors or the caller hold is not this plan's); the tracked
+        peak when emulated."""
         if self.is_cuda:
-            return int(torch.cuda.max_memory_allocated(self.device))
+            return int(torch.cuda.max_memory_allocated(self.device)) - self.baseline_bytes
         return int(self.memory.peak_bytes)
 
     def close(self) -> None:

@@ -271,9 +271,16 @@ def _lane_layer_s(result, runs: int) -> dict[str, float]:
 
 def tracked_peak_bytes(spec: ModelSpec, weights, workload: Workload, policy: Policy, requests, device: str = "auto",
                        lanes: str = "auto") -> int:
-    """Peak device-tier bytes of one run with memory tracking (not timed)."""
+    """Peak device-tier bytes of one run with memory tracking (not timed). On CUDA a throwaway
+    executor runs first: it sets up what the process keeps afterwards (a cuBLAS workspace per lane
+    stream, 32 MiB each on Hopper), so the measured executor's peak is the plan's own."""
+    from .device import resolve_device
     from .executor import PlanExecutor
 
+    if resolve_device(device) == "cuda":
+        with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=False, keep_logits=False,
+                          lanes=lanes) as ex:
+            ex.run(requests)
     with PlanExecutor(spec, weights, policy, workload, device=device, track_memory=True, keep_logits=False,
                       lanes=lanes) as ex:
         return ex.run(requests).peak_device_bytes
