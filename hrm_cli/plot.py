@@ -10,7 +10,8 @@ from __future__ import annotations
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, check_input_file, limits_from_args,
-                            machine_from_args, options_from_args, progress_bar, workload_from_args)
+                            machine_from_args, options_from_args, workload_from_args)
+from hrm_cli.sweep import sweep_progress
 from hrm.errors import HRMError
 from hrm.latency import SCHEDULES
 from hrm.units import DTYPES
@@ -83,7 +84,7 @@ def build_parser() -> ArgumentParser:
     mem.add_argument("--csv", help="also write the table")
 
     tl = sub.add_parser("timeline", help="Gantt chart of decode layers (model; runtime trace if given)")
-    add_machine_args(tl)
+    add_machine_args(tl, hw_required=False)  # --plan names its own hardware and model
     add_workload_args(tl)
     add_memory_args(tl)
     tl.add_argument("--plan", help="plan file (hrm-search --out); its policy and schedule are drawn")
@@ -134,7 +135,7 @@ def _policy_map(args):
     bandwidths = _floats(args.bandwidths, "--bandwidths", bounds.BANDWIDTH_GBPS)
     scales = _floats(args.cpu_scales, "--cpu-scales", bounds.SCALE)
     check_what_if(hw, bandwidths, scales)
-    progress, update = progress_bar("policy map")
+    progress, update = sweep_progress("policy map")
     with progress:
         table = policy_map(make_problem(hw, model, workload, resolve_engine(args.engine, args.schedule)), bandwidths,
                            scales, args.objective, progress=update)
@@ -178,13 +179,15 @@ def _cpu_memory(args):
         base = hw.cpu.memory_gib
         capacities = [round(base * f) for f in (0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0)]
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    if not schedules:
+        raise HRMError(f"--schedules: expected comma-separated schedules or engine names, got {args.schedules!r}")
     from hrm.engine import list_engines
 
     unknown = [s for s in schedules if s not in SCHEDULES and s not in list_engines()]
     if unknown:
         raise HRMError(f"--schedules: unknown {', '.join(unknown)} (schedules {', '.join(SCHEDULES)}; "
                        f"engines {', '.join(list_engines())})")
-    progress, update = progress_bar("cpu-memory sweep")
+    progress, update = sweep_progress("cpu-memory sweep")
     with progress:
         table = cpu_memory_sweep(make_problem(hw, model, workload), capacities, schedules, args.objective,
                                  progress=update)
@@ -202,15 +205,15 @@ def _timeline(args):
     from hrm.workload import mean_decode_context
     from hrm.plots.timeline import plot_timeline, trace_policy
 
-    hw, model = machine_from_args(args)
+    plan = load_plan(args.plan) if args.plan else None
+    hw, model = timeline_machine(args, plan)
     options = options_from_args(args)
     workload = workload_from_args(args)
     from hrm.engine import resolve_engine
 
     schedule, engine_name = args.schedule, args.engine
     plan_engine = None
-    if args.plan:
-        plan = load_plan(args.plan)
+    if plan is not None:
         policy, workload = plan.policy, plan.workload
         if engine_name is None and schedule is None:
             plan_engine = resolve_plan_engine(plan)  # its embedded definition, if any
@@ -233,6 +236,21 @@ def _timeline(args):
           f"eq. 12 bound {timeline.lane_bound_s * 1e3:.4g} ms")
     return plot_timeline(timeline, f"{model.name} on {hw.name}, {policy.short()}, context {context:.0f}",
                          args.trace, args.trace_step, args.trace_layer)
+
+
+def timeline_machine(args, plan):
+    """(hardware, model) of a timeline: --hw/--model, or the plan's where --plan is given
+    (hash-checked against the plan, as ``hrm run`` does)."""
+    if plan is None:
+        missing = [flag for flag, value in (("--hw", args.hw), ("--model", args.model)) if not value]
+        if missing:
+            raise HRMError(f"{' and '.join(missing)}: required without --plan")
+        return machine_from_args(args)
+    from runtime.resolve import plan_hardware, plan_model
+
+    if args.routing or args.weight_dtype or args.kv_dtype:
+        raise HRMError("--plan: the plan fixes the routing and dtypes; drop --routing/--weight-dtype/--kv-dtype")
+    return plan_hardware(plan, args.hw), plan_model(plan, args.model)
 
 
 def check_trace(path: str) -> None:

@@ -6,6 +6,8 @@ gives random weights a skewed router, so that expert-popularity skew exists to m
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from hrm import bounds
@@ -15,6 +17,11 @@ from hrm.errors import HRMError, InfeasibleError
 from hrm.plan import Plan, check_output_path, load_plan, plan_problem, resolve_plan_engine
 
 from runtime.report import comparison_rows, render_comparison
+
+
+#: seconds between two looks of the progress reporter at the runtime's tasks (it reports at
+#: most every hrm.progress.PROGRESS_EVERY_S; a look is a few attribute reads, not a scan)
+PROGRESS_POLL_S = 0.5
 
 
 #: --router-skew S: logit bias −S·ln(e+1); at S = 100 expert 1 is already e^−69 ≈ 1e−30 times as likely
@@ -69,19 +76,70 @@ def run_plan(plan: Plan, args):
     requests = synthetic_requests(plan.workload, count, spec.vocab_size, args.seed)
     # memory tracking costs time on every task: the peak comes from its own run, which also
     # warms the process (allocator, kernels); the timed run is untracked
+    runs = 2 if args.no_warmup else 3
     with PlanExecutor(spec, weights, plan.policy, plan.workload, placement=plan.placement, device=args.device,
                       track_memory=True, keep_logits=False, lanes=args.lanes) as ex:
-        peak = ex.run(requests).peak_device_bytes
+        with run_progress(f"hrm run 1/{runs} (device memory)", ex):
+            peak = ex.run(requests).peak_device_bytes
     with PlanExecutor(spec, weights, plan.policy, plan.workload, placement=plan.placement, device=args.device,
                       track_memory=False, keep_logits=False, lanes=args.lanes) as ex:
         if not args.no_warmup:
-            ex.run(requests)
+            with run_progress(f"hrm run 2/{runs} (warm-up)", ex):
+                ex.run(requests)
             ex.tier.tracer.clear()
         recorder = RoutingRecorder(spec.num_experts, spec.top_k) if args.routing_trace else None
-        result = ex.run(requests, recorder)  # only the timed run is recorded
+        with run_progress(f"hrm run {runs}/{runs} (timed)", ex):
+            result = ex.run(requests, recorder)  # only the timed run is recorded
     result.peak_device_bytes = peak
     routing = recorder.trace(spec.name, args.router_skew) if recorder else None
     return hw, spec, result, routing
+
+
+class TaskCounter:
+    """Tasks done of the phase an executor is running (prefill or decode of one round): a
+    cursor over its task list in launch order, which moves on while the next task is done,
+    so each look costs what finished since the last one."""
+
+    def __init__(self, executor):
+        self.executor, self.tasks, self.cursor = executor, None, 0
+
+    def __call__(self) -> tuple[int, int, str]:
+        """(done, queued so far, phase name) of the current phase."""
+        tasks = getattr(self.executor, "submitted", None) or []
+        if tasks is not self.tasks:  # a new phase
+            self.tasks, self.cursor = tasks, 0
+        count = len(tasks)
+        while self.cursor < count and tasks[self.cursor].done.is_set():
+            self.cursor += 1
+        phase = tasks[0].args.get("phase", "") if count else ""
+        return self.cursor, count, phase
+
+
+@contextmanager
+def run_progress(stage: str, executor):
+    """Progress of one run of the runtime on stderr (:mod:`hrm.progress`: after a second, on
+    a terminal or with HRM_PROGRESS=1): the tasks done in the current phase and round."""
+    from hrm.progress import Progress
+
+    with Progress(stage) as report:
+        if not report.enabled:
+            yield
+            return
+        stop, count = threading.Event(), TaskCounter(executor)
+
+        def poll() -> None:
+            while not stop.wait(PROGRESS_POLL_S):
+                done, queued, phase = count()
+                round_index = getattr(executor, "round", 0) + 1
+                report(None, f"round {round_index}, {phase or 'starting'}: {done:,}/{queued:,} tasks")
+
+        thread = threading.Thread(target=poll, name="hrm-run-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def check_routing_flags(spec, args) -> None:

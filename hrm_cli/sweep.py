@@ -9,6 +9,13 @@ from hrm_cli.common import check_input_file, progress_bar
 from hrm import bounds
 from hrm.errors import HRMError
 
+#: a grid with more cells than this to run is announced on stderr (count and expected time)
+#: before it starts: a few lists of a few values multiply to thousands of searches
+LARGE_GRID_CELLS = 500
+#: typical seconds of one cell on one core, for that announcement: docs/sweep_bench.md measured
+#: 720 cells in 43.5 s inline on a 2-core machine (Klotski and many-expert cells take longer)
+TYPICAL_CELL_S = 0.06
+
 GRID_HELP = """GRID.yaml (every combination of the lists is one cell; paths are relative to the grid file):
   hardware: [l4, t4, a100-80g]              # profile names or YAML files
   models: [mixtral, mixtral-8x22b]          # catalog names or config.json files
@@ -48,6 +55,40 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def expected_seconds(cells: int, workers: int) -> float:
+    """Rough wall-clock seconds of ``cells`` searches on ``workers`` processes."""
+    return cells * TYPICAL_CELL_S / max(1, workers)
+
+
+def large_grid_warning(todo: int, workers: int, where: str) -> str | None:
+    """The stderr line that announces a large sweep, or None below :data:`LARGE_GRID_CELLS`."""
+    if todo <= LARGE_GRID_CELLS:
+        return None
+    seconds = expected_seconds(todo, workers)
+    took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return (f"warning: {todo:,} cells to run, about {took} {where} at {TYPICAL_CELL_S} s per cell per core "
+            f"(more for Klotski or many-expert models); --dry-run counts them, Ctrl-C stops and keeps what is "
+            f"done (rerun to resume)")
+
+
+def sweep_progress(label: str):
+    """(context, ``update(done, total)``): a rich bar on a terminal, a line per report where
+    ``HRM_PROGRESS=1`` asks for progress elsewhere (logs, CI), nothing otherwise; stderr only."""
+    import sys
+
+    from hrm.progress import Progress, progress_enabled
+
+    if sys.stderr.isatty() or not progress_enabled():
+        return progress_bar(label)
+    lines = Progress(label)
+
+    def update(done: int, total: int) -> None:
+        lines.total = total
+        lines(done)
+
+    return lines, update
+
+
 def main(argv) -> int:
     args = build_parser().parse_args(argv)
     from hrm.plan import check_output_path
@@ -60,6 +101,7 @@ def main(argv) -> int:
         raise HRMError(f"--out {args.out}: a sweep writes Parquet; name the file *.parquet")
     cells = grid_cells(read_grid(args.grid), args.grid)
     import os
+    import sys
 
     done = read_rows(args.out) if os.path.exists(args.out) else []
     have = {row["cell_key"] for row in done}
@@ -70,8 +112,15 @@ def main(argv) -> int:
           + ("" if args.dry_run else f" on {backend}" + (f" ({args.ray})" if args.ray and args.ray != 'local' else "")))
     if args.dry_run:
         return 0
+    on_cluster = args.ray not in (None, "local")
+    workers = 1 if on_cluster else (args.workers or os.cpu_count() or 1)
+    where = "on one core (a cluster divides it by its cores)" if on_cluster else \
+        f"on {workers} worker{'s' if workers > 1 else ''}"
+    warning = large_grid_warning(todo, workers, where)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     start = time.perf_counter()
-    progress, update = progress_bar("sweep")
+    progress, update = sweep_progress("sweep")
     with progress:
         table = run_sweep(cells, backend, args.workers, None if args.ray in (None, "local") else args.ray,
                           out=args.out, save_every_s=args.save_every, progress=update)
@@ -80,6 +129,6 @@ def main(argv) -> int:
     counts = mine["status"].value_counts()
     rate = f", {todo / seconds:.1f} cells/s" if todo and seconds > 0 else ""
     print(f"{args.out}: {len(table)} rows; this grid: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in
-                                                                    ("ok", "infeasible", "refused"))
+                                                                    ("ok", "infeasible", "refused", "error"))
           + f"; ran {todo} cells in {seconds:.1f} s{rate}")
     return 0

@@ -43,11 +43,9 @@ def build_parser() -> ArgumentParser:
 def main(argv) -> int:
     from runtime.validate import render_report, run_validation, validation_policies
 
-    from hrm.plan import check_output_folder
-
     args = build_parser().parse_args(argv)
     if args.out is not None:
-        check_output_folder(args.out, "--out")
+        check_out_dir(args.out)
     hw = load_hardware(args.hw)
     spec = load_model(args.model)
     if spec.is_mla:
@@ -67,6 +65,29 @@ def main(argv) -> int:
     return 0
 
 
+def check_out_dir(path: str) -> None:
+    """Before the runs: ``path`` is a writable folder, or a folder that can be made there (its
+    nearest existing ancestor is a writable folder). It is made only when the outputs are
+    written, so a failed run leaves nothing behind."""
+    from pathlib import Path
+
+    from hrm.plan import check_output_folder
+
+    if not path.strip():
+        raise HRMError("--out: empty path")
+    folder = Path(path)
+    if folder.exists() or folder.is_symlink():
+        check_output_folder(folder, "--out")
+        return
+    ancestor = folder.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    try:
+        check_output_folder(ancestor, "--out")
+    except HRMError as exc:
+        raise HRMError(f"--out {path}: cannot be made ({str(exc).removeprefix('--out ')})") from None
+
+
 def write_outputs(report, out_dir: str) -> list:
     """validation.csv, validation.png and validation.json in ``out_dir``: all three or none
     (:func:`hrm.plan.write_files_atomic`)."""
@@ -78,6 +99,7 @@ def write_outputs(report, out_dir: str) -> list:
     from hrm.plan import write_files_atomic
 
     folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)  # checked by check_out_dir before the runs
     png = io.BytesIO()
     plot_validation(report).savefig(png, dpi=110, format="png")
     files = [(folder / "validation.csv", csv_text(report)), (folder / "validation.png", png.getvalue()),

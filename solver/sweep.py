@@ -138,22 +138,64 @@ def _local_pool(cells: list[Cell], workers: int, address: str | None):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+#: Ray's switch between "this node is part of a cluster" (its address as others see it) and
+#: "a machine on its own" (the loopback address); off, every server of a local Ray binds 127.0.0.1
+RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: the only address a local Ray started here listens on: nothing of ours is reachable from the network
+LOOPBACK = "127.0.0.1"
+
+
+def start_local_ray(workers: int) -> None:
+    """A local Ray with ``workers`` CPUs whose servers (GCS, raylet, workers, runtime-env
+    agent) listen on :data:`LOOPBACK` only, without dashboard. ``ray.init(_node_ip_address=
+    "127.0.0.1")`` alone is not enough: on Linux Ray replaces a loopback address by the
+    machine's network address unless its cluster mode is off (:data:`RAY_CLUSTER_ENV`, read
+    by this process at import and by the processes Ray starts)."""
+    import logging
+
+    import ray
+    from ray._private import ray_constants
+
+    saved_env, saved_flag = os.environ.get(RAY_CLUSTER_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[RAY_CLUSTER_ENV] = "0"  # inherited by the GCS, the raylet and its workers
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray before the variable was set
+    try:
+        ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address=LOOPBACK,
+                 logging_level=logging.ERROR, log_to_driver=False)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(RAY_CLUSTER_ENV, None)
+        else:
+            os.environ[RAY_CLUSTER_ENV] = saved_env
+
+
+def _connect_ray(workers: int, address: str | None) -> None:
+    """A local Ray (no address; loopback only, :func:`start_local_ray`) or the cluster at
+    ``address`` ("auto", "ray://host:port": needs Ray Client, the ``[ray]`` extra's
+    ``ray[client]``; without it Ray raises ValueError naming the package)."""
+    import logging
+
+    import ray
+
+    try:
+        if address in (None, "", "local"):
+            start_local_ray(workers)
+        else:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise HRMError(f"--ray {address}: cannot connect ({' '.join(str(exc).split())[:200]})") from None
+
+
 def _ray(cells: list[Cell], workers: int, address: str | None):
     try:
         import ray
     except ImportError:
         raise HRMError("--ray needs Ray: pip install 'hrm-moe[ray]'") from None
-    import logging
 
     started = not ray.is_initialized()
     if started:
-        # address None: a local Ray with `workers` CPUs; else a cluster ("auto", "ray://host:port")
-        local = address in (None, "", "local")
-        try:
-            ray.init(address=None if local else address, num_cpus=workers if local else None,
-                     include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise HRMError(f"--ray {address}: cannot connect ({' '.join(str(exc).split())[:200]})") from None
+        _connect_ray(workers, address)
     try:
         task = ray.remote(num_cpus=1)(run_cells)
         pending = {task.remote([cells[i] for i in indices]): indices

@@ -285,7 +285,7 @@ def test_flag_refused(tmp_path, monkeypatch, capsys, args, needle):
     (["validate", "--hw", "cpu-only", "--prompt-len", "1000000"], "--prompt-len"),
     (["validate", "--hw", "cpu-only", "--repeats", "1000000"], "--repeats"),
     (["validate", "--hw", "cpu-only", "--seed", "-1"], "--seed"),
-    (["validate", "--hw", "cpu-only", "--out", "/nonexistent/dir"], "--out"),
+    (["validate", "--hw", "cpu-only", "--out", "/dev/null/dir"], "--out"),
     (["validate", "--hw", "cpu-only", "--out", ""], "--out"),
     (["validate", "--hw", "cpu-only", "--model", "deepseek-v2-lite"], "MLA"),
     (["run", "--plan", "/nonexistent/plan.json"], "cannot read"),
