@@ -56,6 +56,21 @@ def reference_outputs(spec: ModelSpec, request: Request, gen_len: int):
     return memo[key]
 
 
+def check_offloaded_run(name: str, policy_text: str, workload: Workload, count, device: str, tolerance: float):
+    """Run the case on ``device``; every request's greedy tokens equal the CPU reference forward
+    pass and its logits agree within ``tolerance``. Returns (spec, policy, result)."""
+    spec = TINY_QWEN if name == "tiny-qwen" else fp32(name)
+    policy = parse_policy(policy_text)
+    weights, _, _ = model_and_reference(spec)
+    requests = synthetic_requests(workload, count or policy.batch_size, spec.vocab_size, seed=7)
+    result = run_plan_once(spec, weights, policy, workload, requests, device=device)
+    for req in requests:
+        tokens, logits = reference_outputs(spec, req, workload.gen_len)
+        assert result.tokens(req.rid) == tokens
+        torch.testing.assert_close(result.logits(req.rid).cpu(), logits, rtol=tolerance, atol=tolerance)
+    return spec, policy, result
+
+
 CASES = [
     ("tiny-mixtral", "N=8,mu=4,attn=cpu,rw=0", VAR, None),
     ("tiny-mixtral", "N=8,mu=8,attn=cpu,rw=0", PAD, None),
@@ -76,15 +91,7 @@ CASES = [
 @pytest.mark.parametrize("name,policy_text,workload,count", CASES,
                          ids=[f"{c[0]}:{c[1]}:{'pad' if c[2].padding else 'var'}" for c in CASES])
 def test_offloaded_run_matches_plain_forward_and_fits_memory(name, policy_text, workload, count):
-    spec = TINY_QWEN if name == "tiny-qwen" else fp32(name)
-    policy = parse_policy(policy_text)
-    weights, _, _ = model_and_reference(spec)
-    requests = synthetic_requests(workload, count or policy.batch_size, spec.vocab_size, seed=7)
-    result = run_plan_once(spec, weights, policy, workload, requests, device="cpu")
-    for req in requests:
-        tokens, logits = reference_outputs(spec, req, workload.gen_len)
-        assert result.tokens(req.rid) == tokens
-        torch.testing.assert_close(result.logits(req.rid), logits, rtol=1e-4, atol=1e-4)
+    spec, policy, result = check_offloaded_run(name, policy_text, workload, count, "cpu", 1e-4)
     # memory: measured device-tier peak within the model's GPU peak + 10%
     est = estimate(load_hardware("cpu-only"), spec, workload, policy)
     assert result.peak_device_bytes <= 1.10 * est.gpu_peak_bytes, (result.peak_device_bytes, est.gpu_peak_bytes)

@@ -12,30 +12,21 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU visible: the runtime's CUDA path is checked on a lent GPU "
                 "(docs/validation/gpu.md)", allow_module_level=True)
 
-from runtime.executor import run_plan_once  # noqa: E402
 from runtime.requests import synthetic_requests  # noqa: E402
 from hrm.policy import parse_policy  # noqa: E402
 
-from test_runtime import CASES, TINY_QWEN, fp32, model_and_reference, reference_outputs  # noqa: E402
+from test_runtime import CASES, check_offloaded_run, fp32, model_and_reference  # noqa: E402
 
 # A GPU reduction sums in another order than the CPU's: fp32 logits agree to ~1e-5 relative, not
 # bit for bit (cuBLAS without TF32, torch.backends.cuda.matmul.allow_tf32 is False by default).
-CUDA_RTOL = CUDA_ATOL = 1e-3
+CUDA_TOLERANCE = 1e-3
 
 
 @pytest.mark.parametrize("name,policy_text,workload,count", CASES,
                          ids=[f"{c[0]}:{c[1]}:{'pad' if c[2].padding else 'var'}" for c in CASES])
 def test_cuda_offloaded_run_matches_cpu_forward(name, policy_text, workload, count):
     assert not torch.backends.cuda.matmul.allow_tf32
-    spec = TINY_QWEN if name == "tiny-qwen" else fp32(name)
-    policy = parse_policy(policy_text)
-    weights, _, _ = model_and_reference(spec)
-    requests = synthetic_requests(workload, count or policy.batch_size, spec.vocab_size, seed=7)
-    result = run_plan_once(spec, weights, policy, workload, requests, device="cuda")
-    for req in requests:
-        tokens, logits = reference_outputs(spec, req, workload.gen_len)
-        assert result.tokens(req.rid) == tokens
-        torch.testing.assert_close(result.logits(req.rid).cpu(), logits, rtol=CUDA_RTOL, atol=CUDA_ATOL)
+    _, _, result = check_offloaded_run(name, policy_text, workload, count, "cuda", CUDA_TOLERANCE)
     assert result.decode_steps == workload.gen_len - 1
     assert result.peak_device_bytes > 0
     assert {r.lane for r in result.records} >= {"gpu"}
