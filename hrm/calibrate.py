@@ -29,8 +29,9 @@ from .estimate import estimate
 from .hardware import HardwareProfile, profile_dirs
 from .memory import MemoryLimits, memory_limits
 from .model import ModelSpec
+from .options import DEFAULT_OPTIONS, options_in_dtype, spec_in_dtype
 from .policy import Policy, parse_policy
-from .units import GB
+from .units import FLOAT_DTYPES, GB
 from .workload import PRESETS, Workload, make_workload
 
 # --- the fitted fields and their physical ranges ----------------------------------------
@@ -194,6 +195,9 @@ class Run(BaseModel):
     gpu_mem_gib: Optional[float] = None
     cpu_mem_gib: Optional[float] = None
     measured: tuple[Measurement, ...]
+    #: the runs file's ``dtype``: every tensor held and computed in it (the reference runtime's
+    #: ``--dtype``, which ``hrm validate --runs-out`` writes); None: the model's own dtypes
+    dtype: Optional[str] = None
 
 
 class Runs(BaseModel):
@@ -286,7 +290,7 @@ def _memory(data: dict, key: str, where: str) -> Optional[float]:
     return None if data.get(key) is None else _positive_number(data[key], f"{where}.{key}")
 
 
-def parse_run(data, index: int, folder: Path, source: str) -> Run:
+def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] = None) -> Run:
     """One entry of ``runs:``; HRMError naming ``source`` and the entry's field."""
     where = f"{source}: runs[{index}]"
     if not isinstance(data, dict):
@@ -302,7 +306,7 @@ def parse_run(data, index: int, folder: Path, source: str) -> Run:
     label = str(label) if label is not None else f"#{index + 1} {engine.name}"
     return Run(label=label, engine=engine, workload=workload, policy=policy,
                gpu_mem_gib=_memory(data, "gpu_mem_gib", where), cpu_mem_gib=_memory(data, "cpu_mem_gib", where),
-               measured=_measured(data["measured"], f"{where}.measured"))
+               measured=_measured(data["measured"], f"{where}.measured"), dtype=dtype)
 
 
 def load_runs(path: str | Path) -> Runs:
@@ -310,14 +314,17 @@ def load_runs(path: str | Path) -> Runs:
     the file and the field, for anything missing, unknown or not a finite positive number."""
     data = read_yaml_mapping(path, "a runs YAML file", "hardware, model and runs")
     source = str(path)
-    _unknown_keys(data, ("hardware", "model", "runs"), source)
+    _unknown_keys(data, ("hardware", "model", "dtype", "runs"), source)
+    dtype = data.get("dtype")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise HRMError(f"{source}: dtype: expected one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
     folder = Path(path).parent
     hardware = _resolve_beside(_text(data, "hardware", source), folder)
     model = _resolve_beside(_text(data, "model", source), folder)
     entries = data.get("runs")
     if not isinstance(entries, list) or not entries:
         raise HRMError(f"{source}: runs: expected a list of one or more runs")
-    runs = tuple(parse_run(entry, i, folder, source) for i, entry in enumerate(entries))
+    runs = tuple(parse_run(entry, i, folder, source, dtype) for i, entry in enumerate(entries))
     digest = hashlib.sha256(read_input_text(path, "a runs YAML file").encode()).hexdigest()
     return Runs(path=source, sha256=digest, hardware=hardware, model=model, runs=runs)
 
@@ -367,8 +374,12 @@ def run_limits(hw: HardwareProfile, run: Run) -> MemoryLimits | None:
 
 
 def predict_run(hw: HardwareProfile, model: ModelSpec, run: Run, limits: MemoryLimits | None = None) -> np.ndarray:
-    """The predicted value of each of the run's measurements on ``hw``."""
-    result = estimate(hw, model, run.workload, run.policy, limits=limits, engine=run.engine)
+    """The predicted value of each of the run's measurements on ``hw`` (in the runs' dtype,
+    where the file states one)."""
+    options = DEFAULT_OPTIONS
+    if run.dtype is not None:
+        model, options = spec_in_dtype(model, run.dtype), options_in_dtype(run.dtype)
+    result = estimate(hw, model, run.workload, run.policy, limits=limits, engine=run.engine, options=options)
     return np.array([float(getattr(result, QUANTITIES[m.quantity].attribute)) for m in run.measured])
 
 
@@ -389,8 +400,11 @@ class FitProblem:
     hi: np.ndarray
 
     def to_values(self, theta: np.ndarray, which: tuple[int, ...]) -> dict[str, float]:
-        """Field values of parameters ``theta`` (one per index of ``which``)."""
-        return {self.fields[j]: from_parameter(self.fields[j], t, self.lo[j]) for j, t in zip(which, theta)}
+        """Field values of parameters ``theta`` (one per index of ``which``), clipped into each
+        field's range: exp(ln(hi / lo)) · lo can land an ulp above ``hi`` (a measured profile's
+        GPU efficiency starts at its bound 1, which the profile's validator then refuses)."""
+        return {self.fields[j]: min(max(from_parameter(self.fields[j], t, self.lo[j]), float(self.lo[j])),
+                                    float(self.hi[j])) for j, t in zip(which, theta)}
 
     def bounds(self, which: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         lo = [to_parameter(self.fields[j], self.lo[j], self.lo[j]) for j in which]

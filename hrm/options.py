@@ -53,3 +53,14 @@ class ModelOptions(BaseModel):
 
 
 DEFAULT_OPTIONS = ModelOptions()
+
+
+def spec_in_dtype(spec: ModelSpec, dtype: str) -> ModelSpec:
+    """``spec`` with weights, KV and activations held in ``dtype`` (the reference runtime's
+    ``--dtype``: every tensor in one dtype; predictions then count the same bytes)."""
+    return spec.model_copy(update={"weight_dtype": dtype, "kv_dtype": dtype, "activation_dtype": dtype})
+
+
+def options_in_dtype(dtype: str) -> ModelOptions:
+    """Both tiers compute in ``dtype`` (a fact of such a run, not a fitted knob)."""
+    return ModelOptions(gpu_compute_dtype=dtype, cpu_compute_dtype=dtype)

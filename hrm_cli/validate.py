@@ -36,16 +36,22 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--seed", type=bounds.SEED.flag("--seed"), default=0)
     parser.add_argument("--out", metavar="DIR", help="write validation.csv, validation.png, validation.json here "
                         "(all three or none; the folder is checked before the runs)")
+    parser.add_argument("--runs-out", metavar="FILE", help="also write the measurements as a runs file for "
+                        "`hrm calibrate FILE` (docs/calibrate.md)")
     parser.add_argument("--json", action="store_true", help='print {"mape", "spearman", "policies": [...]} only')
     return parser
 
 
 def main(argv) -> int:
-    from runtime.validate import render_report, run_validation, validation_policies
+    from runtime.validate import render_report, run_validation, validation_policies, write_outputs
 
     args = build_parser().parse_args(argv)
     if args.out is not None:
         check_out_dir(args.out)
+    if args.runs_out is not None:
+        from hrm.plan import check_output_path
+
+        check_output_path(args.runs_out, "--runs-out")
     hw = load_hardware(args.hw)
     spec = load_model(args.model)
     if spec.is_mla:
@@ -56,6 +62,8 @@ def main(argv) -> int:
     report = run_validation(hw, spec, workload, policies, device=args.device, dtype=args.dtype, repeats=args.repeats,
                             seed=args.seed, progress=progress, lanes=args.lanes)
     written = write_outputs(report, args.out) if args.out is not None else []
+    if args.runs_out is not None:
+        written.append(write_runs(report, args))
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -88,21 +96,24 @@ def check_out_dir(path: str) -> None:
         raise HRMError(f"--out {path}: cannot be made ({str(exc).removeprefix('--out ')})") from None
 
 
-def write_outputs(report, out_dir: str) -> list:
-    """validation.csv, validation.png and validation.json in ``out_dir``: all three or none
-    (:func:`hrm.plan.write_files_atomic`)."""
-    import io
+def input_reference(value: str) -> str:
+    """A shipped name as given; a file as its absolute path (a runs file resolves relative
+    paths beside itself, not beside the folder this command ran in)."""
     from pathlib import Path
 
-    from runtime.validate import csv_text, plot_validation
+    return str(Path(value).resolve()) if Path(value).is_file() else value
 
-    from hrm.plan import write_files_atomic
 
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)  # checked by check_out_dir before the runs
-    png = io.BytesIO()
-    plot_validation(report).savefig(png, dpi=110, format="png")
-    files = [(folder / "validation.csv", csv_text(report)), (folder / "validation.png", png.getvalue()),
-             (folder / "validation.json", json.dumps(report.to_json(), indent=2) + "\n")]
-    write_files_atomic(files)
-    return [path for path, _ in files]
+def write_runs(report, args) -> str:
+    """The runs file of ``--runs-out`` (:func:`runtime.validate.runs_document`)."""
+    import yaml
+
+    from runtime.validate import report_measurements, runs_document
+
+    from hrm.plan import write_atomic
+
+    document = runs_document(input_reference(args.hw), input_reference(args.model), args.dtype, report.workload,
+                             report_measurements(report))
+    write_atomic(args.runs_out, yaml.safe_dump(document, sort_keys=False))
+    return args.runs_out
+

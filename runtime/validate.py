@@ -25,7 +25,8 @@ from hrm.estimate import EstimateResult, estimate
 from hrm.hardware import HardwareProfile
 from hrm.model import ModelSpec
 from hrm.options import ModelOptions
-from hrm.plan import write_atomic
+from hrm.options import options_in_dtype as runtime_options  # noqa: F401 (the runtime's names)
+from hrm.options import spec_in_dtype as runtime_spec  # noqa: F401
 from hrm.policy import Policy
 from hrm.workload import Workload
 
@@ -68,16 +69,6 @@ def validation_policies(count: int = 10) -> list[Policy]:
             grid.append(item)
     return [Policy(batch_size=mu * n, micro_batch_size=mu, num_micro_batches=n, weights_gpu_ratio=rw,
                    attn_on_gpu=attn, ffn_on_gpu=ffn, kv_gpu_ratio=rc) for mu, n, rw, attn, ffn, rc in grid[:count]]
-
-
-def runtime_spec(spec: ModelSpec, dtype: str) -> ModelSpec:
-    """The spec in the dtype the runtime computes in (predictions use the same bytes)."""
-    return spec.model_copy(update={"weight_dtype": dtype, "kv_dtype": dtype, "activation_dtype": dtype})
-
-
-def runtime_options(dtype: str) -> ModelOptions:
-    """Both tiers compute in the runtime's dtype (a fact of the run, not a fitted knob)."""
-    return ModelOptions(gpu_compute_dtype=dtype, cpu_compute_dtype=dtype)
 
 
 # Model variants re-scored on the same measurements, to show what each mechanism is worth:
@@ -373,17 +364,42 @@ def csv_text(report: ValidationReport) -> str:
 
 
 def write_outputs(report: ValidationReport, out_dir: str | Path) -> list[Path]:
-    """validation.csv, validation.png and validation.json in ``out_dir`` (written atomically)."""
+    """validation.csv, validation.png and validation.json in ``out_dir``, made where missing:
+    all three or none (:func:`hrm.plan.write_files_atomic`)."""
     import json
 
+    from hrm.plan import write_files_atomic
+
     folder = Path(out_dir)
-    if not folder.is_dir():
-        raise HRMError(f"--out {folder}: not a folder")
-    paths = [folder / "validation.csv", folder / "validation.png", folder / "validation.json"]
-    write_atomic(paths[0], csv_text(report))
-    write_plot(report, paths[1])
-    write_atomic(paths[2], json.dumps(report.to_json(), indent=2) + "\n")
-    return paths
+    folder.mkdir(parents=True, exist_ok=True)  # the CLI checks it can be made before the runs
+    png = io.BytesIO()
+    plot_validation(report).savefig(png, dpi=110, format="png")
+    files = [(folder / "validation.csv", csv_text(report)), (folder / "validation.png", png.getvalue()),
+             (folder / "validation.json", json.dumps(report.to_json(), indent=2) + "\n")]
+    write_files_atomic(files)
+    return [path for path, _ in files]
+
+
+def runs_document(hardware: str, model: str, dtype: str, workload: Workload,
+                  measured: list[tuple[str, float, float]]) -> dict:
+    """A runs file for ``hrm calibrate`` (docs/calibrate.md) of validation measurements:
+    ``measured`` holds (policy text, decode tok/s, prefill s) per policy, run by this runtime
+    (engine :data:`RUNTIME_ENGINE`) in ``dtype``; ``hardware`` and ``model`` as the runs file
+    names them (a shipped name, or a path: relative ones resolve beside the runs file)."""
+    return {
+        "hardware": hardware, "model": model, "dtype": dtype,
+        "runs": [{"name": policy, "engine": RUNTIME_ENGINE,
+                  "workload": {"prompt_len": workload.prompt_len, "max_prompt_len": workload.max_prompt_len,
+                               "gen_len": workload.gen_len, "padding": workload.padding},
+                  "policy": policy,
+                  "measured": {"decode_throughput_tok_s": float(decode_tok_s), "ttft_s": float(prefill_s)}}
+                 for policy, decode_tok_s, prefill_s in measured],
+    }
+
+
+def report_measurements(report: ValidationReport) -> list[tuple[str, float, float]]:
+    """(policy text, decode tok/s, prefill s) of each policy of ``report``, for :func:`runs_document`."""
+    return [(o.policy.short(), o.decode_throughput_tok_s, o.prefill_s) for o in report.outcomes]
 
 
 def write_plot(report: ValidationReport, path: str | Path) -> None:
