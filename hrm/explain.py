@@ -52,20 +52,26 @@ class Explanation:
             "mechanisms": [c.__dict__ for c in self.costs],
         }
 
-    def render(self) -> None:
-        from rich.console import Console
+    def table(self):
+        """The mechanisms as a rich Table. Every cell and the title are rich Text, never
+        markup: the engine's name comes from the user's engine file."""
         from rich.table import Table
+        from rich.text import Text
 
         eng, ideal = self.engine_estimate, self.ideal_estimate
-        table = Table(title=(f"{self.engine}: {eng.generation_throughput_tok_s:,.1f} tok/s vs ideal "
-                             f"{ideal.generation_throughput_tok_s:,.1f} tok/s on the same policy "
-                             f"(gap {self.gap_s:,.1f} s end to end); each mechanism switched off in turn"))
-        for col in ("mechanism", "decode ms/layer", "prefill s", "total s", "share of gap", "GPU GiB", "CPU GiB"):
-            table.add_column(col, justify="left" if col == "mechanism" else "right")
+        table = Table(title=Text(f"{self.engine}: {eng.generation_throughput_tok_s:,.1f} tok/s vs ideal "
+                                 f"{ideal.generation_throughput_tok_s:,.1f} tok/s on the same policy "
+                                 f"(gap {self.gap_s:,.1f} s end to end); each mechanism switched off in turn"))
+        # two-line headers keep the numbers whole at 80 columns; the labels wrap between words
+        for col in ("mechanism", "decode\nms/layer", "prefill\ns", "total\ns", "share\nof gap", "GPU\nGiB",
+                    "CPU\nGiB"):
+            mechanism = col == "mechanism"
+            table.add_column(col, justify="left" if mechanism else "right", no_wrap=not mechanism, overflow="fold")
         for c in self.costs:
-            table.add_row(c.label, f"{c.decode_layer_s * 1e3:.3f}", f"{c.prefill_s:.2f}", f"{c.total_s:.2f}",
-                          f"{c.share_of_gap:.0%}", f"{c.gpu_bytes / GIB:+.2f}", f"{c.cpu_bytes / GIB:+.2f}")
-        Console().print(table)
+            table.add_row(*(Text(cell) for cell in (
+                c.label, f"{c.decode_layer_s * 1e3:.3f}", f"{c.prefill_s:.2f}", f"{c.total_s:.2f}",
+                f"{c.share_of_gap:.0%}", f"{c.gpu_bytes / GIB:+.2f}", f"{c.cpu_bytes / GIB:+.2f}")))
+        return table
 
 
 def explain(hw, model, workload, policy, engine: Engine, options, limits) -> Explanation:

@@ -72,6 +72,11 @@ def _percent(rms: float | None) -> str:
     return "n/a" if rms is None else f"{100 * (math.exp(rms) - 1):.1f}%"
 
 
+#: quantities printed in another unit than the runs file's (its key, hrm.calibrate.QUANTITIES):
+#: the per-token latency in ms, as every view prints it (TTFT stays in s)
+SHOWN_AS = {"tpot_s": ("TPOT ms", 1e3)}
+
+
 def render(calibration: Calibration, console) -> None:
     """The per-run table (measured, before, after, leave-one-out error), the field table
     (fitted beside start and range) and the fields left as the profile has them."""
@@ -87,9 +92,10 @@ def render(calibration: Calibration, console) -> None:
         runs.add_column(header, justify=justify, overflow="fold", no_wrap=header != "run")
     previous = None
     for m in calibration.measurements:
-        runs.add_row(m.run if m.run != previous else "", QUANTITIES[m.quantity].label, f"{m.measured:.4g}",
-                     f"{m.before:.4g} {_error(m.before, m.measured)}", f"{m.after:.4g} {_error(m.after, m.measured)}",
-                     _error(m.loo, m.measured))
+        label, scale = SHOWN_AS.get(m.quantity, (QUANTITIES[m.quantity].label, 1.0))
+        runs.add_row(m.run if m.run != previous else "", label, f"{m.measured * scale:.4g}",
+                     f"{m.before * scale:.4g} {_error(m.before, m.measured)}",
+                     f"{m.after * scale:.4g} {_error(m.after, m.measured)}", _error(m.loo, m.measured))
         previous = m.run
     console.print(runs)
     console.print()
@@ -138,9 +144,9 @@ def main(argv) -> int:
 
     parse_hardware(yaml.safe_load(text), "the calibrated profile")  # it must read back through the schema
 
-    from rich.console import Console
+    from hrm_cli.common import console as make_console
 
-    console = Console()
+    console = make_console()
     render(calibration, console)
     if out is None:
         console.print("no --out: nothing written", highlight=False)

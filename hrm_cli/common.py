@@ -138,17 +138,52 @@ def gib(value_bytes: float) -> str:
     return f"{value_bytes / GIB:,.2f} GiB"
 
 
+def console(stderr: bool = False):
+    """The rich Console every command prints with. Markup and emoji codes are off: a name, path
+    or note from the user (``[bold]x[/x]``, ``[link=...]``, ``:smile:``, a backslash) reaches
+    tables, titles and lines as written, never as a style or a MarkupError. Styles are given
+    as ``rich.text.Text`` styles, not markup."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, markup=False, emoji=False)
+
+
+def policy_cell(policy) -> str:
+    """``policy.short()`` with a space after each comma, so a narrow table wraps it between
+    fields instead of cutting a number (``--fix`` and ``--policy`` read it as it is)."""
+    return policy.short().replace(",", ", ")
+
+
+def compact(value: float, digits: int = 4) -> str:
+    """A number in few characters for narrow tables: ``digits`` significant digits, the
+    exponent without ``+`` and leading zeros (3.222e9, 1.65e12, 62.39, 0)."""
+    text = f"{value:.{digits}g}"
+    if "e" not in text:
+        return text
+    mantissa, exponent = text.split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def short(value: float) -> str:
+    """3 significant digits, no exponent: 0.0123, 4.56, 789, 12,345."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def tpot_ms(per_token_latency_s: float) -> str:
+    """The per-token latency (TPOT) as every view prints it, in ms (TTFT is printed in s)."""
+    return f"{short(per_token_latency_s * 1e3)} ms"
+
+
 def progress_bar(label: str):
     """(a rich progress bar on stderr, ``update(done, total)``) for sweeps; silent when
     stderr is not a terminal."""
     import sys
 
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty(),
-                        console=Console(stderr=True))
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty(),
+                        console=console(stderr=True))
     task = progress.add_task(label, total=None)
 
     def update(done: int, total: int) -> None:

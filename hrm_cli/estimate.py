@@ -7,8 +7,8 @@ import json
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
-                            engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, routed_model,
-                            workload_from_args)
+                            compact, console, engine_from_args, gib, limits_from_args, machine_from_args,
+                            options_from_args, policy_cell, routed_model, tpot_ms, workload_from_args)
 from hrm.errors import InfeasibleError
 from hrm.estimate import EstimateResult, estimate
 from hrm.memory import MemoryLimits, physical_limits
@@ -17,34 +17,35 @@ from hrm.explain import explain
 from hrm.policy import parse_policy
 
 
-def fits_in_words(result: EstimateResult, physical: MemoryLimits | None) -> str:
+def fits_in_words(result: EstimateResult, physical: MemoryLimits | None):
     """Within the planning caps; above them but within physical memory less the engine's
-    reserve (a warning: the search would not choose it); or not at all."""
+    reserve (a warning: the search would not choose it); or not at all (a red rich Text)."""
+    from rich.text import Text
+
     if result.feasible:
-        return "yes"
+        return Text("yes")
     if physical is not None and result.fits(physical):
-        return ("yes, above the planning caps (--gpu-util/--cpu-util): within physical memory less the engine's "
-                "reserve (CUDA context, process)")
-    return "[red]NO: exceeds physical memory less the engine's reserve[/red]" if physical is not None else \
-        "[red]NO: exceeds a memory limit[/red]"
+        return Text("yes, above the planning caps (--gpu-util/--cpu-util): within physical memory less the engine's "
+                    "reserve (CUDA context, process)")
+    return Text("NO: exceeds physical memory less the engine's reserve" if physical is not None else
+                "NO: exceeds a memory limit", style="red")
 
 
 def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, show_header=True)
     table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("policy", result.policy.short())
+    table.add_column("value", justify="right", overflow="fold")
+    table.add_row("policy", policy_cell(result.policy))
     table.add_row("engine", f"{result.engine} (schedule {result.schedule})")
     for name, seconds in result.resource_layer_s.items():
         share = result.utilization.get(name, 0.0)
         table.add_row(f"decode time/layer: {lane_label(name)}", f"{seconds * 1e3:.3f} ms ({share:.0%} busy)")
     table.add_row("decode layer latency", f"{result.decode_layer_latency_s * 1e3:.3f} ms")
     table.add_row("bottleneck", result.bottleneck)
-    table.add_row("prefill", f"{result.prefill_latency_s:.3f} s")
-    table.add_row("per-token latency", f"{result.per_token_latency_s:.3f} s")
+    table.add_row("TTFT (prefill)", f"{result.prefill_latency_s:.3f} s")
+    table.add_row("TPOT (per-token latency)", tpot_ms(result.per_token_latency_s))
     table.add_row("decode throughput", f"{result.decode_throughput_tok_s:,.1f} tok/s")
     table.add_row("generation throughput", f"{result.generation_throughput_tok_s:,.1f} tok/s")
     if result.shared_memory:
@@ -58,7 +59,7 @@ def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits |
         table.add_row("note", note)
     if result.defaulted:
         table.add_row("defaulted rates", ", ".join(result.defaulted) + " (hrm.achieved.DEFAULTS has each source)")
-    Console().print(table)
+    console().print(table)
 
 
 def main(argv) -> int:
@@ -96,7 +97,7 @@ def main(argv) -> int:
         render_estimate(result, f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}",
                         physical)
         if report is not None:
-            report.render()
+            console().print(report.table())
     if not fits_physical:  # it cannot run: the estimate is printed, then one line and exit 3
         raise InfeasibleError(f"the policy does not fit physical memory less engine {engine.name}'s reserve: "
                               f"GPU {gib(result.gpu_peak_bytes)} of {gib(physical.gpu_bytes)}, "
@@ -106,7 +107,6 @@ def main(argv) -> int:
 
 def ops_main(argv) -> int:
     """``hrm ops --model M [--mu 64 --context 512 --prompt-len 512]``: operator FLOPs/bytes."""
-    from rich.console import Console
     from rich.table import Table
 
     from hrm.costs import operator_table
@@ -125,10 +125,18 @@ def ops_main(argv) -> int:
     if args.json:
         print(frame.to_json(orient="records", indent=2))
         return 0
-    table = Table(title=f"{args.model}: one layer, mu={args.mu}, context={args.context}, prompt={args.prompt_len}")
+    table = Table(title=f"{args.model}: one layer, mu={args.mu}, context={args.context}, prompt={args.prompt_len}",
+                  caption=OPS_LEGEND, caption_justify="left")
     for col in frame.columns:
-        table.add_column(col, justify="right")
+        table.add_column(OPS_HEADERS.get(col, col), justify="right", overflow="fold")
     for row in frame.itertuples(index=False):
-        table.add_row(row[0], row[1], *(f"{v:.4g}" for v in row[2:]))
-    Console().print(table)
+        table.add_row(row[0], row[1], *(compact(v) for v in row[2:]))
+    console().print(table)
     return 0
+
+
+#: short headers of ``hrm ops`` (hrm.costs.operator_table's columns), so the table fits 80
+#: columns; OPS_LEGEND under the table spells them out
+OPS_HEADERS = {"flops": "FLOP", "weight_bytes": "weight B", "kv_bytes": "KV B", "act_bytes": "act B",
+               "intensity_flop_per_byte": "FLOP/B"}
+OPS_LEGEND = "FLOP: floating-point operations; B: bytes (weights, KV cache, activations) moved; FLOP/B: intensity"

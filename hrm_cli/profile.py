@@ -71,15 +71,16 @@ def main(argv: list[str]) -> int:
     if args.no_disk:
         cfg = dataclasses.replace(cfg, disk_bytes=0)
 
-    from rich.console import Console
+    from hrm_cli.common import console
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     if args.no_progress:
         run = run_profile(cfg, device=args.device, disk_folder=disk_dir, name=args.name)
     else:
         from profiler.progress import RichReporter
 
-        with RichReporter(err) as reporter:
+        # its own console: its notes are rich markup with the message escaped (profiler.progress)
+        with RichReporter() as reporter:
             run = run_profile(cfg, device=args.device, reporter=reporter, disk_folder=disk_dir, name=args.name)
     text = profile_yaml(run.profile)
     if out is not None:
@@ -92,5 +93,5 @@ def main(argv: list[str]) -> int:
     if reference is not None:
         from profiler.compare import comparison_table
 
-        (Console() if out is not None else err).print(comparison_table(run.profile, reference))
+        (console() if out is not None else err).print(comparison_table(run.profile, reference))
     return 0

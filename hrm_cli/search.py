@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from hrm_cli.parser import ArgumentParser
-from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, engine_from_args, gib,
-                            limits_from_args, machine_from_args, options_from_args, workload_from_args)
+from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, console,
+                            engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, policy_cell,
+                            short, tpot_ms, workload_from_args)
 from hrm.errors import HRMError
 from hrm import bounds
 from hrm.memory import physical_limits
@@ -114,6 +117,7 @@ def main(argv) -> int:
     pick = server_pick(hw, model, workload, engine, options, physical_limits(hw, engine, args.gpu_mem, args.cpu_mem))
     result = with_server_pick(result, pick)
     headroom = _ideal_bound(hw, model, workload, engine, common) if not args.json else None
+    routing = routing_effect(hw, model, workload, engine, common, result.best) if not args.json else None
     if args.out:
         save_plan(result.plan, args.out)
     export = _export(result, hw, model, workload, engine, options, args.export) if args.export else None
@@ -127,7 +131,7 @@ def main(argv) -> int:
     else:
         render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
                        f" (max {workload.max_prompt_len}), gen {workload.gen_len}, engine {engine.name}"
-                       f" (schedule {engine.schedule})", headroom)
+                       f" (schedule {engine.schedule})", headroom, routing)
         if args.out:
             print(f"plan written to {args.out}")
         if export is not None:
@@ -161,8 +165,50 @@ def _ideal_bound(hw, model, workload, engine, common) -> str | None:
     return f"{ideal.generation_throughput_tok_s:,.1f} tok/s (engine ideal, the roofline bound on this machine)"
 
 
-def render(result: SearchResult, title: str, headroom: str | None = None) -> None:
-    from rich.console import Console
+def routing_effect(hw, model, workload, engine, common, best) -> str | None:
+    """With ``--routing``: the routing planned with, and what it does to the chosen policy
+    against uniform routing (one more estimate, not a search); None without it."""
+    if model.routing is None:
+        return None
+    from hrm.estimate import estimate
+
+    uniform = estimate(hw, model.with_routing(None), workload, best.policy, options=common["options"],
+                       limits=common["limits"], engine=engine)
+    planned_tok_s, uniform_tok_s = best.estimate.generation_throughput_tok_s, uniform.generation_throughput_tok_s
+    line = (f"{model.routing.label()}: {planned_tok_s:,.1f} tok/s vs {uniform_tok_s:,.1f} tok/s with uniform routing "
+            f"on the same policy")
+    if not math.isclose(planned_tok_s, uniform_tok_s, rel_tol=SAME_THROUGHPUT_REL):
+        return line
+    return f"{line} (unchanged: {routing_unchanged_reason(model, engine, best.policy)})"
+
+
+#: throughputs closer than this (relative) are "the same" when --routing is compared with
+#: uniform: float noise of two estimates, far below any modelled effect (our choice)
+SAME_THROUGHPUT_REL = 1e-6
+
+
+def routing_unchanged_reason(model, engine, policy) -> str:
+    """Why a routing leaves the policy's estimate as uniform routing has it: every expert of a
+    layer is active in each micro-batch under both, or the engine's cost at this policy does
+    not depend on which experts are chosen."""
+    from hrm.routing import expected_distinct_experts, uniform
+
+    tokens = policy.micro_batch_size  # one decode token per sequence of a micro-batch
+    active = [float(expected_distinct_experts(r, tokens)) for r in
+              (model.routing, uniform(model.num_experts, model.top_k))]
+    if min(active) >= model.num_experts - ALL_EXPERTS_MARGIN:
+        return (f"at mu={tokens} tokens per micro-batch all {model.num_experts} experts of a layer are active under "
+                "either routing, so every layer moves and computes the same experts")
+    return (f"engine {engine.name}'s cost at this policy does not depend on which experts the tokens choose "
+            f"({min(active):.1f}-{max(active):.1f} of {model.num_experts} experts active per micro-batch)")
+
+
+#: fewer than this many expected inactive experts per layer counts as "all active" (our choice:
+#: a hundredth of an expert changes no estimate visibly)
+ALL_EXPERTS_MARGIN = 0.01
+
+
+def render(result: SearchResult, title: str, headroom: str | None = None, routing: str | None = None) -> None:
     from rich.table import Table
 
     best = result.best.estimate
@@ -182,9 +228,11 @@ def render(result: SearchResult, title: str, headroom: str | None = None) -> Non
     if headroom:
         table.add_row("ideal machine bound", headroom)
     table.add_row("decode throughput", f"{best.decode_throughput_tok_s:,.1f} tok/s")
-    table.add_row("per-token latency", f"{best.per_token_latency_s:.3f} s")
+    table.add_row("TPOT (per-token latency)", tpot_ms(best.per_token_latency_s))
     table.add_row("decode layer latency", f"{best.decode_layer_latency_s * 1e3:.3f} ms")
-    table.add_row("prefill", f"{best.prefill_latency_s:.2f} s")
+    table.add_row("TTFT (prefill)", f"{best.prefill_latency_s:.2f} s")
+    if routing:
+        table.add_row("routing", routing)
     table.add_row("bottleneck", best.bottleneck + "  (" + ", ".join(
         f"{k} {v:.0%}" for k, v in best.utilization.items()) + " busy)")
     table.add_row("binding memory", best.binding_memory)
@@ -212,18 +260,19 @@ def render(result: SearchResult, title: str, headroom: str | None = None) -> Non
         table.add_row("verifier", f"{'agrees' if result.verified else 'DISAGREES'}: optimum {result.verify_objective:,.3f} "
                                   f"in {result.verify_seconds:.2f} s ({opened} of {total} modes enumerated and "
                                   f"MILP-certified, the rest bounded per step)")
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     if result.alternatives:
         alt = Table(title="alternatives (the best policy of every other placement)")
         for col in ("policy", "gen tok/s", "vs best", "bottleneck", "binding memory"):
-            alt.add_column(col)
+            # numbers whole on one line; text wraps between words (never cut with '…')
+            alt.add_column(col, no_wrap=col in ("gen tok/s", "vs best"), overflow="fold")
         for cand in result.alternatives:
             est = cand.estimate
-            alt.add_row(cand.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
+            alt.add_row(policy_cell(cand.policy), f"{est.generation_throughput_tok_s:,.1f}",
                         f"{est.generation_throughput_tok_s / best.generation_throughput_tok_s:.2f}x",
                         est.bottleneck, est.binding_memory)
-        console.print(alt)
+        out.print(alt)
 
 
 def server_pick_in_words(pick, best_tok_s: float) -> str:
@@ -252,11 +301,6 @@ def compare_engines(hw, model, workload, common) -> list[tuple[str, object]]:
     return rows
 
 
-def _short(value: float) -> str:
-    """3 significant digits, no exponent: 0.0123, 4.56, 789, 12,345."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
 def _rank(result, objective: str) -> float:
     """Sort key of a --compare row: best first by the objective, engines without a policy last."""
     if isinstance(result, str):
@@ -269,8 +313,8 @@ def _rank(result, objective: str) -> float:
 def _compare(hw, model, workload, args, common) -> int:
     import json
 
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     rows = compare_engines(hw, model, workload, common)
     ok = [r for _, r in rows if not isinstance(r, str)]
@@ -281,18 +325,24 @@ def _compare(hw, model, workload, args, common) -> int:
     if args.json:
         print(json.dumps({s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}, indent=2))
         return 0
-    table = Table(title=f"{model.name} on {hw.name}: every engine at its own best policy")
-    for col in ("engine", "policy", "gen tok/s", "decode tok/s", "vs ideal", "TPOT ms", "TTFT s", "bottleneck"):
-        table.add_column(col, no_wrap=col == "engine")
+    routing = f", routing {model.routing.label()}" if model.routing is not None else ""
+    # the policy (or the reason there is none) under the engine's name, numbers whole on one
+    # line under two-line headers, text wrapped between words: readable at 80 columns
+    table = Table(title=f"{model.name} on {hw.name}{routing}: every engine at its own best policy", show_lines=True)
+    table.add_column("engine\npolicy", overflow="fold")
+    for col in ("gen\ntok/s", "decode\ntok/s", "vs\nideal", "TPOT\nms", "TTFT\ns"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("bottleneck", overflow="fold")
     for label, res in rows:
+        name = label.replace("/", " / ")  # ideal / flexgen-cpu-attn wraps after ideal
         if isinstance(res, str):
-            table.add_row(label, f"[red]{res}[/red]", "-", "-", "-", "-", "-", "-")
+            table.add_row(Text(f"{name}\n") + Text(res, style="red"), "-", "-", "-", "-", "-", "-")
             continue
         est = res.best.estimate
-        table.add_row(label, res.best.policy.short(), f"{est.generation_throughput_tok_s:,.1f}",
-                      f"{est.decode_throughput_tok_s:,.1f}", f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
-                      _short(est.per_token_latency_s * 1e3), _short(est.prefill_latency_s), est.bottleneck)
-    Console().print(table)
+        table.add_row(f"{name}\n{policy_cell(res.best.policy)}", short(est.generation_throughput_tok_s),
+                      short(est.decode_throughput_tok_s), f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
+                      short(est.per_token_latency_s * 1e3), short(est.prefill_latency_s), est.bottleneck)
+    console().print(table)
     if args.plot:
         from hrm.plots import compare_table, plot_compare, save_png
 

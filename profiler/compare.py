@@ -48,12 +48,14 @@ def _cell(value) -> str:
 def comparison_table(measured: HardwareProfile, reference: HardwareProfile):
     """A rich Table: field | measured | reference | ratio."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"measured ({measured.name}) vs reference ({reference.name})")
+    # rich Text, never markup: the names and the CPU/GPU names are the user's
+    table = Table(title=Text(f"measured ({measured.name}) vs reference ({reference.name})"))
     table.add_column("field", no_wrap=True)
     table.add_column("measured", justify="right", overflow="fold")
     table.add_column("reference", justify="right", overflow="fold")
     table.add_column("measured/ref", justify="right")
     for name, a, b, ratio in comparison_rows(measured, reference):
-        table.add_row(name, _cell(a), _cell(b), "-" if ratio is None else f"{ratio:.2f}x")
+        table.add_row(*(Text(cell) for cell in (name, _cell(a), _cell(b), "-" if ratio is None else f"{ratio:.2f}x")))
     return table

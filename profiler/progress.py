@@ -52,7 +52,7 @@ class RichReporter:
 
         self.console = console or Console(stderr=True)
         self.progress = Progress(TextColumn("[bold]profile[/]"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 TimeElapsedColumn(), TextColumn("{task.description}", markup=False),
                                  console=self.console, transient=False)
         self.task = None
 

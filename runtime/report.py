@@ -39,15 +39,18 @@ def _fmt(value) -> str:
 def render_comparison(rows: list[dict], title: str, note: Optional[str] = None) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
+    # rich Text, never markup: the title names the user's model, profile and plan
+    table = Table(title=Text(title))
     for col, justify in (("quantity", "left"), ("predicted", "right"), ("measured", "right"), ("error", "right")):
         table.add_column(col, justify=justify)
     for row in rows:
         unit = f" {row['unit']}" if row["unit"] else ""
         err = "" if row["error"] is None else f"{100 * row['error']:+.1f}%"
-        table.add_row(row["quantity"], _fmt(row["predicted"]) + unit, _fmt(row["measured"]) + unit, err)
+        table.add_row(*(Text(cell) for cell in (row["quantity"], _fmt(row["predicted"]) + unit,
+                                                 _fmt(row["measured"]) + unit, err)))
     console = Console()
     console.print(table)
     if note:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(Text.assemble(("note:", "yellow"), " ", note))

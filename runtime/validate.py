@@ -454,8 +454,11 @@ def render_report(report: ValidationReport, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{report.model} on {report.hardware}: predicted vs measured (device tier {report.device}, "
-                        f"prompt {report.workload.prompt_len}, gen {report.workload.gen_len})")
+    from rich.text import Text
+
+    # names come from the user's files: plain text, never markup
+    table = Table(title=Text(f"{report.model} on {report.hardware}: predicted vs measured (device tier "
+                             f"{report.device}, prompt {report.workload.prompt_len}, gen {report.workload.gen_len})"))
     for col in ("policy", "pred ms/layer", "meas ms/layer", "error", "pred gen tok/s", "meas gen tok/s",
                 "device peak / model", "largest measured lane"):
         table.add_column(col, justify="left" if col == "policy" else "right")

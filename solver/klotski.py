@@ -206,27 +206,28 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
     best, best_value, scheduled = None, -np.inf, 0
     layers = request.model.num_moe_layers
     with Progress(f"engine {request.engine.name}: branch and bound, candidates scheduled", len(order)) as progress:
-        for i in order:
-            if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
-                break
-            if deadline is not None and best is not None and time.perf_counter() > deadline:
-                return Found(best, best_value, scheduled, float(bound[i]))
-            try:
+        i = order[0] if order else 0
+        try:  # a Ctrl-C anywhere in the loop (a schedule, the progress line) keeps the best so far
+            for i in order:
+                if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
+                    break
+                if deadline is not None and best is not None and time.perf_counter() > deadline:
+                    return Found(best, best_value, scheduled, float(bound[i]))
                 policy = cands.policy(i, layers)
                 times = klotski_times(request.model, rates, request.workload, policy, request.engine)
-            except KeyboardInterrupt:
-                if best is None or everything:
-                    raise
-                return Found(best, best_value, scheduled, float(bound[i]), interrupted=True)
-            scheduled += 1
-            progress(scheduled, _progress_note(kind, best_value, float(bound[i])) if best is not None else "")
-            if limits.tpot_s is not None and times.decode_step_s > limits.tpot_s * (1 + 1e-9):
-                continue
-            if limits.ttft_s is not None and times.prefill_s > limits.ttft_s * (1 + 1e-9):
-                continue
-            value = objective_value(kind, cands.batch_size[i], gen, times.decode_step_s, times.prefill_s)
-            if value > best_value:
-                best, best_value = i, float(value)
+                scheduled += 1
+                progress(scheduled, _progress_note(kind, best_value, float(bound[i])) if best is not None else "")
+                if limits.tpot_s is not None and times.decode_step_s > limits.tpot_s * (1 + 1e-9):
+                    continue
+                if limits.ttft_s is not None and times.prefill_s > limits.ttft_s * (1 + 1e-9):
+                    continue
+                value = objective_value(kind, cands.batch_size[i], gen, times.decode_step_s, times.prefill_s)
+                if value > best_value:
+                    best, best_value = i, float(value)
+        except KeyboardInterrupt:
+            if best is None or everything:
+                raise
+            return Found(best, best_value, scheduled, float(bound[i]), interrupted=True)
     return Found(best, best_value, scheduled)
 
 
