@@ -47,6 +47,13 @@ MIN_TFLOPS = 1e-6
 #: the fastest single device is ~10 PFLOP/s dense (B200 FP4); 100 PFLOP/s catches 1000x slips (GFLOP/s as
 #: TFLOP/s) of every tensor-core rate (>= 100 TFLOP/s) and leaves room for measured peaks
 MAX_TFLOPS = 100_000.0
+#: the slowest link a GPU is attached by is PCIe 1.0 x1 (0.25 GB/s); a PCIe 3.0 x16 link written
+#: in MB/s as GB/s (16 -> 0.016) is 1000x slower and is refused (override: reassign before import
+#: of hrm.hardware)
+MIN_LINK_GBPS = 0.25
+#: a measured matmul curve point may exceed its dtype's peak by the rounding of both (the
+#: profiler writes the peak as the curve's best point); more is a curve of another dtype or unit
+CURVE_PEAK_TOLERANCE = 0.01
 #: a kernel launch or an operator dispatch costs microseconds to milliseconds; a second means ms written as s
 MAX_DISPATCH_S = 1.0
 #: efficiency curves: matmul rows M (or legacy bytes / tokens) and rates, finite and below 1e15
@@ -122,11 +129,54 @@ def strict_bool(value):
     """A boolean field: true/false only (not 1, "yes" or null); numpy booleans are booleans."""
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
+    if isinstance(value, str):  # YAML 1.2 (hrm.errors.StrictLoader): yes/no/on/off are text
+        raise ValueError(f"expected true or false, got the string {value[:40]!r}")
     raise ValueError(f"expected true or false, got {kind_of(value)}")
 
 
 #: a boolean field that refuses 0/1 and strings (pydantic's lax bool takes "yes" and 1)
 Flag = Annotated[bool, BeforeValidator(strict_bool)]
+
+# --- names ------------------------------------------------------------------------------
+#: characters of a name or a label: NAME_MAX of Linux file systems (a profile or engine name
+#: may become part of a file name); a device name is a few dozen (override: assign before
+#: the models are built)
+MAX_NAME_CHARS = 255
+
+
+def name_problem(value, identifier: bool = False) -> str | None:
+    """Why ``value`` is not a plain name (None if it is): one line of printable text, not
+    blank, at most :data:`MAX_NAME_CHARS`; an ``identifier`` (a profile or engine name, which
+    plans record and exports may put in file names) also has no folder separator and does
+    not start with a dot."""
+    if not isinstance(value, str):
+        return f"expected a name (text), got {kind_of(value)}"
+    if not value.strip():
+        return "empty name"
+    if len(value) > MAX_NAME_CHARS:
+        return f"a name of {len(value)} characters (at most {MAX_NAME_CHARS})"
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        return f"control character {bad!r} in the name {value[:40]!r} (one line of printable text)"
+    if identifier and ("/" in value or "\\" in value or value.startswith(".")):
+        return f"{value!r} is a path, not a name (no '/', '\\' or leading '.')"
+    return None
+
+
+def _checked_name(identifier: bool):
+    def check(value):
+        problem = name_problem(value, identifier)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    return check
+
+
+#: a profile's or an engine's name (identifier: no path)
+Name = Annotated[str, BeforeValidator(_checked_name(True))]
+#: a device's name or another label (printable text of one line)
+Label = Annotated[str, BeforeValidator(_checked_name(False))]
 
 
 @dataclass(frozen=True)
@@ -155,6 +205,9 @@ class Range:
                     float(value)
                 except ValueError:
                     return f"expected a number, got a string {value!r}"
+                if "_" in value:
+                    return (f"expected a number, got the string {value!r} (digit separators '_' are not read "
+                            f"as numbers; write {value.replace('_', '')})")
                 return (f"expected a number, got the string {value!r} (YAML 1.1 reads 1e3 without a dot as text; "
                         f"write 1.0e3)")
             return f"expected {'an integer' if self.integer else 'a number'}, got {kind_of(value)}"
@@ -228,6 +281,7 @@ CPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_CPU_MEMORY_GIB, "GiB", why="a 1000x u
 TOTAL_GPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_GPU_MEMORY_GIB * MAX_GPU_COUNT, "GiB")
 MEMORY_UTILIZATION = Range(MIN_MEMORY_UTILIZATION, 1.0, why="a fraction of the capacity")
 BANDWIDTH_GBPS = Range(MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s", why="a 1000x unit slip (MB/s vs GB/s)?")
+LINK_GBPS = Range(MIN_LINK_GBPS, MAX_BANDWIDTH_GBPS, "GB/s", why="a 1000x unit slip (MB/s vs GB/s)?")
 TFLOPS = Range(MIN_TFLOPS, MAX_TFLOPS, "TFLOP/s", why="a 1000x unit slip (GFLOP/s vs TFLOP/s)?")
 DISPATCH_S = Range(0.0, MAX_DISPATCH_S, "s", why="milliseconds written as seconds?")
 CURVE_VALUE = Range(0.0, MAX_CURVE_VALUE, lo_open=True)

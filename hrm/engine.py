@@ -62,6 +62,7 @@ Mechanisms (field: what it models; ideal value):
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Optional
@@ -151,8 +152,8 @@ class Phase(_Frozen):
 
 class Prefill(Phase):
     weights_overlap: Literal["full", "one-micro-batch", "last-micro-batch-moe", "none"] = "full"
-    kv_reserved_gen_slots: bool = False
-    hidden_round_trip: bool = False
+    kv_reserved_gen_slots: bounds.Flag = False
+    hidden_round_trip: bounds.Flag = False
     #: chunked prefill: a forward pass takes at most this many prompt tokens (vLLM's
     #: --max-num-batched-tokens, SGLang's --chunked-prefill-size), so a micro-batch's prompts
     #: take ceil(tokens / it) passes, each reading the layer's offloaded weights again; None:
@@ -161,7 +162,7 @@ class Prefill(Phase):
 
 
 class TensorParallel(_Frozen):
-    host_shared: bool = False
+    host_shared: bounds.Flag = False
     allreduce: Literal["gpu-link", "nccl"] = "gpu-link"
 
 
@@ -219,22 +220,22 @@ class Memory(_Frozen):
 
     gpu_weight_buffer_layers: bounds.BUFFER_LAYERS.type = 2.0
     pinned_staging_layers: bounds.BUFFER_LAYERS.type = 2.0
-    cpu_holds_all_experts: bool = False
+    cpu_holds_all_experts: bounds.Flag = False
     gpu_reserved_gib: bounds.RESERVED_GIB.type = 0.0
     host_reserved_gib: bounds.RESERVED_GIB.type = 0.0
 
 
 class Engine(_Frozen):
-    name: str
+    name: bounds.Name
     description: str = ""
     schedule: str = "cgopipe"
     policy: PolicySpace = Field(default_factory=PolicySpace)
     decode: Phase = Field(default_factory=Phase)
     prefill: Prefill = Field(default_factory=Prefill)
-    host_dram: bool = False
-    achieved_gpu_rates: bool = False
+    host_dram: bounds.Flag = False
+    achieved_gpu_rates: bounds.Flag = False
     moe_kernel: str = "cublas"
-    moe_reads_all_experts: bool = False
+    moe_reads_all_experts: bounds.Flag = False
     sync: Literal["none", "per-step", "per-micro-batch"] = "none"
     static_experts: Literal["continuous", "whole-experts-per-layer", "whole-layers"] = "continuous"
     #: tokens from which a micro-batch's CPU-kept experts are copied to the GPU instead of
@@ -251,9 +252,9 @@ class Engine(_Frozen):
     prefetch_bucket_hidden_sq: Optional[bounds.NON_NEGATIVE.type] = None
     #: every prompt is padded to the workload's longest (FlexGen pads to --prompt-len): the
     #: engine runs the padded workload (:func:`hrm.problem.make_problem`)
-    pads_prompts: bool = False
+    pads_prompts: bounds.Flag = False
     copy_threads: bounds.COPY_THREADS.type = 0
-    numa_aware: bool = True
+    numa_aware: bounds.Flag = True
     tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
     memory: Memory = Field(default_factory=Memory)
     sources: list[str] = Field(default_factory=list)
@@ -281,7 +282,7 @@ class Engine(_Frozen):
             # every pass of a chunked prefill reads the layer's offloaded weights: the lanes'
             # per-layer weight term carries that exactly only for one micro-batch
             raise ValueError("prefill.max_tokens_per_pass needs policy.fixed.num_micro_batches: 1")
-        problem = unmodelled_field(self)
+        problem = unmodelled_field(self) or unrunnable_tier(self) or buffer_problem(self)
         if problem:
             raise ValueError(f"{problem} (schedule {self.schedule})")
         return self
@@ -330,6 +331,35 @@ def unmodelled_field(engine: "Engine") -> str | None:
         problem = fields.problem(field, value)
         if problem:
             return problem
+    return None
+
+
+def unrunnable_tier(engine: "Engine") -> str | None:
+    """A tier the engine's policy space lists for attention or the FFN that its schedule
+    cannot run (e.g. Klotski's attention on the CPU), in words; None when all can run. The
+    default space (both tiers) is exempt: ``ideal`` with any schedule keeps it, and the
+    search narrows it to the schedule's tiers."""
+    schedule = SCHEDULES[engine.schedule]
+    for part, runnable in (("attention", schedule.attention), ("ffn", schedule.ffn)):
+        tiers = getattr(engine.policy, part)
+        if tiers == PolicySpace.model_fields[part].default:
+            continue
+        bad = next((tier for tier in tiers if (tier == "gpu") not in runnable), None)
+        if bad is not None:
+            return f"policy.{part}: {bad} is a tier the schedule cannot run {part} on"
+    return None
+
+
+def buffer_problem(engine: "Engine") -> str | None:
+    """A schedule that overlaps (prefetches the next layer's weights while this one runs)
+    copies streamed experts into the GPU weight buffer: an engine that streams them there
+    needs one (``memory.gpu_weight_buffer_layers`` > 0). The serial schedule may read them
+    in place from pinned host memory (vLLM's UVA: vllm.yaml), so it needs none."""
+    streams = "streamed" in (engine.decode.offloaded_experts, engine.prefill.offloaded_experts)
+    prefetches = SCHEDULES[engine.schedule].lanes != "serial"
+    if streams and prefetches and engine.memory.gpu_weight_buffer_layers == 0:
+        return ("memory.gpu_weight_buffer_layers: 0, but offloaded_experts: streamed prefetches experts into that "
+                "buffer (give it a size, or offloaded_experts: cpu)")
     return None
 
 
@@ -408,13 +438,23 @@ def load_engine(name_or_path: str | Engine | None) -> Engine:
         return name_or_path
     if name_or_path is None or name_or_path == "ideal":
         return IDEAL
-    path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = ENGINES_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise HRMError(f"--engine: unknown engine '{name_or_path}' (shipped: {', '.join(list_engines())}; "
-                           f"or a YAML file)")
+    path = engine_path(str(name_or_path))
     return validated(Engine, read_yaml_mapping(path, "an engine YAML file", "engine fields"), str(path))
+
+
+def engine_path(text: str) -> Path:
+    """The YAML file ``--engine TEXT`` names: an existing file, or anything path-like (a
+    folder separator, a .yaml/.yml suffix in any case) as given, even when missing (read_input_text
+    then names it); else the shipped engine ``TEXT``; HRMError for an unknown name."""
+    path = Path(text)
+    path_like = "/" in text or os.sep in text or path.suffix.lower() in (".yaml", ".yml")
+    if path_like or path.is_file():
+        return path
+    problem = bounds.name_problem(text, identifier=True)
+    shipped = ENGINES_DIR / f"{text}.yaml"
+    if problem is None and shipped.is_file():
+        return shipped
+    raise HRMError(f"--engine: unknown engine {text!r} (shipped: {', '.join(list_engines())}; or a YAML file)")
 
 
 def is_shipped(engine: Engine) -> bool:

@@ -11,11 +11,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, TypeAdapter, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, model_validator
 
 from . import bounds
 from .errors import HRMError, read_yaml_mapping, validated
@@ -79,6 +79,37 @@ class CurvePoint(_Strict):
     y: bounds.CURVE_VALUE.type
 
 
+def _curve_points(points: list[CurvePoint]) -> list[CurvePoint]:
+    """A measured curve: at least one point, each x once (interpolation needs a function)."""
+    if not points:
+        raise ValueError("an empty curve (at least one point)")
+    xs = [p.x for p in points]
+    repeated = next((x for i, x in enumerate(xs) if x in xs[:i]), None)
+    if repeated is not None:
+        raise ValueError(f"x = {repeated:g} appears twice in one curve")
+    return points
+
+
+#: a curve of measured points (non-empty, x unique)
+Curve = Annotated[list[CurvePoint], AfterValidator(_curve_points)]
+#: matmul curves by dtype (a :class:`Flops` dtype)
+DtypeCurves = dict[Literal["fp32", "fp16", "bf16", "int8"], Curve]
+
+
+def curves_problem(curves: dict[str, list[CurvePoint]], peaks: "Flops", where: str) -> str | None:
+    """Why matmul ``curves`` cannot refine ``peaks`` (None if they can): a curve of a dtype the
+    profile has no peak for would be silently unused; a point above its dtype's peak (beyond
+    :data:`hrm.bounds.CURVE_PEAK_TOLERANCE`) is a curve of another dtype or unit."""
+    for dtype, points in curves.items():
+        peak = getattr(peaks, dtype)
+        if peak is None:
+            return f"{where}.{dtype}: the profile has no {dtype} peak for this curve to refine"
+        top = max(p.y for p in points)
+        if top > peak * (1 + bounds.CURVE_PEAK_TOLERANCE):
+            return f"{where}.{dtype}: a point of {top:g} TFLOP/s is above the {dtype} peak {peak:g} TFLOP/s"
+    return None
+
+
 #: curves that profiles written by earlier ``hrm profile`` versions carry and nothing reads:
 #: accepted on load, not kept, but hashed as they were so that plans keep their hardware hash
 LEGACY_EFFICIENCY_CURVES = ("h2d_gbps_vs_bytes", "cpu_copy_gbps_vs_bytes", "cpu_attention_gbps_vs_context")
@@ -89,8 +120,8 @@ class Efficiency(_Strict):
     """Measured curves that refine the peaks (docs/model.md §3.1): achieved TFLOP/s vs matmul rows M
     per dtype. Interpolated in log-x, clamped at the ends."""
 
-    gpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
-    cpu_matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
+    gpu_matmul_tflops_vs_m: DtypeCurves = Field(default_factory=dict)
+    cpu_matmul_tflops_vs_m: DtypeCurves = Field(default_factory=dict)
     _legacy_curves: dict[str, list] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")
@@ -160,7 +191,7 @@ class Dispatch(_Strict):
 
 
 class GPU(_Strict):
-    name: str
+    name: bounds.Label
     count: bounds.GPU_COUNT.type = 1
     memory_gib: bounds.GPU_MEMORY_GIB.type
     memory_bandwidth_gbps: bounds.BANDWIDTH_GBPS.type
@@ -189,7 +220,7 @@ class GPU(_Strict):
 
 
 class CPU(_Strict):
-    name: str
+    name: bounds.Label
     cores: bounds.CORES.type
     memory_gib: bounds.CPU_MEMORY_GIB.type
     memory_bandwidth_gbps: bounds.BANDWIDTH_GBPS.type
@@ -215,12 +246,12 @@ class Link(_Strict):
     GPUs that share one uplink to the host (1 = each GPU has its own x16 root port);
     ``p2p``: whether GPUs can copy peer-to-peer (False: collectives go through host memory)."""
 
-    h2d_gbps: bounds.BANDWIDTH_GBPS.type
-    d2h_gbps: bounds.BANDWIDTH_GBPS.type
-    h2d_pageable_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
-    d2h_pageable_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
+    h2d_gbps: bounds.LINK_GBPS.type
+    d2h_gbps: bounds.LINK_GBPS.type
+    h2d_pageable_gbps: Optional[bounds.LINK_GBPS.type] = None
+    d2h_pageable_gbps: Optional[bounds.LINK_GBPS.type] = None
     gpus_per_pcie_switch: Optional[bounds.GPU_COUNT.type] = None
-    p2p: Optional[StrictBool] = None
+    p2p: Optional[bounds.Flag] = None
 
 
 class Disk(_Strict):
@@ -248,11 +279,18 @@ class Emulation(_Strict):
     tflops: Flops
     memory_bandwidth_gbps: bounds.BANDWIDTH_GBPS.type
     copy_gbps: bounds.BANDWIDTH_GBPS.type
-    matmul_tflops_vs_m: dict[str, list[CurvePoint]] = Field(default_factory=dict)
+    matmul_tflops_vs_m: DtypeCurves = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _curves_below_peaks(self):
+        problem = curves_problem(self.matmul_tflops_vs_m, self.tflops, "matmul_tflops_vs_m")
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class HardwareProfile(_Strict):
-    name: str
+    name: bounds.Name
     description: str = ""
     source: Source = Field(default_factory=Source)
     gpu: Optional[GPU] = None
@@ -266,6 +304,9 @@ class HardwareProfile(_Strict):
     def _gpu_needs_link(self):
         if self.gpu is not None and self.link is None:
             raise ValueError("a profile with a gpu section needs a link section (h2d_gbps, d2h_gbps)")
+        problem = link_problem(self.link, self.gpu) or efficiency_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     # --- derived quantities (SI) -------------------------------------------------
@@ -298,6 +339,32 @@ class HardwareProfile(_Strict):
                     data[section].pop(key, None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+def link_problem(link: Optional[Link], gpu: Optional[GPU]) -> str | None:
+    """A copy over the CPU<->GPU link writes (or reads) the GPU's memory, so no link rate
+    can exceed the GPU's memory bandwidth: one that does is a unit slip."""
+    if link is None or gpu is None:
+        return None
+    for field in ("h2d_gbps", "d2h_gbps", "h2d_pageable_gbps", "d2h_pageable_gbps"):
+        value = getattr(link, field)
+        if value is not None and value > gpu.memory_bandwidth_gbps:
+            return (f"link.{field}: {value:g} GB/s is faster than the GPU's memory "
+                    f"(gpu.memory_bandwidth_gbps {gpu.memory_bandwidth_gbps:g}); a unit slip?")
+    return None
+
+
+def efficiency_problem(profile: "HardwareProfile") -> str | None:
+    """The efficiency curves against the peaks they refine (:func:`curves_problem`); GPU
+    curves need a gpu section (a CPU-only profile never reads them)."""
+    eff = profile.efficiency
+    if eff is None:
+        return None
+    if eff.gpu_matmul_tflops_vs_m and profile.gpu is None:
+        return "efficiency.gpu_matmul_tflops_vs_m: a profile without a gpu section never uses GPU curves"
+    gpu = (curves_problem(eff.gpu_matmul_tflops_vs_m, profile.gpu.tflops, "efficiency.gpu_matmul_tflops_vs_m")
+           if profile.gpu is not None else None)
+    return gpu or curves_problem(eff.cpu_matmul_tflops_vs_m, profile.cpu.tflops, "efficiency.cpu_matmul_tflops_vs_m")
 
 
 #: optional achieved-rate fields (hashed only when set, so older profiles keep their hash)

@@ -27,7 +27,7 @@ from hrm.errors import HRMError, pydantic_message
 from hrm.hardware import HardwareProfile, load_hardware
 from hrm.model import ModelSpec, load_model
 from hrm.options import ModelOptions
-from hrm.units import GIB
+from hrm.units import DTYPES, GIB
 from hrm.workload import PRESETS, Workload, make_workload
 
 from .terms import DEFAULT_MAX_BATCH
@@ -85,7 +85,7 @@ class WhatIf(_Strict):
     """What-if axes (``hrm.whatif`` and ``--gpu-mem/--cpu-mem``); ``null`` in a list means
     the profile as measured (the default, one value)."""
 
-    h2d_gbps: list[Optional[bounds.BANDWIDTH_GBPS.type]] = Field(default=[None], min_length=1)
+    h2d_gbps: list[Optional[bounds.LINK_GBPS.type]] = Field(default=[None], min_length=1)
     cpu_scale: list[bounds.SCALE.type] = Field(default=[1.0], min_length=1)
     gpu_mem_gib: list[Optional[bounds.TOTAL_GPU_MEMORY_GIB.type]] = Field(default=[None], min_length=1)
     cpu_mem_gib: list[Optional[bounds.CPU_MEMORY_GIB.type]] = Field(default=[None], min_length=1)
@@ -120,8 +120,9 @@ class SweepGrid(_Strict):
     max_batch: bounds.SEARCH_BATCH.type = DEFAULT_MAX_BATCH
     gpu_util: Optional[bounds.MEMORY_UTILIZATION.type] = None
     cpu_util: Optional[bounds.MEMORY_UTILIZATION.type] = None
-    weight_dtype: Optional[str] = None
-    kv_dtype: Optional[str] = None
+    # the --weight-dtype/--kv-dtype choices: checked here, once, not by every cell
+    weight_dtype: Optional[Literal[DTYPES]] = None  # type: ignore[valid-type]
+    kv_dtype: Optional[Literal[DTYPES]] = None  # type: ignore[valid-type]
 
     @field_validator("hardware", "models", "engines", "routings")
     @classmethod
@@ -158,7 +159,7 @@ class SweepGrid(_Strict):
         count = self.cell_count()
         problem = SWEEP_CELLS.problem(count)
         if problem:
-            raise ValueError(f"the grid has {problem}")
+            raise ValueError(f"the grid's lists multiply to {count} cells: {problem}")
         if self.objective == "latency" and None in self.batch_sizes:
             raise ValueError("objective latency minimises the per-token latency at a given batch: "
                              "batch_sizes must all be numbers")

@@ -342,7 +342,8 @@ def make_fake_torch():
 def test_torch_cuda_device_plumbing_with_a_fake_torch():
     """TorchCudaDevice and the CPU torch path wired end to end against a stand-in torch module."""
     fake_torch = make_fake_torch()
-    cfg = dataclasses.replace(TINY, cpu_torch_dtypes=("bf16",), disk_bytes=0)
+    cfg = dataclasses.replace(TINY, cpu_torch_dtypes=("bf16",), disk_bytes=0,
+                              transfer_sizes_bytes=(64 * 1024, 1 * MIB, 16 * MIB))  # a link slower than the fake HBM
     run = run_profile(cfg, device="cuda", torch_module=fake_torch)
     profile = run.profile
     assert profile.gpu.name == "FakeTorchGPU" and profile.gpu.count == 1

@@ -46,9 +46,9 @@ class RealCommand(_Frozen):
 
 def load_real_commands(path: str | Path) -> list[RealCommand]:
     """The table's entries: a YAML list of :class:`RealCommand`."""
-    import yaml
+    from hrm.errors import strict_yaml_load
 
-    data = yaml.safe_load(read_input_text(path, "a list of commands"))
+    data = strict_yaml_load(read_input_text(path, "a list of commands"))
     if not isinstance(data, list):
         raise HRMError(f"{path}: a list of commands expected")
     return [RealCommand.model_validate(item) for item in data]
