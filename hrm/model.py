@@ -22,9 +22,10 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from . import bounds
 from .bounds import MAX_CONTEXT_TOKENS
 from .errors import HRMError, file_kind, pydantic_message, read_input_text
-from .routing import Routing
+from .routing import MAX_EXPERTS, MAX_LAYERS, Routing
 from .units import FLOAT_DTYPES
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data" / "models"
@@ -45,6 +46,11 @@ ALIASES = {
 Dtype = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 
 
+class RoutingMismatch(HRMError, ValueError):
+    """A routing distribution that is not the model's (other experts, top-k or MoE layers): bad
+    input (exit 2), and a ValueError as pydantic's refusal was before it (callers catch that)."""
+
+
 class ModelSpec(BaseModel):
     """A decoder-only (MoE) transformer. Paper notation: h1 = hidden_size,
     h2 = expert_intermediate_size, nq/nkv = heads, ne = num_experts, k = top_k.
@@ -61,7 +67,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
+    #: printed in tables and recorded in plans: one printable line (hrm.bounds.Label)
+    name: bounds.Label
     hidden_size: int = Field(gt=0)
     num_layers: int = Field(gt=0)
     num_heads: int = Field(gt=0)
@@ -106,6 +113,10 @@ class ModelSpec(BaseModel):
         if self.routing is not None and (self.routing.num_experts, self.routing.top_k) != (self.num_experts, self.top_k):
             raise ValueError(f"routing: a distribution over {self.routing.num_experts} experts, top-{self.routing.top_k}; "
                              f"the model has {self.num_experts}, top-{self.top_k}")
+        rows = len(self.routing.probabilities) if self.routing is not None else 1
+        if self.routing is not None and self.routing.kind == "trace" and rows != self.num_moe_layers:
+            # a trace has one row per MoE layer (hrm run --routing-trace): another count is another model's
+            raise ValueError(f"routing: the trace has {rows} MoE layers; {self.name} has {self.num_moe_layers}")
         return self
 
     # --- derived --------------------------------------------------------------------
@@ -154,9 +165,15 @@ class ModelSpec(BaseModel):
         return hashlib.sha256(blob).hexdigest()
 
     def with_routing(self, routing: Optional[Routing]) -> "ModelSpec":
-        """The spec with another routing distribution (None or uniform: the uniform routing of docs/model.md §4.1)."""
+        """The spec with another routing distribution (None or uniform: the uniform routing of docs/model.md §4.1);
+        :class:`RoutingMismatch` (one line naming the routing) when it is not one of this model's."""
         routing = None if routing is None or routing.kind == "uniform" else routing
-        return self if routing == self.routing else ModelSpec.model_validate({**self.model_dump(), "routing": routing})
+        if routing == self.routing:
+            return self
+        try:
+            return ModelSpec.model_validate({**self.model_dump(), "routing": routing})
+        except ValidationError as exc:
+            raise RoutingMismatch(pydantic_message(f"--routing {routing.label()}", exc)) from None
 
     def with_dtypes(self, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> "ModelSpec":
         """The spec with other weight/KV dtypes. Float weights also set the activation dtype
@@ -176,11 +193,10 @@ class ModelSpec(BaseModel):
 # Plausible ranges: generous, but finite; a value beyond one is a typo or a unit slip.
 MAX_HIDDEN_SIZE = 1 << 17  # 131072: the widest published decoders have hidden sizes of ~16-25K
 MAX_INTERMEDIATE_SIZE = 1 << 20  # 1M: the widest published FFNs are ~53K (Llama-3.1-405B)
-MAX_LAYERS = 1024  # the deepest published decoders have ~130 layers
 MAX_HEADS = 1024  # the most attention heads published are 128 (DeepSeek-V3)
 MAX_HEAD_DIM = 4096  # published head dims are 64-256
 MAX_VOCAB = 1 << 24  # 16.7M: the largest published vocabularies are ~260K tokens
-MAX_EXPERTS = 1 << 16  # 65536: the most routed experts published are ~512 per layer
+# MAX_LAYERS and MAX_EXPERTS: hrm.routing (routing traces are checked against them too)
 MAX_LORA_RANK = MAX_HIDDEN_SIZE  # MLA ranks compress the hidden state, so never wider than it
 MAX_ROPE_THETA = 1e12  # published RoPE bases are at most ~1e8
 MAX_NORM_EPS = 1.0  # an RMSNorm epsilon is a tiny guard (1e-6..1e-5); 1 or more swamps the signal

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError,
+                      WithJsonSchema, field_validator, model_validator)
 
 from . import bounds
 from .bounds import Flag
@@ -36,8 +37,37 @@ ESTIMATE_RTOL = 1e-6
 CHECKED_ESTIMATE_FIELDS = ("decode_layer_latency_s", "prefill_latency_s", "decode_throughput_tok_s",
                            "generation_throughput_tok_s", "gpu_peak_bytes", "cpu_peak_bytes")
 
-#: a name or label: one non-empty printable line
-Label = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: characters of one line of free text in a plan (a solver's description, a note, why a server
+#: picks no policy) or of a file path a name may be: PATH_MAX of Linux (4096); real ones are a
+#: few hundred (the plan schema is generated from it: python -m hrm.plan)
+MAX_TEXT_CHARS = 4096
+_ONE_LINE = r"^[^\x00-\x1f\x7f]+$"
+
+
+def _one_line(text):
+    """One line of printable text, not blank, at most :data:`MAX_TEXT_CHARS` (Unicode's
+    non-printable characters too: U+2028 line separator, U+202E bidi override, C1 controls);
+    hrm.bounds.name_problem's rule with room for a path."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected text, got {bounds.kind_of(text)}")
+    if not text.strip():
+        raise ValueError("empty text")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(f"{len(text)} characters (at most MAX_TEXT_CHARS = {MAX_TEXT_CHARS})")
+    if not text.isprintable():
+        bad = next(c for c in text if not c.isprintable())
+        raise ValueError(f"control character {bad!r} in {text[:40]!r} (one line of printable text)")
+    return text
+
+
+#: one printable line of at most MAX_TEXT_CHARS: free text, or a hardware, model or engine
+#: name as the user gave it (--hw, --model and --engine also take file paths)
+Label = Annotated[str, BeforeValidator(_one_line), WithJsonSchema({"type": "string", "minLength": 1,
+                                                                   "maxLength": MAX_TEXT_CHARS, "pattern": _ONE_LINE})]
+#: a name the tool itself writes (created_by, the objective, a bottleneck, a server's optimizer):
+#: hrm.bounds.Label, one printable line of at most bounds.MAX_NAME_CHARS
+Name = Annotated[bounds.Label, WithJsonSchema({"type": "string", "minLength": 1,
+                                               "maxLength": bounds.MAX_NAME_CHARS, "pattern": _ONE_LINE})]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Amount = bounds.NON_NEGATIVE.type
 
@@ -60,7 +90,7 @@ class Estimate(_Frozen):
     generation_throughput_tok_s: Amount
     gpu_peak_bytes: Amount
     cpu_peak_bytes: Amount
-    bottleneck: Label
+    bottleneck: Name
     breakdown: dict = Field(default_factory=dict)
 
     @field_validator("breakdown")
@@ -131,7 +161,7 @@ class SearchSettings(_Frozen):
     workload: the objective, the latency limits, the batch cap and the memory it planned in.
     ``hrm export --to TARGET`` re-plans inside another engine's space with these."""
 
-    objective: Label = "generation"
+    objective: Name = "generation"
     max_tpot_s: Optional[bounds.BUDGET_S.type] = None
     max_ttft_s: Optional[bounds.BUDGET_S.type] = None
     #: the batch cap asked for (each engine's own limit applies on top)
@@ -148,7 +178,7 @@ class ServerPick(_Frozen):
     memory caps); or, in ``unavailable``, the one line why it picks none (no GPU, a model it
     cannot serve). The plan's ``policy`` stays the search's best in the engine's space."""
 
-    chosen_by: Label
+    chosen_by: Name
     #: the command whose launch makes the pick
     program: Label
     policy: Optional[Policy] = None
@@ -189,7 +219,7 @@ class Plan(_Frozen):
     estimate: Estimate
     placement: Placement
     solver: SolverInfo
-    created_by: Label
+    created_by: Name
     #: the search's settings (None: a plan written before they were recorded, or not searched)
     search: Optional[SearchSettings] = None
     #: the policy the engine picks itself at launch (its ``policy.chosen_by``) beside the

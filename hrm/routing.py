@@ -20,17 +20,33 @@ sequences). :func:`sample_top_k_sets` draws token top-k sets with exactly these 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import HRMError, read_input_text
+from . import bounds
+from .errors import HRMError, pydantic_message, read_input_text
 
 TRACE_FORMAT = "hrm-routing-trace/1"
 #: tolerance on Σ_e q_e = k of a distribution given as probabilities (float rounding)
 PROBABILITY_SUM_TOLERANCE = 1e-6
+#: layers of a model and of a trace: the deepest published decoders have ~130 (hrm.model reads
+#: config.json files against it too; it lives here because hrm.model imports this module)
+MAX_LAYERS = 1024
+#: routed experts of a layer: the most published are ~512 per layer (as MAX_LAYERS, shared with hrm.model)
+MAX_EXPERTS = 1 << 16
+#: expert counts of one trace, all layers together: 64x the largest published expert tables
+#: (DeepSeek-V3: 58 MoE layers x 256 experts = 14,848); checked on the parsed JSON before any
+#: layer is read, as are MAX_LAYERS and MAX_EXPERTS (override: reassign before loading)
+MAX_TRACE_COUNTS = 1 << 20
+#: integers of a trace (tokens, counts) are exact in float64 up to 2^53, where q = count / tokens is computed
+MAX_TRACE_INTEGER = 2**53
+TRACE_TOP_K = bounds.Range(1, MAX_TRACE_INTEGER, integer=True, why="experts per token")
+TRACE_TOKENS = bounds.Range(1, MAX_TRACE_INTEGER, "tokens", integer=True, why="exact in float64")
+TRACE_COUNT = bounds.Range(0, MAX_TRACE_INTEGER, integer=True, why="exact in float64")
 
 
 class Routing(BaseModel):
@@ -116,29 +132,108 @@ def from_counts(counts, tokens, top_k: int, source: str = "") -> Routing:
                    probabilities=tuple(tuple(row) for row in (counts / tokens).tolist()))
 
 
+class TraceLayer(BaseModel):
+    """One MoE layer of a trace: the real tokens it routed and each expert's activations."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)  # "layer" (its index) is informative
+
+    tokens: TRACE_TOKENS.type
+    expert_counts: tuple[TRACE_COUNT.type, ...]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_present(cls, data):
+        if not isinstance(data, dict):
+            raise ValueError(f"expected {{\"tokens\": T, \"expert_counts\": [...]}}, got {bounds.kind_of(data)}")
+        missing = [key for key in ("tokens", "expert_counts") if key not in data]
+        if missing:
+            raise ValueError(f"missing or malformed field {missing[0]!r}")
+        counts = data["expert_counts"]
+        if isinstance(counts, list) and len(counts) > MAX_EXPERTS:
+            raise ValueError(f"expert_counts: {len(counts)} experts (at most MAX_EXPERTS = {MAX_EXPERTS})")
+        return data
+
+
+class TraceFile(BaseModel):
+    """A routing trace file (:data:`TRACE_FORMAT`, written by ``hrm run --routing-trace``): the
+    fields :func:`load_trace` reads, each checked (strict integers, sizes capped before the
+    layers are read); the run's other fields (model, micro_batches, sequences) are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    format: Literal["hrm-routing-trace/1"]
+    top_k: TRACE_TOP_K.type
+    num_experts: Optional[TRACE_TOP_K.type] = None
+    layers: tuple[TraceLayer, ...]
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _size_capped(cls, layers):
+        """Refused by size before any layer is validated (a 20,000-layer file costs nothing)."""
+        if not isinstance(layers, list):
+            raise ValueError(f"expected a list of layers, got {bounds.kind_of(layers)}")
+        if not layers:
+            raise ValueError("every layer needs expert_counts; the trace has no layer")
+        if len(layers) > MAX_LAYERS:
+            raise ValueError(f"{len(layers)} layers (at most MAX_LAYERS = {MAX_LAYERS})")
+        entries = sum(len(layer.get("expert_counts") or ()) for layer in layers if isinstance(layer, dict))
+        if entries > MAX_TRACE_COUNTS:
+            raise ValueError(f"{entries} expert counts in all (at most MAX_TRACE_COUNTS = {MAX_TRACE_COUNTS})")
+        return layers
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        widths = [len(layer.expert_counts) for layer in self.layers]
+        odd = next((p for p, width in enumerate(widths) if width != widths[0]), None)
+        if odd is not None:
+            raise ValueError(f"layers: every layer needs expert_counts of the same length (layer 0 has {widths[0]}, "
+                             f"layer {odd} has {widths[odd]})")
+        if self.num_experts is not None and self.num_experts != widths[0]:
+            raise ValueError(f"num_experts: {self.num_experts}, but the layers count {widths[0]} experts")
+        if self.top_k > widths[0]:
+            raise ValueError(f"top_k: {self.top_k} exceeds the {widths[0]} experts of each layer")
+        for p, layer in enumerate(self.layers):  # exact integers: what hrm run writes adds up exactly
+            where = f"layers.{p}.expert_counts"
+            over = next((e for e, count in enumerate(layer.expert_counts) if count > layer.tokens), None)
+            if over is not None:
+                raise ValueError(f"{where}: expert {over} has {layer.expert_counts[over]} activations of "
+                                 f"{layer.tokens} tokens (each q_e must be in [0, 1])")
+            if sum(layer.expert_counts) != self.top_k * layer.tokens:
+                raise ValueError(f"{where}: must sum to top_k x tokens = {self.top_k * layer.tokens} "
+                                 f"(found {sum(layer.expert_counts)})")
+        return self
+
+
 def load_trace(path: str | Path) -> Routing:
     """A routing trace file (JSON, :data:`TRACE_FORMAT`): ``top_k``, ``layers`` — a list of
-    ``{"tokens": T, "expert_counts": [c_0, ..., c_ne-1]}`` (Σ c = k·T per layer)."""
+    ``{"tokens": T, "expert_counts": [c_0, ..., c_ne-1]}`` (Σ c = k·T per layer). One-line
+    HRMError naming the file and the field for anything else (:class:`TraceFile`)."""
     text = read_input_text(path, "a routing trace (JSON)")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise HRMError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise HRMError(f"{path}: not JSON (nested too deeply)") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer literal beyond Python's digit limit
+        raise HRMError(f"{path}: not JSON ({' '.join(str(exc).split())[:80]})") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
         raise HRMError(f"{path}: not a routing trace (expected \"format\": \"{TRACE_FORMAT}\")")
     try:
-        layers = data["layers"]
-        counts = [layer["expert_counts"] for layer in layers]
-        tokens = [layer["tokens"] for layer in layers]
-        top_k = int(data["top_k"])
-    except (KeyError, TypeError) as exc:
-        raise HRMError(f"{path}: missing or malformed field ({exc})") from None
-    if not layers or len({len(c) for c in counts}) != 1:
-        raise HRMError(f"{path}: layers: every layer needs expert_counts of the same length")
+        trace = TraceFile.model_validate(data)
+    except ValidationError as exc:
+        raise HRMError(pydantic_message(str(path), exc)) from None
+    counts = [layer.expert_counts for layer in trace.layers]
+    tokens = [layer.tokens for layer in trace.layers]
     try:
-        return from_counts(counts, tokens, top_k, source=str(path))
-    except ValueError as exc:  # pydantic: marginals out of range
-        raise HRMError(f"{path}: {' '.join(str(exc).split())}") from None
+        return from_counts(counts, tokens, trace.top_k, source=str(path))
+    except ValidationError as exc:  # marginals out of range: counts above tokens, sums not k·T
+        raise HRMError(pydantic_message(str(path), exc)) from None
+
+
+def _refuse_constant(name: str):
+    """JSON's NaN / Infinity (Python's json reads them by default): not numbers of a trace."""
+    raise ValueError(f"{name} is not a finite number")
 
 
 def parse_routing(text: str, num_experts: int, top_k: int) -> Routing:
@@ -226,3 +321,47 @@ def hot_and_cold_bytes(routing: Routing, expert_bytes: float, hot_count: int, to
     a layer: :func:`expected_misses` × ``expert_bytes``, each loaded on demand)."""
     hot = max(0, min(int(hot_count), routing.num_experts)) * float(expert_bytes)
     return hot, expected_misses(routing, hot_count, tokens) * float(expert_bytes)
+
+
+# --- whether a routing can change a plan ------------------------------------------------------
+@dataclass(frozen=True)
+class RoutingReach:
+    """Which of an engine's costs depend on the experts tokens choose (:func:`routing_reach`)."""
+
+    #: whether any modelled cost of the engine on this model depends on the routing
+    can_change_plan: bool
+    #: the costs that do (empty when none)
+    costs: tuple[str, ...]
+    #: one line: why a routing can (or cannot) change the plan
+    reason: str
+
+
+def routing_reach(engine, num_experts: int, top_k: int) -> RoutingReach:
+    """Whether, and through which costs, a routing distribution can change the plan of
+    ``engine`` (an :class:`hrm.engine.Engine`) for a model of ``num_experts`` experts, top-``top_k``.
+    Mirrors where hrm.latency/hrm.costs read the routing: the GPU's expert reads (distinct
+    experts per micro-batch, unless the kernel reads them all), only-the-used experts copied for
+    an offloaded op (``offloaded_experts: cpu``), expert-cache misses (``cached``/``cached-cpu``)
+    and the expert-level pipeline's loads. Streamed offloaded experts cross the link as whole
+    layers whatever the tokens choose, so there routing reaches only the GPU-side reads."""
+    if top_k >= num_experts:
+        return RoutingReach(False, (), f"every token uses all {num_experts} expert(s) of a layer: no routing changes "
+                                       "which experts are read, moved or computed")
+    costs = []
+    if not engine.moe_reads_all_experts:
+        costs.append("the GPU's reads of the experts a micro-batch uses (HBM)")
+    mechanisms = {engine.decode.offloaded_experts, engine.prefill.offloaded_experts}
+    if "cpu" in mechanisms and engine.offloaded_weights == "experts":
+        costs.append("the used experts copied to the GPU for an offloaded op")
+    if mechanisms & {"cached", "cached-cpu"}:
+        costs.append("expert-cache misses (the cold experts a micro-batch touches)")
+    if getattr(engine, "schedule", "") == "klotski":
+        costs.append("the expert-level pipeline's expert loads")
+    if not costs:
+        return RoutingReach(False, (), f"engine {engine.name} reads every expert of a layer and moves offloaded "
+                                       "experts as whole layers: no cost depends on which experts tokens choose")
+    moved = [c for c in costs if "HBM" not in c]
+    why = ("; ".join(costs) if moved else
+           f"{costs[0]} only: engine {engine.name} streams offloaded experts as whole layers, so the link time does "
+           "not depend on routing, and a plan bound by the link or the CPU is the same under any routing")
+    return RoutingReach(True, tuple(costs), f"routing changes {why}")

@@ -191,16 +191,19 @@ def routing_unchanged_reason(model, engine, policy) -> str:
     """Why a routing leaves the policy's estimate as uniform routing has it: every expert of a
     layer is active in each micro-batch under both, or the engine's cost at this policy does
     not depend on which experts are chosen."""
-    from hrm.routing import expected_distinct_experts, uniform
+    from hrm.routing import expected_distinct_experts, routing_reach, uniform
 
+    reach = routing_reach(engine, model.num_experts, model.top_k)
+    if not reach.can_change_plan:
+        return reach.reason
     tokens = policy.micro_batch_size  # one decode token per sequence of a micro-batch
     active = [float(expected_distinct_experts(r, tokens)) for r in
               (model.routing, uniform(model.num_experts, model.top_k))]
     if min(active) >= model.num_experts - ALL_EXPERTS_MARGIN:
         return (f"at mu={tokens} tokens per micro-batch all {model.num_experts} experts of a layer are active under "
                 "either routing, so every layer moves and computes the same experts")
-    return (f"engine {engine.name}'s cost at this policy does not depend on which experts the tokens choose "
-            f"({min(active):.1f}-{max(active):.1f} of {model.num_experts} experts active per micro-batch)")
+    return (f"{reach.reason}; none of these binds at this policy ({min(active):.1f}-{max(active):.1f} of "
+            f"{model.num_experts} experts active per micro-batch)")
 
 
 #: fewer than this many expected inactive experts per layer counts as "all active" (our choice:

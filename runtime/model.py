@@ -280,11 +280,26 @@ class _Checkpoint:
                 tensor = self.index[name].get_tensor(name)
                 if tuple(tensor.shape) != tuple(shape):
                     raise HRMError(f"{self.path}: {name} has shape {tuple(tensor.shape)}, the spec needs {tuple(shape)}")
-                return tensor.to(self.dtype)
+                return finite_tensor(tensor, tensor.to(self.dtype), f"{self.path}: {name}")
         raise HRMError(f"{self.path}: missing tensor {names[0]}")
 
     def has(self, names: list[str]) -> bool:
         return any(n in self.index for n in names)
+
+
+def finite_tensor(stored: torch.Tensor, converted: torch.Tensor, what: str) -> torch.Tensor:
+    """``converted`` (``stored`` in the compute dtype) when every value is finite; else a
+    one-line HRMError naming ``what``: NaN or inf in the checkpoint (a run would turn every
+    logit into NaN), or finite values beyond the compute dtype's range (fp16 overflows at 65504)."""
+    if not converted.is_floating_point() or bool(torch.isfinite(converted).all()):
+        return converted
+    if stored.is_floating_point() and not bool(torch.isfinite(stored).all()):
+        bad = int((~torch.isfinite(stored)).sum())
+        kinds = "NaN" if bool(torch.isnan(stored).any()) else "inf"
+        raise HRMError(f"{what}: {bad} of {stored.numel()} values are not finite ({kinds}); a corrupt checkpoint?")
+    largest = float(stored.abs().max())
+    raise HRMError(f"{what}: values up to {largest:.4g} overflow {str(converted.dtype).removeprefix('torch.')} "
+                   f"(its largest is {torch.finfo(converted.dtype).max:.4g}); plan the model in fp32 (--weight-dtype fp32)")
 
 
 def _load_expert(ckpt: _Checkpoint, names: dict[str, list[str]], h: int, inter: int) -> Expert:

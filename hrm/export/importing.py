@@ -10,6 +10,7 @@ from ..policy import Policy
 from ..workload import Workload
 from .registry import get_exporter
 from .target import Context, EngineFlags, FlagSpec, Frozen
+from .values import shown_word
 
 
 #: words that end one shell command and start the next
@@ -21,6 +22,10 @@ _REDIRECTION = re.compile(r"(\d*|&)(>>?|<)(&\d+)?(\S*)")
 _WRAPPERS = ("numactl", "nohup", "time")
 #: python's own options before -m (python -u -m ...)
 _PYTHON_OPTION = re.compile(r"-[uOBsSEIqv]+")
+#: characters of a command ``hrm import`` reads: real ones are a few hundred; a llama.cpp
+#: command with one -ot per layer of a 128-layer model is ~6,000; beyond this it is not a
+#: command someone typed (override: reassign hrm.export.importing.MAX_COMMAND_CHARS)
+MAX_COMMAND_CHARS = 32_768
 
 
 def _program_word(word: str) -> str:
@@ -59,9 +64,9 @@ def _shell_words(words: list[str]) -> list[str]:
 def _without_program(target: EngineFlags, words: list[str]) -> list[str]:
     """``words`` less a leading program name of ``target`` (``python3 -u -m ...``, a path);
     one line HRMError for a program of the engine that import refuses (``refused_programs``)."""
-    if words and _program_word(words[0]) == "python":  # python's own options before -m
-        words = [words[0], *[w for i, w in enumerate(words[1:]) if not (
-            _PYTHON_OPTION.fullmatch(w) and all(_PYTHON_OPTION.fullmatch(v) for v in words[1:i + 1]))]]
+    if words and _program_word(words[0]) == "python":  # python's own options before -m: the leading run
+        first = next((i for i, w in enumerate(words[1:], 1) if not _PYTHON_OPTION.fullmatch(w)), len(words))
+        words = [words[0], *words[first:]]
     named = [_program_word(w) for w in words]
     if named and named[0] in target.refused_programs:
         raise HRMError(f"{target.name}: {words[0]}: {target.refused_programs[named[0]]}")
@@ -75,7 +80,11 @@ def _without_program(target: EngineFlags, words: list[str]) -> list[str]:
 def _commands(target: EngineFlags, text: str) -> list[list[str]]:
     """The flag words of each command of ``text``: commands split at newlines and shell
     separators (a server and its client pasted together), ``cd DIR`` commands and leading
-    VAR=value words dropped, a leading program name skipped."""
+    VAR=value words dropped, a leading program name skipped. One-line HRMError for a command
+    longer than :data:`MAX_COMMAND_CHARS` (before any parsing) or an empty one."""
+    if len(text) > MAX_COMMAND_CHARS:
+        raise HRMError(f"{target.name} flags: a command of {len(text):,} characters (at most MAX_COMMAND_CHARS = "
+                       f"{MAX_COMMAND_CHARS:,})")
     try:
         words = shlex.split(text.replace("\\\n", " ").replace("\n", " ; "))
     except ValueError as exc:
@@ -94,6 +103,8 @@ def _commands(target: EngineFlags, text: str) -> list[list[str]]:
             command = command[1:]
         if command and command[0] != "cd":
             out.append(_without_program(target, command))
+    if not out:  # nothing but blanks, separators, cd and VAR=value: no engine command at all
+        raise HRMError(f"{target.name} flags: empty command; give the engine's command line or flags in one string")
     return out
 
 
@@ -103,7 +114,7 @@ def _unknown(target: EngineFlags, word: str, spellings) -> HRMError:
     close = difflib.get_close_matches(word, list(spellings) + list(target.passthrough), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     what = "unknown flag" if word.startswith("-") or word == "serve" else "unexpected word"
-    return HRMError(f"{target.name}: {what} '{word}'{hint}")
+    return HRMError(f"{target.name}: {what} {shown_word(word)}{hint}")
 
 
 def _values(target: EngineFlags, spec: FlagSpec | None, word: str, inline: str | None, rest: list[str]) -> list[str]:
@@ -123,7 +134,7 @@ def _values(target: EngineFlags, spec: FlagSpec | None, word: str, inline: str |
     if spec is not None and args and spec.value_form:
         for arg in args:
             if not re.fullmatch(spec.value_form, arg):
-                raise HRMError(f"{target.name}: {word} {arg!r} is not of the form {spec.value_form}")
+                raise HRMError(f"{target.name}: {word} {shown_word(arg)} is not of the form {spec.value_form}")
     return args
 
 

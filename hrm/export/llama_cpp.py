@@ -14,7 +14,7 @@ from ..errors import HRMError
 from ..policy import Policy
 from .target import Context, EngineFlags, FlagSpec
 from .values import (CONTEXT, HTTP_SERVER_FLAGS, LAYERS, context_tokens, int_value, make_policy, moe_layers,
-                     nearest_counts, served_model_notes, with_fields)
+                     nearest_counts, served_model_notes, shown_word, with_fields)
 
 LLAMA_CPP_VERSION = "ggml-org/llama.cpp@0c1e5709 (vendored by llama-cpp-python 0.3.36)"
 _ARG = "common/arg.cpp"
@@ -36,6 +36,9 @@ FIT_MIN_CTX = 4096
 #: -ot patterns longer than this are refused: a user's regex is matched here with Python's
 #: ``re`` (no timeout), against a few hundred tensor names only
 MAX_PATTERN_CHARS = 500
+#: unbounded repetitions (*, +, {n,}) in one -ot pattern: k of them backtrack in O(n^(k+1)) on a
+#: tensor name of n (~40) characters that fails late; real patterns use one (``blk\.[0-4]\.ffn.*``)
+MAX_PATTERN_REPEATS = 3
 #: a device's buffer type name as -ot takes it (common/arg.cpp:255-278: the devices' default
 #: buffer types by name, exact); CPU is the host
 _GPU_BUFFER = re.compile(r"(CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)(\d+)|Metal")
@@ -157,39 +160,78 @@ def _notes(policy: Policy, ctx: Context) -> list[str]:
 # --- import --------------------------------------------------------------------------------
 
 def _check_pattern(pattern: str) -> re.Pattern:
-    """A user's -ot regex, compiled, or a one-line refusal: too long, a quantified group that
-    itself holds a quantifier (catastrophic backtracking), or no regular expression."""
+    """A user's -ot regex, compiled, or a one-line refusal: too long, a repeated group that
+    holds a repetition or an alternation (exponential backtracking), more than
+    :data:`MAX_PATTERN_REPEATS` unbounded repetitions (polynomial backtracking), or no regular
+    expression. Python's ``re`` has no timeout, so a pattern that could backtrack is refused
+    before it is matched."""
     if len(pattern) > MAX_PATTERN_CHARS:
         raise HRMError(f"-ot: a tensor name pattern of {len(pattern)} characters (at most {MAX_PATTERN_CHARS})")
-    if _nested_quantifier(pattern):
-        raise HRMError(f"-ot {pattern!r}: a repeated group that holds a repetition (catastrophic backtracking); "
-                       "write the pattern without nested repetition")
+    nested, repeats = _pattern_risk(pattern)
+    if nested:
+        raise HRMError(f"-ot {pattern!r}: a repeated group that holds a repetition or an alternation (catastrophic "
+                       "backtracking); write the pattern without nested repetition")
+    if repeats > MAX_PATTERN_REPEATS:
+        raise HRMError(f"-ot {pattern!r}: {repeats} unbounded repetitions (at most MAX_PATTERN_REPEATS = "
+                       f"{MAX_PATTERN_REPEATS}: each multiplies the backtracking)")
     try:
         return re.compile(pattern)
     except re.error as exc:
         raise HRMError(f"-ot {pattern!r}: not a regular expression ({exc})") from None
 
 
-def _nested_quantifier(pattern: str) -> bool:
-    """Whether a group with a quantifier inside is itself quantified (``(a+)+``, ``(.*)*``)."""
-    stack, i = [False], 0
+def _class_end(pattern: str, i: int) -> int:
+    """Index just past the character class opened at ``pattern[i] == '['`` (its own ']' first
+    is literal, as are quantifiers and parentheses inside); the end of the pattern if unclosed."""
+    j = i + 1
+    if j < len(pattern) and pattern[j] == "^":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
+def _pattern_risk(pattern: str) -> tuple[bool, int]:
+    """(whether a quantified group holds a quantifier or an alternation — ``(a+)+``, ``(.*)*``,
+    ``(a|ab)*``, ``(a?){20}`` —, the number of unbounded repetitions ``*``, ``+``, ``{n,}``)
+    of a regex, in one left-to-right pass (escapes and character classes skipped)."""
+    stack, i, repeats = [False], 0, 0
     while i < len(pattern):
         char = pattern[i]
         if char == "\\":
             i += 2
             continue
+        if char == "[":
+            i = _class_end(pattern, i)
+            continue
         if char == "(":
             stack.append(False)
+            if pattern.startswith("(?", i):  # (?:  (?P<name>  (?=  ...: not a quantifier
+                i += 1
         elif char == ")" and len(stack) > 1:
             inner = stack.pop()
-            quantified = i + 1 < len(pattern) and pattern[i + 1] in "*+{"
+            quantified = i + 1 < len(pattern) and pattern[i + 1] in "*+?{"
             if inner and quantified:
-                return True
+                return True, repeats
             stack[-1] = stack[-1] or inner or quantified
-        elif char in "*+{":
+        elif char == "|":
             stack[-1] = True
+        elif char in "*+?":
+            stack[-1] = True
+            repeats += char != "?"
+            if i + 1 < len(pattern) and pattern[i + 1] in "?+":  # lazy / possessive modifier
+                i += 1
+        elif char == "{":
+            close = pattern.find("}", i)
+            body = pattern[i + 1:close] if close > 0 else ""
+            if re.fullmatch(r"\d*(,\d*)?", body) and body:
+                stack[-1] = True
+                repeats += body.endswith(",")
+                i = close
         i += 1
-    return False
+    return False, repeats
 
 
 def _buffer_on_cpu(buffer: str, ctx: Context) -> bool:
@@ -297,9 +339,9 @@ def _slots(values: dict[str, list[str]]) -> tuple[int, bool]:
     try:
         np_value = int(text)
     except ValueError:
-        raise HRMError(f"-np {text!r}: expected an integer") from None
+        raise HRMError(f"-np {shown_word(text)}: expected an integer") from None
     if np_value > LLAMA_MAX_SEQ:
-        raise HRMError(f"-np {np_value}: llama.cpp refuses more than {LLAMA_MAX_SEQ} slots at start-up "
+        raise HRMError(f"-np {shown_word(text)}: llama.cpp refuses more than {LLAMA_MAX_SEQ} slots at start-up "
                        f"(n_seq_max must be <= {LLAMA_MAX_SEQ}: src/llama-cparams.h:7, {_CTX}:100-103)")
     auto = np_value == -1
     slots = AUTO_SLOTS if auto else bounds.SEQUENCES.check(np_value, "-np")
@@ -310,7 +352,12 @@ def _slots(values: dict[str, list[str]]) -> tuple[int, bool]:
 def _ctx_size(values: dict[str, list[str]], ctx: Context) -> int:
     """-c (absent or 0: the model's training context, n_ctx_train)."""
     size = int_value(values, "-c", CONTEXT, 0)
-    return size or int(ctx.model.max_context_len)
+    if size:
+        return size
+    if ctx.model.max_context_len is None:  # llama.cpp takes n_ctx_train from the GGUF; HRM's config states none
+        raise HRMError(f"llama.cpp: no -c (or -c 0) runs the model's training context, and {ctx.model.name}'s config "
+                       "states none (max_position_embeddings): give -c")
+    return int(ctx.model.max_context_len)
 
 
 def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
@@ -323,7 +370,8 @@ def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
     slots, unified = _slots(values)
     size = _ctx_size(values, ctx)
     total, per_slot = slot_context(size, slots, unified)
-    limit = min(per_slot, int(ctx.model.max_context_len))  # capped at n_ctx_train (server-context.cpp:4007-4015)
+    train = ctx.model.max_context_len
+    limit = min(per_slot, int(train)) if train else per_slot  # capped at n_ctx_train (server-context.cpp:4007-4015)
     longest = context_tokens(ctx)
     if longest > limit:
         raise HRMError(f"llama.cpp: -c {size} with {slots} slots gives each {limit} tokens of context "

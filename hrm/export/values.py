@@ -19,6 +19,13 @@ CONTEXT = bounds.Range(0, bounds.MAX_CONTEXT_TOKENS * bounds.MAX_BATCH_SIZE, "to
 
 #: the address an engine's HTTP server listens on (a value each): accepted, no policy field
 HTTP_SERVER_FLAGS = {"--host": 1, "--port": 1}
+#: characters of a user's word quoted in a one-line message (the rest elided: a message stays readable)
+SHOWN_WORD_CHARS = 60
+
+
+def shown_word(word: str) -> str:
+    """A user's word for a message: its repr, of at most :data:`SHOWN_WORD_CHARS` characters of it."""
+    return repr(word if len(word) <= SHOWN_WORD_CHARS else word[:SHOWN_WORD_CHARS] + "...")
 
 
 def make_policy(**fields) -> Policy | None:
@@ -55,7 +62,7 @@ def _number(values: dict[str, list[str]], flag: str, rng: bounds.Range, default,
     try:
         number = kind(text)
     except ValueError:
-        raise HRMError(f"{flag} {text!r}: expected {what}") from None
+        raise HRMError(f"{flag} {shown_word(text)}: expected {what}") from None
     return rng.check(number, flag)
 
 
@@ -131,7 +138,7 @@ def served_model_notes(named: str | None, ctx: Context, engine: str, flag: str) 
     matches = sorted((key for key in names if base.startswith(key)), key=len, reverse=True)
     if matches and names[matches[0]] in (own, ALIASES.get(own, own)):
         return []
-    raise HRMError(f"{engine}: {flag} {named} is not the model being planned ({ctx.model.name}); "
+    raise HRMError(f"{engine}: {flag} {shown_word(named)} is not the model being planned ({ctx.model.name}); "
                    "give HRM's --model the same model")
 
 
