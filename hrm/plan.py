@@ -409,7 +409,8 @@ def resolve_plan_engine(plan: Plan):
         if plan.engine_definition.schedule != plan.schedule:
             raise HRMError(f"schedule: {plan.schedule!r}, but engine {name} runs {plan.engine_definition.schedule!r}")
         return plan.engine_definition
-    if name != "ideal" and name not in list_engines() and not (name.endswith((".yaml", ".yml")) and Path(name).is_file()):
+    if name != "ideal" and name not in list_engines() and not (Path(name).suffix.lower() in (".yaml", ".yml")
+                                                               and Path(name).is_file()):
         raise HRMError(f"engine: unknown engine {name!r} (shipped: {', '.join(list_engines())}; or an engine YAML path)")
     engine = load_engine(name)
     if engine.name == "ideal":
