@@ -132,7 +132,7 @@ def _policy_map(args):
         workload = make_workload(args.workload, args.prompt_len, args.max_prompt_len, args.gen_len, args.padding)
     else:
         workload = make_workload(None, FIG10["prompt_len"], args.max_prompt_len, FIG10["gen_len"], args.padding)
-    bandwidths = _floats(args.bandwidths, "--bandwidths", bounds.BANDWIDTH_GBPS)
+    bandwidths = _floats(args.bandwidths, "--bandwidths", bounds.LINK_GBPS)
     scales = _floats(args.cpu_scales, "--cpu-scales", bounds.SCALE)
     check_what_if(hw, bandwidths, scales)
     progress, update = sweep_progress("policy map")
