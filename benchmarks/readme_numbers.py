@@ -4,7 +4,9 @@ Every quoted output sits between two marker comments, inline or as a block:
 
     <!-- readme-numbers:NAME -->463.1<!-- /readme-numbers:NAME -->
 
-and :data:`GENERATORS` maps each NAME to the command whose output it is. ``--check`` re-runs
+and :data:`GENERATORS` maps each NAME to the command whose output it is; docs files that are
+one command's whole output (:func:`generated_docs`, e.g. docs/engines_bench.md) are checked
+table by table. ``--check`` re-runs
 the commands and exits 1 with a unified diff when the README differs (CI runs it:
 ``tests/test_readme.py``); ``--write`` rewrites the blocks. ``--figures NAME,...`` (with
 ``--write``) also redraws README figures with exactly the command the README shows beside
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import json
 import re
 import subprocess
@@ -28,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 GRID_EXAMPLE = ROOT / "examples" / "grid.yaml"
+DOCS_ENGINES_BENCH = ROOT / "docs" / "engines_bench.md"
 MARKER = re.compile(r"<!-- readme-numbers:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /readme-numbers:(?P=name) -->",
                     re.DOTALL)
 #: the engine-table rows the README quotes (hardware, workload) of benchmarks/engines_bench.py --md
@@ -81,13 +85,29 @@ def headline() -> dict[str, str]:
             "headline-server-pick": tok_s(plan["server_pick"]["generation_throughput_tok_s"])}
 
 
-def engine_table() -> dict[str, str]:
-    """The header and the :data:`ENGINE_TABLE_ROWS` of `python benchmarks/engines_bench.py --md`."""
+@functools.cache
+def engines_bench_md() -> str:
+    """stdout of `python benchmarks/engines_bench.py --md` (run once per process)."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engines_bench.py"), "--md"], cwd=ROOT,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"engines_bench.py --md: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    return done.stdout
+
+
+def table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+#: docs files that are a command's whole output: path -> that output (their tables are checked;
+#: other lines, such as a timing, may differ)
+def generated_docs() -> dict[Path, str]:
+    return {DOCS_ENGINES_BENCH: engines_bench_md()}
+
+
+def engine_table() -> dict[str, str]:
+    """The header and the :data:`ENGINE_TABLE_ROWS` of `python benchmarks/engines_bench.py --md`."""
+    lines = table_lines(engines_bench_md())
     header, rows = lines[:2], lines[2:]
     wanted = [line for key in ENGINE_TABLE_ROWS for line in rows
               if tuple(cell.strip() for cell in line.strip("|").split("|")[:2]) == key]
@@ -202,13 +222,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--figures: unknown {unknown} (of {', '.join(FIGURES)})" if unknown else "--figures needs --write")
     old = README.read_text()
     new = render(old, current_values())
+    stale_docs = {path: text for path, text in generated_docs().items()
+                  if table_lines(path.read_text()) != table_lines(text)}
     if args.check:
+        for path, text in stale_docs.items():
+            print(diff(path.read_text(), text), end="")
         if new != old:
             print(diff(old, new), end="")
-            print("README.md is stale: python benchmarks/readme_numbers.py --write", file=sys.stderr)
+        if new != old or stale_docs:
+            stale = ["README.md"] * (new != old) + [str(path.relative_to(ROOT)) for path in stale_docs]
+            print(f"{', '.join(stale)} stale: python benchmarks/readme_numbers.py --write", file=sys.stderr)
             return 1
-        print("README.md numbers match what the commands print")
+        print("README.md numbers and the generated docs match what the commands print")
         return 0
+    for path, text in stale_docs.items():
+        path.write_text(text)
+        print(f"rewrote {path.relative_to(ROOT)}")
     for name in figures:
         hrm(FIGURES[name])
         print(f"redrew docs/figures/{name}.png")
