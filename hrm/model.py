@@ -752,7 +752,8 @@ def resolve_config_path(name_or_path: str) -> tuple[Path, str]:
         return path, path.stem
     if not stat.S_ISREG(info.st_mode):
         raise HRMError(f"{path}: {file_kind(info.st_mode)}, not a regular file; expected a config.json")
-    return path, path.parent.name if path.name == "config.json" else path.stem
+    # a config.json is named after its folder (resolved: `config.json` in the current folder has no parent name)
+    return path, path.resolve().parent.name if path.name == "config.json" else path.stem
 
 
 def read_config_json(path: Path) -> dict:

@@ -135,10 +135,13 @@ def from_counts(counts, tokens, top_k: int, source: str = "") -> Routing:
 class TraceLayer(BaseModel):
     """One MoE layer of a trace: the real tokens it routed and each expert's activations."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)  # "layer" (its index) is informative
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     tokens: TRACE_TOKENS.type
     expert_counts: tuple[TRACE_COUNT.type, ...]
+    #: the layer's index in the model, as hrm run writes it (dense layers skipped): where present,
+    #: indices increase from row to row and stay below MAX_LAYERS
+    layer: Optional[TRACE_COUNT.type] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -162,6 +165,8 @@ class TraceFile(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     format: Literal["hrm-routing-trace/1"]
+    #: the model the run routed (its spec name); a trace plans only that model
+    model: Optional[bounds.Label] = None
     top_k: TRACE_TOP_K.type
     num_experts: Optional[TRACE_TOP_K.type] = None
     layers: tuple[TraceLayer, ...]
@@ -192,6 +197,13 @@ class TraceFile(BaseModel):
             raise ValueError(f"num_experts: {self.num_experts}, but the layers count {widths[0]} experts")
         if self.top_k > widths[0]:
             raise ValueError(f"top_k: {self.top_k} exceeds the {widths[0]} experts of each layer")
+        indices = [layer.layer for layer in self.layers]
+        if any(index is not None for index in indices):
+            bad = next((p for p, index in enumerate(indices) if index is None or index >= MAX_LAYERS
+                        or (p and indices[p - 1] is not None and index <= indices[p - 1])), None)
+            if bad is not None:
+                raise ValueError(f"layers[{bad}]: layer index {indices[bad]}: expected one row per MoE layer, in "
+                                 f"increasing order, each below MAX_LAYERS = {MAX_LAYERS}")
         for p, layer in enumerate(self.layers):  # exact integers: what hrm run writes adds up exactly
             where = f"layers.{p}.expert_counts"
             over = next((e for e, count in enumerate(layer.expert_counts) if count > layer.tokens), None)
@@ -204,7 +216,7 @@ class TraceFile(BaseModel):
         return self
 
 
-def load_trace(path: str | Path) -> Routing:
+def load_trace(path: str | Path, model_name: str | None = None) -> Routing:
     """A routing trace file (JSON, :data:`TRACE_FORMAT`): ``top_k``, ``layers`` — a list of
     ``{"tokens": T, "expert_counts": [c_0, ..., c_ne-1]}`` (Σ c = k·T per layer). One-line
     HRMError naming the file and the field for anything else (:class:`TraceFile`)."""
@@ -223,6 +235,9 @@ def load_trace(path: str | Path) -> Routing:
         trace = TraceFile.model_validate(data)
     except ValidationError as exc:
         raise HRMError(pydantic_message(str(path), exc)) from None
+    if model_name is not None and trace.model is not None and trace.model != model_name:
+        raise HRMError(f"{path}: model: the trace routed {trace.model!r}, not {model_name!r} (a router's choices "
+                       "belong to the trained model that made them)")
     counts = [layer.expert_counts for layer in trace.layers]
     tokens = [layer.tokens for layer in trace.layers]
     try:
@@ -236,8 +251,9 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a finite number")
 
 
-def parse_routing(text: str, num_experts: int, top_k: int) -> Routing:
-    """``uniform``, ``zipf:S`` or ``trace:FILE`` (the ``--routing`` syntax)."""
+def parse_routing(text: str, num_experts: int, top_k: int, model_name: str | None = None) -> Routing:
+    """``uniform``, ``zipf:S`` or ``trace:FILE`` (the ``--routing`` syntax); a trace of another
+    model than ``model_name`` (where both are named) is refused."""
     kind, _, arg = text.partition(":")
     if kind == "uniform" and not arg:
         return uniform(num_experts, top_k)
@@ -250,7 +266,7 @@ def parse_routing(text: str, num_experts: int, top_k: int) -> Routing:
             raise HRMError(f"--routing {text}: the zipf exponent must be in [0, 100]")
         return zipf(num_experts, top_k, s)
     if kind == "trace" and arg:
-        routing = load_trace(arg)
+        routing = load_trace(arg, model_name)
         if (routing.num_experts, routing.top_k) != (num_experts, top_k):
             raise HRMError(f"--routing {text}: the trace has {routing.num_experts} experts, top-{routing.top_k}; "
                            f"the model has {num_experts}, top-{top_k}")

@@ -25,11 +25,11 @@ def add_routing_arg(parser) -> None:
 
 def routed_model(model, routing: str | None):
     """``model`` with the ``--routing`` distribution (unchanged without one)."""
-    if not routing:
+    if routing is None:
         return model
     from hrm.routing import parse_routing
 
-    return model.with_routing(parse_routing(routing, model.num_experts, model.top_k))
+    return model.with_routing(parse_routing(routing, model.num_experts, model.top_k, model.name))
 
 
 def add_workload_args(parser) -> None:

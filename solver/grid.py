@@ -258,7 +258,7 @@ def _routing(text: str, model: ModelSpec, base: Path | None):
 
     kind, _, arg = text.partition(":")
     return parse_routing(f"trace:{_relative(arg, base)}" if kind == "trace" and arg else text, model.num_experts,
-                         model.top_k)
+                         model.top_k, model.name)
 
 
 def make_cells(hardware: Iterable[tuple[str, HardwareProfile]], models: Iterable[tuple[str, ModelSpec]],
