@@ -261,7 +261,7 @@ class Range:
         def parse(text: str):
             text = text.strip()
             try:
-                value = int(text) if self.integer else float(text)
+                value = parse_number(text, self.integer)
             except ValueError:
                 raise argparse.ArgumentTypeError(
                     f"expected {'an integer' if self.integer else 'a number'}, got {text!r}") from None
@@ -272,6 +272,14 @@ class Range:
 
         parse.__name__ = name
         return parse
+
+
+def parse_number(text: str, integer: bool) -> int | float:
+    """``text`` as an int or float, read as the YAML files are (hrm.errors' loader): Python's
+    ``1_000`` digit groups are refused (ValueError), so a flag and a file agree on a number."""
+    if "_" in text:
+        raise ValueError(f"digit groups ('_') are not numbers here: {text!r}")
+    return int(text) if integer else float(text)
 
 
 # --- the ranges the models and flags use ------------------------------------------------
@@ -310,7 +318,8 @@ DPI = Range(1, MAX_DPI, integer=True)
 SCALE = Range(MIN_SCALE, MAX_SCALE)
 SEED = Range(0, MAX_SEED, integer=True)
 VALIDATE_PROMPT_TOKENS = Range(1, MAX_VALIDATE_PROMPT_TOKENS, "tokens", integer=True, why="a validation run")
-VALIDATE_GEN_TOKENS = Range(1, MAX_VALIDATE_GEN_TOKENS, "tokens", integer=True, why="a validation run")
+VALIDATE_GEN_TOKENS = Range(2, MAX_VALIDATE_GEN_TOKENS, "tokens", integer=True,
+                            why="a validation run compares decode steps: at least one after the prefill")
 REPEATS = Range(1, MAX_REPEATS, integer=True)
 POLICIES = Range(1, MAX_POLICIES, integer=True)
 BUDGET_S = Range(0.0, MAX_BUDGET_S, "s", lo_open=True)

@@ -99,7 +99,7 @@ def parse_assignments(text: str, what: str = "policy") -> dict:
             continue
         rng = bounds.FRACTION if field in ("weights_gpu_ratio", "kv_gpu_ratio") else bounds.SEQUENCES
         try:
-            number = float(value) if rng is bounds.FRACTION else int(value)
+            number = bounds.parse_number(value, integer=rng is not bounds.FRACTION)
         except ValueError:
             kind = "a number" if rng is bounds.FRACTION else "an integer"
             raise HRMError(f"{what}: {key}={value!r} is not {kind}") from None

@@ -90,8 +90,9 @@ def main(argv=None) -> int:
         text = "usage: hrm <subcommand> [options]\n\nsubcommands:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES
         if argv:  # asked for help: the usage on stdout, exit 0
             return run_guarded(lambda _: print(text), [])
-        # no subcommand: the usage and one error line on stderr, exit 2 (like a missing flag)
-        print(text + "\nerror: a subcommand is required (" + ", ".join(SUBCOMMANDS) + ")", file=sys.stderr)
+        # no subcommand: one error line on stderr, exit 2, as every bad input (hrm --help: the usage)
+        print("error: a subcommand is required (" + ", ".join(SUBCOMMANDS) + "; hrm --help lists them)",
+              file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:

@@ -33,6 +33,8 @@ def fully_pinned(fixed: dict) -> bool:
 def parse_fix(items: list[str] | None) -> dict:
     """``--fix`` pins: Policy fields, the policy rules of :func:`hrm.policy.policy_problem`
     applied to what is given; N with n gives mu."""
+    if items is not None and not " ".join(items).strip():
+        raise HRMError("--fix: empty: give KEY=VALUE pins, e.g. --fix N=64 attn=cpu")
     fixed = parse_assignments(" ".join(items or []), what="--fix")
     problem = policy_problem(fixed)
     if problem:
@@ -98,6 +100,8 @@ def main(argv) -> int:
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
     fixed = parse_fix(args.fix)
+    if fixed.get("batch_size", 0) > args.max_batch:  # a conflict of flags, not a memory limit
+        raise HRMError(f"--fix N={fixed['batch_size']}: above --max-batch {args.max_batch}; raise --max-batch")
     latency_limits = LatencyLimits(args.max_tpot_ms / 1e3 if args.max_tpot_ms is not None else None, args.max_ttft_s)
     common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
                   latency_limits=latency_limits, time_limit_s=args.time_limit_s,
@@ -118,9 +122,10 @@ def main(argv) -> int:
     result = with_server_pick(result, pick)
     headroom = _ideal_bound(hw, model, workload, engine, common) if not args.json else None
     routing = routing_effect(hw, model, workload, engine, common, result.best) if not args.json else None
+    # the export first: a target that refuses the plan leaves no plan file behind
+    export = _export(result, hw, model, workload, engine, options, args.export) if args.export else None
     if args.out:
         save_plan(result.plan, args.out)
-    export = _export(result, hw, model, workload, engine, options, args.export) if args.export else None
     if args.json and export is not None:
         import json
 

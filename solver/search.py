@@ -47,6 +47,13 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
     """The user's pins merged with what the engine fixes (a contradiction is refused), and
     r_w snapped to the engine's granularity (with a note saying so)."""
     fixed = dict(fixed)
+    schedule = get_schedule(engine.schedule)
+    for key, flag, part, runnable in (("attn_on_gpu", "attn", "attention", schedule.attention),
+                                      ("ffn_on_gpu", "ffn", "ffn", schedule.ffn)):
+        tiers = [tier for tier in getattr(engine.policy, part) if (tier == "gpu") in runnable]
+        if key in fixed and ("gpu" if fixed[key] else "cpu") not in tiers:  # a pin the engine would drop
+            raise HRMError(f"--fix {flag}={'gpu' if fixed[key] else 'cpu'}: engine {engine.name} runs {part} on "
+                           f"the {' or '.join(tiers)} only")
     for key, value in engine.policy.fixed.items():
         value = int(value) if key == "num_micro_batches" else float(value)
         if key in fixed and abs(float(fixed[key]) - value) > 1e-9:

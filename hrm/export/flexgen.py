@@ -47,6 +47,9 @@ def check_runs(ctx: Context) -> None:
     if ctx.model.weight_dtype not in _SIXTEEN_BIT or ctx.model.kv_dtype not in _SIXTEEN_BIT:
         raise HRMError(f"flexgen: FlexGen keeps weights and KV cache in fp16 ({_MOE}:613-614); the model has "
                        f"weights {ctx.model.weight_dtype}, KV {ctx.model.kv_dtype}")
+    if ctx.hardware is not None and getattr(ctx.hardware, "gpu", None) is None:
+        raise HRMError(f"flexgen: FlexGen computes on one CUDA GPU (TorchDevice(\"cuda:0\"), {_MOE}:1259); "
+                       f"the hardware profile {ctx.hardware.name} has none")
     if ctx.gpu_count > 1:
         raise HRMError(f"flexgen: {ctx.gpu_count} GPUs: FlexGen's multi-GPU launch (mpirun ... python -m "
                        "flexgen.dist_flex_moe --head-ip IP --port PORT --use-mpi, dist_flex_moe.py:706-734) splits the "
