@@ -57,6 +57,9 @@ MEMCPY_ALL_OF_DRAM_RANGE = (0.1, 0.5)
 #: reaches 60-90% of the channels' theoretical rate, a VM or one NUMA node less (0.3x); a
 #: profile may understate it (an artifact's default flag): up to 1.5x
 DRAM_RANGE = (0.3, 1.5)
+#: the emulated tiers' copy rate, x the profile's 256 MiB copy: a small copy stays in the caches,
+#: whose bandwidth is several times DRAM's (the runtime's copies are KB to MB), or pays more per byte
+EMULATED_COPY_RANGE = (0.3, 4.0)
 #: share of datasheet GPU memory bandwidth a streaming kernel reaches: at most 1 by
 #: definition; 70-90% typical (docs/mechanisms.md §2); 0.4 floor for small, fragmented reads
 STREAM_EFFICIENCY_RANGE = (0.4, 1.0)
@@ -119,7 +122,16 @@ FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
               "at most 1 (a share of tensor peak); ~0.8 for large GEMMs"),
     FieldSpec("gpu.dispatch.task_s", "s", "linear", "gpu", _fixed(TASK_DISPATCH_S_RANGE),
               "0 (roofline) to 1 ms (a Python task loop); a CUDA launch is ~5 us"),
+    # a CPU-only host's emulated tier (hrm.rates.emulated_rates): its tasks' α and its copy rate
+    FieldSpec("cpu.dispatch.task_s", "s", "linear", "cpu", _fixed(TASK_DISPATCH_S_RANGE),
+              "as gpu.dispatch.task_s, for the CPU's tasks (both tiers of a CPU-only host)"),
+    FieldSpec("emulation.copy_gbps", "GB/s", "log", "emulation", _relative("emulation.copy_gbps", EMULATED_COPY_RANGE),
+              "a copy between the emulated tiers: the profiler measures a 256 MiB copy, the runtime's are "
+              "small and cache-resident (faster)"),
 )}
+
+#: the per-task dispatch α of each tier (0 where the profile has no dispatch section)
+DISPATCH_FIELDS = ("gpu.dispatch.task_s", "cpu.dispatch.task_s")
 
 #: fields whose effective value is an :class:`hrm.achieved.Achieved` rate (a named default
 #: where the profile lacks it), by the Achieved attribute and its scale to the field's unit
@@ -338,8 +350,9 @@ def effective_value(hw: HardwareProfile, name: str) -> float:
     if name in ACHIEVED_ATTRIBUTES:
         attribute, scale = ACHIEVED_ATTRIBUTES[name]
         return float(getattr(achieved_rates(hw), attribute)) * scale
-    if name == "gpu.dispatch.task_s":
-        return float(hw.gpu.dispatch.task_s) if hw.gpu.dispatch is not None else 0.0
+    if name in DISPATCH_FIELDS:
+        dispatch = getattr(hw, FIELDS[name].section).dispatch
+        return float(dispatch.task_s) if dispatch is not None else 0.0
     section, key = name.split(".")
     return float(getattr(getattr(hw, section), key))
 
@@ -745,8 +758,10 @@ def calibrated_profile(hw: HardwareProfile, calibration: Calibration, name: str 
     if calibration.base_sha256 != hw.sha256():
         raise HRMError(f"calibration of profile '{calibration.base}' applied to another profile ('{hw.name}')")
     values = dict(calibration.fitted)
-    if hw.gpu is not None and hw.gpu.dispatch is None and values.get("gpu.dispatch.task_s") == 0.0:
-        del values["gpu.dispatch.task_s"]  # no dispatch section: the α is 0 already
+    for field in DISPATCH_FIELDS:
+        tier = getattr(hw, FIELDS[field].section)
+        if tier is not None and tier.dispatch is None and values.get(field) == 0.0:
+            del values[field]  # no dispatch section: the α is 0 already
     if hw.source.kind == "measured" and hw.gpu is not None:
         for field in MEASURED_IMPLICIT_FIELDS:
             values.setdefault(field, effective_value(hw, field))

@@ -1,11 +1,13 @@
 """`hrm calibrate` on runs we measured ourselves: the reference runtime on a lent H200
-(docs/validation/gpu.md; the CSV and the profile are committed there). The runs file that
+(docs/validation/gpu.md) and on this CPU-only VM (the CSVs and profiles are committed in
+docs/validation). The runs file that
 `hrm validate --runs-out` writes predicts exactly what validate predicted, and a fit on half of
 the policies lowers the error on the other half."""
 
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +20,31 @@ from hrm.model import load_model
 from hrm.workload import Workload
 
 VALIDATION = Path(__file__).resolve().parent.parent / "docs" / "validation"
-PROFILE = VALIDATION / "h200-measured.yaml"
-#: the validation runs of docs/validation/gpu.md: (model, dtype) -> CSV
-RUNS = {("small-mixtral", "bf16"): VALIDATION / "h200-small-mixtral-bf16.csv",
-        ("tiny-mixtral", "fp32"): VALIDATION / "h200-tiny-mixtral-fp32.csv"}
-WORKLOAD = Workload(prompt_len=32, max_prompt_len=32, gen_len=16, padding=False)  # hrm validate's defaults
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Validation runs committed in docs/validation: the profile they were predicted with, the
+    CSV `hrm validate` wrote, and the workload it ran (hrm validate's --prompt-len/--gen-len)."""
+
+    profile: Path
+    csv: Path
+    workload: Workload
+
+
+#: (host, model, dtype) -> the runs: a lent H200 (docs/validation/gpu.md) and this 2-core
+#: CPU-only VM (the emulated tier, README "Validation")
+RUNS = {
+    ("h200", "small-mixtral", "bf16"): Measured(VALIDATION / "h200-measured.yaml",
+                                               VALIDATION / "h200-small-mixtral-bf16.csv", Workload(
+                                                   prompt_len=32, max_prompt_len=32, gen_len=16, padding=False)),
+    ("h200", "tiny-mixtral", "fp32"): Measured(VALIDATION / "h200-measured.yaml",
+                                              VALIDATION / "h200-tiny-mixtral-fp32.csv", Workload(
+                                                  prompt_len=32, max_prompt_len=32, gen_len=16, padding=False)),
+    ("cpu-vm", "small-mixtral", "fp32"): Measured(VALIDATION / "this-host-profile.yaml",
+                                                 VALIDATION / "small-mixtral.csv", Workload(
+                                                     prompt_len=32, max_prompt_len=32, gen_len=8, padding=False)),
+}
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -30,13 +52,15 @@ def rows_of(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def runs_file(tmp_path: Path, model: str, dtype: str, rows: list[dict]) -> Runs:
+def runs_file(tmp_path: Path, key: tuple) -> Runs:
     """The runs file `hrm validate --runs-out` writes, from the committed CSV's measurements."""
     from runtime.validate import runs_document
 
-    measured = [(r["policy"], float(r["meas_decode_tok_s"]), float(r["meas_prefill_s"])) for r in rows]
-    path = tmp_path / f"{model}-{dtype}.yaml"
-    path.write_text(yaml.safe_dump(runs_document(str(PROFILE), model, dtype, WORKLOAD, measured), sort_keys=False))
+    host, model, dtype = key
+    measured = [(r["policy"], float(r["meas_decode_tok_s"]), float(r["meas_prefill_s"])) for r in rows_of(RUNS[key].csv)]
+    path = tmp_path / f"{host}-{model}-{dtype}.yaml"
+    path.write_text(yaml.safe_dump(runs_document(str(RUNS[key].profile), model, dtype, RUNS[key].workload, measured),
+                                   sort_keys=False))
     return load_runs(path)
 
 
@@ -51,25 +75,26 @@ def mean_error(hw, model, runs: Runs) -> float:
     return float(np.mean(errors))
 
 
-@pytest.mark.parametrize("model,dtype", list(RUNS))
-def test_runs_file_predicts_what_validate_predicted(tmp_path, model, dtype):
+@pytest.mark.parametrize("key", list(RUNS), ids=["-".join(k) for k in RUNS])
+def test_runs_file_predicts_what_validate_predicted(tmp_path, key):
     pytest.importorskip("torch")
-    rows = rows_of(RUNS[(model, dtype)])
-    runs = runs_file(tmp_path, model, dtype, rows)
-    hw, spec = load_hardware(str(PROFILE)), load_model(model)
-    assert all(run.dtype == dtype for run in runs.runs)
-    for run, row in zip(runs.runs, rows):
+    runs = runs_file(tmp_path, key)
+    hw, spec = load_hardware(str(RUNS[key].profile)), load_model(key[1])
+    assert all(run.dtype == key[2] for run in runs.runs)
+    for run, row in zip(runs.runs, rows_of(RUNS[key].csv)):
         decode_tok_s, ttft_s = predict_run(hw, spec, run)
         assert decode_tok_s == pytest.approx(float(row["pred_decode_tok_s"]), rel=1e-9)
         assert ttft_s == pytest.approx(float(row["pred_prefill_s"]), rel=1e-9)
 
 
-def test_fit_on_half_of_the_h200_runs_lowers_the_error_on_the_other_half(tmp_path):
+@pytest.mark.parametrize("key", [("h200", "small-mixtral", "bf16"), ("cpu-vm", "small-mixtral", "fp32")],
+                         ids=["h200", "cpu-vm"])
+def test_fit_on_half_of_the_runs_lowers_the_error_on_the_other_half(tmp_path, key):
     """Even-indexed policies fit, odd-indexed ones judge (the split is fixed by
     runtime.validate.validation_policies' order, not chosen after the fact)."""
     pytest.importorskip("torch")
-    runs = runs_file(tmp_path, "small-mixtral", "bf16", rows_of(RUNS[("small-mixtral", "bf16")]))
-    hw, spec = load_hardware(str(PROFILE)), load_model("small-mixtral")
+    runs = runs_file(tmp_path, key)
+    hw, spec = load_hardware(str(RUNS[key].profile)), load_model(key[1])
     train, held_out = subset(runs, range(0, 10, 2)), subset(runs, range(1, 10, 2))
     calibration = fit(hw, spec, train, with_loo=False)
     fitted = calibrated_profile(hw, calibration)
@@ -82,7 +107,8 @@ def test_fit_of_a_measured_gpu_profile_keeps_its_efficiencies_in_range(tmp_path)
     """A measured profile's GPU efficiencies start at their bound 1; a fit that leaves them
     there must not land an ulp above it (the profile's validator refused 1.0000000000000002)."""
     pytest.importorskip("torch")
-    runs = runs_file(tmp_path, "tiny-mixtral", "fp32", rows_of(RUNS[("tiny-mixtral", "fp32")]))
-    hw = load_hardware(str(PROFILE))
+    key = ("h200", "tiny-mixtral", "fp32")
+    runs = runs_file(tmp_path, key)
+    hw = load_hardware(str(RUNS[key].profile))
     fitted = calibrated_profile(hw, fit(hw, load_model("tiny-mixtral"), runs, with_loo=False))
     assert fitted.gpu.gemm_efficiency <= 1.0 and fitted.gpu.memory_stream_efficiency <= 1.0
