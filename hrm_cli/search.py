@@ -100,8 +100,6 @@ def main(argv) -> int:
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
     fixed = parse_fix(args.fix)
-    if fixed.get("batch_size", 0) > args.max_batch:  # a conflict of flags, not a memory limit
-        raise HRMError(f"--fix N={fixed['batch_size']}: above --max-batch {args.max_batch}; raise --max-batch")
     latency_limits = LatencyLimits(args.max_tpot_ms / 1e3 if args.max_tpot_ms is not None else None, args.max_ttft_s)
     common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
                   latency_limits=latency_limits, time_limit_s=args.time_limit_s,

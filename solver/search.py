@@ -24,7 +24,7 @@ from hrm.schedules import get_schedule
 from hrm.workload import Workload, check_context_window
 
 from .klotski import search_klotski
-from .lanes import SOLVER_NAME, choice_to_policy, search_lanes
+from .lanes import SOLVER_NAME, choice_to_policy, pinned_placements, search_lanes
 from .request import CREATED_BY, Candidate, SearchRequest, SearchResult, describe_limits, make_plan
 from .terms import DEFAULT_MAX_BATCH, LatencyLimits
 
@@ -47,13 +47,7 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
     """The user's pins merged with what the engine fixes (a contradiction is refused), and
     r_w snapped to the engine's granularity (with a note saying so)."""
     fixed = dict(fixed)
-    schedule = get_schedule(engine.schedule)
-    for key, flag, part, runnable in (("attn_on_gpu", "attn", "attention", schedule.attention),
-                                      ("ffn_on_gpu", "ffn", "ffn", schedule.ffn)):
-        tiers = [tier for tier in getattr(engine.policy, part) if (tier == "gpu") in runnable]
-        if key in fixed and ("gpu" if fixed[key] else "cpu") not in tiers:  # a pin the engine would drop
-            raise HRMError(f"--fix {flag}={'gpu' if fixed[key] else 'cpu'}: engine {engine.name} runs {part} on "
-                           f"the {' or '.join(tiers)} only")
+    pinned_placements(engine, fixed)  # every pipeline refuses a tier pin its engine cannot run (Klotski's too)
     for key, value in engine.policy.fixed.items():
         value = int(value) if key == "num_micro_batches" else float(value)
         if key in fixed and abs(float(fixed[key]) - value) > 1e-9:
@@ -71,7 +65,10 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
 
 def engine_max_batch(engine: Engine, max_batch: int, fixed: dict, notes: list) -> tuple[int, list]:
     """The batch cap within the engine's own limit (``policy.max_batch_size``); a pinned N
-    above it is refused."""
+    above the cap asked for, or above the engine's limit, is refused (a conflict of inputs,
+    not a memory limit)."""
+    if fixed.get("batch_size", 0) > max_batch:
+        raise HRMError(f"--fix N={fixed['batch_size']}: above --max-batch {max_batch}; raise --max-batch")
     limit = engine.policy.max_batch_size
     if limit is None or max_batch <= limit:
         return max_batch, notes
