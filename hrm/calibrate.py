@@ -57,8 +57,10 @@ MEMCPY_ALL_OF_DRAM_RANGE = (0.1, 0.5)
 #: reaches 60-90% of the channels' theoretical rate, a VM or one NUMA node less (0.3x); a
 #: profile may understate it (an artifact's default flag): up to 1.5x
 DRAM_RANGE = (0.3, 1.5)
-#: the emulated tiers' copy rate, x the profile's 256 MiB copy: a small copy stays in the caches,
-#: whose bandwidth is several times DRAM's (the runtime's copies are KB to MB), or pays more per byte
+#: the emulated tiers' copy rate, x the profile's 256 MiB copy: the runtime's copies are KB to MB
+#: and stay in the caches (measured on this VM: its h2d/d2h lanes took x0.59/x0.68 of the time
+#: predicted at that rate, docs/validation/tiny-mixtral.json term_ratios), or pay more per byte
+#: when tiny; 4x leaves room above that measurement, 0.3x as DRAM_RANGE (our choice)
 EMULATED_COPY_RANGE = (0.3, 4.0)
 #: share of datasheet GPU memory bandwidth a streaming kernel reaches: at most 1 by
 #: definition; 70-90% typical (docs/mechanisms.md §2); 0.4 floor for small, fragmented reads

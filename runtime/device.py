@@ -180,8 +180,8 @@ _LANE_STREAMS_LOCK = threading.Lock()
 
 def lane_stream(device: torch.device, lane: str):
     """The CUDA stream of ``lane`` on ``device``, one per process. cuBLAS keeps a workspace per
-    (handle, stream) for the life of the process (32 MiB on Hopper, torch's
-    CUBLAS_WORKSPACE_CONFIG default), so a fresh stream per executor would leave one more
+    (handle, stream) for the life of the process (32 MiB on Hopper: torch's default
+    CUBLAS_WORKSPACE_CONFIG ":4096:8", aten/src/ATen/cuda/CublasHandlePool.cpp), so a fresh stream per executor would leave one more
     workspace allocated after every run (measured on an H200: +34 MB per executor,
     docs/validation/gpu.md)."""
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device(), lane)
