@@ -310,6 +310,9 @@ BUFFER_LAYERS = Range(0, MAX_BUFFER_LAYERS, "layers", why="layers of weights one
 RESERVED_GIB = Range(0.0, 64.0, "GiB", why="memory a process reserves beside its tensors")
 COPY_THREADS = Range(0, MAX_CORES, integer=True, why="threads of one host (0: the profile's cores)")
 COUNT = Range(0, 2**53, integer=True)
+#: host-side operator calls of one layer: the heaviest engine counted issues ~170 (docs/engines/op_counts.md)
+MAX_LAYER_OPS = 10_000.0
+LAYER_OPS = Range(0.0, MAX_LAYER_OPS, "ops", why="operator calls of one layer")
 INDEX = Range(0, 2**31 - 1, integer=True)
 SECONDS = Range(0.0, MAX_SOLVER_S, "s")
 NON_NEGATIVE = Range(0.0, 1e300)

@@ -54,6 +54,10 @@ Mechanisms (field: what it models; ideal value):
   ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
 - ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
 - ``numa_aware``: pinned buffers on the GPU's socket (ideal) or not;
+- ``launches``: the host-side operator calls of a layer counted from the engine's source
+  (:class:`hrm.launches.Launches`): the host thread's issue time is a lane of its own and
+  every host sync idles the GPU for a launch, at public per-op costs, where the profile has
+  no measured dispatch (ideal: none, nothing charged);
 - ``tensor_parallel.host_shared``: ranks share the host's PCIe uplinks as the profile's
   ``gpus_per_pcie_switch`` says (ideal: every GPU its own link);
   ``tensor_parallel.allreduce``: ``gpu-link`` (ideal: over ``gpu_to_gpu_gbps``) or ``nccl``
@@ -73,6 +77,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import bounds
 from .errors import HRMError, read_yaml_mapping, validated
+from .launches import Launches
 from .schedules import PIPELINE_FIELDS, SCHEDULES
 
 ENGINES_DIR = Path(__file__).resolve().parent / "data" / "engines"
@@ -257,6 +262,9 @@ class Engine(_Frozen):
     numa_aware: bounds.Flag = True
     tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
     memory: Memory = Field(default_factory=Memory)
+    #: host-side operator calls per layer, counted from the engine's source (:mod:`hrm.launches`);
+    #: None: not charged (ideal; an engine that replays CUDA graphs or issues from C++)
+    launches: Optional[Launches] = None
     sources: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -282,6 +290,9 @@ class Engine(_Frozen):
             # every pass of a chunked prefill reads the layer's offloaded weights: the lanes'
             # per-layer weight term carries that exactly only for one micro-batch
             raise ValueError("prefill.max_tokens_per_pass needs policy.fixed.num_micro_batches: 1")
+        if self.launches is not None and len(self.policy.attention) != 1:
+            # the counts are of one attention path (GPU kernels vs CPU ops differ between them)
+            raise ValueError("launches: counts are per attention path; give policy.attention one tier")
         problem = unmodelled_field(self) or unrunnable_tier(self) or buffer_problem(self)
         if problem:
             raise ValueError(f"{problem} (schedule {self.schedule})")
@@ -303,11 +314,15 @@ IDENTITY_FIELDS = ("name", "description", "schedule", "sources", "policy")
 LIMIT_FIELDS = ("memory.gpu_reserved_gib", "memory.host_reserved_gib")
 
 
+#: sections that are one mechanism as a whole (switched off together: ideal's value None)
+WHOLE_SECTIONS = ("launches",)
+
+
 def _leaf_fields(model: BaseModel, prefix: str = ""):
     """(dotted name, value) of every leaf field of a pydantic model."""
     for name in type(model).model_fields:
         value = getattr(model, name)
-        if isinstance(value, BaseModel):
+        if isinstance(value, BaseModel) and f"{prefix}{name}" not in WHOLE_SECTIONS:
             yield from _leaf_fields(value, f"{prefix}{name}.")
         else:
             yield f"{prefix}{name}", value
@@ -396,6 +411,7 @@ MECHANISMS: dict[str, str] = {
     "memory.gpu_weight_buffer_layers": "GPU weight buffer (layers)",
     "memory.pinned_staging_layers": "pinned CPU staging buffer (layers)",
     "memory.cpu_holds_all_experts": "CPU tensor holds every expert",
+    "launches": "per-op launch and Python dispatch on the host",
 }
 
 

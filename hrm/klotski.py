@@ -53,6 +53,7 @@ import numpy as np
 from . import costs, latency
 from .costs import OpCost
 from .engine import IDEAL, Engine
+from .launches import charged
 from .model import ModelSpec
 from .rates import Rates
 from .routing import Routing, expected_misses, uniform
@@ -116,11 +117,22 @@ def expert_compute_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = ID
     return float(seconds) if seconds.ndim == 0 else seconds
 
 
-def task_dispatch_s(rates: Rates) -> dict[str, float]:
+def task_dispatch_s(rates: Rates, engine: Engine = IDEAL) -> dict[str, float]:
     """A measured profile's α per Klotski task (0 on a datasheet profile): a batch's
     attention task (pre-attention, attention, O projection), its gate with the host reading
-    its choice, one expert call per batch with its token list read on the host, one copy."""
+    its choice, one expert call per batch with its token list read on the host, one copy.
+
+    Without a measured dispatch, the engine's counted host operator calls (:mod:`hrm.launches`)
+    at the machine's per-op costs, serial with the task: every Klotski expert call and gate
+    ends in a host read of the GPU's result (``sync``), so host issue and GPU work alternate
+    rather than overlap."""
     g = rates.gpu_dispatch
+    ops, op = engine.launches, rates.op_costs
+    if g is None and charged(ops, op) and not rates.shared_unit:
+        issue = (lambda kernels, syncs: op.gpu_op_s * kernels + op.sync_bubble_s * syncs)
+        return {"attention": issue(ops.gpu_ops + ops.copies, ops.syncs) + op.cpu_op_s * ops.cpu_ops, "gate": 0.0,
+                "expert": issue(ops.expert_gpu_ops + ops.expert_copies, ops.expert_syncs), "copy": op.gpu_op_s,
+                "kv_load": 2 * op.gpu_op_s, "kv_store": 2 * op.gpu_op_s}
     a = (lambda name: latency._alpha(g, name))
     attention = a("device_attention_s") if g is not None and g.device_attention_s is not None else a("attention_s")
     return {"attention": a("task_s") + a("pre_attn_s") + attention + a("post_attn_s"),
@@ -143,7 +155,7 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     else:
         ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
         rows = latency.attention_rows(model, prompt_len)
-    alpha = task_dispatch_s(rates)
+    alpha = task_dispatch_s(rates, engine)
     kv_path = engine.decode.kv_cache if prompt_len is None else engine.prefill.kv_cache
     kv_token = costs.kv_bytes_per_token(model)
     host_kv = 1.0 - np.asarray(kv_gpu_ratio, dtype=float)
@@ -177,7 +189,7 @@ def weight_load_s(rates: Rates, weight_bytes, engine: Engine = IDEAL, prefill: b
 
 def expert_load_s(model: ModelSpec, rates: Rates, engine: Engine = IDEAL, prefill: bool = False) -> float:
     """One expert's CPU→GPU load over the engine's weight path, with one copy's α."""
-    return weight_load_s(rates, costs.expert_bytes(model), engine, prefill)["h2d"] + task_dispatch_s(rates)["copy"]
+    return weight_load_s(rates, costs.expert_bytes(model), engine, prefill)["h2d"] + task_dispatch_s(rates, engine)["copy"]
 
 
 def capacity_bounds_s(rates: Rates, engine: Engine, loaded_bytes: float, kv_dram_s: float,
@@ -234,7 +246,7 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
     used = int(experts_used(model, n * tokens, routing))
     seconds = batch_expert_s(model, rates, tokens, routing, engine)
     load = 0.0 if experts_resident else expert_load_s(model, rates, engine, prefill)
-    call = task_dispatch_s(rates)["expert"]
+    call = task_dispatch_s(rates, engine)["expert"]
     experts = [(load, float(c) + call) for c in seconds[:used]]
     static = 0.0 if dense_resident else 1.0
     wb = dtype_bytes(model.weight_dtype)

@@ -38,6 +38,8 @@ from .rates import Rates
 from .achieved import COPY_DRAM_BYTES_PER_BYTE, NUMA_REMOTE_FRACTION
 from .schedules import SCHEDULES as _SCHEDULE_REGISTRY
 from .schedules import get_schedule
+from .launches import (charged, cpu_issue_s, host_issue_s, layer_host_issue_s, layer_sync_bubbles_s,
+                       sync_bubbles_s)
 from .units import dtype_bytes
 
 SCHEDULES = tuple(_SCHEDULE_REGISTRY)
@@ -518,6 +520,33 @@ RESOURCES = ("gpu", "cpu", "h2d", "d2h")
 BOUNDS = ("copy", "dram", "gpu+weights")
 
 
+def launch_overhead_s(model: ModelSpec, rates: Rates, engine: Engine, tokens, moe: bool = True) -> dict[str, Lane]:
+    """The engine's host operator calls (:mod:`hrm.launches`) in one layer of micro-batches of
+    ``tokens`` tokens, as lanes: ``host`` — the host thread issuing its kernels and copies
+    (a lane of its own: the GPU runs them asynchronously, so the layer takes at least the
+    issue time); ``gpu`` — the GPU's idle time after each host sync; ``cpu`` — the dispatch
+    of ops on CPU tensors (paid by the thread that computes CPU attention). Per micro-batch,
+    plus once per layer the weight fetches' copies and syncs. {} where not charged (a
+    measured dispatch, a CPU-only host, an engine without counts)."""
+    ops, op = engine.launches, rates.op_costs
+    if not charged(ops, op) or rates.shared_unit:
+        return {}
+    experts = costs.expected_distinct_experts(model, tokens) if moe else 0.0 * np.asarray(tokens, dtype=float)
+    return {"host": Lane("host", host_issue_s(ops, op, experts), 0.0, 0.0, layer_host_issue_s(ops, op)),
+            "gpu": Lane("gpu", sync_bubbles_s(ops, op, experts), 0.0, 0.0, layer_sync_bubbles_s(ops, op)),
+            "cpu": Lane("cpu", cpu_issue_s(ops, op) + 0.0 * experts)}
+
+
+def with_launches(lanes: dict[str, Lane], launch: dict[str, Lane], zero) -> dict[str, Lane]:
+    """``lanes`` with the launch overhead's lanes added (the host lane new, the others summed)."""
+    out = dict(lanes)
+    for name, lane in launch.items():
+        lane = Lane(name, lane.per_micro_batch_s + zero, lane.per_micro_batch_kv_cpu_s + zero,
+                    lane.per_layer_offloaded_weights_s + zero, lane.per_layer_s + zero)
+        out[name] = _sum_lanes(name, [out[name], lane]) if name in out else lane
+    return out
+
+
 def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_gpu, ffn_on_gpu,
                      moe: bool = True, engine: Engine = IDEAL) -> dict[str, Lane]:
     """GPU, CPU, H2D and D2H lanes of one decode layer (plus the engine's bounds): the sum
@@ -531,6 +560,8 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
         alpha = decode_dispatch(model, rates, np.asarray(micro_batch, dtype=float),
                                 np.asarray(attn_on_gpu, dtype=float), ffn, moe)
         lanes = {r: _sum_lanes(r, [lane, Lane(r, *alpha[r])]) if r in alpha else lane for r, lane in lanes.items()}
+    mu = np.asarray(micro_batch, dtype=float)
+    lanes = with_launches(lanes, launch_overhead_s(model, rates, engine, mu, moe), 0.0 * lanes["gpu"].per_micro_batch_s)
     if "gpu+weights" in lanes:  # the GPU chain plus what it waits for (the on-demand weights)
         lanes["gpu+weights"] = _sum_lanes("gpu+weights", [lanes["gpu"], lanes["gpu+weights"]])
     return lanes
@@ -576,9 +607,12 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     reduce = allreduce_s(model, rates, engine, tokens)
     moe_s = gpu_time_s(ops.ffn, rates, rows, engine, kernel=moe)
     alpha = prefill_dispatch(model, rates, mu, prompt_len, moe)
+    launch = launch_overhead_s(model, rates, engine, tokens, moe)
+    bubbles = launch["gpu"] if launch else Lane("gpu")
     gpu = (gpu_time_s(ops.pre_attn, rates, tokens, engine)
            + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
-           + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"])
+           + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"]
+           + bubbles.per_micro_batch_s)
     kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
     kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
     blocking = engine.prefill.kv_cache == "pageable"
@@ -612,7 +646,12 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     if engine.host_dram:
         lanes["dram"] = Lane("dram", (2 * hidden / dram_bytes_s(rates) + reduce.get("dram", 0.0)) + zero,
                              kv["dram"] + zero, weights["dram"] + zero)
-    return lanes
+    # the GPU's sync bubbles are in its chain above (so in every bound built on it); the rest:
+    # the host's issue lane, the CPU ops, the once-per-layer syncs
+    for name in ("gpu", "gpu+weights"):
+        if name in lanes and launch:
+            lanes[name] = _sum_lanes(name, [lanes[name], Lane(name, per_layer_s=bubbles.per_layer_s + zero)])
+    return with_launches(lanes, {k: lane for k, lane in launch.items() if k != "gpu"}, zero)
 
 
 def prefill_dispatch(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True) -> dict:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import bounds
 from .bounds import Flag
+from .launches import EAGER_CPU_OP_S, EAGER_GPU_OP_S, SYNC_BUBBLE_S
 from .model import Dtype, ModelSpec
 from .units import FLOAT_DTYPES
 
@@ -28,6 +29,10 @@ class ModelOptions(BaseModel):
       operator call (``dispatch`` of the gpu/cpu sections, the α of the α-β model) on top
       of each task's roofline time; datasheet profiles have none, so it changes nothing
       for them. Source: ``hrm profile`` (the reference runtime's operators at minimal size).
+    - ``eager_gpu_op_s`` / ``eager_cpu_op_s`` / ``sync_bubble_s``: the host's time per eager
+      CUDA op and per op on CPU tensors, and the GPU's idle time after a host sync, charged
+      per operator an engine's source issues (:mod:`hrm.launches`: sources there) where the
+      profile has no measured dispatch; a measured ``gpu.dispatch`` replaces them.
     - ``use_emulation``: on a CPU-only host, take both tiers' rates from the profile's
       ``emulation`` section (the runtime's torch operators on its thread count) where it
       has one, instead of the whole machine's peaks of the ``cpu`` section.
@@ -42,6 +47,9 @@ class ModelOptions(BaseModel):
     use_efficiency_curves: Flag = True
     use_dispatch_overhead: Flag = True
     use_emulation: Flag = True
+    eager_gpu_op_s: bounds.DISPATCH_S.type = EAGER_GPU_OP_S
+    eager_cpu_op_s: bounds.DISPATCH_S.type = EAGER_CPU_OP_S
+    sync_bubble_s: bounds.DISPATCH_S.type = SYNC_BUBBLE_S
 
     def for_model(self, model: ModelSpec) -> "ModelOptions":
         """These options with the device compute dtype resolved for ``model``."""

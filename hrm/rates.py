@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from .achieved import Achieved, achieved_rates
+from .launches import OpCosts
 from .hardware import CurvePoint, Dispatch, HardwareProfile, interpolate_curve
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .units import GB, TFLOPS
@@ -38,6 +39,9 @@ class Rates:
     cpu_dispatch: Optional[Dispatch] = None
     # achieved rates beside the peaks (engines use them; the ideal engine does not)
     achieved: Optional[Achieved] = None
+    # seconds per host operator call an engine's launch counts are charged at (hrm.launches):
+    # a GPU host whose profile has no measured dispatch; None otherwise
+    op_costs: Optional[OpCosts] = None
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -93,6 +97,9 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
                      1, None, True, dev_curve or cpu_curve, cpu_curve, cpu_dispatch, cpu_dispatch, achieved_rates(hw))
     gpu_curve = _curve(eff.gpu_matmul_tflops_vs_m, hw.gpu.tflops, options.gpu_compute_dtype) if eff else ()
     count = hw.gpu.count
+    gpu_dispatch = hw.gpu.dispatch if options.use_dispatch_overhead else None
+    op_costs = (OpCosts(options.eager_gpu_op_s, options.eager_cpu_op_s, options.sync_bubble_s)
+                if options.use_dispatch_overhead and hw.gpu.dispatch is None else None)
     g2g = hw.gpu.gpu_to_gpu_gbps * GB if hw.gpu.gpu_to_gpu_gbps else None
     return Rates(
         hw.gpu.tflops.flops(options.gpu_compute_dtype) * count,
@@ -106,7 +113,8 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         False,
         gpu_curve,
         cpu_curve,
-        hw.gpu.dispatch if options.use_dispatch_overhead else None,
+        gpu_dispatch,
         cpu_dispatch,
         achieved_rates(hw),
+        op_costs,
     )

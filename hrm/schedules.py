@@ -87,7 +87,7 @@ PIPELINE_FIELDS: dict[str, PipelineFields] = {
         "host_dram": None, "achieved_gpu_rates": None, "moe_kernel": None, "sync": ("none", "per-step"),
         "static_experts": ("continuous", "whole-layers"), "copy_threads": None, "numa_aware": None,
         "tensor_parallel.host_shared": None, "memory.gpu_weight_buffer_layers": (1.0, 2.0, 3.0, 4.0),
-        "memory.pinned_staging_layers": None, "memory.cpu_holds_all_experts": None}),
+        "memory.pinned_staging_layers": None, "memory.cpu_holds_all_experts": None, "launches": None}),
 }
 
 

@@ -128,7 +128,7 @@ def candidates(request, rates) -> Candidates:
 def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, context, prompt, layers):
     """Per candidate: decode step and prefill at least n heads plus, per layer, its busiest
     resource's work (the durations of :func:`hrm.klotski.klotski_layer`, summed)."""
-    call = task_dispatch_s(rates)["expert"]
+    call = task_dispatch_s(rates, engine)["expert"]
     head = n * latency.lm_head_time_s(model, rates, mu)
     out = []
     for prompt_len, per_token in ((None, 1), (prompt, prompt)):

@@ -46,8 +46,9 @@ def test_host_kv_load_and_store_per_batch_from_the_profile():
     kv_token = 2 * model.num_kv_heads * model.head_dim * dtype_bytes(model.kv_dtype)
     h2d = latency.link_bytes_s(rates, ENGINE, "h2d", pageable=True)
     d2h = latency.link_bytes_s(rates, ENGINE, "d2h", pageable=True)
-    assert layer.kv_load_s == pytest.approx(0.75 * 16 * 300 * kv_token / h2d, rel=1e-12)
-    assert layer.kv_store_s == pytest.approx(0.75 * 16 * kv_token / d2h, rel=1e-12)
+    issue = 2 * rates.op_costs.gpu_op_s  # the K and V copies' launches (klotski.yaml launches; hrm.launches)
+    assert layer.kv_load_s == pytest.approx(0.75 * 16 * 300 * kv_token / h2d + issue, rel=1e-12)
+    assert layer.kv_store_s == pytest.approx(0.75 * 16 * kv_token / d2h + issue, rel=1e-12)
     assert (layer.attention_load_s, layer.gate_load_s) == (0.0, 0.0)  # non-expert weights resident
     on_gpu = klotski.klotski_layer(model, rates, 16, 300.0, 4, engine=ENGINE, kv_gpu_ratio=1.0, dense_resident=True)
     assert (on_gpu.kv_load_s, on_gpu.kv_store_s) == (0.0, 0.0)

@@ -33,6 +33,7 @@ RESOURCE_LABELS = {
     "copy": "CPU staging-copy team",
     "dram": "host DRAM bandwidth",
     "gpu+weights": "GPU chain waiting on the weight load",
+    "host": "host thread issuing ops (launch + Python)",
 }
 
 

@@ -1,0 +1,111 @@
+"""Per-operator framework overhead (kernel launch + Python dispatch) of an eager engine.
+
+An eager PyTorch engine's host thread issues every operator: Python argument parsing, the
+ATen dispatcher, then the kernel launch (or the op itself, on CPU tensors). The GPU runs
+the kernels asynchronously, so the host's issue time is a lane of its own beside the GPU's
+(the layer takes at least the host's time to issue it: at small batches a token costs its
+launches, not its FLOPs), and each host-blocking wait (a sync) empties the GPU's queue,
+which then idles while the host issues the next kernel: one launch latency per sync.
+
+Counts are data on the engine (:class:`Launches`, from each engine's source:
+docs/engines/op_counts.md); the per-op costs are public microbenchmarks
+(:data:`EAGER_GPU_OP_S`, :data:`EAGER_CPU_OP_S`, :data:`SYNC_BUBBLE_S`), overridable in
+:class:`hrm.options.ModelOptions`. They are charged only where the profile has no measured
+dispatch (``gpu.dispatch``, which ``hrm profile`` measures on the machine itself and which
+then takes precedence) and the host has a real GPU (on a CPU-only host the emulated tier's
+dispatch is measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from . import bounds
+
+#: host time to issue one eager CUDA op from Python (argument parsing, dispatcher, launch):
+#: "4 us per op on CUDA", pytorch/pytorch#82793 (PyTorch 1.12, A100, a dispatch-bound model)
+EAGER_GPU_OP_S = 4e-6
+#: host time of one eager op on small CPU tensors: ≈ 2 us per op without autograd, about half
+#: of it Python argument parsing (pytorch/pytorch#41383, ngimel's comment of 2020-07-14)
+EAGER_CPU_OP_S = 2e-6
+#: the GPU's idle time after a host sync: the queue is empty until the next launch reaches it;
+#: one CUDA kernel launch from statically compiled C costs 4.90 us, mostly in libcuda
+#: (JuliaGPU/CUDAdrv.jl#15, 2017)
+SYNC_BUBBLE_S = 4.9e-6
+
+
+class Launches(BaseModel):
+    """Host-side operator calls of one layer as the engine's source issues them (counted in
+    docs/engines/op_counts.md; views and in-place no-ops count 0). Per micro-batch unless
+    named ``layer_*`` (once per layer per decode step: weight fetches):
+
+    - ``gpu_ops``: GPU kernels of the attention block, router and fixed MoE part;
+    - ``cpu_ops``: framework ops on CPU tensors (CPU attention), issued by the thread that
+      computes it;
+    - ``copies``: explicit copies issued by the host;
+    - ``syncs``: host-blocking waits (``.tolist()``, ``.cpu()``, ``nonzero``, synchronize);
+    - ``expert_*``: the same per touched expert (an expert loop; 0 for a fused kernel);
+    - ``layer_copies`` / ``layer_syncs``: per layer per decode step, whatever the
+      micro-batches (FlexGen's weight loads, ZeRO-3's fetches of the non-expert weights)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_ops: bounds.LAYER_OPS.type
+    cpu_ops: bounds.LAYER_OPS.type = 0.0
+    copies: bounds.LAYER_OPS.type = 0.0
+    syncs: bounds.LAYER_OPS.type = 0.0
+    expert_gpu_ops: bounds.LAYER_OPS.type = 0.0
+    expert_copies: bounds.LAYER_OPS.type = 0.0
+    expert_syncs: bounds.LAYER_OPS.type = 0.0
+    layer_copies: bounds.LAYER_OPS.type = 0.0
+    layer_syncs: bounds.LAYER_OPS.type = 0.0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Seconds per host operator call on a machine (:data:`EAGER_GPU_OP_S` and friends by
+    default; ``ModelOptions`` overrides them)."""
+
+    gpu_op_s: float = EAGER_GPU_OP_S
+    cpu_op_s: float = EAGER_CPU_OP_S
+    sync_bubble_s: float = SYNC_BUBBLE_S
+
+
+def host_issue_s(launches: Launches, op: OpCosts, distinct_experts):
+    """Host thread's time to issue one micro-batch of a layer: its GPU kernels and copies,
+    per touched expert too (``distinct_experts``, an array)."""
+    d = np.asarray(distinct_experts, dtype=float)
+    return op.gpu_op_s * (launches.gpu_ops + launches.copies + d * (launches.expert_gpu_ops + launches.expert_copies))
+
+
+def cpu_issue_s(launches: Launches, op: OpCosts) -> float:
+    """Dispatch of the framework ops on CPU tensors of one micro-batch (the CPU-attention
+    thread pays it beside its compute)."""
+    return op.cpu_op_s * launches.cpu_ops
+
+
+def sync_bubbles_s(launches: Launches, op: OpCosts, distinct_experts):
+    """GPU idle time of one micro-batch's host syncs (one launch latency each)."""
+    d = np.asarray(distinct_experts, dtype=float)
+    return op.sync_bubble_s * (launches.syncs + d * launches.expert_syncs)
+
+
+def layer_host_issue_s(launches: Launches, op: OpCosts) -> float:
+    """Host issue time of a layer's once-per-step copies (weight fetches)."""
+    return op.gpu_op_s * launches.layer_copies
+
+
+def layer_sync_bubbles_s(launches: Launches, op: OpCosts) -> float:
+    """GPU idle time of a layer's once-per-step syncs."""
+    return op.sync_bubble_s * launches.layer_syncs
+
+
+def charged(launches: Optional[Launches], op: Optional[OpCosts]) -> bool:
+    """Whether per-op costs apply: the engine counts its ops and the machine has no
+    measured dispatch (:attr:`hrm.rates.Rates.op_costs` is set)."""
+    return launches is not None and op is not None
