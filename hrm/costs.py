@@ -9,9 +9,10 @@ general operational intensity I_x^i). All functions are vectorised: ``tokens`` a
 Counting conventions (what a hand computation must reproduce):
 - a matmul of (m × k) by (k × n) costs 2·m·k·n FLOPs; RMSNorm costs 4 FLOPs per element;
   softmax, RoPE, SiLU and residual adds are not counted (elementwise, < 1% of a layer);
-- weights bytes = parameters × weight dtype; activation bytes = elements read + written
-  × activation dtype; KV bytes = cache elements read (+ the new token's elements written)
-  × KV dtype;
+- weights bytes = parameters × weight dtype (a quantized model with a stored format: × its
+  bits per weight / 8, scales included, :func:`weight_bytes_per_param`); activation bytes =
+  elements read + written × activation dtype; KV bytes = cache elements read (+ the new
+  token's elements written) × KV dtype;
 - decode attention over a context of c tokens: QK^T and PV cost 2·c·d each per query head
   (MLA: scores over the latent+rope width, values over the latent width);
 - prefill attention over s tokens is causal: half of the s² score matrix.
@@ -25,7 +26,8 @@ import numpy as np
 
 from .model import ModelSpec
 from .routing import expected_distinct_experts as expected_distinct_given, uniform_distinct_experts
-from .units import dtype_bytes
+from .quantized import bits_per_weight
+from .units import FLOAT_DTYPES, dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class OpCost:
     weight_bytes: np.ndarray | float = 0.0
     kv_bytes: np.ndarray | float = 0.0
     act_bytes: np.ndarray | float = 0.0
+    #: its weights are quantized (int8/int4): a GEMM in the engine's dequantizing kernel
+    #: family where it names one (:func:`hrm.latency.gpu_time_s`, :mod:`hrm.quantized`)
+    quantized: bool = False
 
     @property
     def bytes(self):
@@ -46,6 +51,20 @@ class OpCost:
     def intensity(self):
         """Operational intensity FLOP/byte over all bytes (paper Def. 3.1, single level)."""
         return self.flops / np.maximum(self.bytes, 1e-30)
+
+
+def weight_bytes_per_param(model: ModelSpec) -> float:
+    """Bytes per weight of ``model``: its stored format's, scales and mins included
+    (:data:`hrm.quantized.WEIGHT_FORMATS`), or without one its dtype's packed payload
+    (today's count: unchanged for every float model)."""
+    if model.weight_format is None:
+        return dtype_bytes(model.weight_dtype)
+    return bits_per_weight(model.weight_format) / 8.0
+
+
+def quantized_weights(model: ModelSpec) -> bool:
+    """Whether ``model``'s GEMM weights are quantized (int8/int4): their GEMMs dequantize."""
+    return model.weight_dtype not in FLOAT_DTYPES
 
 
 def expected_distinct_experts(model: ModelSpec, tokens):
@@ -114,7 +133,7 @@ def total_params(model: ModelSpec) -> int:
 
 
 def expert_bytes(model: ModelSpec) -> float:
-    return expert_params(model) * dtype_bytes(model.weight_dtype)
+    return expert_params(model) * weight_bytes_per_param(model)
 
 
 def layer_expert_bytes(model: ModelSpec) -> float:
@@ -133,7 +152,7 @@ def static_weight_bytes(model: ModelSpec) -> float:
         + model.first_dense_layers * dense_layer_params(model)
         + embedding_params(model)
     )
-    return params * dtype_bytes(model.weight_dtype)
+    return params * weight_bytes_per_param(model)
 
 
 def kv_bytes_per_token(model: ModelSpec) -> float:
@@ -145,7 +164,7 @@ def kv_bytes_per_token(model: ModelSpec) -> float:
 
 def pre_attention(model: ModelSpec, tokens) -> OpCost:
     """Input RMSNorm + QKV projection for ``tokens`` tokens (MLA: q, kv_a, kv_a norm)."""
-    h, wb, ab = model.hidden_size, dtype_bytes(model.weight_dtype), dtype_bytes(model.activation_dtype)
+    h, wb, ab = model.hidden_size, weight_bytes_per_param(model), dtype_bytes(model.activation_dtype)
     tokens = np.asarray(tokens, dtype=float)
     if model.is_mla:
         proj_params = attention_params(model) - model.attn_out_dim * h - model.kv_lora_rank * model.num_heads * (
@@ -164,6 +183,7 @@ def pre_attention(model: ModelSpec, tokens) -> OpCost:
         flops=norm_flops + 2 * tokens * proj_params,
         weight_bytes=(proj_params + norm_weights) * wb,
         act_bytes=tokens * (h + out_width) * ab,
+        quantized=quantized_weights(model),
     )
 
 
@@ -187,7 +207,7 @@ def decode_attention(model: ModelSpec, tokens, context) -> OpCost:
         absorb = 2 * tokens * nq * r * (model.qk_nope_head_dim + model.v_head_dim)
         core = 2 * tokens * nq * context * (r + rope) + 2 * tokens * nq * context * r
         flops = absorb + core
-        weights = r * nq * (model.qk_nope_head_dim + model.v_head_dim) * dtype_bytes(model.weight_dtype)
+        weights = r * nq * (model.qk_nope_head_dim + model.v_head_dim) * weight_bytes_per_param(model)
     else:
         flops = 4 * tokens * nq * model.head_dim * context
         weights = 0.0
@@ -207,7 +227,7 @@ def prefill_attention(model: ModelSpec, sequences, prompt_len) -> OpCost:
         expand = 2 * seqs * s * model.kv_lora_rank * nq * (model.qk_nope_head_dim + model.v_head_dim)
         qk_dim, v_dim = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
         flops = expand + seqs * s * s * nq * (qk_dim + v_dim)
-        weights = model.kv_lora_rank * nq * (model.qk_nope_head_dim + model.v_head_dim) * dtype_bytes(model.weight_dtype)
+        weights = model.kv_lora_rank * nq * (model.qk_nope_head_dim + model.v_head_dim) * weight_bytes_per_param(model)
     else:
         flops = 2 * seqs * nq * model.head_dim * s * s
         weights = 0.0
@@ -219,13 +239,14 @@ def prefill_attention(model: ModelSpec, sequences, prompt_len) -> OpCost:
 def post_attention(model: ModelSpec, tokens) -> OpCost:
     """O projection, post-attention RMSNorm, router and shared experts (GPU-static part)."""
     tokens = np.asarray(tokens, dtype=float)
-    h, wb, ab = model.hidden_size, dtype_bytes(model.weight_dtype), dtype_bytes(model.activation_dtype)
+    h, wb, ab = model.hidden_size, weight_bytes_per_param(model), dtype_bytes(model.activation_dtype)
     o_params = model.attn_out_dim * h
     router = router_params(model)
     shared = shared_params(model)
     flops = 2 * tokens * (o_params + router + shared) + 4 * tokens * h
     act = tokens * (model.attn_out_dim + 2 * h + model.num_experts + (2 * model.shared_intermediate_size)) * ab
-    return OpCost("post_attn", flops=flops, weight_bytes=(o_params + router + shared + h) * wb, act_bytes=act)
+    return OpCost("post_attn", flops=flops, weight_bytes=(o_params + router + shared + h) * wb, act_bytes=act,
+                  quantized=quantized_weights(model))
 
 
 def routed_experts(model: ModelSpec, tokens) -> OpCost:
@@ -237,7 +258,7 @@ def routed_experts(model: ModelSpec, tokens) -> OpCost:
     flops = 2 * tokens * model.top_k * expert_params(model)
     weights = expected_distinct_experts(model, tokens) * expert_bytes(model)
     act = tokens * model.top_k * (2 * h + 3 * h2) * ab
-    return OpCost("experts", flops=flops, weight_bytes=weights, act_bytes=act)
+    return OpCost("experts", flops=flops, weight_bytes=weights, act_bytes=act, quantized=quantized_weights(model))
 
 
 def router(model: ModelSpec, tokens) -> OpCost:
@@ -246,7 +267,7 @@ def router(model: ModelSpec, tokens) -> OpCost:
     tokens = np.asarray(tokens, dtype=float)
     ab = dtype_bytes(model.activation_dtype)
     return OpCost("router", flops=2 * tokens * router_params(model),
-                  weight_bytes=router_params(model) * dtype_bytes(model.weight_dtype) + 0 * tokens,
+                  weight_bytes=router_params(model) * weight_bytes_per_param(model) + 0 * tokens,
                   act_bytes=tokens * (model.hidden_size + model.num_experts) * ab)
 
 
@@ -256,7 +277,7 @@ def single_expert(model: ModelSpec, tokens) -> OpCost:
     tokens = np.asarray(tokens, dtype=float)
     act = tokens * (2 * model.hidden_size + 3 * model.expert_intermediate_size) * dtype_bytes(model.activation_dtype)
     return OpCost("expert", flops=2 * tokens * expert_params(model), weight_bytes=expert_bytes(model) + 0 * tokens,
-                  act_bytes=act)
+                  act_bytes=act, quantized=quantized_weights(model))
 
 
 def dense_mlp(model: ModelSpec, tokens) -> OpCost:
@@ -266,8 +287,8 @@ def dense_mlp(model: ModelSpec, tokens) -> OpCost:
     params = 3 * h * hd
     ab = dtype_bytes(model.activation_dtype)
     return OpCost(
-        "dense_mlp", flops=2 * tokens * params, weight_bytes=params * dtype_bytes(model.weight_dtype),
-        act_bytes=tokens * (2 * h + 3 * hd) * ab,
+        "dense_mlp", flops=2 * tokens * params, weight_bytes=params * weight_bytes_per_param(model),
+        act_bytes=tokens * (2 * h + 3 * hd) * ab, quantized=quantized_weights(model),
     )
 
 
@@ -275,7 +296,7 @@ def lm_head(model: ModelSpec, tokens) -> OpCost:
     """Embedding lookup + final norm + lm_head for ``tokens`` tokens (model level)."""
     tokens = np.asarray(tokens, dtype=float)
     h, v = model.hidden_size, model.vocab_size
-    wb, ab = dtype_bytes(model.weight_dtype), dtype_bytes(model.activation_dtype)
+    wb, ab = weight_bytes_per_param(model), dtype_bytes(model.activation_dtype)
     flops = 2 * tokens * h * v + 4 * tokens * h
     weights = (h * v + h) * wb + tokens * h * wb  # lm_head + norm + the embedding rows looked up
     act = tokens * (2 * h + v) * ab

@@ -23,6 +23,10 @@ Mechanisms (field: what it models; ideal value):
   fraction of tensor peak (ideal: datasheet peaks);
 - ``moe_kernel``: a named kernel-efficiency entry (:data:`KERNELS`) for the routed-expert
   GEMMs (ideal: ``cublas``, factor 1);
+- ``quant_kernel``: the dequantizing GEMM family (:data:`hrm.quantized.QUANT_KERNELS`) the
+  engine runs quantized (int8/int4) weights in: such GEMMs pay the family's measured compute
+  and bandwidth fractions of the fp16 GEMM, in place of ``moe_kernel``'s (ideal: none — the
+  fp16 roofline on the quantized bytes);
 - ``moe_reads_all_experts``: the fused MoE kernel reads every resident expert of the layer
   per micro-batch, not only those the tokens touch (ideal: off);
 - ``sync``: where the host synchronises — ``none`` (ideal), ``per-step`` (host syncs end
@@ -240,6 +244,9 @@ class Engine(_Frozen):
     host_dram: bounds.Flag = False
     achieved_gpu_rates: bounds.Flag = False
     moe_kernel: str = "cublas"
+    #: the dequantizing kernel family of quantized weights' GEMMs (hrm.quantized.QUANT_KERNELS);
+    #: None: quantized GEMMs run at the fp16 roofline on their bytes
+    quant_kernel: Optional[str] = None
     moe_reads_all_experts: bounds.Flag = False
     sync: Literal["none", "per-step", "per-micro-batch"] = "none"
     static_experts: Literal["continuous", "whole-experts-per-layer", "whole-layers"] = "continuous"
@@ -273,6 +280,11 @@ class Engine(_Frozen):
             raise ValueError(f"schedule: unknown '{self.schedule}' (one of {', '.join(SCHEDULES)})")
         if self.moe_kernel not in KERNELS:
             raise ValueError(f"moe_kernel: unknown '{self.moe_kernel}' (one of {', '.join(KERNELS)})")
+        if self.quant_kernel is not None:
+            from .quantized import QUANT_KERNELS
+
+            if self.quant_kernel not in QUANT_KERNELS:
+                raise ValueError(f"quant_kernel: unknown '{self.quant_kernel}' (one of {', '.join(QUANT_KERNELS)})")
         per_micro_batch = {"cpu", "cached", "cached-cpu"} & {self.decode.offloaded_experts,
                                                              self.prefill.offloaded_experts}
         if per_micro_batch and self.policy.fixed.get("num_micro_batches") != 1:
@@ -389,6 +401,7 @@ MECHANISMS: dict[str, str] = {
     "host_dram": "host DRAM shared by copies, DMA and CPU attention",
     "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
     "moe_kernel": "MoE kernel efficiency",
+    "quant_kernel": "dequantizing kernel of quantized weights",
     "moe_reads_all_experts": "MoE kernel reads every resident expert",
     "sync": "host synchronisation (pipeline drains)",
     "prefill.weight_path": "prefill weight path",

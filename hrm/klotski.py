@@ -58,7 +58,6 @@ from .model import ModelSpec
 from .rates import Rates
 from .routing import Routing, expected_misses, uniform
 from .scheduling import Task, TaskQueues, Timeline, layer_ends_s, list_schedule, scheduled_tasks
-from .units import dtype_bytes
 
 #: the most batches per group :func:`klotski_batches` tries (the paper's planner caps n by memory)
 MAX_BATCH_GROUP = 512
@@ -249,7 +248,7 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
     call = task_dispatch_s(rates, engine)["expert"]
     experts = [(load, float(c) + call) for c in seconds[:used]]
     static = 0.0 if dense_resident else 1.0
-    wb = dtype_bytes(model.weight_dtype)
+    wb = costs.weight_bytes_per_param(model)
     gate_bytes = static * costs.router_params(model) * wb
     attention_bytes = static * (costs.moe_layer_static_params(model) - costs.router_params(model)) * wb
     loaded = gate_bytes + attention_bytes + (0.0 if experts_resident else used * costs.expert_bytes(model))

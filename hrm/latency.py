@@ -26,11 +26,11 @@ solver carries it through the same coefficients. Without it (datasheet profiles)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import costs
+from . import costs, quantized
 from .costs import OpCost
 from .engine import IDEAL, Engine
 from .model import ModelSpec
@@ -133,10 +133,31 @@ def gpu_rate_factors(rates: Rates, engine: Engine = IDEAL, kernel: bool = False)
 def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL, kernel: bool = False):
     """``op`` on the device tier; ``kernel``: it runs in the engine's MoE kernel, whose
     efficiency (:func:`gpu_rate_factors`) and time factor at ``matmul_rows`` tokens per
-    expert (:func:`kernel_slowdown`) apply."""
+    expert (:func:`kernel_slowdown`) apply.
+
+    An op on quantized weights (``op.quantized``) under an engine that names a dequantizing
+    kernel family (``engine.quant_kernel``) runs in that family instead
+    (:func:`quantized_gpu_time_s`): its fractions are measured against the fp16 GEMM, so they
+    replace the fp16 MoE kernel's (``kernel``'s factor and slowdown are not applied on top)."""
+    if op.quantized and engine.quant_kernel is not None and not rates.shared_unit:
+        return quantized_gpu_time_s(op, rates, matmul_rows, engine)
     flops, bandwidth = gpu_rate_factors(rates, engine, kernel)
     seconds = op_time_s(op, rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
     return seconds * kernel_slowdown(rates, engine, matmul_rows) if kernel else seconds
+
+
+def quantized_gpu_time_s(op: OpCost, rates: Rates, matmul_rows, engine: Engine):
+    """``op`` (quantized weights) in the engine's dequantizing kernel family
+    (:func:`hrm.quantized.quantized_time_s`): the fp16 path's FLOP rate at ``matmul_rows``
+    and memory rate (the engine's achieved-rate factors, no MoE-kernel factor) times the
+    family's compute and bandwidth fractions on the GPU's architecture (``default`` on a
+    datasheet profile without one)."""
+    flops, bandwidth = gpu_rate_factors(rates, engine, kernel=False)
+    family = quantized.quant_kernel(engine.quant_kernel)
+    architecture = rates.achieved.architecture if rates.achieved is not None else None
+    return quantized.quantized_time_s(op.flops, op.weight_bytes, op.kv_bytes + op.act_bytes,
+                                      rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth,
+                                      family, architecture)
 
 
 def kernel_slowdown(rates: Rates, engine: Engine, rows):
@@ -336,7 +357,7 @@ def on_demand_weights_share(model: ModelSpec, engine: Engine, layer_bytes):
     layer_bytes = np.asarray(layer_bytes, dtype=float)
     if bucket is None:
         return 0.0 * layer_bytes
-    bucket_bytes = bucket * model.hidden_size ** 2 * dtype_bytes(model.weight_dtype)
+    bucket_bytes = bucket * model.hidden_size ** 2 * costs.weight_bytes_per_param(model)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(layer_bytes > 0, np.clip(1.0 - bucket_bytes / layer_bytes, 0.0, 1.0), 0.0)
 
@@ -349,7 +370,7 @@ def offloaded_layer_bytes(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gp
     if engine.offloaded_weights != "all":
         return experts
     params = costs.moe_layer_static_params(model) if moe else costs.dense_layer_params(model)
-    return experts + params * dtype_bytes(model.weight_dtype)
+    return experts + params * costs.weight_bytes_per_param(model)
 
 
 def _alpha(dispatch, name: str) -> float:
@@ -449,7 +470,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     ffn_op = ops.ffn
     if moe and engine.moe_reads_all_experts:
         # the fused kernel walks every resident expert of the layer for each micro-batch
-        ffn_op = OpCost(ffn_op.name, ffn_op.flops, costs.layer_expert_bytes(model) + 0 * mu, 0.0, ffn_op.act_bytes)
+        ffn_op = replace(ffn_op, weight_bytes=costs.layer_expert_bytes(model) + 0 * mu, kv_bytes=0.0)
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     # the host KV cache's memory sets the path of its prefetch too (pageable: driver-staged)
     kv_read = kv_load_s(rates, engine, engine.decode.kv_cache, attn * mu * context * kv_token)

@@ -95,6 +95,10 @@ class ModelSpec(BaseModel):
     weight_dtype: Dtype = "fp16"
     kv_dtype: Dtype = "fp16"
     activation_dtype: Dtype = "fp16"
+    #: how quantized weights are stored (a name in :data:`hrm.quantized.WEIGHT_FORMATS`: a GGUF
+    #: type such as q4_k_m, or int4-g128), its bits per weight with scales; None: the weight
+    #: dtype's packed payload only (docs/model.md §4.8)
+    weight_format: Optional[str] = None
     #: which experts tokens choose (hrm.routing); None: uniform and independent (docs/model.md §4.1)
     routing: Optional[Routing] = None
 
@@ -113,6 +117,14 @@ class ModelSpec(BaseModel):
         if self.routing is not None and (self.routing.num_experts, self.routing.top_k) != (self.num_experts, self.top_k):
             raise ValueError(f"routing: a distribution over {self.routing.num_experts} experts, top-{self.routing.top_k}; "
                              f"the model has {self.num_experts}, top-{self.top_k}")
+        if self.weight_format is not None:
+            from .quantized import WEIGHT_FORMATS
+
+            if self.weight_format not in WEIGHT_FORMATS:
+                raise ValueError(f"weight_format: unknown {self.weight_format!r} (one of {', '.join(WEIGHT_FORMATS)})")
+            if self.weight_dtype in FLOAT_DTYPES:
+                raise ValueError(f"weight_format {self.weight_format} needs quantized weights (weight_dtype int4 or "
+                                 f"int8), not {self.weight_dtype}")
         rows = len(self.routing.probabilities) if self.routing is not None else 1
         if self.routing is not None and self.routing.kind == "trace" and rows != self.num_moe_layers:
             # a trace has one row per MoE layer (hrm run --routing-trace): another count is another model's
@@ -159,8 +171,10 @@ class ModelSpec(BaseModel):
 
     def sha256(self) -> str:
         """Hash of the fields the cost model reads (the context window only bounds the
-        workload, so plans made before it was read keep their hash; so does uniform routing)."""
-        exclude = {"max_context_len"} | ({"routing"} if self.routing is None else set())
+        workload, so plans made before it was read keep their hash; so do uniform routing and
+        an absent stored weight format)."""
+        exclude = ({"max_context_len"} | ({"routing"} if self.routing is None else set())
+                   | ({"weight_format"} if self.weight_format is None else set()))
         blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -181,7 +195,20 @@ class ModelSpec(BaseModel):
         update = {k: v for k, v in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)) if v}
         if weight_dtype in FLOAT_DTYPES:
             update["activation_dtype"] = weight_dtype
+        if weight_dtype and weight_dtype != self.weight_dtype:
+            update["weight_format"] = None  # another dtype: the format named for the old one no longer holds
         return self.model_copy(update=update) if update else self
+
+    def with_weight_format(self, weight_format: Optional[str]) -> "ModelSpec":
+        """The spec with its quantized weights stored as ``weight_format`` (a name in
+        :data:`hrm.quantized.WEIGHT_FORMATS`; None: the dtype's payload only); HRMError (one
+        line) for an unknown format or float weights."""
+        if weight_format == self.weight_format:
+            return self
+        try:
+            return ModelSpec.model_validate({**self.model_dump(), "weight_format": weight_format})
+        except ValidationError as exc:
+            raise HRMError(pydantic_message("--weight-format", exc)) from None
 
 
 # --- Hugging Face key zoo -------------------------------------------------------------

@@ -439,7 +439,7 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
     from itertools import product
 
     from .model import load_model
-    from .units import DTYPES
+    from .units import DTYPES, FLOAT_DTYPES
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -453,10 +453,16 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
             return None
     if base.sha256() == plan.model.sha256:
         return base
+    from .quantized import WEIGHT_FORMATS
+
     for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):
         spec = base.model_copy(update={"weight_dtype": wd, "kv_dtype": kd, "activation_dtype": ad})
         if spec.sha256() == plan.model.sha256:
             return spec
+        for fmt in WEIGHT_FORMATS if wd not in FLOAT_DTYPES else ():  # quantized weights in a stored format
+            stored = spec.model_copy(update={"weight_format": fmt})
+            if stored.sha256() == plan.model.sha256:
+                return stored
     return None
 
 

@@ -84,7 +84,7 @@ PIPELINE_FIELDS: dict[str, PipelineFields] = {
     "lanes": PipelineFields("lanes", None),
     "expert-level": PipelineFields("expert-level", {
         "decode.weight_path": None, "prefill.weight_path": None, "decode.kv_cache": None, "prefill.kv_cache": None,
-        "host_dram": None, "achieved_gpu_rates": None, "moe_kernel": None, "sync": ("none", "per-step"),
+        "host_dram": None, "achieved_gpu_rates": None, "moe_kernel": None, "quant_kernel": None, "sync": ("none", "per-step"),
         "static_experts": ("continuous", "whole-layers"), "copy_threads": None, "numa_aware": None,
         "tensor_parallel.host_shared": None, "memory.gpu_weight_buffer_layers": (1.0, 2.0, 3.0, 4.0),
         "memory.pinned_staging_layers": None, "memory.cpu_holds_all_experts": None, "launches": None}),

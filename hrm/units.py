@@ -6,8 +6,8 @@ MIB = 2**20  # 2^20 bytes (sizes in messages and measurement notes)
 KIB = 2**10  # 2^10 bytes (cache sizes in /sys and /proc)
 TFLOPS = 1e12  # *_tflops keys: 1e12 FLOP/s
 
-# Bytes per element. int4 counts the packed payload only; quantisation scales
-# (about 2 bytes per group of 128) are ignored, < 2% of the weight bytes.
+# Bytes per element. int4 counts the packed payload only; a model that names its stored
+# format (ModelSpec.weight_format, hrm.quantized.WEIGHT_FORMATS) counts its scales too.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "fp16": 2.0,

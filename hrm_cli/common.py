@@ -5,6 +5,7 @@ from __future__ import annotations
 from hrm import bounds
 from hrm.hardware import load_hardware
 from hrm.model import load_model
+from hrm.quantized import WEIGHT_FORMATS
 from hrm.units import DTYPES, GIB
 from hrm.workload import PRESETS, make_workload
 
@@ -14,6 +15,9 @@ def add_machine_args(parser, hw_required: bool = True) -> None:
     parser.add_argument("--model", required=hw_required, help="catalog name/alias (mixtral, dbrx, ...) or a config.json path")
     parser.add_argument("--weight-dtype", choices=list(DTYPES), help="override the weight dtype")
     parser.add_argument("--kv-dtype", choices=list(DTYPES), help="override the KV-cache dtype")
+    parser.add_argument("--weight-format", choices=list(WEIGHT_FORMATS),
+                        help="how int4/int8 weights are stored (GGUF type or int4-g128): their bits per weight with "
+                             "scales (default: the packed payload only)")
     add_routing_arg(parser)
 
 
@@ -88,6 +92,8 @@ def add_memory_args(parser) -> None:
 def machine_from_args(args):
     hw = load_hardware(args.hw)
     model = load_model(args.model, getattr(args, "weight_dtype", None), getattr(args, "kv_dtype", None))
+    fmt = getattr(args, "weight_format", None)
+    model = model.with_weight_format(fmt) if fmt else model
     return hw, routed_model(model, getattr(args, "routing", None))
 
 

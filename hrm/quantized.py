@@ -1,0 +1,172 @@
+"""Quantized weights: their bytes (payload plus scales) and the cost of the dequantizing kernel.
+
+Two registries, both data with a source per number (docs/model.md §4.8):
+
+- :data:`WEIGHT_FORMATS` — how many bits a stored weight takes, scales and mins included:
+  GGUF block types from ggml's block structs (``block_q4_K`` = 144 bytes per 256 weights =
+  4.5 bits), llama.cpp's mixtures (Q4_K_M) and group-quantized int4 (GPTQ/AWQ/Marlin). A
+  model names its format in :attr:`hrm.model.ModelSpec.weight_format`; None keeps today's
+  count, the packed payload only (:func:`hrm.costs.weight_bytes_per_param`).
+- :data:`QUANT_KERNELS` — a kernel family that multiplies fp16 activations by quantized
+  weights, dequantizing in the kernel, with two fractions per GPU architecture measured
+  against the fp16 (cuBLAS) GEMM on the same GPU and shape:
+
+  - ``bandwidth_fraction``: at small M (memory-bound) the share of the fp16 kernel's memory
+    rate the kernel reaches on its own (quantized) bytes: measured speedup over fp16 ÷ the
+    ideal speedup (fp16 bytes ÷ quantized bytes);
+  - ``compute_fraction``: at large M (compute-bound) its FLOP rate ÷ the fp16 GEMM's.
+
+  An engine names its family in :attr:`hrm.engine.Engine.quant_kernel` (None: no family,
+  today's model — the fp16 roofline on the quantized bytes). The time of a GEMM on
+  quantized weights in that family (:func:`quantized_time_s`) is the roofline
+
+      t = max(FLOPs / (R_fp16(M) · c_arch), bytes / (B_fp16 · b_arch))
+
+  with R_fp16(M) and B_fp16 the rates the fp16 path uses for the same op (peaks, achieved
+  efficiencies, the FLOP/s-vs-M curve of a measured profile): never faster than the fp16
+  compute roof, nor than the memory roof of its own bytes (c, b ∈ (0, 1]).
+
+Overrides: ``QUANT_KERNELS`` and ``WEIGHT_FORMATS`` are plain dicts (add or replace an entry
+from Python); an engine YAML picks its family by name; a model picks its format by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightFormat(_Frozen):
+    """A stored weight format: ``parts`` are (share of the weights, bytes per block, weights
+    per block) — one part for a block type, several for a mixture of types."""
+
+    parts: tuple[tuple[float, float, int], ...]
+    source: str
+
+    @model_validator(mode="after")
+    def _shares(self):
+        if abs(sum(share for share, _, _ in self.parts) - 1.0) > 1e-9:
+            raise ValueError("weight format parts: shares must sum to 1")
+        if any(b <= 0 or n <= 0 for _, b, n in self.parts):
+            raise ValueError("weight format parts: bytes and weights per block must be positive")
+        return self
+
+    @property
+    def bits_per_weight(self) -> float:
+        return sum(share * 8.0 * block_bytes / weights for share, block_bytes, weights in self.parts)
+
+
+# ggml block sizes (ggml/src/ggml-common.h, ggml-org/llama.cpp@01243c58: the static_asserts
+# under each struct): QK4_0 = QK8_0 = 32 weights per block, QK_K = 256 per super-block.
+Q4_0_BLOCK = (2 + 32 // 2, 32)  # block_q4_0: ggml_half d + 16 bytes of nibbles
+Q8_0_BLOCK = (2 + 32, 32)  # block_q8_0: ggml_half d + 32 int8 quants
+Q4_K_BLOCK = (2 * 2 + 12 + 256 // 2, 256)  # block_q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes
+Q5_K_BLOCK = (2 * 2 + 12 + 256 // 2 + 256 // 8, 256)  # block_q5_K: as q4_K + 32 bytes of high bits
+Q6_K_BLOCK = (2 + 256 // 16 + 3 * 256 // 4, 256)  # block_q6_K: d, 16 int8 scales, 192 bytes of quants
+#: llama.cpp's Q4_K_M on a SwiGLU expert: gate and up in Q4_K; down in Q6_K on the layers
+#: ``use_more_bits`` picks (the first and last eighth and every third between: half of
+#: them), Q4_K on the rest (src/llama-quant.cpp, llama_tensor_get_type: ffn_down with
+#: LLAMA_FTYPE_MOSTLY_Q4_K_M && use_more_bits -> GGML_TYPE_Q6_K)
+Q4_K_M_DOWN_Q6_SHARE = 0.5
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    "q4_0": WeightFormat(parts=((1.0, *Q4_0_BLOCK),), source="ggml-common.h block_q4_0: 18 bytes per 32 weights"),
+    "q8_0": WeightFormat(parts=((1.0, *Q8_0_BLOCK),), source="ggml-common.h block_q8_0: 34 bytes per 32 weights"),
+    "q4_k": WeightFormat(parts=((1.0, *Q4_K_BLOCK),), source="ggml-common.h block_q4_K: 144 bytes per 256 weights"),
+    "q5_k": WeightFormat(parts=((1.0, *Q5_K_BLOCK),), source="ggml-common.h block_q5_K: 176 bytes per 256 weights"),
+    "q6_k": WeightFormat(parts=((1.0, *Q6_K_BLOCK),), source="ggml-common.h block_q6_K: 210 bytes per 256 weights"),
+    "q4_k_m": WeightFormat(
+        parts=((2 / 3 + (1 - Q4_K_M_DOWN_Q6_SHARE) / 3, *Q4_K_BLOCK), (Q4_K_M_DOWN_Q6_SHARE / 3, *Q6_K_BLOCK)),
+        source="llama.cpp src/llama-quant.cpp: Q4_K_M = Q4_K, ffn_down in Q6_K on half the layers "
+               "(use_more_bits); on a SwiGLU expert 4.84 bits per weight"),
+    # int4 with one fp16 scale per group of 128 (symmetric: no zeros), the Marlin/GPTQ layout:
+    # "the 0.125 bits storage overhead of the group scales" (IST-DASLab/marlin README, Benchmarks)
+    "int4-g128": WeightFormat(parts=((1.0, 128 // 2 + 2, 128),),
+                              source="IST-DASLab/marlin README: 4 bits + 0.125 bits of fp16 group scales (group 128)"),
+    "int8-channelwise": WeightFormat(parts=((1.0, 1.0, 1),),
+                                     source="one scale per output channel: < 0.01% of the bytes, not counted"),
+}
+
+
+def weight_format(name: str) -> WeightFormat:
+    if name not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {name!r} (one of {', '.join(WEIGHT_FORMATS)})")
+    return WEIGHT_FORMATS[name]
+
+
+def bits_per_weight(name: str) -> float:
+    """Bits per stored weight of format ``name``, scales and mins included."""
+    return weight_format(name).bits_per_weight
+
+
+class QuantKernel(_Frozen):
+    """A dequantizing GEMM family: per GPU architecture (``default`` for the rest) the
+    fraction of the fp16 kernel's memory rate (small M) and FLOP rate (large M) it reaches,
+    and the kernel microbenchmarks they come from."""
+
+    bandwidth_fraction: dict[str, float]
+    compute_fraction: dict[str, float]
+    source: str
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        for name, table in (("bandwidth_fraction", self.bandwidth_fraction),
+                            ("compute_fraction", self.compute_fraction)):
+            if "default" not in table:
+                raise ValueError(f"{name} needs a 'default' entry")
+            if any(not 0 < v <= 1 for v in table.values()):
+                raise ValueError(f"{name}: fractions must lie in (0, 1]")
+        return self
+
+    def fractions(self, architecture: str | None) -> tuple[float, float]:
+        """(compute fraction, bandwidth fraction) on ``architecture``."""
+        arch = architecture or "default"
+        return (self.compute_fraction.get(arch, self.compute_fraction["default"]),
+                self.bandwidth_fraction.get(arch, self.bandwidth_fraction["default"]))
+
+
+#: Marlin int4 (group 128) x fp16 on an Ampere GPU (vLLM PR #2497, comment of 2024-01-24,
+#: IST-DASLab/marlin bench.py): speedup over torch fp16 3.12 at M=1 (3.10-3.20 up to M=16)
+#: against the ideal 3.87 (README: 16 / 4.125 bits) -> 3.12 / 3.87; 0.60 at M=2048 (141.4
+#: TFLOP/s, 0.61 at M=4000) -> 0.60 of the fp16 GEMM's FLOP rate.
+MARLIN_AMPERE_BANDWIDTH = 3.12 / 3.87
+MARLIN_AMPERE_COMPUTE = 0.60
+#: Marlin w4a16 (channelwise) on H100 (inclusionAI/humming PR #2, n = k = 8192): 4.98 vs
+#: 2.30 TFLOP/s for torch fp16 at M=1 (2.17x; 2.14x at M=4) against an ideal 4x.
+MARLIN_HOPPER_BANDWIDTH = (4.98 / 2.30) / 4.0
+#: llama.cpp's dequantize-to-f16 + BLAS path for a quantized matmul (its path with the
+#: MMQ/MMA kernels off) vs f16 BLAS, m=4096 n=512 k=14336 (PR #14624, "MMA Disabled (cublas
+#: path)", a CDNA3 GPU): q4_0 55.61 vs f16 74.02 TFLOP/s.
+GGUF_DEQUANT_BLAS_COMPUTE = 55.61 / 74.02
+
+QUANT_KERNELS: dict[str, QuantKernel] = {
+    "marlin": QuantKernel(
+        bandwidth_fraction={"default": MARLIN_AMPERE_BANDWIDTH, "ampere": MARLIN_AMPERE_BANDWIDTH,
+                            "hopper": MARLIN_HOPPER_BANDWIDTH},
+        compute_fraction={"default": MARLIN_AMPERE_COMPUTE},
+        source="vLLM PR #2497 (Marlin bench.py sweep: 3.12x at M=1 vs ideal 3.87x, 0.60x at M=2048); "
+               "inclusionAI/humming PR #2 (H100, M=1: 4.98 vs 2.30 TFLOP/s fp16)"),
+    "gguf-dequant-blas": QuantKernel(
+        bandwidth_fraction={"default": 1.0},
+        compute_fraction={"default": GGUF_DEQUANT_BLAS_COMPUTE},
+        source="llama.cpp PR #14624 (test-backend-ops MUL_MAT q4_0 vs f16, n=512, MMA disabled: dequantize + "
+               "BLAS, CDNA3): 55.61 / 74.02; no public memory-bound measurement: bandwidth fraction 1"),
+}
+
+
+def quant_kernel(name: str) -> QuantKernel:
+    if name not in QUANT_KERNELS:
+        raise ValueError(f"unknown quantized kernel {name!r} (one of {', '.join(QUANT_KERNELS)})")
+    return QUANT_KERNELS[name]
+
+
+def quantized_time_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s, kernel: QuantKernel,
+                     architecture: str | None):
+    """One op on quantized weights in ``kernel``'s family: max(FLOPs / (R_fp16 · c),
+    (weight bytes + other bytes) / (B_fp16 · b)), R_fp16 and B_fp16 the fp16 path's rates."""
+    compute, bandwidth = kernel.fractions(architecture)
+    return np.maximum(flops / (flops_per_s * compute), (weight_bytes + other_bytes) / (bytes_per_s * bandwidth))
