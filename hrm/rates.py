@@ -38,6 +38,9 @@ class Rates:
     cpu_dispatch: Optional[Dispatch] = None
     # achieved rates beside the peaks (engines use them; the ideal engine does not)
     achieved: Optional[Achieved] = None
+    # sequential read rate of the disk that weights beyond host memory stream from
+    # (profile ``disk.read_gbps``); None: no disk section (nothing spills), or a CPU-only host
+    disk_read_bytes_s: Optional[float] = None
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -109,4 +112,5 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         hw.gpu.dispatch if options.use_dispatch_overhead else None,
         cpu_dispatch,
         achieved_rates(hw),
+        hw.disk.read_gbps * GB if hw.disk is not None else None,
     )
