@@ -57,6 +57,9 @@ Mechanisms (field: what it models; ideal value):
 - ``offloaded_weights``: ``experts`` (non-expert weights always on the GPU; ideal) or
   ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
 - ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
+- ``memory.disk_weights``: weights beyond host memory spill to the profile's disk and are
+  read back through host memory every pass (the ``disk`` lane, :func:`hrm.latency.disk_lanes`;
+  ideal: off, a policy must fit host memory);
 - ``numa_aware``: pinned buffers on the GPU's socket (ideal) or not;
 - ``launches``: the host-side operator calls of a layer counted from the engine's source
   (:class:`hrm.launches.Launches`): the host thread's issue time is a lane of its own and
@@ -222,6 +225,9 @@ class Memory(_Frozen):
     - ``gpu_weight_buffer_layers``: layers of offloaded weights the GPU buffers (2 = double);
     - ``pinned_staging_layers``: layers of offloaded weights in pinned CPU staging;
     - ``cpu_holds_all_experts``: the CPU tensor holds every expert, static ones too;
+    - ``disk_weights``: offloaded weights that do not fit host memory are kept on the disk
+      (the profile's ``disk`` section) and read through host memory every time they are
+      used (FlexGen's ``--percent``: the share 100 − wg − wc); ideal: off, nothing spills;
     - ``gpu_reserved_gib`` / ``host_reserved_gib``: memory the engine's process holds beside
       its tensors (the CUDA context per GPU; the process's host footprint). The search's
       planning caps (``--gpu-util``/``--cpu-util``) leave room for them; a pinned policy is
@@ -230,6 +236,7 @@ class Memory(_Frozen):
     gpu_weight_buffer_layers: bounds.BUFFER_LAYERS.type = 2.0
     pinned_staging_layers: bounds.BUFFER_LAYERS.type = 2.0
     cpu_holds_all_experts: bounds.Flag = False
+    disk_weights: bounds.Flag = False
     gpu_reserved_gib: bounds.RESERVED_GIB.type = 0.0
     host_reserved_gib: bounds.RESERVED_GIB.type = 0.0
 
@@ -425,6 +432,7 @@ MECHANISMS: dict[str, str] = {
     "memory.pinned_staging_layers": "pinned CPU staging buffer (layers)",
     "memory.cpu_holds_all_experts": "CPU tensor holds every expert",
     "launches": "per-op launch and Python dispatch on the host",
+    "memory.disk_weights": "weights beyond host memory read from disk",
 }
 
 

@@ -22,6 +22,7 @@ from .problem import Problem, make_problem
 from .rates import Rates
 from .schedules import SCHEDULES
 from .throughput import end_to_end_time_s, throughput_tok_s
+from .units import GIB
 from .workload import Workload, check_context_window
 
 def schedule_problem(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
@@ -96,6 +97,8 @@ class EstimateResult:
     lane_layer_s: dict[str, float]
     memory_components: dict = field(default_factory=dict)
     engine: str = "ideal"
+    #: weights spilled to disk beyond host memory (``cpu_peak_bytes`` is what stays there)
+    disk_bytes: float = 0.0
     notes: tuple[str, ...] = ()
     defaulted: tuple[str, ...] = ()
 
@@ -121,6 +124,7 @@ class EstimateResult:
             "generation_throughput_tok_s": self.generation_throughput_tok_s,
             "gpu_peak_bytes": self.gpu_peak_bytes,
             "cpu_peak_bytes": self.cpu_peak_bytes,
+            "disk_bytes": self.disk_bytes,
             "bottleneck": self.bottleneck,
             "breakdown": {
                 "per_token_latency_s": self.per_token_latency_s,
@@ -183,6 +187,8 @@ def binding_memory(memory: MemoryUse, limits: MemoryLimits) -> str:
         return (f"host memory {100 * (memory.gpu_peak_bytes + memory.cpu_peak_bytes) / limits.cpu_bytes:.0f}% "
                 f"(device tier shares it)")
     g, c = memory.gpu_peak_bytes / limits.gpu_bytes, memory.cpu_peak_bytes / limits.cpu_bytes
+    if memory.disk_bytes > 0:  # the host tier is full: the rest of the weights are on disk
+        return f"CPU memory {100 * c:.0f}% (+{memory.disk_bytes / GIB:.2f} GiB of weights on disk)"
     return f"GPU memory {100 * g:.0f}%" if g >= c else f"CPU memory {100 * c:.0f}%"
 
 
@@ -216,6 +222,7 @@ def estimate_problem(problem: Problem, policy: Policy) -> EstimateResult:
         lane_layer_s=times.lane_layer_s,
         memory_components=memory.components,
         engine=problem.engine.name,
+        disk_bytes=memory.disk_bytes,
         notes=(*notes, *times.notes),
         defaulted=used_defaults(problem.engine, problem.rates),
     )

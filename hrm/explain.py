@@ -4,8 +4,9 @@ gap to the ideal roofline.
 For an engine E and a policy, every active mechanism m (a field that differs from
 ``ideal``, :data:`hrm.engine.MECHANISMS`) is switched off in turn (:func:`hrm.engine.without`)
 and the policy re-estimated: m costs T(E) − T(E without m) of end-to-end time, in decode
-time per layer and in prefill, and the GPU and CPU bytes it adds to the peaks (buffers,
-what is offloaded). Its share is that cost over the whole gap T(E) − T(ideal),
+time per layer and in prefill, and the GPU, CPU and disk bytes it adds to the peaks
+(buffers, what is offloaded, what spills beyond host memory: the disk column appears
+only where a mechanism spills). Its share is that cost over the whole gap T(E) − T(ideal),
 where ideal is E with every mechanism off (same schedule and policy). Shares need not add
 to 1: mechanisms interact through the max over lanes (one that is hidden behind another
 bottleneck costs nothing alone).
@@ -30,6 +31,7 @@ class MechanismCost:
     share_of_gap: float      # total_s / (T(engine) − T(ideal))
     gpu_bytes: float = 0.0   # GPU peak bytes it adds
     cpu_bytes: float = 0.0   # CPU peak bytes it adds
+    disk_bytes: float = 0.0  # bytes it spills to disk (docs/model.md §4.9)
 
 
 @dataclass(frozen=True)
@@ -63,14 +65,17 @@ class Explanation:
                                  f"{ideal.generation_throughput_tok_s:,.1f} tok/s on the same policy "
                                  f"(gap {self.gap_s:,.1f} s end to end); each mechanism switched off in turn"))
         # two-line headers keep the numbers whole at 80 columns; the labels wrap between words
+        # the disk tier's column only where a mechanism spills (weights beyond host memory)
+        disk = any(c.disk_bytes for c in self.costs)
         for col in ("mechanism", "decode\nms/layer", "prefill\ns", "total\ns", "share\nof gap", "GPU\nGiB",
-                    "CPU\nGiB"):
+                    "CPU\nGiB", *(("disk\nGiB",) if disk else ())):
             mechanism = col == "mechanism"
             table.add_column(col, justify="left" if mechanism else "right", no_wrap=not mechanism, overflow="fold")
         for c in self.costs:
             table.add_row(*(Text(cell) for cell in (
                 c.label, f"{c.decode_layer_s * 1e3:.3f}", f"{c.prefill_s:.2f}", f"{c.total_s:.2f}",
-                f"{c.share_of_gap:.0%}", f"{c.gpu_bytes / GIB:+.2f}", f"{c.cpu_bytes / GIB:+.2f}")))
+                f"{c.share_of_gap:.0%}", f"{c.gpu_bytes / GIB:+.2f}", f"{c.cpu_bytes / GIB:+.2f}",
+                *((f"{c.disk_bytes / GIB:+.2f}",) if disk else ()))))
         return table
 
 
@@ -90,6 +95,7 @@ def explain(hw, model, workload, policy, engine: Engine, options, limits) -> Exp
         costs.append(MechanismCost(
             mechanism, MECHANISMS[mechanism], total, base.decode_layer_latency_s - other.decode_layer_latency_s,
             base.prefill_latency_s - other.prefill_latency_s, total / gap if gap > 0 else 0.0,
-            base.gpu_peak_bytes - other.gpu_peak_bytes, base.cpu_peak_bytes - other.cpu_peak_bytes))
+            base.gpu_peak_bytes - other.gpu_peak_bytes, base.cpu_peak_bytes - other.cpu_peak_bytes,
+            base.disk_bytes - other.disk_bytes))
     costs.sort(key=lambda c: -c.total_s)
     return Explanation(engine.name, base, ideal, costs)

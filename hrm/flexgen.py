@@ -229,6 +229,21 @@ def nearest_levels(model: ModelSpec, share: float, reads: Reads = "layers") -> l
     return [lv for lv in (below_best, above_best) if lv is not None]
 
 
+def disk_percent_for_spill(model: ModelSpec, weight_gpu_percent: int, spill_bytes: float) -> Optional[int]:
+    """The smallest disk share d = 100 − wg − wc whose whole tensors hold ``spill_bytes``
+    of the decoder layers' weights (the minimal spill of docs/model.md §4.9) beside
+    ``--percent wg``: 0 when nothing spills; None when even wc = 0 leaves too few bytes on
+    disk. The GPU's tensors depend on wg alone (the GPU is the last tier of get_choice's
+    list, flex_moe.py:79-86, :90-91), so a disk share moves only CPU tensors to disk."""
+    if spill_bytes <= 0:
+        return 0
+    for disk in range(1, 101 - weight_gpu_percent):
+        placed = placed_bytes(model, (weight_gpu_percent, 100 - weight_gpu_percent - disk))["layers"]
+        if placed["disk"] >= spill_bytes:
+            return disk
+    return None
+
+
 def cache_gpu_rows(model: ModelSpec, micro_batch: int, cache_gpu_percent: int) -> int:
     """Rows (sequence × KV head) of one micro-batch's KV cache on the GPU under ``--percent
     … cg cc …``: all for cg = 100, none for cc = 100 (flex_moe.py:352-357), else

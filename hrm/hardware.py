@@ -255,7 +255,13 @@ class Link(_Strict):
 
 
 class Disk(_Strict):
+    """The disk weights beyond host memory are read from (docs/model.md §4.9): ``read_gbps``,
+    its sequential read rate (what the ``disk`` lane charges per spilled byte); optional
+    ``write_gbps``, its sequential write rate (recorded, not charged: spilled weights are
+    written once, before generation starts)."""
+
     read_gbps: bounds.BANDWIDTH_GBPS.type
+    write_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
 
 
 class Emulation(_Strict):
@@ -372,6 +378,7 @@ ACHIEVED_FIELDS = {
     "gpu": ("architecture", "memory_stream_efficiency", "gemm_efficiency"),
     "cpu": ("memcpy_one_thread_gbps", "memcpy_all_threads_gbps", "numa_nodes"),
     "link": ("d2h_pageable_gbps", "gpus_per_pcie_switch", "p2p"),
+    "disk": ("write_gbps",),
 }
 
 

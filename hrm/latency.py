@@ -745,9 +745,41 @@ def micro_batch_sync_lanes(lanes: list[Lane], weights_s) -> list[Lane]:
             if not np.any(np.asarray(lane.per_layer_offloaded_weights_s) != 0)]
 
 
+def disk_spill_lane(cpu_form, cpu_limit_bytes, micro_batch) -> Lane:
+    """The spill E = host need − usable host bytes (:func:`hrm.memory.disk_spill_bytes`
+    before its max with 0) as a :class:`Lane` in *bytes*: the host form
+    c + s·N + w·r_w + k·(r_c·N) (:class:`hrm.memory.MemoryForm`) with N = μ·n, r_c·N =
+    μ·n − μ·n·(1 − r_c) and r_w = 1 − (1 − r_w) is
+    n·μ(s + k) − n(1 − r_c)·μk − (1 − r_w)·w + (c + w − limit)."""
+    mu = np.asarray(micro_batch, dtype=float)
+    s, k, w = cpu_form.per_sequence, cpu_form.per_gpu_kv_sequence, cpu_form.per_weights_ratio
+    return Lane("spill", mu * (s + k), -mu * k, -w + 0 * mu, cpu_form.const + w - cpu_limit_bytes + 0 * mu)
+
+
+def _scaled(lane: Lane, factor: float, name: str) -> Lane:
+    return Lane(name, lane.per_micro_batch_s * factor, lane.per_micro_batch_kv_cpu_s * factor,
+                lane.per_layer_offloaded_weights_s * factor, lane.per_layer_s * factor)
+
+
+def disk_lanes(spill: Lane, num_layers: int, rates: Rates, engine: Engine, resources: dict[str, Lane]) -> list[Lane]:
+    """Lanes of the weights beyond host memory (``memory.disk_weights``): each pass of a
+    layer reads its share E / L of the spill from disk (the ``disk`` lane, E / (L · disk read
+    rate)), concurrent with the rest of the layer (the read of layer i + 1 overlaps layer
+    i, as the host-to-GPU copy does). Under ``host_dram`` the read also writes E / L bytes
+    into host DRAM (``dram+disk``: the DRAM lane plus that write; its later DMA read is the
+    weight path's). Both are affine (``spill`` from :func:`disk_spill_lane`); their max with
+    the lanes without disk is the max with E = 0, so the spill's own max with 0 is free."""
+    per_layer = 1.0 / num_layers
+    lanes = [_scaled(spill, per_layer / rates.disk_read_bytes_s, "disk")]
+    if engine.host_dram and "dram" in resources:
+        lanes.append(_sum_lanes("dram+disk", [resources["dram"], _scaled(spill, per_layer / dram_bytes_s(rates), "")]))
+    return lanes
+
+
 def lanes_time_s(lanes: list[Lane], num_micro_batches, weights_gpu_ratio, kv_gpu_ratio):
     """Layer time = max over lanes (eq. 12)."""
-    return np.max([lane.time_s(num_micro_batches, weights_gpu_ratio, kv_gpu_ratio) for lane in lanes], axis=0)
+    times = [lane.time_s(num_micro_batches, weights_gpu_ratio, kv_gpu_ratio) for lane in lanes]
+    return np.max(np.broadcast_arrays(*times), axis=0)  # a lane without a step axis (disk) broadcasts
 
 
 def lm_head_time_s(model: ModelSpec, rates: Rates, micro_batch):

@@ -131,6 +131,43 @@ def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
     )
 
 
+def spillable_weights_form(model: ModelSpec, engine: Engine = IDEAL) -> MemoryForm:
+    """The offloaded weights the host tier holds (the ``expert_weights_at_rw0`` part of
+    :func:`cpu_memory_form`: (1 − r_w) of the offloadable weights, or all of them when the
+    engine's CPU tensor holds every expert): the only bytes that may spill to disk
+    (``memory.disk_weights``; buffers, KV cache and workspaces stay in host memory)."""
+    total, _ = offloadable_weight_bytes(model, engine)
+    return MemoryForm(const=total, per_sequence=0.0,
+                      per_weights_ratio=0.0 if engine.memory.cpu_holds_all_experts else -total,
+                      per_gpu_kv_sequence=0.0)
+
+
+def host_floor_form(cpu_form: MemoryForm, spillable: MemoryForm) -> MemoryForm:
+    """The least host bytes a policy needs when every spillable weight is on disk: the
+    host tier's form less :func:`spillable_weights_form`. With disk spill the host
+    constraint is floor ≤ usable host bytes (spill ≤ the spillable weights), the form the
+    search uses for the CPU tier (:func:`solver.terms.memory_terms`)."""
+    return MemoryForm(const=cpu_form.const - spillable.const, per_sequence=cpu_form.per_sequence - spillable.per_sequence,
+                      per_weights_ratio=cpu_form.per_weights_ratio - spillable.per_weights_ratio,
+                      per_gpu_kv_sequence=cpu_form.per_gpu_kv_sequence - spillable.per_gpu_kv_sequence,
+                      components=cpu_form.components)
+
+
+def disk_spill_allowed(engine: Engine, disk_read_bytes_s: float | None, limits: "MemoryLimits") -> bool:
+    """Whether weights may spill to disk: the engine keeps weights there
+    (``memory.disk_weights``), the profile has a disk (``disk.read_gbps``; rates give None
+    without one) and the host memory is the host's alone (on a CPU-only host the device
+    tier shares it: not modelled, nothing spills)."""
+    return engine.memory.disk_weights and disk_read_bytes_s is not None and not limits.shared
+
+
+def disk_spill_bytes(cpu_bytes, spillable_bytes, cpu_limit_bytes):
+    """The minimal spill (docs/model.md §4.9): E = max(0, host need − usable host bytes),
+    at most the spillable weights (beyond them the policy does not fit at all). Disk only
+    adds time, so no policy spills more than it must."""
+    return np.clip(np.asarray(cpu_bytes, dtype=float) - cpu_limit_bytes, 0.0, spillable_bytes)
+
+
 def fits(gpu_bytes: float, cpu_bytes: float, limits: "MemoryLimits") -> bool:
     """Whether peaks of ``gpu_bytes`` and ``cpu_bytes`` fit ``limits`` (one memory for both on
     a CPU-only host)."""

@@ -35,7 +35,7 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "data" / "plan.schema.json"
 ESTIMATE_RTOL = 1e-6
 #: the estimate fields re-checked on load (the rest of the block depends on memory limits)
 CHECKED_ESTIMATE_FIELDS = ("decode_layer_latency_s", "prefill_latency_s", "decode_throughput_tok_s",
-                           "generation_throughput_tok_s", "gpu_peak_bytes", "cpu_peak_bytes")
+                           "generation_throughput_tok_s", "gpu_peak_bytes", "cpu_peak_bytes", "disk_bytes")
 
 #: characters of one line of free text in a plan (a solver's description, a note, why a server
 #: picks no policy) or of a file path a name may be: PATH_MAX of Linux (4096); real ones are a
@@ -90,6 +90,8 @@ class Estimate(_Frozen):
     generation_throughput_tok_s: Amount
     gpu_peak_bytes: Amount
     cpu_peak_bytes: Amount
+    #: weights spilled beyond host memory to disk (docs/model.md §4.9); 0 without a disk tier
+    disk_bytes: Amount = 0.0
     bottleneck: Name
     breakdown: dict = Field(default_factory=dict)
 
@@ -506,9 +508,14 @@ def estimate_problem(plan: Plan, hw, model, engine) -> Optional[str]:
     """Why the plan's estimate is stale (None if a recomputation matches it within
     :data:`ESTIMATE_RTOL`): names the first field that differs."""
     from .estimate import estimate
+    from .memory import MemoryLimits
 
+    # the memory the plan was made in: a spill to disk (and so the times) depends on it
+    settings = plan.search
+    limits = (MemoryLimits(settings.gpu_limit_bytes, settings.cpu_limit_bytes, settings.shared_memory)
+              if settings is not None else None)
     try:
-        fresh = estimate(hw, model, plan.workload, plan.policy, engine=engine).to_plan_estimate()
+        fresh = estimate(hw, model, plan.workload, plan.policy, engine=engine, limits=limits).to_plan_estimate()
     except HRMError as exc:
         return f"policy: {exc}"
     for key in CHECKED_ESTIMATE_FIELDS:

@@ -42,6 +42,9 @@ class Rates:
     # seconds per host operator call an engine's launch counts are charged at (hrm.launches):
     # a GPU host whose profile has no measured dispatch; None otherwise
     op_costs: Optional[OpCosts] = None
+    # sequential read rate of the disk that weights beyond host memory stream from
+    # (profile ``disk.read_gbps``); None: no disk section (nothing spills), or a CPU-only host
+    disk_read_bytes_s: Optional[float] = None
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -117,4 +120,5 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         cpu_dispatch,
         achieved_rates(hw),
         op_costs,
+        hw.disk.read_gbps * GB if hw.disk is not None else None,
     )

@@ -79,7 +79,8 @@ class PipelineFields:
 #: (:func:`hrm.latency.weight_transfer_s`, :func:`hrm.latency.kv_load_s`), charges the
 #: staging-copy team and host DRAM as capacity bounds, drains its pipeline once per step under
 #: ``sync: per-step`` (its per-batch host reads are dispatch α), keeps whole layers of experts
-#: (``static_experts``), and sizes its expert load buffer in whole layers.
+#: (``static_experts``), sizes its expert load buffer in whole layers, and keeps whole layers
+#: of experts beyond host memory on disk (``memory.disk_weights``, read once per pass).
 PIPELINE_FIELDS: dict[str, PipelineFields] = {
     "lanes": PipelineFields("lanes", None),
     "expert-level": PipelineFields("expert-level", {
@@ -87,7 +88,8 @@ PIPELINE_FIELDS: dict[str, PipelineFields] = {
         "host_dram": None, "achieved_gpu_rates": None, "moe_kernel": None, "quant_kernel": None, "sync": ("none", "per-step"),
         "static_experts": ("continuous", "whole-layers"), "copy_threads": None, "numa_aware": None,
         "tensor_parallel.host_shared": None, "memory.gpu_weight_buffer_layers": (1.0, 2.0, 3.0, 4.0),
-        "memory.pinned_staging_layers": None, "memory.cpu_holds_all_experts": None, "launches": None}),
+        "memory.pinned_staging_layers": None, "memory.cpu_holds_all_experts": None, "launches": None,
+        "memory.disk_weights": None}),
 }
 
 

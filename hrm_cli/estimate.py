@@ -53,6 +53,8 @@ def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits |
     else:
         table.add_row("GPU memory", f"{gib(result.gpu_peak_bytes)} / {gib(result.gpu_limit_bytes)}")
         table.add_row("CPU memory", f"{gib(result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
+        if result.disk_bytes > 0:  # the disk tier (docs/model.md §4.9)
+            table.add_row("disk (weights)", f"{gib(result.disk_bytes)} beyond host memory, read every pass")
     table.add_row("binding memory", result.binding_memory)
     table.add_row("fits", fits_in_words(result, physical))
     for note in result.notes:

@@ -168,6 +168,10 @@ def check_executable(plan: Plan, hw, spec) -> None:
     result = estimate(hw, spec, plan.workload, plan.policy, options=whole, engine=resolve_plan_engine(plan))
     if not result.feasible:
         raise InfeasibleError(f"plan: the policy needs more memory than {hw.name} has ({result.binding_memory})")
+    if result.disk_bytes > 0:  # docs/model.md §4.9: the runtime has no disk tier
+        raise InfeasibleError(f"plan: the policy keeps {result.disk_bytes / 2**30:.2f} GiB of weights on disk beyond "
+                              f"{hw.name}'s host memory; the reference runtime holds every offloaded weight in host "
+                              f"memory (no disk tier)")
 
 
 def main(argv) -> int:

@@ -259,6 +259,8 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
     else:
         table.add_row("GPU memory", f"{gib(best.gpu_peak_bytes)} / {gib(best.gpu_limit_bytes)}")
         table.add_row("CPU memory", f"{gib(best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
+        if best.disk_bytes > 0:  # the disk tier (docs/model.md §4.9)
+            table.add_row("disk (weights)", f"{gib(best.disk_bytes)} beyond host memory, read every pass")
     proven = "optimal" if result.plan.solver.optimal else "best found (not proven optimal)"
     table.add_row("solve", f"{result.seconds:.2f} s, {proven} over {result.extras['search_space']}")
     if result.verified is not None:

@@ -7,11 +7,14 @@ over an enumeration instead:
 - the space: every integer μ and n with N = n·μ ≤ ``--max-batch``, every whole number of
   MoE layers whose experts stay on the GPU (r_w = layers / L), and for each the largest KV
   share on the GPU that memory allows (r_c: more of the cache on the GPU only removes
-  loads), subject to GPU and CPU memory (:func:`hrm.pipelines.expert_level.klotski_memory`) and the pins;
+  loads), subject to GPU and CPU memory (:func:`hrm.pipelines.expert_level.klotski_memory`; the
+  host without the whole layers of experts that may go to disk,
+  :func:`hrm.pipelines.expert_level.klotski_disk_bytes`) and the pins;
 - a bound per candidate, vectorised over all of them: each layer takes at least the busy
   time of each of its resources (GPU, CPU→GPU, GPU→CPU) — the period of a schedule is never
   below its lane bound — from the very durations the scheduler gets
-  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`);
+  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`), and a pass never
+  below its heads plus its disk read;
 - candidates are scheduled (:func:`hrm.pipelines.expert_level.klotski_times`) in order of their bound
   until the next bound cannot beat the best scheduled one: the result is the optimum of the
   scheduled model over the whole space. ``--verify`` schedules every candidate instead.
@@ -29,7 +32,8 @@ from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
 from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, expert_load_s, experts_used,
                          task_dispatch_s)
-from hrm.pipelines.expert_level import expert_buffers, klotski_memory, klotski_own_batches, klotski_times
+from hrm.pipelines.expert_level import (expert_buffers, klotski_disk_bytes, klotski_disk_read_s, klotski_memory,
+                                       klotski_own_batches, klotski_times)
 from hrm.placement import make_placement
 from hrm.policy import Policy
 from hrm.progress import Progress
@@ -61,6 +65,8 @@ class Candidates:
     kv_ratio: np.ndarray
     step_lb_s: np.ndarray
     prefill_lb_s: np.ndarray
+    #: per pass, the read of the layers of experts kept on disk (docs/model.md §4.9; 0: none)
+    disk_read_s: np.ndarray
 
     def __len__(self) -> int:
         return len(self.mu)
@@ -114,15 +120,22 @@ def candidates(request, rates) -> Candidates:
             hi = np.where(memory.gpu_per_kv_ratio > 0, (limits.gpu_bytes - memory.gpu_const) / memory.gpu_per_kv_ratio,
                           np.inf)
         ratio = np.full(len(mu), float(fixed["kv_gpu_ratio"])) if "kv_gpu_ratio" in fixed else np.clip(hi, 0.0, 1.0)
-        ok = (memory.gpu_bytes(ratio) <= limits.gpu_bytes) & (memory.cpu_bytes(ratio) <= limits.cpu_bytes * (1 + 1e-12))
+        # the host holds what is not on disk (whole layers of experts, klotski_disk_bytes)
+        disk = klotski_disk_bytes(model, memory, ratio, engine, rates, limits)
+        ok = ((memory.gpu_bytes(ratio) <= limits.gpu_bytes)
+              & (memory.cpu_bytes(ratio) - disk <= limits.cpu_bytes * (1 + 1e-12)))
         if np.any(ok):
-            rows.append((mu[ok], n[ok], batch_size[ok], np.full(int(ok.sum()), resident), ratio[ok]))
+            rows.append((mu[ok], n[ok], batch_size[ok], np.full(int(ok.sum()), resident), ratio[ok],
+                         np.broadcast_to(klotski_disk_read_s(disk, rates), mu.shape)[ok]))
     if not rows:
-        return Candidates(*(np.zeros(0),) * 7)
-    mu, n, batch_size, resident, ratio = (np.concatenate(parts) for parts in zip(*rows))
+        return Candidates(*(np.zeros(0),) * 8)
+    mu, n, batch_size, resident, ratio, disk_s = (np.concatenate(parts) for parts in zip(*rows))
     step, pre = _lower_bounds(model, rates, engine, mu=mu, n=n, batch_size=batch_size, resident=resident, ratio=ratio,
                               context=context, prompt=prompt, layers=layers)
-    return Candidates(mu, n, batch_size, resident, ratio, step, pre)
+    # a pass takes at least its heads and the disk read (klotski_times: the layers' max with it)
+    head = n * latency.lm_head_time_s(model, rates, mu)
+    return Candidates(mu, n, batch_size, resident, ratio, np.maximum(step, head + disk_s),
+                      np.maximum(pre, head + disk_s), disk_s)
 
 
 def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, context, prompt, layers):
@@ -214,7 +227,8 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
                 if deadline is not None and best is not None and time.perf_counter() > deadline:
                     return Found(best, best_value, scheduled, float(bound[i]))
                 policy = cands.policy(i, layers)
-                times = klotski_times(request.model, rates, request.workload, policy, request.engine)
+                times = klotski_times(request.model, rates, request.workload, policy, request.engine,
+                                      disk_read_s=float(cands.disk_read_s[i]))
                 scheduled += 1
                 progress(scheduled, _progress_note(kind, best_value, float(bound[i])) if best is not None else "")
                 if limits.tpot_s is not None and times.decode_step_s > limits.tpot_s * (1 + 1e-9):
@@ -260,7 +274,7 @@ def search_klotski(request):
         if len(cands):
             limits = describe_limits(request.latency_limits)[len(", subject to "):]
             raise InfeasibleError(f"latency limit binds: no policy that fits memory meets {limits} (engine {engine.name})")
-        raise InfeasibleError(_infeasible_reason(request) + f" (engine {engine.name})")
+        raise InfeasibleError(_infeasible_reason(request, rates) + f" (engine {engine.name})")
     policy = cands.policy(found.index, model.num_moe_layers)
     result = estimate(hw, model, workload, policy, options=request.options, limits=request.limits, engine=engine)
     seconds = time.perf_counter() - request.start
@@ -307,19 +321,25 @@ def _gap(found: Found) -> float:
     return (bound - value) / abs(value) if value else float("inf")
 
 
-def _infeasible_reason(request) -> str:
+def _infeasible_reason(request, rates) -> str:
     """The smallest footprint (μ = n = 1, or the pins; no resident layer; the KV share that
-    fits) against the limits."""
+    fits) against the limits (the host's with the layers of experts that may go to disk
+    there, :func:`hrm.pipelines.expert_level.klotski_disk_bytes`)."""
     model, workload, limits, fixed = request.model, request.workload, request.limits, request.fixed
     mu = int(fixed.get("micro_batch_size", 1))
     batch_size = int(fixed.get("batch_size", mu * int(fixed.get("num_micro_batches", 1))))
     resident = int(round(fixed.get("weights_gpu_ratio", 0.0) * model.num_moe_layers))
     memory = klotski_memory(model, workload, mu, batch_size, resident, engine=request.engine)
-    gpu, cpu = float(memory.gpu_bytes(0.0)), float(memory.cpu_bytes(1.0))
+
+    def host(kv_ratio: float) -> float:
+        return float(memory.cpu_bytes(kv_ratio) - klotski_disk_bytes(model, memory, kv_ratio, request.engine, rates,
+                                                                      limits))
+
+    gpu, cpu = float(memory.gpu_bytes(0.0)), host(1.0)
     if gpu > limits.gpu_bytes:
         return (f"GPU memory binds: {batch_size} sequence(s) in batches of {mu} need at least {gpu / GIB:.1f} GiB of "
                 f"{limits.gpu_bytes / GIB:.1f} GiB usable (non-expert weights, one layer's experts, KV buffers)")
-    if float(memory.cpu_bytes(0.0)) > limits.cpu_bytes and cpu > limits.cpu_bytes:
+    if host(0.0) > limits.cpu_bytes and cpu > limits.cpu_bytes:
         return (f"CPU memory binds: the offloaded experts and KV need at least {cpu / GIB:.1f} GiB of "
                 f"{limits.cpu_bytes / GIB:.1f} GiB usable")
     return "GPU and CPU memory bind together: no KV split of the smallest batch fits both"

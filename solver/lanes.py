@@ -12,6 +12,7 @@ from hrm import costs
 from hrm.engine import Engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import engine_problem, estimate_problem
+from hrm.memory import disk_spill_allowed
 from hrm.placement import make_placement
 from hrm.policy import Policy
 from hrm.problem import Problem
@@ -124,7 +125,11 @@ def _infeasible_reason(problem: Problem, terms: Terms, fixed: dict) -> str:
         return (f"GPU memory binds{pinned}: {what} needs at least {gpu_need / GIB:.1f} GiB of "
                 f"{limits.gpu_bytes / GIB:.1f} GiB usable ({100 * gpu_need / limits.gpu_bytes:.0f}%)")
     if cpu_need > limits.cpu_bytes:
-        return (f"CPU memory binds{pinned}: offloaded weights + KV of the smallest batch need at least "
+        # with a disk tier the terms' CPU form is what stays on the host with every weight on disk
+        spill = disk_spill_allowed(problem.engine, problem.rates.disk_read_bytes_s, limits)
+        what = "buffers + KV of the smallest batch (every offloaded weight on disk)" if spill else \
+            "offloaded weights + KV of the smallest batch"
+        return (f"CPU memory binds{pinned}: {what} need at least "
                 f"{cpu_need / GIB:.1f} GiB of {limits.cpu_bytes / GIB:.1f} GiB usable "
                 f"({100 * cpu_need / limits.cpu_bytes:.0f}%)")
     weights = costs.static_weight_bytes(model) + costs.total_expert_bytes(model)

@@ -20,8 +20,10 @@ import numpy as np
 from hrm import latency
 from hrm.engine import Engine, as_engine
 from hrm.estimate import engine_problem, static_expert_step
-from hrm.memory import MemoryLimits, cpu_memory_form, gpu_memory_form
+from hrm.memory import (MemoryLimits, cpu_memory_form, disk_spill_allowed, gpu_memory_form, host_floor_form,
+                        spillable_weights_form)
 from hrm.model import ModelSpec
+from hrm.pipelines.lanes import disk_lanes
 from hrm.problem import Problem
 from hrm.rates import Rates
 from hrm.throughput import end_to_end_time_s
@@ -163,7 +165,7 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
     step_weight, step_index = 1.0, None
 
     def decode_at(ctx: np.ndarray) -> dict:
-        return _decode_coefficients(model, rates, engine, mu, attn, ffn, ctx[None, :], len(modes))
+        return _decode_coefficients(model, rates, engine, mu, attn, ffn, ctx[None, :], len(modes), problem)
 
     if not steps:  # gen 1: prefill only; evaluate the lanes at one context, keep no decode step
         coef = decode_at(np.array([float(prompt)]))
@@ -188,29 +190,30 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
     return Terms(
         **{f.name: getattr(mem, f.name) for f in fields(MemoryTerms)},
         modes=modes, kind_layers=np.array([count for _, count in latency.layer_kinds(model)], dtype=float),
-        **coef, **_prefill_coefficients(problem, mu[:, 0], len(modes)), head=head, steps=steps,
+        **coef, **_prefill_coefficients(problem, mu[:, 0], attn[:, 0], ffn[:, 0], len(modes)), head=head, steps=steps,
         gen_len=workload.gen_len, expert_step=static_expert_step(model, engine),
         step_weight=step_weight, affine=affine, step_index=step_index,
         latency_limits=latency_limits or NO_LATENCY_LIMITS,
     )
 
 
-def _prefill_coefficients(problem: Problem, mu: np.ndarray, count: int) -> dict:
+def _prefill_coefficients(problem: Problem, mu: np.ndarray, attn: np.ndarray, ffn: np.ndarray, count: int) -> dict:
     """The prefill's lane coefficients [mode, kind, lane] (:class:`hrm.latency.Lane`'s fields,
     ``prefill_``-prefixed) of the micro-batch sizes ``mu``."""
     model, workload, engine, rates = problem.model, problem.workload, problem.engine, problem.rates
     per_kind = {name: [] for name in LANE_COEFFICIENTS}
     for moe, _count in latency.layer_kinds(model):
-        plan = latency.schedule_lanes(
-            latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len),
-            engine, rates.shared_unit, "prefill")
+        resources = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine,
+                                              workload.gen_len)
+        plan = (latency.schedule_lanes(resources, engine, rates.shared_unit, "prefill")
+                + disk_lanes(problem, mu, attn, ffn, resources))
         for name in LANE_COEFFICIENTS:
             per_kind[name].append([np.broadcast_to(getattr(lane, name), (count,)) for lane in plan])
     return {f"prefill_{name}": _stack(arrays, 2) for name, arrays in per_kind.items()}
 
 
 def _decode_coefficients(model: ModelSpec, rates: Rates, engine: Engine, mu, attn, ffn, contexts: np.ndarray,
-                         count: int) -> dict:
+                         count: int, problem: Problem) -> dict:
     """Decode lane coefficients (:class:`hrm.latency.Lane`'s fields) [mode, kind, lane,
     column], the weights term [mode, kind, lane] and the per-step sync [mode, column] at
     ``contexts`` [1, column]."""
@@ -219,7 +222,8 @@ def _decode_coefficients(model: ModelSpec, rates: Rates, engine: Engine, mu, att
     sync = np.zeros(shape_t)
     for moe, _count in latency.layer_kinds(model):
         resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
-        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit) + disk_lanes(problem, mu, attn, ffn,
+                                                                                           resources)
         for name in LANE_COEFFICIENTS:
             values = [np.broadcast_to(getattr(lane, name), shape_t) for lane in lanes]
             per_kind[name].append([v[:, 0] for v in values] if name == WEIGHTS_COEFFICIENT else values)
@@ -296,6 +300,10 @@ def memory_terms(problem: Problem, mu, attn, ffn) -> MemoryTerms:
     ones = np.ones(len(mu))
     g = gpu_memory_form(model, workload, mu, attn, ffn, engine)
     cm = cpu_memory_form(model, workload, mu, attn, ffn, engine)
+    if disk_spill_allowed(engine, problem.rates.disk_read_bytes_s, problem.limits):
+        # weights may spill to disk: the host must hold the rest (the spill itself is the
+        # disk lanes' time, :func:`hrm.pipelines.lanes.disk_lanes`)
+        cm = host_floor_form(cm, spillable_weights_form(model, engine))
     return MemoryTerms(mu=mu, attn_on_gpu=np.asarray(attn, dtype=bool) & (ones > 0),
                        ffn_on_gpu=np.asarray(ffn, dtype=bool) & (ones > 0),
                        expert_slots=model.num_moe_layers * model.num_experts, gpu_const=g.const * ones,

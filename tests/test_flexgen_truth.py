@@ -256,7 +256,7 @@ def test_bare_pin_weight_and_the_commands_workload():
 @pytest.mark.parametrize("text,needle", [
     ("--model facebook/opt-1.3b --percent 100 0 100 0 100 0", "--model facebook/opt-1.3b"),
     ("--model mistralai/Mixtral-8x22B-v0.1", "--model"),
-    ("--percent 50 40 0 100 100 0", "--percent"),
+    ("--percent 50 60 0 100 100 0", "--percent"),
     ("--percent 50 50 0 100 50 50", "--percent"),
     ("--percent 0 100 0 100 100 0 --compress-weight", "--compress-weight"),
     ("--pin-weight maybe", "--pin-weight"),

@@ -17,10 +17,12 @@ from pydantic import ValidationError
 
 from .. import bounds
 from ..errors import HRMError, InfeasibleError, pydantic_message
-from ..flexgen import (EXPERT_TENSORS, cache_gpu_share, cache_percent_for_share, expert_gpu_share, flex_moe_refusal, layer_gpu_share,
+from ..flexgen import (EXPERT_TENSORS, cache_gpu_share, cache_percent_for_share, disk_percent_for_spill, expert_gpu_share,
+                       flex_moe_refusal, layer_gpu_share, placed_bytes,
                        layer_tensors, nearest_levels, padded_workload, percent_for_share, realisable_shares,
                        realised_levels)
 from ..policy import Policy
+from ..units import GIB
 from .target import Context, EngineFlags, FlagSpec
 from .values import PERCENT, int_value, make_policy, with_fields
 
@@ -138,14 +140,46 @@ def _weight_percent(policy: Policy, ctx: Context) -> int:
     return wg
 
 
+def _spill_bytes(policy: Policy, ctx: Context) -> float:
+    """The weights the policy spills beyond host memory on the plan's machine (the padded
+    estimate's ``disk_bytes``, docs/model.md §4.9); 0 without a machine."""
+    return _padded_estimate(policy, ctx).disk_bytes if ctx.hardware is not None else 0.0
+
+
+def _disk_percent(policy: Policy, ctx: Context, wg: int) -> int:
+    """The disk share of ``--percent`` (100 − wg − wc): the fewest whole tensors that hold
+    the policy's spill (:func:`hrm.flexgen.disk_percent_for_spill`); 0 when nothing spills."""
+    spill = _spill_bytes(policy, ctx)
+    disk = disk_percent_for_spill(ctx.model, wg, spill)
+    if disk is None:
+        raise InfeasibleError(f"flexgen: {spill / GIB:.2f} GiB of weights must go to disk, more than --percent {wg} "
+                              f"leaves off the GPU ({_MOE}:79-86)")
+    return disk
+
+
+def _notes(policy: Policy, ctx: Context) -> list[str]:
+    """A spilling policy: how much FlexGen's whole tensors put on disk beside the planned spill."""
+    spill = _spill_bytes(policy, ctx)
+    if spill <= 0:
+        return []
+    wg = _weight_percent(policy, ctx)
+    disk = _disk_percent(policy, ctx, wg)
+    placed = placed_bytes(ctx.model, (wg, 100 - wg - disk))["layers"]["disk"]
+    return [f"--percent disk share {disk}% ({_MOE}:66-68): {placed / GIB:.2f} GiB of whole tensors on disk for the "
+            f"{spill / GIB:.2f} GiB of weights host memory cannot hold; the estimate reads only the latter from disk "
+            f"per pass, so where the disk binds FlexGen runs up to {placed / spill:.2f}x slower than estimated"]
+
+
 def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
     wg, cg = _weight_percent(policy, ctx), _cache_percent(policy, ctx)
+    disk = _disk_percent(policy, ctx, wg)
     out = {
         "--model": [HF_CHECKPOINTS.get(ctx.model.name, "MODEL")],
         "--gpu-batch-size": [str(policy.micro_batch_size)],
         "--num-gpu-batches": [str(policy.num_micro_batches)],
-        # no disk; activations stay on the GPU (hg=100): HRM keeps hidden states in GPU memory
-        "--percent": [str(wg), str(100 - wg), str(cg), str(100 - cg), "100", "0"],
+        # weights beyond host memory on disk (wd = 100 - wg - wc); activations stay on the GPU
+        # (hg=100): HRM keeps hidden states in GPU memory
+        "--percent": [str(wg), str(100 - wg - disk), str(cg), str(100 - cg), "100", "0"],
         # FlexGen pads every prompt to --prompt-len: the workload's longest
         "--prompt-len": [str(ctx.workload.max_prompt_len)],
         "--gen-len": [str(ctx.workload.gen_len)],
@@ -158,8 +192,9 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
 
 
 def _percent_shares(values: dict[str, list[str]]) -> list[int]:
-    """--percent's six shares (wg wc cg cc hg hc): weights and cache each summing to 100 (no
-    disk), one activation share 100 (FlexGen raises otherwise, flex_moe.py:636-643)."""
+    """--percent's six shares (wg wc cg cc hg hc): weights summing to at most 100 (the rest on
+    disk, docs/model.md §4.9), the cache to 100 (no cache on disk), one activation share 100
+    (FlexGen raises otherwise, flex_moe.py:636-643)."""
     tokens = values.get("--percent", ["100", "0", "100", "0", "100", "0"])
     if len(tokens) != 6:  # flex_moe.py:1393 asserts six
         raise HRMError(f"--percent: expected six integers (wg wc cg cc hg hc), got {len(tokens)}")
@@ -169,10 +204,11 @@ def _percent_shares(values: dict[str, list[str]]) -> list[int]:
             shares.append(PERCENT.check(int(text), f"--percent {name}"))
         except ValueError:
             raise HRMError(f"--percent {name} {text!r}: expected an integer") from None
-    for (a, b), what in zip(((0, 1), (2, 3)), ("weights", "cache")):
-        if shares[a] + shares[b] != 100:
-            raise HRMError(f"--percent: the {what} shares {shares[a]} + {shares[b]} do not sum to 100 "
-                           "(FlexGen's disk tier is outside HRM's policy space)")
+    if shares[0] + shares[1] > 100:
+        raise HRMError(f"--percent: the weight shares {shares[0]} + {shares[1]} exceed 100")
+    if shares[2] + shares[3] != 100:
+        raise HRMError(f"--percent: the cache shares {shares[2]} + {shares[3]} do not sum to 100 "
+                       "(a KV cache on disk is outside HRM's policy space)")
     if 100 not in (shares[4], shares[5]):
         raise HRMError(f"--percent: activations {shares[4]} {shares[5]}: FlexGen keeps them on one tier "
                        f"(hg or hc 100; {_MOE}:636-643)")
@@ -216,7 +252,7 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     notes = _model_notes(values, ctx) + _switch_notes(values, ctx)
     mu = int_value(values, "--gpu-batch-size", bounds.SEQUENCES, DEFAULT_GPU_BATCH_SIZE)
     n = int_value(values, "--num-gpu-batches", bounds.SEQUENCES, DEFAULT_NUM_GPU_BATCHES)
-    wg, _, cg, _, hg, _ = _percent_shares(values)
+    wg, wc, cg, _, hg, _ = _percent_shares(values)
     attn_cpu = "--cpu-cache-compute" in values
     if attn_cpu and cg:
         raise HRMError(f"--percent cg {cg} with --cpu-cache-compute: CPU attention reads the cache in CPU "
@@ -224,6 +260,10 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     if hg != 100:
         notes.append(f"--percent hg {hg}: hidden states between layers on the CPU are not modelled "
                      "(HRM keeps them on the GPU)")
+    if wg + wc < 100:
+        notes.append(f"--percent {wg} {wc}: {100 - wg - wc}% of the weights on disk; HRM spills only what host "
+                     "memory cannot hold (docs/model.md §4.9), with engines flexgen/flexgen-cpu-attn on a profile "
+                     "with a disk section")
     rw = layer_gpu_share(ctx.model, wg)
     notes.append(f"--percent {wg}: FlexGen places {100 * expert_gpu_share(ctx.model, wg):.4g}% of the experts and "
                  f"{100 * rw:.4g}% of every layer's bytes on the GPU (whole tensors, {_MOE}:89-169)")
@@ -290,5 +330,5 @@ FLEXGEN = EngineFlags(
              "experts are all, a third (w2) or none on the GPU",
              "every prompt is padded to --prompt-len (the workload's longest): KV cache and prefill sized by it"),
     workload=command_workload, check_runs=check_runs, replan_pins=replan_pins, nearest=_nearest, render=_render,
-    parse=_parse,
+    parse=_parse, notes=_notes,
 )

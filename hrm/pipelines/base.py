@@ -34,6 +34,8 @@ RESOURCE_LABELS = {
     "dram": "host DRAM bandwidth",
     "gpu+weights": "GPU chain waiting on the weight load",
     "host": "host thread issuing ops (launch + Python)",
+    "disk": "disk read of weights beyond host memory",
+    "dram+disk": "host DRAM bandwidth with the disk reads' writes",
 }
 
 
@@ -64,11 +66,14 @@ class PhaseTimes:
 
 @dataclass(frozen=True)
 class MemoryUse:
-    """A policy's peak bytes per tier and what makes them up (``{"gpu": {...}, "cpu": {...}}``)."""
+    """A policy's peak bytes per tier and what makes them up (``{"gpu": {...}, "cpu": {...}}``,
+    and ``"disk"`` when weights spill): ``cpu_peak_bytes`` is what stays in host memory,
+    ``disk_bytes`` the weights spilled beyond it (docs/model.md §4.9; 0 without a disk tier)."""
 
     gpu_peak_bytes: float
     cpu_peak_bytes: float
     components: dict
+    disk_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

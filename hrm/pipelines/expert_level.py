@@ -15,7 +15,10 @@ the KV path (:func:`hrm.latency.kv_load_s`, :func:`hrm.latency.kv_cache_s`), hos
 the staging-copy team as capacity bounds of the period, ``sync: per-step`` (each decode step
 starts with an empty pipeline: its first layer takes its makespan from empty, not the
 steady-state period), and the engine's expert buffers (``memory.gpu_weight_buffer_layers``
-whole layers: the scheduler's prefetch slots and their GPU bytes). Its search is
+whole layers: the scheduler's prefetch slots and their GPU bytes). The paper's own disk
+tier (§6.1, ``memory.disk_weights``): whole layers of experts beyond host memory on disk
+(:func:`klotski_disk_bytes`, with :func:`hrm.memory.disk_spill_allowed` of the lanes), read
+once per pass overlapping the whole pass (:func:`klotski_times`). Its search is
 :mod:`solver.klotski`.
 """
 
@@ -29,7 +32,7 @@ from .. import costs, latency
 from ..engine import IDEAL, Engine
 from ..errors import HRMError
 from ..klotski import KV_BUFFERS, ExpertSchedule, klotski_batches, klotski_layer, schedule_layer
-from ..memory import gpu_workspace_bytes, kv_bytes_per_sequence
+from ..memory import MemoryLimits, disk_spill_allowed, gpu_workspace_bytes, kv_bytes_per_sequence
 from ..model import ModelSpec
 from ..policy import Policy
 from ..problem import Problem
@@ -58,6 +61,8 @@ class KlotskiTimes:
     prefill: dict[str, ExpertSchedule]
     context: float
     step_drain_s: float = 0.0  # per decode step, under sync: per-step (included in decode_step_s)
+    #: per pass (a decode step, the prefill): reading the layers of experts kept on disk
+    disk_read_s: float = 0.0
 
     @property
     def decode_s(self) -> float:
@@ -98,11 +103,14 @@ KIND_ORDER = ("dense", "resident", "offloaded")
 
 
 def klotski_times(model: ModelSpec, rates: Rates, workload, policy, engine: Engine = IDEAL,
-                  routing: Routing | None = None) -> KlotskiTimes:
+                  routing: Routing | None = None, disk_read_s: float = 0.0) -> KlotskiTimes:
     """Prefill and decode time of ``policy`` run by Klotski: per layer kind one scheduled
     layer (:func:`schedule_layer`), decode at :func:`mean_decode_context`; per step the
     n batches' heads (and, under ``sync: per-step``, the first layer's fill from an empty
-    pipeline); prefill one pass of the prompts through the same pipeline."""
+    pipeline); prefill one pass of the prompts through the same pipeline. ``disk_read_s``
+    (:func:`klotski_disk_read_s`): the disk read of the layers kept on disk, which the CPU
+    prefetches a window of layers ahead [Klotski §6.1], so it overlaps the whole pass: the
+    layers take at least that long per step and in the prefill."""
     mu, n = policy.micro_batch_size, policy.num_micro_batches
     counts = layer_kinds(model, policy.weights_gpu_ratio)
     context = mean_decode_context(workload)
@@ -123,9 +131,11 @@ def klotski_times(model: ModelSpec, rates: Rates, workload, policy, engine: Engi
         alone = schedule_layer(layers[first], layers=1, expert_buffers=buffers)
         drain = max(alone.period_s - decode[first].period_s, 0.0)
     head = n * float(latency.lm_head_time_s(model, rates, mu))
-    step = head + sum(count * decode[kind].period_s for kind, count in counts.items() if count) + drain
-    pre = head + sum(count * prefill[kind].period_s for kind, count in counts.items() if count)
-    return KlotskiTimes(step, max(workload.gen_len - 1, 0), pre, counts, decode, prefill, context, drain)
+    step = head + max(sum(count * decode[kind].period_s for kind, count in counts.items() if count),
+                      disk_read_s) + drain
+    pre = head + max(sum(count * prefill[kind].period_s for kind, count in counts.items() if count), disk_read_s)
+    return KlotskiTimes(step, max(workload.gen_len - 1, 0), pre, counts, decode, prefill, context, drain,
+                        disk_read_s)
 
 
 @dataclass(frozen=True)
@@ -187,6 +197,34 @@ def klotski_memory(model: ModelSpec, workload, micro_batch, batch_size, resident
                     "cpu": {"offloaded_experts": on_cpu, "pinned_staging": staging, "kv_per_sequence": kv_seq}})
 
 
+#: slack when rounding a spill up to whole layers (a spill within rounding of a whole number
+#: of layers is that number)
+DISK_LAYER_TOL = 1e-9
+
+
+def klotski_disk_bytes(model: ModelSpec, memory: KlotskiMemory, kv_gpu_ratio, engine: Engine, rates: Rates,
+                       limits: MemoryLimits):
+    """Bytes of experts Klotski keeps on disk (``memory.disk_weights``, docs/model.md §4.9):
+    whole layers of experts, the fewest that bring the host tier within its usable bytes —
+    ⌈max(0, C − C_usable) / (one layer's experts)⌉ layers — as its placement does once the
+    CPU budget is spent (``expert_offload_map[i] = 2`` for the last layers,
+    mindspore-lab/models@220d9e77 research/SYSU/Klotski/mixtral/configuration_mixtral.py:63-182;
+    paper §6.1). 0 where nothing may spill (:func:`hrm.memory.disk_spill_allowed`). A policy
+    fits only if they are at most the offloaded layers' experts."""
+    cpu = np.asarray(memory.cpu_bytes(kv_gpu_ratio), dtype=float)
+    if not disk_spill_allowed(engine, rates.disk_read_bytes_s, limits):
+        return np.zeros(cpu.shape)
+    layer = costs.layer_expert_bytes(model)
+    over = np.maximum(cpu - limits.cpu_bytes, 0.0)
+    return np.minimum(np.ceil(over / layer - DISK_LAYER_TOL) * layer, memory.components["cpu"]["offloaded_experts"])
+
+
+def klotski_disk_read_s(disk_bytes, rates: Rates):
+    """Seconds per pass to read ``disk_bytes`` from the profile's disk (0 without a spill)."""
+    disk_bytes = np.asarray(disk_bytes, dtype=float)
+    return disk_bytes / rates.disk_read_bytes_s if rates.disk_read_bytes_s else 0.0 * disk_bytes
+
+
 def klotski_own_batches(model: ModelSpec, rates: Rates, workload, policy, engine: Engine = IDEAL,
                         routing: Routing | None = None) -> int | None:
     """Klotski's planner's n at this policy's μ and placement (inequalities 4-7 at the mean
@@ -221,9 +259,13 @@ def expert_level_times(problem: Problem, policy: Policy) -> PhaseTimes:
     Klotski's own n (inequalities 4-7) at the policy's μ."""
     _check_gpu(problem)
     model, rates, workload, engine = problem.model, problem.rates, problem.workload, problem.engine
-    times = klotski_times(model, rates, workload, policy, engine)
+    disk = float(klotski_disk_bytes(model, _memory(problem, policy), policy.kv_gpu_ratio, engine, rates, problem.limits))
+    times = klotski_times(model, rates, workload, policy, engine, disk_read_s=float(klotski_disk_read_s(disk, rates)))
     busy = times.per_layer_s("busy")
     period = times.per_layer_s("period")["period"]
+    if disk > 0:  # the disk read, per layer, beside the scheduled resources
+        busy["disk"] = times.disk_read_s / model.num_layers
+        period = max(period, busy["disk"])
     top = max(busy, key=busy.get)
     bubble = period - busy[top]
     bottleneck = lane_label(top) + (f" (+{bubble / period:.0%} bubble)" if period and bubble / period >= 0.005 else "")
@@ -237,13 +279,23 @@ def expert_level_times(problem: Problem, policy: Policy) -> PhaseTimes:
                       bottleneck=bottleneck, notes=(note,))
 
 
+def _memory(problem: Problem, policy: Policy) -> KlotskiMemory:
+    return klotski_memory(problem.model, problem.workload, policy.micro_batch_size, policy.batch_size,
+                          resident_moe_layers(problem.model, policy.weights_gpu_ratio), engine=problem.engine)
+
+
 def expert_level_memory(problem: Problem, policy: Policy) -> MemoryUse:
-    """:func:`klotski_memory` at the policy."""
+    """:func:`klotski_memory` at the policy; the layers of experts on disk
+    (:func:`klotski_disk_bytes`) leave the host tier."""
     _check_gpu(problem)
-    memory = klotski_memory(problem.model, problem.workload, policy.micro_batch_size, policy.batch_size,
-                            resident_moe_layers(problem.model, policy.weights_gpu_ratio), engine=problem.engine)
-    return MemoryUse(float(memory.gpu_bytes(policy.kv_gpu_ratio)), float(memory.cpu_bytes(policy.kv_gpu_ratio)),
-                     memory.components)
+    memory = _memory(problem, policy)
+    disk = float(klotski_disk_bytes(problem.model, memory, policy.kv_gpu_ratio, problem.engine, problem.rates,
+                                    problem.limits))
+    components = dict(memory.components)
+    if disk > 0:
+        components["disk"] = {"spilled_weights": disk}
+    return MemoryUse(float(memory.gpu_bytes(policy.kv_gpu_ratio)), float(memory.cpu_bytes(policy.kv_gpu_ratio)) - disk,
+                     components, disk)
 
 
 EXPERT_LEVEL = Pipeline("expert-level", "Klotski's expert-level list schedule per layer, searched by branch and "

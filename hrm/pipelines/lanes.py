@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import latency
-from ..memory import cpu_memory_form, gpu_memory_form
+from ..memory import (cpu_memory_form, disk_spill_allowed, disk_spill_bytes, gpu_memory_form, host_floor_form,
+                      spillable_weights_form)
 from ..model import ModelSpec
 from ..policy import Policy
 from ..problem import Problem
@@ -22,9 +23,22 @@ from ..engine import Engine
 from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
 
 
-def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, engine: Engine):
+def disk_lanes(problem: Problem, micro_batch, attn_on_gpu, ffn_on_gpu, resources: dict) -> list:
+    """The ``disk`` lanes of a layer (:func:`hrm.latency.disk_lanes`) of the mode (μ, A_g,
+    F_g) — arrays broadcast — when weights may spill (:func:`hrm.memory.disk_spill_allowed`);
+    [] otherwise. The search's terms and the estimate both take them from here."""
+    if not disk_spill_allowed(problem.engine, problem.rates.disk_read_bytes_s, problem.limits):
+        return []
+    form = cpu_memory_form(problem.model, problem.workload, micro_batch, attn_on_gpu, ffn_on_gpu, problem.engine)
+    spill = latency.disk_spill_lane(form, problem.limits.cpu_bytes, micro_batch)
+    return latency.disk_lanes(spill, problem.model.num_layers, problem.rates, problem.engine, resources)
+
+
+def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, engine: Engine,
+                 problem: Problem | None = None):
     """Per-step decode times (array over steps), the prefill time, and per-layer busy seconds
-    of each resource and lane (summed over steps and layers)."""
+    of each resource and lane (summed over steps and layers); with ``problem``, the disk
+    lanes of its spill too (:func:`disk_lanes`)."""
     mu, n = policy.micro_batch_size, policy.num_micro_batches
     rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
     contexts = decode_contexts(workload.effective_prompt_len, workload.gen_len)
@@ -37,16 +51,24 @@ def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Pol
         resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
                                              engine)
         lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+        disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, resources) if problem else []
+        if disk and float(np.max(disk[0].time_s(n, rw, rc))) <= 0:
+            disk = []  # nothing spills: the disk lanes are below the others (E < 0) and reported as absent
+        lanes = lanes + disk
         steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
         if moe:
             steps = steps + latency.step_sync_s(resources, engine)
-        for name, lane in resources.items():
-            resource_sum[name] = resource_sum.get(name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
+        def busy_s(lane):  # over the decode steps (a lane without a step axis, disk, broadcasts)
+            return count * float(np.sum(np.broadcast_to(lane.time_s(n, rw, rc), contexts.shape)))
+
+        for name, lane in [*resources.items(), *((lane.name, lane) for lane in disk if lane.name == "disk")]:
+            resource_sum[name] = resource_sum.get(name, 0.0) + busy_s(lane)
         for lane in lanes:
-            lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + count * float(np.sum(lane.time_s(n, rw, rc)))
+            lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + busy_s(lane)
         pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
+        pre_disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, pre) if problem else []
         prefill += count * float(latency.lanes_time_s(
-            latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill"), n, rw, rc))
+            latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill") + pre_disk, n, rw, rc))
     per_layer = max(len(contexts), 1) * model.num_layers
     resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
     lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
@@ -66,7 +88,8 @@ def bottleneck(resource_layer: dict[str, float], lane_layer: dict[str, float]) -
 def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
     """Each layer the max of its lanes (eq. 12), summed over the decode steps."""
     model, rates = problem.model, problem.rates
-    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, problem.workload, policy, problem.engine)
+    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, problem.workload, policy, problem.engine,
+                                                              problem)
     decode = float(np.sum(steps))
     n_steps = len(steps)
     # mean per-layer decode latency: the layer part of the steps, per layer
@@ -80,13 +103,23 @@ def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
 
 
 def lanes_memory(problem: Problem, policy: Policy) -> MemoryUse:
-    """The affine memory forms of :mod:`hrm.memory` at the policy."""
+    """The affine memory forms of :mod:`hrm.memory` at the policy; where weights may spill
+    (:func:`hrm.memory.disk_spill_allowed`), the minimal spill on disk
+    (:func:`hrm.memory.disk_spill_bytes`) and the host tier less it."""
     args = (problem.model, problem.workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu,
             problem.engine)
     gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
     point = (policy.batch_size, policy.weights_gpu_ratio, policy.kv_gpu_ratio)
-    return MemoryUse(float(gpu_form.bytes(*point)), float(cpu_form.bytes(*point)),
-                     {"gpu": gpu_form.components, "cpu": cpu_form.components})
+    cpu_bytes = float(cpu_form.bytes(*point))
+    components = {"gpu": gpu_form.components, "cpu": cpu_form.components}
+    disk = 0.0
+    if disk_spill_allowed(problem.engine, problem.rates.disk_read_bytes_s, problem.limits):
+        spillable_form = spillable_weights_form(problem.model, problem.engine)
+        spillable = float(spillable_form.bytes(*point))
+        disk = float(disk_spill_bytes(cpu_bytes, spillable, problem.limits.cpu_bytes))
+        components["disk"] = {"spilled_weights": disk, "spillable_weights": spillable,
+                              "host_floor": float(host_floor_form(cpu_form, spillable_form).bytes(*point))}
+    return MemoryUse(float(gpu_form.bytes(*point)), cpu_bytes - disk, components, disk)
 
 
 LANES = Pipeline("lanes", "the max of affine lanes per layer (eq. 12), searched exactly by solver.exact",
