@@ -169,8 +169,27 @@ def kernel_slowdown(rates: Rates, engine: Engine, rows):
     return engine.kernel.slowdown(rows)
 
 
-def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None):
-    return op_time_s(op, rates.cpu_flops(matmul_rows), rates.cpu_bandwidth_bytes_s)
+def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL):
+    """``op`` on the CPU tier at its FLOP/s (at ``matmul_rows`` rows) and memory rate. An op
+    on quantized weights under an engine whose dequantizing family has CPU numbers
+    (:meth:`hrm.quantized.QuantKernel.cpu_fractions`: llama.cpp's CPU experts) runs at the
+    family's CPU fractions of those rates (:func:`hrm.quantized.dequant_roofline_s`); the
+    emulated tier of a CPU-only host is measured as it runs (no family)."""
+    flops_per_s, bytes_per_s = rates.cpu_flops(matmul_rows), rates.cpu_bandwidth_bytes_s
+    fractions = cpu_quant_fractions(op, rates, engine)
+    if fractions is None:
+        return op_time_s(op, flops_per_s, bytes_per_s)
+    return quantized.dequant_roofline_s(op.flops, op.weight_bytes, op.kv_bytes + op.act_bytes, flops_per_s,
+                                        bytes_per_s, fractions)
+
+
+def cpu_quant_fractions(op: OpCost, rates: Rates, engine: Engine) -> tuple[float, float] | None:
+    """(compute, bandwidth) fractions of ``op`` on the CPU in the engine's dequantizing
+    family, or None where it runs at the CPU roofline (unquantized weights, no family, a
+    family without CPU numbers, a CPU-only host's emulated tier)."""
+    if not op.quantized or engine.quant_kernel is None or rates.shared_unit:
+        return None
+    return quantized.quant_kernel(engine.quant_kernel).cpu_fractions()
 
 
 # --- engine mechanisms: the host side -------------------------------------------------
@@ -327,7 +346,7 @@ def seconds_per_miss(model: ModelSpec, rates: Rates, engine: Engine, phase, toke
     distinct = costs.expected_distinct_experts(model, t)
     per_expert = _expert_rows(model, t)  # tokens per touched expert
     hidden = 2 * per_expert * model.hidden_size * dtype_bytes(model.activation_dtype) / link_bytes_s(rates, engine, "h2d")
-    on_cpu = cpu_time_s(costs.single_expert(model, per_expert), rates, per_expert) + hidden - gpu_experts_s / distinct
+    on_cpu = cpu_time_s(costs.single_expert(model, per_expert), rates, per_expert, engine) + hidden - gpu_experts_s / distinct
     copied = costs.expert_bytes(model) / link_bytes_s(rates, engine, "h2d", pageable=True)
     threshold = engine.offload_min_tokens_per_expert
     return np.where(per_expert < threshold if threshold is not None else True, on_cpu, copied)
@@ -486,7 +505,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     gpu_experts_s = gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)  # a dense layer: its MLP
     misses = cache_miss_pieces(model, engine.decode, mu, seconds_per_miss(model, rates, engine, engine.decode, mu,
                                                                           gpu_experts_s), zero) if moe else ()
-    cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows)
+    cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows, engine)
     hidden_each_way = mu * model.hidden_size * ab  # to CPU experts and back
 
     def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0, pieces=()):
@@ -499,7 +518,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         # (the offloaded share of the layers runs its experts on the CPU under offloaded_experts: cpu)
         task("PostAttn", "gpu", "post_attn", gpu_time_s(ops.post_attn, rates, mu, engine) + reduce.get("gpu", 0.0)
              + ffn * gpu_experts_s, weights=-on_cpu * gpu_experts_s),
-        task("CPUAttn", "cpu", "attention", (1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model))),
+        task("CPUAttn", "cpu", "attention", (1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model), engine)),
         task("CPUExperts", "cpu", "experts", (1 - ffn) * cpu_experts_s, weights=on_cpu * cpu_experts_s),
         # D1 QKV to the CPU; hidden states to CPU experts
         task("QKV→CPU", "d2h", "qkv", qkv_bytes / d2h),
@@ -653,7 +672,7 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
         "d2h": Lane("d2h", alpha["d2h"] + hidden / d2h + reduce.get("d2h", 0.0) + zero,
                     (0.0 if blocking else kv["d2h"]) + zero, cpu_hidden / d2h + zero),
     }
-    cpu_weights = weights.get("cpu", 0.0) + (on_cpu * cpu_time_s(ops.ffn, rates, rows) if moe else 0.0)
+    cpu_weights = weights.get("cpu", 0.0) + (on_cpu * cpu_time_s(ops.ffn, rates, rows, engine) if moe else 0.0)
     if "cpu" in weights or np.any(on_cpu):
         lanes["cpu"] = Lane("cpu", zero, zero, cpu_weights + zero)
     if "copy" in weights:

@@ -16,6 +16,11 @@ Two registries, both data with a source per number (docs/model.md §4.8):
     ideal speedup (fp16 bytes ÷ quantized bytes);
   - ``compute_fraction``: at large M (compute-bound) its FLOP rate ÷ the fp16 GEMM's.
 
+  A family may also carry the pair for its CPU kernels (``cpu_bandwidth_fraction``,
+  ``cpu_compute_fraction``: llama.cpp computes offloaded experts with its CPU backend), of
+  the CPU tier's memory rate and FLOP rate; a family without them leaves the CPU at its
+  roofline on the format's bytes.
+
   An engine names its family in :attr:`hrm.engine.Engine.quant_kernel` (None: no family,
   today's model — the fp16 roofline on the quantized bytes). The time of a GEMM on
   quantized weights in that family (:func:`quantized_time_s`) is the roofline
@@ -24,13 +29,16 @@ Two registries, both data with a source per number (docs/model.md §4.8):
 
   with R_fp16(M) and B_fp16 the rates the fp16 path uses for the same op (peaks, achieved
   efficiencies, the FLOP/s-vs-M curve of a measured profile): never faster than the fp16
-  compute roof, nor than the memory roof of its own bytes (c, b ∈ (0, 1]).
+  compute roof, nor than the memory roof of its own bytes (c, b ∈ (0, 1]). On the CPU the
+  same roofline takes the CPU tier's rates and the family's CPU pair.
 
 Overrides: ``QUANT_KERNELS`` and ``WEIGHT_FORMATS`` are plain dicts (add or replace an entry
 from Python); an engine YAML picks its family by name; a model picks its format by name.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -106,11 +114,15 @@ def bits_per_weight(name: str) -> float:
 class QuantKernel(_Frozen):
     """A dequantizing GEMM family: per GPU architecture (``default`` for the rest) the
     fraction of the fp16 kernel's memory rate (small M) and FLOP rate (large M) it reaches,
-    and the kernel microbenchmarks they come from."""
+    the kernel microbenchmarks they come from, and optionally the same pair for the
+    family's CPU kernels (None: no CPU measurement)."""
 
     bandwidth_fraction: dict[str, float]
     compute_fraction: dict[str, float]
     source: str
+    cpu_bandwidth_fraction: Optional[float] = None
+    cpu_compute_fraction: Optional[float] = None
+    cpu_source: Optional[str] = None
 
     @model_validator(mode="after")
     def _fractions(self):
@@ -120,6 +132,11 @@ class QuantKernel(_Frozen):
                 raise ValueError(f"{name} needs a 'default' entry")
             if any(not 0 < v <= 1 for v in table.values()):
                 raise ValueError(f"{name}: fractions must lie in (0, 1]")
+        cpu = (self.cpu_bandwidth_fraction, self.cpu_compute_fraction)
+        if (cpu[0] is None) != (cpu[1] is None) or (cpu[0] is None) != (self.cpu_source is None):
+            raise ValueError("cpu_bandwidth_fraction, cpu_compute_fraction and cpu_source go together")
+        if cpu[0] is not None and any(not 0 < v <= 1 for v in cpu):
+            raise ValueError("cpu fractions must lie in (0, 1]")
         return self
 
     def fractions(self, architecture: str | None) -> tuple[float, float]:
@@ -127,6 +144,12 @@ class QuantKernel(_Frozen):
         arch = architecture or "default"
         return (self.compute_fraction.get(arch, self.compute_fraction["default"]),
                 self.bandwidth_fraction.get(arch, self.bandwidth_fraction["default"]))
+
+    def cpu_fractions(self) -> tuple[float, float] | None:
+        """(compute fraction, bandwidth fraction) of the family's CPU kernels; None: unmeasured."""
+        if self.cpu_compute_fraction is None:
+            return None
+        return self.cpu_compute_fraction, self.cpu_bandwidth_fraction
 
 
 #: Marlin int4 (group 128) x fp16 on an Ampere GPU (vLLM PR #2497, comment of 2024-01-24,
@@ -142,6 +165,27 @@ MARLIN_HOPPER_BANDWIDTH = (4.98 / 2.30) / 4.0
 #: MMQ/MMA kernels off) vs f16 BLAS, m=4096 n=512 k=14336 (PR #14624, "MMA Disabled (cublas
 #: path)", a CDNA3 GPU): q4_0 55.61 vs f16 74.02 TFLOP/s.
 GGUF_DEQUANT_BLAS_COMPUTE = 55.61 / 74.02
+#: llama.cpp's ggml-cuda quantized matmul (MMVQ for <= 8 tokens, MMQ above: ggml-cuda.cu
+#: ggml_cuda_mul_mat / ggml_cuda_mul_mat_id) vs the 16-bit BLAS GEMM on the same GPU,
+#: test-backend-ops MUL_MAT m=4096 n=512 k=14336, "master" column. No such table for an
+#: NVIDIA GPU is public (docs/model.md §4.8): the measured architectures are AMD ones,
+#: running ggml-cuda's sources through HIP (at ggml-org/llama.cpp@0c1e5709 both dispatch
+#: these types to MMQ, mmq.cu:408-435; the PRs' own commits are older and the tables do
+#: not name the kernel).
+#: RDNA4 (llama.cpp PR #17437, zhang-hui-yulo, PR description): q3_K 68.80 vs bf16 91.95 TFLOP/s.
+GGML_CUDA_RDNA4_COMPUTE = 68.80 / 91.95
+#: RDNA3 (llama.cpp PR #17879, zhang-hui-yulo, comment 1): q5_1 44.47 vs bf16 60.03 TFLOP/s.
+GGML_CUDA_RDNA3_COMPUTE = 44.47 / 60.03
+#: the family's default: the K-quant measurement (Q4_K_M is K-quants), RDNA4; no NVIDIA
+#: architecture was measured, and the three AMD ones agree to 1% (0.741-0.751 with CDNA3's
+#: dequantize + BLAS path, GGUF_DEQUANT_BLAS_COMPUTE)
+GGML_CUDA_DEFAULT_COMPUTE = GGML_CUDA_RDNA4_COMPUTE
+#: memory-bound (n=1): no usable measurement. Every public n=1 row found (m=4096, k=14336:
+#: q4_0 = 33 MB) runs from a last-level cache larger than the matrix, above DRAM speed
+#: (RDNA4 PR #17437: q4_0 4.05 TFLOP/s = 1.14 TB/s of its bytes, above any RDNA4 card's <= 0.64
+#: TB/s DRAM), so the
+#: bandwidth fraction stays 1: the roofline on the format's own bytes.
+GGML_CUDA_DEFAULT_BANDWIDTH = 1.0
 
 QUANT_KERNELS: dict[str, QuantKernel] = {
     "marlin": QuantKernel(
@@ -155,6 +199,13 @@ QUANT_KERNELS: dict[str, QuantKernel] = {
         compute_fraction={"default": GGUF_DEQUANT_BLAS_COMPUTE},
         source="llama.cpp PR #14624 (test-backend-ops MUL_MAT q4_0 vs f16, n=512, MMA disabled: dequantize + "
                "BLAS, CDNA3): 55.61 / 74.02; no public memory-bound measurement: bandwidth fraction 1"),
+    "ggml-cuda-mmq": QuantKernel(
+        bandwidth_fraction={"default": GGML_CUDA_DEFAULT_BANDWIDTH},
+        compute_fraction={"default": GGML_CUDA_DEFAULT_COMPUTE, "rdna4": GGML_CUDA_RDNA4_COMPUTE,
+                          "rdna3": GGML_CUDA_RDNA3_COMPUTE},
+        source="llama.cpp test-backend-ops MUL_MAT m=4096 n=512 k=14336 through ggml-cuda's HIP build: PR #17437 "
+               "(RDNA4, q3_K 68.80 vs bf16 91.95 TFLOP/s), PR #17879 (RDNA3, q5_1 44.47 vs bf16 60.03); no NVIDIA "
+               "table public; n=1 rows are cache-resident: bandwidth fraction 1; no CPU measurement"),
 }
 
 
@@ -164,9 +215,17 @@ def quant_kernel(name: str) -> QuantKernel:
     return QUANT_KERNELS[name]
 
 
+def dequant_roofline_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s, fractions: tuple[float, float]):
+    """One op on quantized weights: max(FLOPs / (R · c), (weight bytes + other bytes) / (B · b)),
+    R and B the rates the unquantized path of the same tier uses, (c, b) = ``fractions``."""
+    compute, bandwidth = fractions
+    return np.maximum(flops / (flops_per_s * compute), (weight_bytes + other_bytes) / (bytes_per_s * bandwidth))
+
+
 def quantized_time_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s, kernel: QuantKernel,
                      architecture: str | None):
-    """One op on quantized weights in ``kernel``'s family: max(FLOPs / (R_fp16 · c),
-    (weight bytes + other bytes) / (B_fp16 · b)), R_fp16 and B_fp16 the fp16 path's rates."""
-    compute, bandwidth = kernel.fractions(architecture)
-    return np.maximum(flops / (flops_per_s * compute), (weight_bytes + other_bytes) / (bytes_per_s * bandwidth))
+    """One op on quantized weights in ``kernel``'s family on the GPU: the roofline
+    (:func:`dequant_roofline_s`) at the family's fractions on ``architecture``, R_fp16 and
+    B_fp16 the fp16 path's rates."""
+    return dequant_roofline_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s,
+                              kernel.fractions(architecture))

@@ -194,3 +194,133 @@ def test_estimate_and_search_move_the_expected_way():
     fp16 = load_model("mixtral")
     assert estimate(hw, fp16, wl, policy, engine=vllm).generation_throughput_tok_s == \
         estimate(hw, fp16, wl, policy, engine=with_fields(vllm, {"quant_kernel": None})).generation_throughput_tok_s
+
+
+# --- llama.cpp: ggml-cuda's quantized matmul (MMVQ/MMQ) and its CPU experts ------------------
+
+GGML = with_fields(IDEAL, {"quant_kernel": "ggml-cuda-mmq"})
+#: RTX 3090 datasheet (hardware_profiles/rtx3090.yaml): 71 TFLOP/s fp16, 936 GB/s; its host
+#: Xeon Gold 5318Y: 3.2 TFLOP/s fp32, 187.7 GB/s
+RTX3090_FLOPS, RTX3090_BYTES_S = 71e12, 936e9
+XEON_5318Y_FLOPS, XEON_5318Y_BYTES_S = 3.2e12, 187.7e9
+#: ggml-cuda's quantized path at n=512 vs 16-bit BLAS (llama.cpp PR #17437, RDNA4: q3_K 68.80
+#: vs bf16 91.95 TFLOP/s): the family's default; its bandwidth fraction 1 (no uncached n=1 row)
+GGML_C, GGML_B = 68.80 / 91.95, 1.0
+#: one Mixtral expert in Q4_K_M: 176,160,768 weights x 4.84375 bits (gate, up Q4_K; down Q6_K
+#: on half the layers)
+Q4_K_M_EXPERT_WEIGHT_BYTES = 176_160_768 * 4.84375 / 8  # 106,659,840
+
+
+def q4_k_m_mixtral():
+    return int4_mixtral("q4_k_m")
+
+
+@pytest.mark.parametrize("tokens,expected_s,fp16_roofline_s", [
+    # M=1: memory-bound. 106,762,240 B / (936e9 B/s x 1) = 114.06 us: b = 1, as today
+    (1, 114.062e-6, 114.062e-6),
+    # M=512: compute-bound. 1.80389e11 FLOP / (71e12 x 0.74823) = 3395.6 us (today: 2540.7 us)
+    (512, 3395.58e-6, 2540.68e-6),
+])
+def test_one_q4_k_m_expert_in_ggml_cuda_on_rtx3090_by_hand(tokens, expected_s, fp16_roofline_s):
+    rates = rates_from_profile(load_hardware("rtx3090"))
+    op = costs.single_expert(q4_k_m_mixtral(), tokens)
+    assert op.quantized and float(op.weight_bytes) == Q4_K_M_EXPERT_WEIGHT_BYTES == 106_659_840
+    total_bytes = Q4_K_M_EXPERT_WEIGHT_BYTES + tokens * EXPERT_ACT_BYTES_PER_TOKEN
+    flops = tokens * EXPERT_FLOPS_PER_TOKEN
+    by_hand = max(flops / (RTX3090_FLOPS * GGML_C), total_bytes / (RTX3090_BYTES_S * GGML_B))
+    assert by_hand == pytest.approx(expected_s, rel=1e-4)
+    assert float(latency.gpu_time_s(op, rates, tokens, GGML, kernel=True)) == pytest.approx(by_hand, rel=1e-12)
+    today = float(latency.gpu_time_s(op, rates, tokens, IDEAL, kernel=True))
+    assert today == pytest.approx(max(flops / RTX3090_FLOPS, total_bytes / RTX3090_BYTES_S), rel=1e-12)
+    assert today == pytest.approx(fp16_roofline_s, rel=1e-4)
+
+
+def test_one_q4_k_m_expert_on_the_cpu_by_hand():
+    """M=1 on the host CPU (llama.cpp's CPU experts): the family has no CPU measurement, so
+    the CPU keeps its roofline on the format's bytes: 106,762,240 B / 187.7e9 B/s = 568.79 us."""
+    rates = rates_from_profile(load_hardware("rtx3090"))
+    op = costs.single_expert(q4_k_m_mixtral(), 1)
+    by_hand = max(EXPERT_FLOPS_PER_TOKEN / XEON_5318Y_FLOPS,
+                  (Q4_K_M_EXPERT_WEIGHT_BYTES + EXPERT_ACT_BYTES_PER_TOKEN) / XEON_5318Y_BYTES_S)
+    assert by_hand == pytest.approx(568.792e-6, rel=1e-5)
+    for engine in (GGML, load_engine("llama.cpp"), IDEAL):
+        assert float(latency.cpu_time_s(op, rates, 1, engine)) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_a_family_with_cpu_numbers_prices_the_cpu_experts(monkeypatch):
+    """The CPU side of a family (cpu_compute_fraction, cpu_bandwidth_fraction) applies to
+    quantized ops on the CPU tier as the GPU pair does on the GPU: M=1 at b_cpu = 0.5 doubles
+    the memory time (1137.58 us); M=512 at c_cpu = 0.5 doubles the compute time."""
+    family = quantized.QuantKernel(bandwidth_fraction={"default": 1.0}, compute_fraction={"default": 1.0},
+                                   source="test", cpu_bandwidth_fraction=0.5, cpu_compute_fraction=0.5,
+                                   cpu_source="test")
+    monkeypatch.setitem(quantized.QUANT_KERNELS, "test-cpu", family)
+    engine = with_fields(IDEAL, {"quant_kernel": "test-cpu"})
+    rates = rates_from_profile(load_hardware("rtx3090"))
+    one = costs.single_expert(q4_k_m_mixtral(), 1)
+    assert float(latency.cpu_time_s(one, rates, 1, engine)) == pytest.approx(
+        (Q4_K_M_EXPERT_WEIGHT_BYTES + EXPERT_ACT_BYTES_PER_TOKEN) / (XEON_5318Y_BYTES_S * 0.5), rel=1e-12)
+    assert float(latency.cpu_time_s(one, rates, 1, engine)) == pytest.approx(1137.58e-6, rel=1e-5)
+    many = costs.single_expert(q4_k_m_mixtral(), 512)
+    assert float(latency.cpu_time_s(many, rates, 512, engine)) == pytest.approx(
+        512 * EXPERT_FLOPS_PER_TOKEN / (XEON_5318Y_FLOPS * 0.5), rel=1e-12)
+    # fp16 weights, and the emulated tier of a CPU-only host, do not see it
+    fp16 = costs.single_expert(load_model("mixtral"), 1)
+    assert float(latency.cpu_time_s(fp16, rates, 1, engine)) == float(latency.cpu_time_s(fp16, rates, 1))
+    cpu_only = rates_from_profile(load_hardware("cpu-only"))
+    tiny = costs.single_expert(load_model("tiny-mixtral", "int4"), 4)
+    assert float(latency.cpu_time_s(tiny, cpu_only, 4, engine)) == float(latency.cpu_time_s(tiny, cpu_only, 4))
+
+
+def test_cpu_fractions_come_together_and_within_one():
+    with pytest.raises(ValueError, match="go together"):
+        quantized.QuantKernel(bandwidth_fraction={"default": 1.0}, compute_fraction={"default": 1.0}, source="x",
+                              cpu_bandwidth_fraction=0.5)
+    with pytest.raises(ValueError, match=r"cpu fractions must lie in \(0, 1\]"):
+        quantized.QuantKernel(bandwidth_fraction={"default": 1.0}, compute_fraction={"default": 1.0}, source="x",
+                              cpu_bandwidth_fraction=1.5, cpu_compute_fraction=0.5, cpu_source="x")
+    assert quantized.quant_kernel("ggml-cuda-mmq").cpu_fractions() is None
+
+
+@pytest.mark.parametrize("hw", ["rtx3090", "l4", "h100", "t4"])
+def test_ggml_cuda_never_faster_than_its_roofs(hw):
+    """On the GPU (llama.cpp's achieved rates) and the CPU: never below the memory roof of the
+    format's own bytes nor the compute roof, nor below the fp16 roofline on the same bytes."""
+    rates = rates_from_profile(load_hardware(hw))
+    tokens = np.array([1.0, 4.0, 16.0, 64.0, 256.0, 512.0, 2048.0])
+    op = costs.single_expert(q4_k_m_mixtral(), tokens)
+    for engine in (GGML, load_engine("llama.cpp"), load_engine("llama.cpp-nkvo")):
+        flops, bandwidth = latency.gpu_rate_factors(rates, engine)
+        t = np.asarray(latency.gpu_time_s(op, rates, tokens, engine, kernel=True))
+        assert np.all(t >= op.bytes / (rates.gpu_bandwidth_bytes_s * bandwidth) * (1 - 1e-12))
+        assert np.all(t >= op.flops / (rates.gpu_flops(tokens) * flops) * (1 - 1e-12))
+        today = np.asarray(latency.gpu_time_s(op, rates, tokens, with_fields(engine, {"quant_kernel": None}),
+                                              kernel=False))
+        assert np.all(t >= today * (1 - 1e-12))
+        cpu = np.asarray(latency.cpu_time_s(op, rates, tokens, engine))
+        assert np.all(cpu >= np.maximum(op.bytes / rates.cpu_bandwidth_bytes_s,
+                                        op.flops / rates.cpu_flops(tokens)) * (1 - 1e-12))
+
+
+def test_the_llama_cpp_engines_name_the_ggml_family():
+    for name in ("llama.cpp", "llama.cpp-nkvo"):
+        assert load_engine(name).quant_kernel == "ggml-cuda-mmq"
+
+
+def test_llama_cpp_fp16_unchanged_and_int4_search_slower():
+    """fp16 Mixtral under llama.cpp: the family changes nothing (estimate and the search's
+    plan). Q4_K_M Mixtral on an RTX 3090 under llama.cpp: the search predicts a lower
+    throughput with ggml-cuda's fractions than with the fp16 roofline on the same bytes."""
+    hw, wl = load_hardware("rtx3090"), make_workload("mtbench", gen_len=16)
+    llama = load_engine("llama.cpp")
+    bytes_only = with_fields(llama, {"quant_kernel": None})
+    fp16 = load_model("mixtral")
+    policy = parse_policy("N=1,mu=1,attn=gpu,rw=0.5,rc=1")
+    assert estimate(hw, fp16, wl, policy, engine=llama).generation_throughput_tok_s == \
+        estimate(hw, fp16, wl, policy, engine=bytes_only).generation_throughput_tok_s
+    with_family, without = search(hw, fp16, wl, engine=llama, top=0), search(hw, fp16, wl, engine=bytes_only, top=0)
+    assert with_family.best.policy == without.best.policy
+    assert with_family.best.estimate.generation_throughput_tok_s == without.best.estimate.generation_throughput_tok_s
+    model = q4_k_m_mixtral()
+    slow, fast = search(hw, model, wl, engine=llama, top=0), search(hw, model, wl, engine=bytes_only, top=0)
+    assert slow.best.estimate.generation_throughput_tok_s < fast.best.estimate.generation_throughput_tok_s
