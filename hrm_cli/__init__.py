@@ -28,10 +28,12 @@ SUBCOMMANDS = {
     "import": ("hrm_cli.import_flags", "another engine's command line as a policy, estimated"),
     "sweep": ("hrm_cli.sweep", "search every cell of a hardware x model x workload x engine x what-if grid (Parquet)"),
     "calibrate": ("hrm_cli.calibrate", "fit a profile's achieved rates to your own measured runs"),
+    "serve": ("hrm_cli.serve", "the web planner: the planner in a browser and a JSON API (loopback by default)"),
 }
 
 #: the optional extra (pyproject.toml) that brings a package a subcommand may import
-EXTRAS = {"torch": "runtime", "safetensors": "runtime", "ray": "ray", "highspy": "highs"}
+EXTRAS = {"torch": "runtime", "safetensors": "runtime", "ray": "ray", "highspy": "highs", "fastapi": "web",
+          "uvicorn": "web", "jinja2": "web", "starlette": "web", "multipart": "web", "python_multipart": "web"}
 
 
 def _silence_stdout() -> None:

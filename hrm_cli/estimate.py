@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
@@ -64,7 +65,7 @@ def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits |
     console().print(table)
 
 
-def main(argv) -> int:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="hrm estimate", description="Predict one policy's time, memory and throughput.")
     add_machine_args(parser)
     add_workload_args(parser)
@@ -75,8 +76,38 @@ def main(argv) -> int:
     parser.add_argument("--explain", action="store_true",
                         help="each mechanism of the engine: its cost per layer and its share of the gap to ideal")
     parser.add_argument("--json", action="store_true", help="print the plan's estimate block and the policy")
-    args = parser.parse_args(argv)
-    hw, model = machine_from_args(args)
+    return parser
+
+
+@dataclass
+class EstimateRun:
+    """What ``hrm estimate`` computes before it prints: the estimate, the --explain report,
+    the physical limits, its inputs, and what --json prints (``json``)."""
+
+    result: EstimateResult
+    report: object
+    physical: MemoryLimits
+    hw: object
+    model: object
+    workload: object
+    engine: object
+    json: dict
+
+    @property
+    def fits_physical(self) -> bool:
+        return self.result.fits(self.physical)
+
+    def infeasible_line(self) -> str:
+        """The one line ``hrm estimate`` exits 3 with when the policy does not fit."""
+        return (f"the policy does not fit physical memory less engine {self.engine.name}'s reserve: "
+                f"GPU {gib(self.result.gpu_peak_bytes)} of {gib(self.physical.gpu_bytes)}, "
+                f"CPU {gib(self.result.cpu_peak_bytes)} of {gib(self.physical.cpu_bytes)}")
+
+
+def run_estimate(args, machine=None) -> EstimateRun:
+    """The estimate of parsed ``hrm estimate`` flags, nothing printed; ``machine`` = (hw, model)
+    already loaded (the web planner's uploads), else --hw/--model are loaded."""
+    hw, model = machine if machine is not None else machine_from_args(args)
     workload = workload_from_args(args)
     policy = parse_policy(args.policy)
     options = options_from_args(args)
@@ -86,24 +117,28 @@ def main(argv) -> int:
     result = report.engine_estimate if report else estimate(hw, model, workload, policy, options=options,
                                                               limits=limits, engine=engine)
     physical = physical_limits(hw, engine, getattr(args, "gpu_mem", None), getattr(args, "cpu_mem", None))
-    fits_physical = result.fits(physical)
+    out = {"policy": result.policy.model_dump(), "schedule": result.schedule, "engine": result.engine,
+           "estimate": result.to_plan_estimate(), "feasible": result.feasible,
+           "fits_physical_memory": result.fits(physical),
+           "physical_limit_bytes": {"gpu": physical.gpu_bytes, "cpu": physical.cpu_bytes}}
+    if report is not None:
+        out["explain"] = report.as_dict()
+    return EstimateRun(result, report, physical, hw, model, workload, engine, out)
+
+
+def main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    run = run_estimate(args)
+    result, hw, model, workload = run.result, run.hw, run.model, run.workload
     if args.json:
-        out = {"policy": result.policy.model_dump(), "schedule": result.schedule, "engine": result.engine,
-               "estimate": result.to_plan_estimate(), "feasible": result.feasible,
-               "fits_physical_memory": fits_physical,
-               "physical_limit_bytes": {"gpu": physical.gpu_bytes, "cpu": physical.cpu_bytes}}
-        if report is not None:
-            out["explain"] = report.as_dict()
-        print(json.dumps(out, indent=2))
+        print(json.dumps(run.json, indent=2))
     else:
         render_estimate(result, f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}",
-                        physical)
-        if report is not None:
-            console().print(report.table())
-    if not fits_physical:  # it cannot run: the estimate is printed, then one line and exit 3
-        raise InfeasibleError(f"the policy does not fit physical memory less engine {engine.name}'s reserve: "
-                              f"GPU {gib(result.gpu_peak_bytes)} of {gib(physical.gpu_bytes)}, "
-                              f"CPU {gib(result.cpu_peak_bytes)} of {gib(physical.cpu_bytes)}")
+                        run.physical)
+        if run.report is not None:
+            console().print(run.report.table())
+    if not run.fits_physical:  # it cannot run: the estimate is printed, then one line and exit 3
+        raise InfeasibleError(run.infeasible_line())
     return 0
 
 

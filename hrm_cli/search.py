@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, console,
@@ -87,15 +88,26 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.out is not None:
-        check_output_path(args.out, "--out")
-    if args.plot is not None:
-        if not args.compare:
-            raise HRMError("--plot draws the --compare table: add --compare")
-        check_output_path(args.plot, "--plot")
-    hw, model = machine_from_args(args)
+@dataclass
+class SearchRun:
+    """What one ``hrm-search`` (no --compare) computes before it prints: the search result
+    (with the server's pick), its inputs, and the export (``--export``) when asked for."""
+
+    result: SearchResult
+    hw: object
+    model: object
+    workload: object
+    engine: object
+    options: object
+    limits: object
+    common: dict
+    export: object = None
+
+
+def search_inputs(args, machine=None) -> tuple:
+    """(hw, model, workload, options, limits, common) of parsed ``hrm-search`` flags; ``machine``
+    = (hw, model) already loaded (the web planner's uploads), else --hw/--model are loaded."""
+    hw, model = machine if machine is not None else machine_from_args(args)
     workload = workload_from_args(args)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
@@ -104,9 +116,15 @@ def main(argv) -> int:
     common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
                   latency_limits=latency_limits, time_limit_s=args.time_limit_s,
                   solver=args.solver, hw_name=args.hw, model_name=args.model)
-    if args.compare:
-        return _compare(hw, model, workload, args, common)
+    return hw, model, workload, options, limits, common
+
+
+def run_search(args, machine=None) -> SearchRun:
+    """The search of parsed ``hrm-search`` flags (not --compare), the server's pick beside it,
+    and the --export rendering: everything ``main`` prints, nothing printed or written."""
+    hw, model, workload, options, limits, common = search_inputs(args, machine)
     engine = engine_from_args(args, hw)
+    fixed = common["fixed"]
     if fully_pinned(fixed):
         # a pinned policy may use physical memory less the engine's reserve, not the planning caps
         common["limits"] = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
@@ -118,19 +136,60 @@ def main(argv) -> int:
     # checked against physical memory like a pinned policy (it is not the search's choice)
     pick = server_pick(hw, model, workload, engine, options, physical_limits(hw, engine, args.gpu_mem, args.cpu_mem))
     result = with_server_pick(result, pick)
-    headroom = _ideal_bound(hw, model, workload, engine, common) if not args.json else None
-    routing = routing_effect(hw, model, workload, engine, common, result.best) if not args.json else None
     # the export first: a target that refuses the plan leaves no plan file behind
     export = _export(result, hw, model, workload, engine, options, args.export) if args.export else None
+    return SearchRun(result, hw, model, workload, engine, options, limits, common, export)
+
+
+def search_json(run: SearchRun) -> dict:
+    """What ``hrm-search --json`` prints, as data: the plan, or {"plan": ..., "export": ...}
+    with --export."""
+    import json
+
+    plan = json.loads(run.result.plan.model_dump_json())
+    return plan if run.export is None else {"plan": plan, "export": run.export.export.to_json()}
+
+
+def compare_json(rows) -> dict:
+    """What ``hrm-search --compare --json`` prints, as data: each label's plan or the one-line
+    reason it has none, best first."""
+    import json
+
+    return {s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}
+
+
+def run_compare(args, machine=None) -> tuple:
+    """(hw, model, workload, rows) of ``hrm-search --compare`` (rows: :func:`compare_engines`)
+    of parsed flags; HRMError when no engine admits a policy."""
+    hw, model, workload, _, _, common = search_inputs(args, machine)
+    rows = compare_engines(hw, model, workload, common)
+    if not any(not isinstance(r, str) for _, r in rows):
+        raise HRMError("no engine admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
+    return hw, model, workload, rows
+
+
+def main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    if args.out is not None:
+        check_output_path(args.out, "--out")
+    if args.plot is not None:
+        if not args.compare:
+            raise HRMError("--plot draws the --compare table: add --compare")
+        check_output_path(args.plot, "--plot")
+    if args.compare:
+        return _compare(args)
+    run = run_search(args)
+    result, hw, model, workload, engine = run.result, run.hw, run.model, run.workload, run.engine
+    headroom = _ideal_bound(hw, model, workload, engine, run.common) if not args.json else None
+    routing = routing_effect(hw, model, workload, engine, run.common, result.best) if not args.json else None
+    export = run.export
     if args.out:
         save_plan(result.plan, args.out)
-    if args.json and export is not None:
+    if args.json:
         import json
 
-        print(json.dumps({"plan": json.loads(result.plan.model_dump_json()), "export": export.export.to_json()},
-                         indent=2))
-    elif args.json:
-        print(result.plan.model_dump_json(indent=2))
+        data = search_json(run)
+        print(json.dumps(data, indent=2) if export is not None else result.plan.model_dump_json(indent=2))
     else:
         render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
                        f" (max {workload.max_prompt_len}), gen {workload.gen_len}, engine {engine.name}"
@@ -318,20 +377,18 @@ def _rank(result, objective: str) -> float:
     return -objective_score(result.best.estimate, objective)
 
 
-def _compare(hw, model, workload, args, common) -> int:
+def _compare(args) -> int:
     import json
 
     from rich.table import Table
     from rich.text import Text
 
-    rows = compare_engines(hw, model, workload, common)
+    hw, model, workload, rows = run_compare(args)
     ok = [r for _, r in rows if not isinstance(r, str)]
-    if not ok:
-        raise HRMError("no engine admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
     ref = next((r for s, r in rows if s == "ideal" and not isinstance(r, str)), ok[0])
     ref_tput = ref.best.estimate.generation_throughput_tok_s
     if args.json:
-        print(json.dumps({s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}, indent=2))
+        print(json.dumps(compare_json(rows), indent=2))
         return 0
     routing = f", routing {model.routing.label()}" if model.routing is not None else ""
     # the policy (or the reason there is none) under the engine's name, numbers whole on one

@@ -40,7 +40,7 @@ def test_setup_commands_unchanged():
     assert ("python3 -m venv .venv && .venv/bin/pip install -q -e '.[highs]' && "
             ".venv/bin/hrm-search --hw l4.yaml --model mixtral") in text
     assert ("python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 && .venv/bin/pip install -q -e "
-            "'.[runtime,test,highs,notebooks,ray]' && .venv/bin/python -m pytest -q") in text
+            "'.[runtime,test,highs,notebooks,ray,web]' && .venv/bin/python -m pytest -q") in text
 
 
 def test_exit_code_table_is_the_help_epilogs():

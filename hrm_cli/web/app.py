@@ -1,0 +1,213 @@
+"""The web planner's FastAPI app: the page, the JSON API and the figures.
+
+Routes (every JSON answer is what the CLI's ``--json`` prints, or ``{"error": one line}``):
+
+- ``GET /healthz``;
+- ``GET /`` the page (its query string: the fields, so a URL reproduces a plan);
+- ``POST /api/search | /api/estimate | /api/compare | /api/export`` (``hrm-search --json``,
+  ``hrm estimate --json``, ``hrm-search --compare --json``, ``hrm-search --export ENGINE --json``);
+- ``POST /api/view``: what the page shows first (the plan, ``--explain``, memory per tier);
+  ``POST /api/exports``: every export target's command of that plan;
+- ``POST /api/plot/{roofline,timeline}.svg`` and ``GET /plot/{roofline,timeline}.svg?FIELDS``.
+
+Bodies are JSON objects, forms or multipart forms (uploads ``hw_file``, ``model_file``), at
+most :data:`hrm_cli.web.inputs.MAX_BODY_BYTES`. Each request runs in a worker process
+(:mod:`hrm_cli.web.work`), off the event loop, and is answered within ``timeout_s`` (504
+otherwise; the worker finishes its search in the background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hrm.errors import HRMError
+
+from . import DEFAULT_TIMEOUT_S, DEFAULT_WORKERS, work
+from .inputs import MAX_BODY_BYTES, MAX_UPLOAD_BYTES, one_line, parse_request
+
+HERE = Path(__file__).resolve().parent
+API = ("search", "estimate", "compare", "export", "view", "exports")
+PLOTS = ("roofline", "timeline")
+
+
+def _warm() -> None:
+    """Import the planner in a fresh worker, so the first request does not pay for it."""
+    import hrm_cli.search  # noqa: F401
+    import solver.retarget  # noqa: F401
+
+
+def error(status: int, message) -> JSONResponse:
+    return JSONResponse({"error": one_line(message)}, status_code=status)
+
+
+class Planner:
+    """The worker pool and the time bound of every request."""
+
+    def __init__(self, workers: int, timeout_s: float):
+        self.workers, self.timeout_s = workers, timeout_s
+        self.pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_warm)
+
+    def stop(self) -> None:
+        """Cancel what waits, end the workers (a search still running is not waited for)."""
+        if self.pool is None:
+            return
+        pool, self.pool = self.pool, None
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(timeout=5)
+
+    async def run(self, request, action: str) -> tuple[int, object]:
+        if self.pool is None:
+            self.start()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.pool, work.answer, request, action)
+        try:
+            return await asyncio.wait_for(future, self.timeout_s)
+        except asyncio.TimeoutError:
+            return 504, {"error": f"no answer within {self.timeout_s:g} s (the request's time bound); "
+                                  "narrow the search (--fix, --max-batch)"}
+        except BrokenProcessPool:
+            self.stop()  # a worker died (out of memory?): a fresh pool for the next request
+            return 500, {"error": "a worker process died during the request; try again"}
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused (HRMError) past :data:`MAX_BODY_BYTES` whether or not it says its length."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+        raise HRMError(f"request body larger than {MAX_BODY_BYTES >> 10} KiB")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HRMError(f"request body larger than {MAX_BODY_BYTES >> 10} KiB")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # the form parser reads the cached body
+    return body
+
+
+def _refuse_constant(name: str):
+    raise HRMError(f"{name} is not a finite number")
+
+
+async def request_fields(request: Request) -> dict:
+    """The fields of a JSON, form or multipart body (uploads as their text)."""
+    body = await read_body(request)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form(max_files=2, max_fields=64)
+        fields: dict = {}
+        for key in form:
+            values = form.getlist(key)
+            if key in ("hw_file", "model_file"):
+                upload = values[0]
+                data = await upload.read(MAX_UPLOAD_BYTES + 1) if hasattr(upload, "read") else str(upload).encode()
+                if len(data) > MAX_UPLOAD_BYTES:
+                    raise HRMError(f"{key}: larger than {MAX_UPLOAD_BYTES >> 10} KiB")
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise HRMError(f"{key}: not UTF-8 text") from None
+                fields["hw_yaml" if key == "hw_file" else "model_config"] = text
+                name_key = "hw_name" if key == "hw_file" else "model_name"
+                fields.setdefault(name_key, getattr(upload, "filename", None) or "")
+            elif any(hasattr(v, "read") for v in values):
+                raise HRMError(f"{key}: a file where a field was expected (files: hw_file, model_file)")
+            else:
+                fields[key] = values if key == "fix" and len(values) > 1 else values[-1]
+        return fields
+    if not body.strip():
+        return {}
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError:
+        raise HRMError("request body is not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:
+        raise HRMError(f"malformed JSON body ({one_line(exc, 80)})") from None
+
+
+def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S) -> FastAPI:
+    planner = Planner(workers, timeout_s)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        planner.start()
+        try:
+            yield
+        finally:
+            planner.stop()
+
+    app = FastAPI(title="HRM web planner", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.planner = planner
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):
+        return error(exc.status_code, exc.detail)
+
+    @app.exception_handler(Exception)
+    async def any_error(request, exc):
+        return error(500, f"internal error: {type(exc).__name__}")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "workers": planner.workers, "timeout_s": planner.timeout_s}
+
+    async def answer(endpoint: str, action: str, fields_of) -> Response:
+        try:
+            fields = await fields_of()
+            req = parse_request(endpoint, fields)
+        except HRMError as exc:
+            return error(400, exc)
+        status, body = await planner.run(req, action)
+        if action.startswith("plot/") and status == 200:
+            return Response(body, media_type="image/svg+xml", headers={"Cache-Control": "no-store"})
+        return JSONResponse(body, status_code=status)
+
+    def api(endpoint: str):
+        async def handler(request: Request) -> Response:
+            return await answer(endpoint, endpoint, lambda: request_fields(request))
+        return handler
+
+    for name in API:
+        app.add_api_route(f"/api/{name}", api(name), methods=["POST"], name=f"api_{name}")
+
+    for kind in PLOTS:
+        async def plot_post(request: Request, kind=kind):
+            return await answer("plot", f"plot/{kind}", lambda: request_fields(request))
+
+        async def plot_get(request: Request, kind=kind):
+            async def fields_of():
+                return dict(request.query_params)
+            return await answer("plot", f"plot/{kind}", fields_of)
+
+        app.add_api_route(f"/api/plot/{kind}.svg", plot_post, methods=["POST"], name=f"plot_post_{kind}")
+        app.add_api_route(f"/plot/{kind}.svg", plot_get, methods=["GET"], name=f"plot_get_{kind}")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page(request: Request):
+        from .page import render_page
+
+        return HTMLResponse(render_page(dict(request.query_params)))
+
+    return app

@@ -1,0 +1,265 @@
+"""The web planner's requests: fields named as the CLI's flags, checked and turned into the
+CLI's own parsed arguments (the same parser, the same :mod:`hrm.bounds` ranges), so an API
+answer is what the command prints.
+
+A request is a JSON object (or a form / query string: every value may then be text) of the
+fields of :data:`FIELDS`; each endpoint takes the fields of its command
+(:data:`ENDPOINT_FIELDS`). Hardware and model are shipped names or uploads (``hw_yaml``,
+``model_config``: the file's text), never a path on the server. Every refusal is an
+:class:`hrm.errors.HRMError` with one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from hrm.errors import HRMError
+
+#: a request body (JSON or form, uploads included) larger than this is refused (our choice:
+#: a hardware profile is ~5 KiB, the largest catalog config.json ~10 KiB)
+MAX_BODY_BYTES = 1 << 20
+#: one uploaded file (profile YAML, config.json) larger than this is refused
+MAX_UPLOAD_BYTES = 256 << 10
+#: one text field (a name, a --fix list, a policy) longer than this is refused
+MAX_FIELD_CHARS = 400
+
+#: JSON field -> (CLI flag, kind): kind "text", "number" (the flag's own range checks it),
+#: "flag" (a boolean switch), "pins" (--fix: text or a list of KEY=VALUE)
+FIELDS: dict[str, tuple[str, str]] = {
+    "hw": ("--hw", "text"),
+    "model": ("--model", "text"),
+    "engine": ("--engine", "text"),
+    "schedule": ("--schedule", "text"),
+    "workload": ("--workload", "text"),
+    "prompt_len": ("--prompt-len", "number"),
+    "max_prompt_len": ("--max-prompt-len", "number"),
+    "gen_len": ("--gen-len", "number"),
+    "padding": ("--padding", "flag"),
+    "weight_dtype": ("--weight-dtype", "text"),
+    "kv_dtype": ("--kv-dtype", "text"),
+    "routing": ("--routing", "text"),
+    "gpu_mem": ("--gpu-mem", "number"),
+    "cpu_mem": ("--cpu-mem", "number"),
+    "gpu_util": ("--gpu-util", "number"),
+    "cpu_util": ("--cpu-util", "number"),
+    "fix": ("--fix", "pins"),
+    "objective": ("--objective", "text"),
+    "max_tpot_ms": ("--max-tpot-ms", "number"),
+    "max_ttft_s": ("--max-ttft-s", "number"),
+    "max_batch": ("--max-batch", "number"),
+    "top": ("--top", "number"),
+    "time_limit": ("--time-limit", "number"),
+    "export": ("--export", "text"),
+    "policy": ("--policy", "text"),
+    "explain": ("--explain", "flag"),
+}
+#: the web planner's own fields: uploads (the file's text, and a name for it) and what-ifs
+#: of the profile (hrm.whatif), applied before the search
+EXTRA_FIELDS = ("hw_yaml", "hw_name", "model_config", "model_name", "link_gbps", "cpu_scale")
+
+_MACHINE = ("hw", "model", "weight_dtype", "kv_dtype", "routing", "workload", "prompt_len", "max_prompt_len",
+            "gen_len", "padding", "gpu_mem", "cpu_mem", "gpu_util", "cpu_util", *EXTRA_FIELDS)
+_SEARCH = (*_MACHINE, "engine", "schedule", "fix", "objective", "max_tpot_ms", "max_ttft_s", "max_batch", "top",
+           "time_limit")
+#: the fields each endpoint takes (the command's flags)
+ENDPOINT_FIELDS: dict[str, tuple[str, ...]] = {
+    "search": _SEARCH,
+    "view": _SEARCH,
+    "exports": _SEARCH,
+    "plot": _SEARCH,
+    "compare": tuple(f for f in _SEARCH if f not in ("engine", "schedule", "top")),
+    "export": (*_SEARCH, "export"),
+    "estimate": (*_MACHINE, "engine", "schedule", "policy", "explain"),
+}
+#: which CLI parser reads an endpoint's fields
+PARSERS = {"estimate": "estimate"}
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TRUE, _FALSE = ("true", "1", "on", "yes"), ("false", "0", "off", "no", "")
+
+
+@dataclass
+class Request:
+    """A checked request: the CLI's argv (``--flag=value`` words) and the web's own fields."""
+
+    endpoint: str
+    argv: list[str]
+    uploads: dict = field(default_factory=dict)
+    whatif: dict = field(default_factory=dict)
+    #: the fields as given (the page's shareable URL is built from them)
+    fields: dict = field(default_factory=dict)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _text(name: str, value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise HRMError(f"{name}: expected text, got {type(value).__name__}")
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > MAX_FIELD_CHARS:
+        raise HRMError(f"{name}: longer than {MAX_FIELD_CHARS} characters")
+    if _CONTROL.search(text):
+        raise HRMError(f"{name}: control characters are not allowed")
+    return text.strip()
+
+
+def _number(name: str, value) -> str:
+    """A number as the flag's text; the flag's own range (hrm.bounds) checks it."""
+    if isinstance(value, bool):
+        raise HRMError(f"{name}: expected a number, got a boolean")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HRMError(f"{name}: {value} is not a finite number")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = _text(name, value)
+    if not text:
+        raise HRMError(f"{name}: empty; give a number")
+    return text
+
+
+def _flag(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise HRMError(f"{name}: expected true or false")
+
+
+def _pins(name: str, value) -> str:
+    items = value if isinstance(value, list) else [value]
+    if len(items) > 16:
+        raise HRMError(f"{name}: more than 16 pins")
+    return " ".join(_text(name, item) for item in items).strip()
+
+
+def _shipped_name(name: str, text: str, known: list[str], shown: list[str], upload: str) -> None:
+    """Only shipped names: a path on the server is refused (upload the file instead)."""
+    if any(c in text for c in "/\\~") or text.startswith(".") or ":" in text:
+        raise HRMError(f"{name}: '{one_line(text, 80)}' looks like a path; give a shipped name or upload the file "
+                       f"({upload})")
+    stem = re.sub(r"\.(ya?ml|json)$", "", text, flags=re.IGNORECASE)
+    if stem.lower() not in known:
+        raise HRMError(f"{name}: unknown '{one_line(text, 80)}' (shipped: {one_line(', '.join(shown), 200)}; "
+                       f"or upload the file as {upload})")
+
+
+def check_machine_names(values: dict) -> None:
+    """hw, model and engine name shipped data; routing is not a trace file on the server."""
+    from hrm.engine import list_engines
+    from hrm.hardware import list_profiles
+    from hrm.model import ALIASES, list_catalog
+
+    if values.get("hw") and "hw_yaml" not in values:
+        _shipped_name("hw", values["hw"], [p.lower() for p in list_profiles()], list_profiles(), "hw_yaml")
+    if values.get("model") and "model_config" not in values:
+        _shipped_name("model", values["model"], [m.lower() for m in (*list_catalog(), *ALIASES)], list_catalog(),
+                      "model_config")
+    if values.get("engine") and values["engine"] not in list_engines():
+        raise HRMError(f"engine: unknown '{one_line(values['engine'], 80)}' (shipped: {', '.join(list_engines())}); "
+                       "engine files are not read by the web planner")
+    routing = values.get("routing")
+    if routing and routing.lower().startswith("trace"):
+        raise HRMError("routing: trace:FILE reads a file on the server; give uniform or zipf:S")
+
+
+def _upload_name(text: str | None, default: str) -> str:
+    """A file name for an upload (letters, digits, '.', '-', '_'; at most 64)."""
+    name = re.sub(r"\.(ya?ml|json)$", "", (text or "").strip(), flags=re.IGNORECASE)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:64]
+    return name or default
+
+
+def _upload_text(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise HRMError(f"{name}: expected the file's text")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_UPLOAD_BYTES:
+        raise HRMError(f"{name}: larger than {MAX_UPLOAD_BYTES >> 10} KiB")
+    if not value.strip():
+        raise HRMError(f"{name}: empty file")
+    return value
+
+
+def parse_request(endpoint: str, data) -> Request:
+    """A request object -> :class:`Request` (HRMError with one line for any refusal). The
+    argv is parsed once here with the CLI's parser, so a bad flag is refused before a worker
+    is asked."""
+    if not isinstance(data, dict):
+        raise HRMError("the request body must be a JSON object of fields")
+    allowed = ENDPOINT_FIELDS[endpoint]
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise HRMError(f"unknown field '{one_line(unknown[0], 40)}' for /api/{endpoint} (fields: {', '.join(allowed)})")
+    values: dict = {}
+    argv: list[str] = []
+    for key, value in data.items():
+        if value is None or key in EXTRA_FIELDS:
+            continue
+        flag, kind = FIELDS[key]
+        if kind == "flag":
+            if _flag(key, value):
+                argv.append(flag)
+                values[key] = True
+            continue
+        text = {"number": _number, "text": _text, "pins": _pins}[kind](key, value)
+        if kind == "text" and not text:
+            continue  # an empty form field: the command's default
+        if kind == "pins" and not text:
+            continue
+        values[key] = text
+        argv.append(f"{flag}={text}")
+    uploads, whatif = {}, {}
+    for key, default in (("hw_yaml", "uploaded-profile"), ("model_config", "uploaded-model")):
+        if data.get(key) not in (None, ""):
+            uploads[key] = _upload_text(key, data[key])
+            label = "hw_name" if key == "hw_yaml" else "model_name"
+            uploads[label] = _upload_name(_text(label, data.get(label) or ""), default)
+            values[key] = True
+    for key in ("link_gbps", "cpu_scale"):
+        if data.get(key) not in (None, ""):
+            whatif[key] = _whatif_number(key, data[key])
+    if "hw_yaml" in uploads and "hw" not in values:
+        argv.append("--hw=upload")
+    if "model_config" in uploads and "model" not in values:
+        argv.append("--model=upload")
+    if endpoint == "export" and "export" not in values:
+        from hrm.export import EXPORTERS
+
+        raise HRMError(f"export: give the target engine ({', '.join(EXPORTERS)})")
+    check_machine_names(values)
+    parse_argv(endpoint, argv)  # refused here, with the flag's own message
+    shown = {k: v for k, v in values.items() if k not in ("hw_yaml", "model_config")}
+    return Request(endpoint, argv, uploads, whatif, shown)
+
+
+def _whatif_number(name: str, value) -> float:
+    from hrm import bounds
+
+    text = _number(name, value)
+    rng = bounds.LINK_GBPS if name == "link_gbps" else bounds.SCALE
+    try:
+        return rng.flag(name)(text)
+    except Exception as exc:  # argparse.ArgumentTypeError: the range's one line
+        raise HRMError(f"{name}: {one_line(str(exc))}") from None
+
+
+def parse_argv(endpoint: str, argv: list[str]):
+    """The CLI's parsed arguments of ``argv`` (``hrm estimate``'s parser for estimate, else
+    ``hrm-search``'s), with usage errors as HRMError instead of exit 2."""
+    if PARSERS.get(endpoint) == "estimate":
+        from hrm_cli.estimate import build_parser
+    else:
+        from hrm_cli.search import build_parser
+    parser = build_parser()
+
+    def refuse(message):
+        raise HRMError(one_line(message))
+
+    parser.error = refuse
+    extra = ["--json"] + (["--compare"] if endpoint == "compare" else [])
+    return parser.parse_args([*argv, *extra])

@@ -1,0 +1,192 @@
+// HRM web planner: the form -> the JSON API (/api/view, /api/compare) -> the tables.
+// Vanilla JavaScript, shipped with the package (no CDN): the page works offline.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const FIELDS = ["hw", "model", "routing", "workload", "prompt_len", "max_prompt_len", "gen_len", "engine",
+  "objective", "max_tpot_ms", "max_ttft_s", "fix"];
+const SLIDERS = ["link_gbps", "cpu_scale", "gpu_mem", "cpu_mem"];
+let planUrl = null;
+
+function fmt(value, digits = 1) {
+  return Number(value).toLocaleString("en-US", {minimumFractionDigits: digits, maximumFractionDigits: digits});
+}
+function sig(value) {  // 3 significant digits, as the CLI's tables
+  return Math.abs(value) >= 100 ? fmt(value, 0) : Number(value).toPrecision(3);
+}
+function gib(bytes) { return fmt(bytes / 2 ** 30, 2) + " GiB"; }
+function policyText(p) {
+  return `N=${p.batch_size} mu=${p.micro_batch_size} n=${p.num_micro_batches} attn=${p.attn_on_gpu ? "gpu" : "cpu"} ` +
+    `ffn=${p.ffn_on_gpu ? "gpu" : "cpu"} rw=${Number(p.weights_gpu_ratio).toFixed(4)} rc=${Number(p.kv_gpu_ratio).toFixed(4)}`;
+}
+function text(el, value) { el.textContent = value; return el; }
+function cell(row, value) { text(row.insertCell(), value); }
+
+// the fields the URL and the API carry (uploads are not in the URL)
+function fields() {
+  const out = {};
+  for (const name of FIELDS) {
+    const value = $(name).value.trim();
+    if (value !== "") out[name] = value;
+  }
+  if ($("padding").checked) out.padding = "true";
+  for (const name of SLIDERS) if ($(name).dataset.set === "1") out[name] = $(name).value;
+  return out;
+}
+
+async function uploads() {
+  const out = {};
+  for (const [input, key, label] of [["hw_file", "hw_yaml", "hw_name"], ["model_file", "model_config", "model_name"]]) {
+    const file = $(input).files[0];
+    if (file) { out[key] = await file.text(); out[label] = file.name; }
+  }
+  return out;
+}
+
+async function post(path, body) {
+  const response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify(body)});
+  let data;
+  try { data = await response.json(); } catch (e) { data = {error: `HTTP ${response.status}`}; }
+  return {ok: response.ok, status: response.status, data};
+}
+
+function showSummary(view) {
+  const plan = view.plan, est = plan.estimate;
+  text($("out-title"), view.title);
+  text($("out-policy"), view.policy);
+  const tput = text($("out-throughput"), fmt(est.generation_throughput_tok_s));
+  tput.dataset.value = est.generation_throughput_tok_s;
+  text($("out-decode"), fmt(est.decode_throughput_tok_s));
+  text($("out-tpot"), sig(view.tpot_ms));
+  text($("out-ttft"), sig(view.ttft_s));
+  const busy = Object.entries(view.utilization).map(([k, v]) => `${k} ${Math.round(v * 100)}%`).join(", ");
+  text($("out-bottleneck"), `${est.bottleneck} (${busy} busy)`);
+  text($("out-binding"), view.binding_memory);
+  const pick = plan.server_pick;
+  text($("out-pick"), !pick ? "-" : pick.unavailable ? `none: ${pick.unavailable}` :
+    `${policyText(pick.policy)}: ${fmt(pick.generation_throughput_tok_s)} tok/s (${pick.program})`);
+  text($("out-notes"), view.notes.join(" · ") || "-");
+  const memory = $("memory");
+  memory.replaceChildren();
+  for (const tier of view.memory) {
+    const row = document.createElement("div");
+    row.className = "tier";
+    const share = Math.min(1, tier.used_bytes / tier.capacity_bytes);
+    row.innerHTML = `<span class="name"></span><span class="bar"><span class="fill"></span></span><span class="value"></span>`;
+    text(row.querySelector(".name"), tier.tier);
+    row.querySelector(".fill").style.width = `${(share * 100).toFixed(1)}%`;
+    text(row.querySelector(".value"), `${gib(tier.used_bytes)} / ${gib(tier.capacity_bytes)} (${Math.round(share * 100)}%)`);
+    memory.appendChild(row);
+  }
+  const body = $("explain").tBodies[0];
+  body.replaceChildren();
+  if (view.explain.error) { cell(body.insertRow(), view.explain.error); }
+  else if (!view.explain.mechanisms.length) { cell(body.insertRow(), "engine ideal: no mechanism to explain"); }
+  for (const m of view.explain.mechanisms || []) {
+    if (!m.total_s && !m.gpu_bytes && !m.cpu_bytes) continue;  // a mechanism that costs nothing here
+    const row = body.insertRow();
+    cell(row, m.label); cell(row, sig(m.decode_layer_s * 1e3)); cell(row, sig(m.prefill_s));
+    cell(row, sig(m.total_s)); cell(row, `${Math.round(m.share_of_gap * 100)}%`);
+  }
+  if (planUrl) URL.revokeObjectURL(planUrl);
+  planUrl = URL.createObjectURL(new Blob([JSON.stringify(plan, null, 2)], {type: "application/json"}));
+  $("download-plan").href = planUrl;
+}
+
+function showExports(result) {
+  const exports = $("exports");
+  exports.replaceChildren();
+  if (!result.ok) { text(exports.appendChild(document.createElement("p")), result.data.error); return; }
+  for (const [target, out] of Object.entries(result.data)) {
+    const box = document.createElement("div");
+    box.className = "export";
+    text(box.appendChild(document.createElement("h4")), target + (out.exact === false ? " (nearest / re-planned)" : ""));
+    text(box.appendChild(document.createElement(out.error ? "p" : "pre")), out.error || out.commands.join("\n"));
+    exports.appendChild(box);
+  }
+}
+
+function showCompare(result) {
+  const body = $("compare").tBodies[0];
+  body.replaceChildren();
+  if (!result.ok) { cell(body.insertRow(), result.data.error); return; }
+  let rank = 0;
+  for (const [label, plan] of Object.entries(result.data)) {
+    const row = body.insertRow();
+    if (typeof plan === "string") { cell(row, "-"); cell(row, label); cell(row, plan); continue; }
+    const est = plan.estimate, p = plan.policy;
+    cell(row, ++rank); cell(row, label);
+    cell(row, policyText(p));
+    cell(row, fmt(est.generation_throughput_tok_s)); cell(row, fmt(est.decode_throughput_tok_s));
+    cell(row, sig(est.breakdown.per_token_latency_s * 1e3));
+    cell(row, sig(est.prefill_latency_s)); cell(row, est.bottleneck);
+  }
+}
+
+async function showFigure(img, kind, query, body, hasUploads) {
+  if (!hasUploads) { img.src = `/plot/${kind}.svg?${query}`; return; }
+  const response = await fetch(`/api/plot/${kind}.svg`, {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify(body)});
+  if (response.ok) img.src = URL.createObjectURL(await response.blob());
+}
+
+async function plan(event) {
+  if (event) event.preventDefault();
+  const status = $("status");
+  const shared = fields();
+  const body = {...shared, ...(await uploads())};
+  const hasUploads = "hw_yaml" in body || "model_config" in body;
+  const query = new URLSearchParams(shared).toString();
+  const url = `${location.origin}/?${query}`;
+  history.replaceState(null, "", `/?${query}`);
+  const started = performance.now();
+  text(status, "planning…");
+  status.className = "busy";
+  const view = await post("/api/view", body);
+  if (!view.ok) {
+    text(status, `error: ${view.data.error}`);
+    status.className = "error";
+    return;
+  }
+  $("results").hidden = false;
+  showSummary(view.data);
+  const share = $("share-url");
+  share.href = url;
+  text(share, hasUploads ? `${url} (uploads are not in the URL)` : url);
+  text(status, `planned in ${((performance.now() - started) / 1000).toFixed(2)} s (search ${view.data.solve_s.toFixed(2)} s)`);
+  status.className = "done";
+  showFigure($("fig-roofline"), "roofline", query, body, hasUploads);
+  showFigure($("fig-timeline"), "timeline", query, body, hasUploads);
+  $("compare").tBodies[0].replaceChildren();
+  $("exports").replaceChildren();
+  delete document.body.dataset.compared;
+  delete document.body.dataset.exported;
+  const compareBody = {...body};
+  delete compareBody.engine;
+  const exported = post("/api/exports", body).then((result) => {
+    showExports(result);
+    document.body.dataset.exported = "yes";
+  });
+  showCompare(await post("/api/compare", compareBody));
+  document.body.dataset.compared = "yes";
+  await exported;
+}
+
+function slider(input) {
+  const out = document.querySelector(`output[for="${input.id}"]`);
+  out.textContent = input.dataset.set === "1" ? input.value : "unset";
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("planner").addEventListener("submit", plan);
+  for (const name of SLIDERS) {
+    const input = $(name);
+    slider(input);
+    input.addEventListener("input", () => { input.dataset.set = "1"; slider(input); });
+  }
+  $("reset-whatif").addEventListener("click", () => {
+    for (const name of SLIDERS) { delete $(name).dataset.set; slider($(name)); }
+  });
+  if (document.body.dataset.autorun === "yes") plan(null);
+});
