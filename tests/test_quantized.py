@@ -103,19 +103,25 @@ EXPERT_FLOPS_PER_TOKEN = 2 * 176_160_768  # 352,321,536
     (512, 963.61e-6, 578.17e-6),
 ])
 def test_one_int4_expert_on_a100_by_hand(tokens, expected_s, fp16_roofline_s):
-    rates = rates_from_profile(load_hardware("a100-80g"))
-    op = costs.single_expert(int4_mixtral(), tokens)
+    check_expert_by_hand("a100-80g", int4_mixtral(), MARLIN, EXPERT_WEIGHT_BYTES, 90_832_896, A100_FLOPS,
+                         A100_BYTES_S, MARLIN_C, MARLIN_B, tokens, expected_s, fp16_roofline_s)
+
+
+def check_expert_by_hand(hw, model, engine, weight_bytes, weight_bytes_by_hand, flops_s, bytes_s, compute_fraction,
+                         bandwidth_fraction, tokens, expected_s, fp16_roofline_s):
+    """One expert's GEMM on quantized weights: the family's roofline computed by hand, and
+    without a family today's fp16 roofline on the same bytes."""
+    rates = rates_from_profile(load_hardware(hw))
+    op = costs.single_expert(model, tokens)
     assert op.quantized
-    assert float(op.weight_bytes) == EXPERT_WEIGHT_BYTES == 90_832_896
-    total_bytes = EXPERT_WEIGHT_BYTES + tokens * EXPERT_ACT_BYTES_PER_TOKEN
+    assert float(op.weight_bytes) == weight_bytes == weight_bytes_by_hand
+    total_bytes = weight_bytes + tokens * EXPERT_ACT_BYTES_PER_TOKEN
     flops = tokens * EXPERT_FLOPS_PER_TOKEN
-    by_hand = max(flops / (A100_FLOPS * MARLIN_C), total_bytes / (A100_BYTES_S * MARLIN_B))
+    by_hand = max(flops / (flops_s * compute_fraction), total_bytes / (bytes_s * bandwidth_fraction))
     assert by_hand == pytest.approx(expected_s, rel=1e-4)
-    got = float(latency.gpu_time_s(op, rates, tokens, MARLIN, kernel=True))
-    assert got == pytest.approx(by_hand, rel=1e-12)
-    # without a kernel family: today's fp16 roofline on the quantized bytes
+    assert float(latency.gpu_time_s(op, rates, tokens, engine, kernel=True)) == pytest.approx(by_hand, rel=1e-12)
     today = float(latency.gpu_time_s(op, rates, tokens, IDEAL, kernel=True))
-    assert today == pytest.approx(max(flops / A100_FLOPS, total_bytes / A100_BYTES_S), rel=1e-12)
+    assert today == pytest.approx(max(flops / flops_s, total_bytes / bytes_s), rel=1e-12)
     assert today == pytest.approx(fp16_roofline_s, rel=1e-4)
 
 
@@ -222,17 +228,8 @@ def q4_k_m_mixtral():
     (512, 3395.58e-6, 2540.68e-6),
 ])
 def test_one_q4_k_m_expert_in_ggml_cuda_on_rtx3090_by_hand(tokens, expected_s, fp16_roofline_s):
-    rates = rates_from_profile(load_hardware("rtx3090"))
-    op = costs.single_expert(q4_k_m_mixtral(), tokens)
-    assert op.quantized and float(op.weight_bytes) == Q4_K_M_EXPERT_WEIGHT_BYTES == 106_659_840
-    total_bytes = Q4_K_M_EXPERT_WEIGHT_BYTES + tokens * EXPERT_ACT_BYTES_PER_TOKEN
-    flops = tokens * EXPERT_FLOPS_PER_TOKEN
-    by_hand = max(flops / (RTX3090_FLOPS * GGML_C), total_bytes / (RTX3090_BYTES_S * GGML_B))
-    assert by_hand == pytest.approx(expected_s, rel=1e-4)
-    assert float(latency.gpu_time_s(op, rates, tokens, GGML, kernel=True)) == pytest.approx(by_hand, rel=1e-12)
-    today = float(latency.gpu_time_s(op, rates, tokens, IDEAL, kernel=True))
-    assert today == pytest.approx(max(flops / RTX3090_FLOPS, total_bytes / RTX3090_BYTES_S), rel=1e-12)
-    assert today == pytest.approx(fp16_roofline_s, rel=1e-4)
+    check_expert_by_hand("rtx3090", q4_k_m_mixtral(), GGML, Q4_K_M_EXPERT_WEIGHT_BYTES, 106_659_840, RTX3090_FLOPS,
+                         RTX3090_BYTES_S, GGML_C, GGML_B, tokens, expected_s, fp16_roofline_s)
 
 
 def test_one_q4_k_m_expert_on_the_cpu_by_hand():
