@@ -127,7 +127,7 @@ def task_dispatch_s(rates: Rates, engine: Engine = IDEAL) -> dict[str, float]:
     rather than overlap."""
     g = rates.gpu_dispatch
     ops, op = engine.launches, rates.op_costs
-    if g is None and charged(ops, op) and not rates.shared_unit:
+    if charged(ops, op):  # op_costs: a GPU host without a measured dispatch
         issue = (lambda kernels, syncs: op.gpu_op_s * kernels + op.sync_bubble_s * syncs)
         return {"attention": issue(ops.gpu_ops + ops.copies, ops.syncs) + op.cpu_op_s * ops.cpu_ops, "gate": 0.0,
                 "expert": issue(ops.expert_gpu_ops + ops.expert_copies, ops.expert_syncs), "copy": op.gpu_op_s,

@@ -139,7 +139,7 @@ def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEA
     kernel family (``engine.quant_kernel``) runs in that family instead
     (:func:`quantized_gpu_time_s`): its fractions are measured against the fp16 GEMM, so they
     replace the fp16 MoE kernel's (``kernel``'s factor and slowdown are not applied on top)."""
-    if op.quantized and engine.quant_kernel is not None and not rates.shared_unit:
+    if quant_family(op, rates, engine) is not None:
         return quantized_gpu_time_s(op, rates, matmul_rows, engine)
     flops, bandwidth = gpu_rate_factors(rates, engine, kernel)
     seconds = op_time_s(op, rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
@@ -148,16 +148,15 @@ def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEA
 
 def quantized_gpu_time_s(op: OpCost, rates: Rates, matmul_rows, engine: Engine):
     """``op`` (quantized weights) in the engine's dequantizing kernel family
-    (:func:`hrm.quantized.quantized_time_s`): the fp16 path's FLOP rate at ``matmul_rows``
-    and memory rate (the engine's achieved-rate factors, no MoE-kernel factor) times the
-    family's compute and bandwidth fractions on the GPU's architecture (``default`` on a
-    datasheet profile without one)."""
+    (:mod:`hrm.quantized`): eq. 14's roofline at the fp16 path's FLOP rate at
+    ``matmul_rows`` and memory rate (the engine's achieved-rate factors, no MoE-kernel
+    factor) times the family's compute and bandwidth fractions on the GPU's architecture
+    (``default`` on a datasheet profile without one)."""
     flops, bandwidth = gpu_rate_factors(rates, engine, kernel=False)
-    family = quantized.quant_kernel(engine.quant_kernel)
     architecture = rates.achieved.architecture if rates.achieved is not None else None
-    return quantized.quantized_time_s(op.flops, op.weight_bytes, op.kv_bytes + op.act_bytes,
-                                      rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth,
-                                      family, architecture)
+    compute, memory = quant_family(op, rates, engine).fractions(architecture)
+    return op_time_s(op, rates.gpu_flops(matmul_rows) * flops * compute,
+                     rates.gpu_bandwidth_bytes_s * bandwidth * memory)
 
 
 def kernel_slowdown(rates: Rates, engine: Engine, rows):
@@ -173,23 +172,27 @@ def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEA
     """``op`` on the CPU tier at its FLOP/s (at ``matmul_rows`` rows) and memory rate. An op
     on quantized weights under an engine whose dequantizing family has CPU numbers
     (:meth:`hrm.quantized.QuantKernel.cpu_fractions`: llama.cpp's CPU experts) runs at the
-    family's CPU fractions of those rates (:func:`hrm.quantized.dequant_roofline_s`); the
-    emulated tier of a CPU-only host is measured as it runs (no family)."""
-    flops_per_s, bytes_per_s = rates.cpu_flops(matmul_rows), rates.cpu_bandwidth_bytes_s
-    fractions = cpu_quant_fractions(op, rates, engine)
-    if fractions is None:
-        return op_time_s(op, flops_per_s, bytes_per_s)
-    return quantized.dequant_roofline_s(op.flops, op.weight_bytes, op.kv_bytes + op.act_bytes, flops_per_s,
-                                        bytes_per_s, fractions)
+    family's CPU fractions of those rates; the emulated tier of a CPU-only host is measured
+    as it runs (no family)."""
+    compute, memory = cpu_quant_fractions(op, rates, engine) or (1.0, 1.0)
+    return op_time_s(op, rates.cpu_flops(matmul_rows) * compute, rates.cpu_bandwidth_bytes_s * memory)
+
+
+def quant_family(op: OpCost, rates: Rates, engine: Engine):
+    """The dequantizing kernel family (:class:`hrm.quantized.QuantKernel`) ``op`` runs in:
+    the engine's, for an op on quantized weights; None at the plain roofline (unquantized
+    weights, no family, a CPU-only host's emulated tier, which is measured as it runs)."""
+    if not op.quantized or engine.quant_kernel is None or rates.shared_unit:
+        return None
+    return quantized.quant_kernel(engine.quant_kernel)
 
 
 def cpu_quant_fractions(op: OpCost, rates: Rates, engine: Engine) -> tuple[float, float] | None:
-    """(compute, bandwidth) fractions of ``op`` on the CPU in the engine's dequantizing
-    family, or None where it runs at the CPU roofline (unquantized weights, no family, a
-    family without CPU numbers, a CPU-only host's emulated tier)."""
-    if not op.quantized or engine.quant_kernel is None or rates.shared_unit:
-        return None
-    return quantized.quant_kernel(engine.quant_kernel).cpu_fractions()
+    """(compute, bandwidth) fractions of ``op`` on the CPU in its dequantizing family, or
+    None where it runs at the CPU roofline (:func:`quant_family` None, or a family without
+    CPU numbers)."""
+    family = quant_family(op, rates, engine)
+    return family.cpu_fractions() if family is not None else None
 
 
 # --- engine mechanisms: the host side -------------------------------------------------
@@ -569,7 +572,7 @@ def launch_overhead_s(model: ModelSpec, rates: Rates, engine: Engine, tokens, mo
     plus once per layer the weight fetches' copies and syncs. {} where not charged (a
     measured dispatch, a CPU-only host, an engine without counts)."""
     ops, op = engine.launches, rates.op_costs
-    if not charged(ops, op) or rates.shared_unit:
+    if not charged(ops, op):
         return {}
     experts = costs.expected_distinct_experts(model, tokens) if moe else 0.0 * np.asarray(tokens, dtype=float)
     return {"host": Lane("host", host_issue_s(ops, op, experts), 0.0, 0.0, layer_host_issue_s(ops, op)),

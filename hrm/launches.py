@@ -106,6 +106,6 @@ def layer_sync_bubbles_s(launches: Launches, op: OpCosts) -> float:
 
 
 def charged(launches: Optional[Launches], op: Optional[OpCosts]) -> bool:
-    """Whether per-op costs apply: the engine counts its ops and the machine has no
-    measured dispatch (:attr:`hrm.rates.Rates.op_costs` is set)."""
+    """Whether per-op costs apply: the engine counts its ops and the machine charges them
+    (:attr:`hrm.rates.Rates.op_costs` is set only on a GPU host without a measured dispatch)."""
     return launches is not None and op is not None

@@ -23,7 +23,8 @@ Two registries, both data with a source per number (docs/model.md §4.8):
 
   An engine names its family in :attr:`hrm.engine.Engine.quant_kernel` (None: no family,
   today's model — the fp16 roofline on the quantized bytes). The time of a GEMM on
-  quantized weights in that family (:func:`quantized_time_s`) is the roofline
+  quantized weights in that family (:func:`hrm.latency.gpu_time_s`, eq. 14's roofline
+  :func:`hrm.latency.op_time_s` at the scaled rates) is the roofline
 
       t = max(FLOPs / (R_fp16(M) · c_arch), bytes / (B_fp16 · b_arch))
 
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
@@ -213,19 +213,3 @@ def quant_kernel(name: str) -> QuantKernel:
     if name not in QUANT_KERNELS:
         raise ValueError(f"unknown quantized kernel {name!r} (one of {', '.join(QUANT_KERNELS)})")
     return QUANT_KERNELS[name]
-
-
-def dequant_roofline_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s, fractions: tuple[float, float]):
-    """One op on quantized weights: max(FLOPs / (R · c), (weight bytes + other bytes) / (B · b)),
-    R and B the rates the unquantized path of the same tier uses, (c, b) = ``fractions``."""
-    compute, bandwidth = fractions
-    return np.maximum(flops / (flops_per_s * compute), (weight_bytes + other_bytes) / (bytes_per_s * bandwidth))
-
-
-def quantized_time_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s, kernel: QuantKernel,
-                     architecture: str | None):
-    """One op on quantized weights in ``kernel``'s family on the GPU: the roofline
-    (:func:`dequant_roofline_s`) at the family's fractions on ``architecture``, R_fp16 and
-    B_fp16 the fp16 path's rates."""
-    return dequant_roofline_s(flops, weight_bytes, other_bytes, flops_per_s, bytes_per_s,
-                              kernel.fractions(architecture))

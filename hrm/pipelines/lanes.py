@@ -12,14 +12,11 @@ import numpy as np
 from .. import latency
 from ..memory import (cpu_memory_form, disk_spill_allowed, disk_spill_bytes, gpu_memory_form, host_floor_form,
                       spillable_weights_form)
-from ..model import ModelSpec
 from ..policy import Policy
 from ..problem import Problem
-from ..rates import Rates
 from ..schedules import PIPELINE_FIELDS
 from ..timeline import lanes_timeline
-from ..workload import Workload, decode_contexts
-from ..engine import Engine
+from ..workload import decode_contexts
 from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
 
 
@@ -34,11 +31,11 @@ def disk_lanes(problem: Problem, micro_batch, attn_on_gpu, ffn_on_gpu, resources
     return latency.disk_lanes(spill, problem.model.num_layers, problem.rates, problem.engine, resources)
 
 
-def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Policy, engine: Engine,
-                 problem: Problem | None = None):
+def step_times_s(problem: Problem, policy: Policy):
     """Per-step decode times (array over steps), the prefill time, and per-layer busy seconds
-    of each resource and lane (summed over steps and layers); with ``problem``, the disk
-    lanes of its spill too (:func:`disk_lanes`)."""
+    of each resource and lane (summed over steps and layers), the disk lanes of the
+    problem's spill included (:func:`disk_lanes`)."""
+    model, rates, workload, engine = problem.model, problem.rates, problem.workload, problem.engine
     mu, n = policy.micro_batch_size, policy.num_micro_batches
     rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
     contexts = decode_contexts(workload.effective_prompt_len, workload.gen_len)
@@ -51,7 +48,7 @@ def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Pol
         resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
                                              engine)
         lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
-        disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, resources) if problem else []
+        disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, resources)
         if disk and float(np.max(disk[0].time_s(n, rw, rc))) <= 0:
             disk = []  # nothing spills: the disk lanes are below the others (E < 0) and reported as absent
         lanes = lanes + disk
@@ -66,7 +63,7 @@ def step_times_s(model: ModelSpec, rates: Rates, workload: Workload, policy: Pol
         for lane in lanes:
             lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + busy_s(lane)
         pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
-        pre_disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, pre) if problem else []
+        pre_disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, pre)
         prefill += count * float(latency.lanes_time_s(
             latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill") + pre_disk, n, rw, rc))
     per_layer = max(len(contexts), 1) * model.num_layers
@@ -88,8 +85,7 @@ def bottleneck(resource_layer: dict[str, float], lane_layer: dict[str, float]) -
 def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
     """Each layer the max of its lanes (eq. 12), summed over the decode steps."""
     model, rates = problem.model, problem.rates
-    steps, prefill, resource_layer, lane_layer = step_times_s(model, rates, problem.workload, policy, problem.engine,
-                                                              problem)
+    steps, prefill, resource_layer, lane_layer = step_times_s(problem, policy)
     decode = float(np.sum(steps))
     n_steps = len(steps)
     # mean per-layer decode latency: the layer part of the steps, per layer
