@@ -295,6 +295,53 @@ class Emulation(_Strict):
         return self
 
 
+#: ggml's CPU matmul ops as the probe names them: MUL_MAT (``mm``: one weight matrix, rows =
+#: tokens) and MUL_MAT_ID (``mmid``: a layer's expert tensor, rows = tokens per touched expert)
+GgmlOp = Literal["mm", "mmid"]
+
+
+class GgmlKernel(_Strict):
+    """One ggml CPU matmul kernel as ``hrm profile --llama-cpp`` measured it on this host:
+    seconds per weight element (``s_per_elem_vs_rows``: x = rows per weight matrix, y = s) for
+    weight ``type`` (a ggml type name: f16, q8_0, q4_K, ...) at ``threads`` threads, with the
+    weights in ``buffer`` (CPU, or CPU_REPACK where llama.cpp repacks that type) and cycled
+    through a pool as large as a model's (cold in the caches, as a step reads them)."""
+
+    type: bounds.Label
+    op: GgmlOp
+    threads: bounds.CORES.type
+    buffer: bounds.Label = "CPU"
+    s_per_elem_vs_rows: Curve
+
+
+class GgmlCpu(_Strict):
+    """llama.cpp's CPU backend measured on this host (docs/model.md §4.10): its matmul kernels
+    per weight type, op and thread count, and the fixed cost of one graph node (the threads'
+    barrier after each op) against the thread count. ``llama_cpp`` names the tree the probe was built
+    against; ``pool_mib`` the weight pool each kernel streamed."""
+
+    llama_cpp: str
+    pool_mib: bounds.CURVE_VALUE.type
+    node_s_vs_threads: Curve
+    kernels: tuple[GgmlKernel, ...]
+
+    @model_validator(mode="after")
+    def _one_curve_each(self):
+        keys = [(k.type, k.op, k.threads) for k in self.kernels]
+        repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if repeated is not None:
+            raise ValueError(f"kernels: type {repeated[0]}, op {repeated[1]}, threads {repeated[2]} appears twice")
+        return self
+
+    def node_s(self, threads: int) -> Optional[float]:
+        """Seconds of one graph node at ``threads`` threads (None if not measured)."""
+        return next((p.y for p in self.node_s_vs_threads if p.x == threads), None)
+
+    def kernel(self, ggml_type: str, op: str, threads: int) -> Optional[GgmlKernel]:
+        """The measured kernel of ``ggml_type``/``op`` at ``threads`` (None if not measured)."""
+        return next((k for k in self.kernels if (k.type, k.op, k.threads) == (ggml_type, op, threads)), None)
+
+
 class HardwareProfile(_Strict):
     name: bounds.Name
     description: str = ""
@@ -305,6 +352,7 @@ class HardwareProfile(_Strict):
     disk: Optional[Disk] = None
     efficiency: Optional[Efficiency] = None
     emulation: Optional[Emulation] = None
+    ggml_cpu: Optional[GgmlCpu] = None
 
     @model_validator(mode="after")
     def _gpu_needs_link(self):
@@ -333,8 +381,9 @@ class HardwareProfile(_Strict):
         for section in ("cpu", "gpu"):
             if isinstance(data.get(section), dict) and data[section].get("dispatch") is None:
                 data[section].pop("dispatch", None)
-        if data.get("emulation") is None:
-            data.pop("emulation", None)
+        for section in ("emulation", "ggml_cpu"):
+            if data.get(section) is None:
+                data.pop(section, None)
         if data["source"].get("runs_sha256") is None:
             data["source"].pop("runs_sha256", None)
         if self.efficiency is not None:

@@ -40,7 +40,15 @@ def main(argv) -> int:
     parser.add_argument("--engine", choices=list(list_engines()),
                         help="HRM engine to estimate with (default: the closest shipped one, else ideal)")
     parser.add_argument("--json", action="store_true", help="print the policy and its estimate as JSON")
+    parser.add_argument("--gguf", metavar="FILE", help="llama-bench / llama-batched-bench commands: the GGUF (or an "
+                        "hrm tensor table) whose tensors the CPU prediction reads, when the command's -m is not here")
     args = parser.parse_args(argv)
+    from hrm.export.llama_tools import tool_of
+
+    if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model
+        from hrm_cli import import_bench
+
+        return import_bench.main(args.flags, machine_from_args(args)[0], args.gguf, args.json)
     fields = given_fields(args)
     args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)

@@ -33,6 +33,11 @@ def parse_args(argv: list[str]):
     parser.add_argument("--no-disk", action="store_true", help="skip the disk read measurement")
     parser.add_argument("--disk-dir", help="folder for the disk probe file (default: the temp folder)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    parser.add_argument("--llama-cpp", metavar="DIR", help="a llama.cpp source tree with a CPU build (build/bin): "
+                        "measure its CPU matmul kernels per weight type and thread count (the ggml_cpu section "
+                        "llama.cpp CPU predictions use; about a minute per thread count)")
+    parser.add_argument("--ggml-only", metavar="PROFILE", help="with --llama-cpp: add the ggml_cpu section to this "
+                        "existing profile instead of measuring the rest again")
     return parser.parse_args(argv)
 
 
@@ -65,6 +70,15 @@ def main(argv: list[str]) -> int:
         raise HRMError(f"--name: must be a non-empty printable name, got {args.name!r}")
     reference = load_hardware(args.compare) if args.compare else None
     disk_dir = check_disk_dir(args.disk_dir)
+    if args.ggml_only is not None and args.llama_cpp is None:
+        raise HRMError("--ggml-only: needs --llama-cpp DIR (the tree whose kernels to measure)")
+    tree = None
+    if args.llama_cpp is not None:
+        from profiler.ggml_cpu import llama_cpp_tree
+
+        tree = llama_cpp_tree(args.llama_cpp)
+    if args.ggml_only is not None:
+        return _add_ggml_section(load_hardware(args.ggml_only), tree, out)
     cfg = quick_config() if args.quick else full_config()
     if args.budget is not None:
         cfg = dataclasses.replace(cfg, budget_s=args.budget)
@@ -82,7 +96,8 @@ def main(argv: list[str]) -> int:
         # its own console: its notes are rich markup with the message escaped (profiler.progress)
         with RichReporter() as reporter:
             run = run_profile(cfg, device=args.device, reporter=reporter, disk_folder=disk_dir, name=args.name)
-    text = profile_yaml(run.profile)
+    profile = run.profile if tree is None else with_ggml_section(run.profile, tree)
+    text = profile_yaml(profile)
     if out is not None:
         write_atomic(out, text)
         load_hardware(str(out))  # the file must read back through the schema
@@ -94,4 +109,23 @@ def main(argv: list[str]) -> int:
         from profiler.compare import comparison_table
 
         (console() if out is not None else err).print(comparison_table(run.profile, reference))
+    return 0
+
+
+def with_ggml_section(profile: HardwareProfile, tree) -> HardwareProfile:
+    """``profile`` with llama.cpp's CPU kernels measured on this host (profiler.ggml_cpu)."""
+    from profiler.ggml_cpu import measure_ggml_cpu, thread_counts
+
+    section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores))
+    source = profile.source.model_copy(update={"methods": {**profile.source.methods, **methods}})
+    return profile.model_copy(update={"ggml_cpu": section, "source": source})
+
+
+def _add_ggml_section(profile: HardwareProfile, tree, out) -> int:
+    text = profile_yaml(with_ggml_section(profile, tree))
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    write_atomic(out, text)
+    load_hardware(str(out))
     return 0

@@ -1,0 +1,102 @@
+"""Turn llama_cpu_runs.py's raw samples into the committed runs file
+(docs/validation/runs/llamacpp-cpu.yaml): per run its exact command (paths reduced to file
+names), the engine version, the tensor table of its GGUF, and measured prefill, decode, total,
+TTFT and TPOT (medians of the samples, with every sample and the spread kept).
+
+    python runs_file.py RAW.json OUT.yaml --profile PROFILE.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import yaml
+
+ENGINE_VERSION = ("ggml-org/llama.cpp@0c1e5709 (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp), CPU backend, "
+                  "GGML_NATIVE=OFF with AVX-512/VNNI/BF16 on and AMX off (../shared/llamacpp-cpu/README.md)")
+
+
+def short_command(cmd: list[str]) -> str:
+    words = [w.rsplit("/", 1)[-1] if "/" in w else w for w in cmd]
+    return " ".join(words)
+
+
+def spread(values: list[float]) -> float:
+    med = statistics.median(values)
+    return round((max(values) - min(values)) / med, 4) if med else 0.0
+
+
+def sig(x: float) -> float:
+    return float(f"{x:.5g}")
+
+
+def batched_run(point: dict) -> dict | None:
+    res = [s["result"] for s in point["samples"] if "result" in s]
+    if not res:
+        return None
+    pp = [r["t_pp"] for r in res]
+    tg = [r["t_tg"] for r in res]
+    tot = [r["t"] for r in res]
+    k = point["key"]
+    ntg, npl = res[0]["tg"], res[0]["pl"]
+    return {"measured": {"prefill_s": sig(statistics.median(pp)), "decode_s": sig(statistics.median(tg)),
+                         "total_s": sig(statistics.median(tot)), "ttft_s": sig(statistics.median(pp)),
+                         "tpot_s": sig(statistics.median(tg) / ntg),
+                         "generation_throughput_tok_s": sig(npl * ntg / statistics.median(tot))},
+            "samples": {"prefill_s": [sig(x) for x in pp], "decode_s": [sig(x) for x in tg]},
+            "spread": {"prefill_s": spread(pp), "decode_s": spread(tg)},
+            "name": f"{k['model']} {k['format']} t{k['threads']} x{npl} (batched-bench)"}
+
+
+def bench_run(point: dict) -> dict | None:
+    res = [s["result"] for s in point["samples"] if "result" in s]
+    if not res:
+        return None
+    pp = [t for r in res for t in r if t["n_prompt"] > 0 and t["n_gen"] == 0]
+    tg = [t for r in res for t in r if t["n_gen"] > 0 and t["n_prompt"] == 0]
+    pre = [x / 1e9 for t in pp for x in t["samples_ns"]]
+    dec = [x / 1e9 for t in tg for x in t["samples_ns"]]
+    k = point["key"]
+    n_gen = tg[0]["n_gen"]
+    return {"measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
+                         "total_s": sig(statistics.median(pre) + statistics.median(dec)),
+                         "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / n_gen)},
+            "samples": {"prefill_s": [sig(x) for x in pre], "decode_s": [sig(x) for x in dec]},
+            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
+            "name": f"{k['model']} {k['format']} t{k['threads']} d{k['depth']} (llama-bench)"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("raw", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--profile", required=True, help="the profile path as the runs file names it (relative to it)")
+    args = ap.parse_args()
+    raw = json.loads(args.raw.read_text())
+    runs = []
+    for point in raw["points"]:
+        k = point["key"]
+        made = batched_run(point) if k["tool"] == "llama-batched-bench" else bench_run(point)
+        if made is None:
+            continue
+        run = {"name": made.pop("name"), "engine": "llama.cpp", "from": "llama.cpp",
+               "command": short_command(point["command"]),
+               "model": f"../../../benchmarks/ground_truth/configs/{k['model']}.json",
+               "gguf": f"gguf/{k['model']}-{k['format']}.tensors.json", **made}
+        runs.append(run)
+    doc = {"hardware": args.profile, "engine_version": ENGINE_VERSION, "host": raw.get("host"),
+           "measured_between": [raw.get("started"), raw.get("finished")], "runs": runs}
+    header = ("# Real llama.cpp runs on this project's CPU machine (benchmarks/ground_truth/llama_cpu_runs.py):\n"
+              "# each run's exact command (paths reduced to file names), medians of its samples, the samples\n"
+              "# and their spread. Predicted by hrm.export.llama_tools + hrm.ggml_cpu on `hardware`\n"
+              "# (tests/test_ground_truth_llamacpp.py; docs/validation/ground_truth.md).\n")
+    args.out.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
+    print(f"{len(runs)} runs -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

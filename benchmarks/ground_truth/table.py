@@ -1,0 +1,48 @@
+"""docs/validation/ground_truth.md's tables: every committed llama.cpp CPU run, measured against
+predicted (no calibration), and leave-out calibration from three runs.
+
+    python benchmarks/ground_truth/table.py [--runs docs/validation/runs/llamacpp-cpu.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from hrm.validation import compare_runs, load_runs_file, ratios, summary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rows_markdown(comparisons) -> str:
+    lines = ["| run | command | prefill measured s | predicted | ratio | decode measured s | predicted | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in comparisons:
+        cells = []
+        for q in ("prefill_s", "decode_s"):
+            if q in c.measured:
+                cells += [f"{c.measured[q]:.4g}", f"{c.predicted[q]:.4g}", f"{c.ratio(q):.2f}"]
+            else:
+                cells += ["-", "-", "-"]
+        lines.append(f"| {c.name} | `{c.command}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=str(ROOT / "docs/validation/runs/llamacpp-cpu.yaml"))
+    args = ap.parse_args()
+    comparisons = compare_runs(load_runs_file(args.runs))
+    s = summary(comparisons)
+    print(f"{len(comparisons)} runs, {s['quantities']} quantities: median predicted/measured {s['median_ratio']:.3f}, "
+          f"worst {s['worst_factor']:.3f}x, beyond 1.25x: {s['beyond_1_25x']}")
+    for q in ("prefill_s", "decode_s"):
+        rs = ratios(comparisons, q)
+        print(f"  {q}: median {statistics.median(rs):.3f}, min {min(rs):.3f}, max {max(rs):.3f}")
+    print(rows_markdown(comparisons))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

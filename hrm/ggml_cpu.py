@@ -1,0 +1,211 @@
+"""llama.cpp on its CPU backend (docs/model.md §4.10): the time of one graph step, and of the
+prefill and decode of a llama-bench or llama-batched-bench run, from the model's own weight
+tensors and the host's measured ggml kernels.
+
+A step of ``n`` tokens runs the model's graph once on ``threads`` threads, one op after another,
+each op split over the threads with a barrier after it (ggml/src/ggml-cpu/ggml-cpu.c
+ggml_graph_compute_thread). Its time is the sum of
+
+- every weight matrix's matmul: elements × the kernel's measured seconds per element for the
+  tensor's ggml type, op and thread count at its rows (:class:`hrm.hardware.GgmlKernel`):
+  ``n`` rows for a dense weight (MUL_MAT), and for a layer's expert tensor (MUL_MAT_ID) the
+  expected distinct experts touched × their elements at ``n·k / touched`` rows each
+  (:func:`hrm.costs.expected_distinct_experts`);
+- the output head at one row per token whose logits are asked for;
+- attention's read of each sequence's cached K and V (f16), at the f16 matmul rate with the
+  query heads sharing a KV head as its rows (a flash-attention step is two such products);
+- one node barrier (``GgmlCpu.node_s``) per graph node.
+
+Nothing here is fitted to a run: every rate is the probe's (``hrm profile --llama-cpp``), every
+size is the GGUF's own tensor list (:mod:`hrm.gguf`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .costs import uniform_distinct_experts
+from .errors import HRMError
+from .gguf import GgufTensor, TensorInventory
+from .hardware import GgmlCpu, GgmlKernel
+
+#: compute nodes of one transformer layer of llama.cpp's MoE graphs (norm, its scale, q/k/v,
+#: two ropes, two KV stores, attention, output, residual, norm, scale, router, softmax, top-k,
+#: weights, three expert matmuls, activation, weighting, expert sum, residual: src/models/llama.cpp
+#: and src/llama-graph.cpp build_moe_ffn at ggml-org/llama.cpp@0c1e5709); views cost nothing
+NODES_PER_LAYER = 28
+#: llama.cpp's default logical batch and micro-batch (-b, -ub: common/common.h:454-455)
+DEFAULT_N_BATCH, DEFAULT_N_UBATCH = 2048, 512
+#: the cached K/V are f16 unless -ctk/-ctv say otherwise (common/common.h cache_type_k/v)
+KV_ELEMENT_TYPE = "f16"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One graph step: seconds per part (``dense_s``: every non-expert weight, router and output
+    head included; ``experts_s``: the MUL_MAT_ID of routed experts; ``attention_s``; ``nodes_s``)."""
+
+    tokens: int
+    dense_s: float
+    experts_s: float
+    attention_s: float
+    nodes_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.dense_s + self.experts_s + self.attention_s + self.nodes_s
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """A run's predicted prefill (all prompt tokens of all sequences) and decode (every
+    generation step) seconds, and the steps they are made of."""
+
+    prefill_s: float
+    decode_s: float
+    prompt_tokens: int
+    decode_steps: int
+    sequences: int
+    steps: tuple[StepTime, ...] = field(default=(), repr=False)
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean seconds per decode step (one token for every sequence)."""
+        return self.decode_s / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.sequences * self.decode_steps / self.decode_s if self.decode_s else 0.0
+
+
+def probe_type(ggml_type: str) -> str:
+    """A GGUF tensor type (``Q4_K``, ``F16``) as ggml_type_name writes it (``q4_K``, ``f16``)."""
+    name = ggml_type.lower()
+    return name[:-2] + "_K" if name.endswith("_k") else name
+
+
+def kernel_curve(section: GgmlCpu, ggml_type: str, op: str, threads: int) -> GgmlKernel:
+    kernel = section.kernel(probe_type(ggml_type), op, threads)
+    if kernel is None:
+        measured = sorted({k.threads for k in section.kernels})
+        raise HRMError(f"ggml_cpu: no {op} kernel for {probe_type(ggml_type)} at {threads} threads in this profile "
+                       f"(measured threads: {measured}); run hrm profile --llama-cpp DIR on this machine")
+    return kernel
+
+
+def seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float) -> float:
+    """The measured kernel's seconds per weight element at ``rows`` rows: linear between the
+    measured points; past the last, a matmul is compute-bound and grows linearly with its
+    rows (the last two points' slope); below the first, the first point."""
+    points = kernel_curve(section, ggml_type, op, threads).s_per_elem_vs_rows
+    xs = np.array([p.x for p in points], dtype=float)
+    ys = np.array([p.y for p in points], dtype=float)
+    order = np.argsort(xs)
+    xs, ys = xs[order], ys[order]
+    if rows <= xs[-1] or len(xs) == 1:
+        return float(np.interp(rows, xs, ys))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return float(ys[-1] + max(slope, 0.0) * (rows - xs[-1]))
+
+
+def _dense_s(tensor: GgufTensor, section: GgmlCpu, threads: int, rows: float) -> float:
+    return tensor.elements * seconds_per_element(section, tensor.ggml_type, "mm", threads, rows)
+
+
+def _experts_s(tensor: GgufTensor, section: GgmlCpu, threads: int, tokens: int, experts: int, top_k: int) -> float:
+    touched = float(uniform_distinct_experts(experts, top_k, tokens))
+    rows = tokens * top_k / touched
+    per_expert = tensor.elements / experts
+    return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows)
+
+
+def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, query_tokens: int,
+                kv_tokens: float) -> float:
+    """Attention of ``query_tokens`` tokens of one sequence over its ``kv_tokens`` cached
+    tokens, all layers: K and V read at the f16 kernel's rate with the query heads of one KV
+    head (× the query tokens) as the rows."""
+    arch = inventory.attention
+    rows = query_tokens * arch.heads_per_kv
+    per_layer = kv_tokens * arch.kv_heads * (arch.k_width + arch.v_width)
+    return arch.layers * per_layer * seconds_per_element(section, KV_ELEMENT_TYPE, "mm", threads, rows)
+
+
+def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int,
+              sequences: list[tuple[int, float]]) -> StepTime:
+    """One graph step of ``tokens`` tokens, ``outputs`` of them with logits, and attention per
+    sequence ``(query tokens, cached tokens they attend over)``."""
+    dense = experts = 0.0
+    for tensor in inventory.matmul_tensors():
+        if tensor.is_output:
+            dense += _dense_s(tensor, section, threads, outputs)
+        elif tensor.is_expert:
+            experts += _experts_s(tensor, section, threads, tokens, inventory.num_experts, inventory.top_k)
+        else:
+            dense += _dense_s(tensor, section, threads, tokens)
+    attn = sum(attention_s(inventory, section, threads, q, kv) for q, kv in sequences)
+    node = section.node_s(threads)
+    if node is None:
+        raise HRMError(f"ggml_cpu: no node cost at {threads} threads in this profile; run hrm profile --llama-cpp DIR")
+    nodes = NODES_PER_LAYER * inventory.attention.layers * node
+    return StepTime(tokens, dense, experts, attn, nodes)
+
+
+def prefill_steps(sequences: int, prompt_len: int, depth: int, n_batch: int, n_ubatch: int) -> list[tuple[int, int, list]]:
+    """The prefill as llama.cpp splits it: every sequence's prompt in one batch, cut into
+    logical batches of ``n_batch`` and those into micro-batches of ``n_ubatch`` tokens
+    (src/llama-context.cpp decode; the batch sequences' tokens in order). Each micro-batch is
+    (tokens, outputs, [(query tokens, attended tokens) per sequence in it]); a sequence's last
+    prompt token is its one output."""
+    steps = []
+    per_batch = min(n_batch, n_ubatch)
+    total = sequences * prompt_len
+    start = 0
+    while start < total:
+        end = min(total, start + per_batch)
+        seqs, outputs = [], 0
+        for s in range(start // prompt_len, (end - 1) // prompt_len + 1):
+            lo, hi = max(start, s * prompt_len) - s * prompt_len, min(end, (s + 1) * prompt_len) - s * prompt_len
+            # causal: the queries lo..hi-1 see depth + lo .. depth + hi - 1 tokens; their mean
+            seqs.append((hi - lo, depth + (lo + hi + 1) / 2.0))
+            outputs += hi == prompt_len
+        steps.append((end - start, outputs, seqs))
+        start = end
+    return steps
+
+
+def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequences: int, prompt_len: int,
+              gen_len: int, depth: int = 0, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
+              threads_batch: int | None = None) -> RunTimes:
+    """Prefill ``sequences`` prompts of ``prompt_len`` tokens (after ``depth`` cached tokens)
+    and decode ``gen_len`` steps of one token per sequence. A step of one token runs on
+    ``threads``, larger ones on ``threads_batch`` (src/llama-context.cpp: n_threads for a
+    one-token ubatch, n_threads_batch otherwise)."""
+    tb = threads if threads_batch is None else threads_batch
+    steps, prefill = [], 0.0
+    if prompt_len > 0:
+        for tokens, outputs, seqs in prefill_steps(sequences, prompt_len, depth, n_batch, n_ubatch):
+            st = step_time(inventory, section, threads if tokens == 1 else tb, tokens, outputs, seqs)
+            steps.append(st)
+            prefill += st.total_s
+    decode = 0.0
+    for i in range(gen_len):
+        kv = depth + prompt_len + i + 1
+        st = step_time(inventory, section, threads if sequences == 1 else tb, sequences, sequences,
+                       [(1, kv)] * sequences)
+        steps.append(st)
+        decode += st.total_s
+    return RunTimes(prefill, decode, sequences * prompt_len, gen_len, sequences, tuple(steps))
+
+
+__all__ = ["NODES_PER_LAYER", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
+           "step_time", "prefill_steps", "run_times", "math"]

@@ -1,0 +1,142 @@
+"""``hrm profile --llama-cpp DIR``: llama.cpp's CPU kernels measured on this host.
+
+The probe (``ggml_kernels.cpp``, hrm's own code) is compiled against the user's llama.cpp tree
+(its ``ggml/include`` headers and the libraries its CMake build put in ``build/bin``) and times
+ggml's CPU matmuls per weight type, op and thread count (docs/model.md §4.10): the rate
+llama.cpp's CPU experts and dense weights really run at on this machine, where a datasheet or a
+numpy GEMM would say something else. Without a tree nothing is measured and the ``ggml_cpu``
+section is absent (llama.cpp CPU predictions then refuse, saying what to run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from hrm.errors import HRMError
+from hrm.hardware import CurvePoint, GgmlCpu, GgmlKernel
+
+PROBE_SOURCE = Path(__file__).resolve().with_name("ggml_kernels.cpp")
+#: weight types llama.cpp's common GGUF files use for their matrices (f16 and Q8_0 files,
+#: and the K-quant mixes: Q4_K_M puts q4_K, q5_K, q6_K, q5_0 and q8_0 tensors side by side,
+#: src/llama-quant.cpp); ``--ggml-types`` changes the list
+DEFAULT_TYPES = ("f16", "q8_0", "q4_K", "q5_K", "q6_K", "q5_0", "q4_0", "f32")
+#: rows (tokens per weight matrix) measured: one user's decode (1) to a 512-token prompt ubatch
+#: (llama.cpp's default -ub, common/common.h:455); experts see rows / (experts touched)
+MM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
+MMID_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: the weight pool each kernel cycles through: larger than the caches' share a VM is likely to
+#: get, as a model's weights are (a step reads each weight once, cold)
+DEFAULT_POOL_MIB = 1024.0
+#: graph nodes the node-cost probe chains
+NODE_PROBE_NODES = 4000
+DEFAULT_REPEATS = 3
+#: environment variable naming the llama.cpp tree when ``--llama-cpp`` is not given
+TREE_ENV = "HRM_LLAMA_CPP"
+
+
+@dataclass(frozen=True)
+class ProbePoint:
+    rows: int
+    s_per_elem: float
+    spread: float
+    buffer: str
+
+
+def llama_cpp_tree(path: Optional[str | Path]) -> Path:
+    """The llama.cpp source tree with a CPU build (``ggml/include/ggml.h``, ``build/bin/libggml-cpu.*``);
+    one line HRMError naming what is missing."""
+    if path is None:
+        path = os.environ.get(TREE_ENV)
+        if not path:
+            raise HRMError(f"--llama-cpp: no llama.cpp tree given (or ${TREE_ENV})")
+    tree = Path(path).expanduser().resolve()
+    if not (tree / "ggml" / "include" / "ggml.h").is_file():
+        raise HRMError(f"--llama-cpp {path}: no ggml/include/ggml.h (not a llama.cpp source tree)")
+    if not list((tree / "build" / "bin").glob("libggml-cpu.*")):
+        raise HRMError(f"--llama-cpp {path}: no build/bin/libggml-cpu.* (build it with cmake -B build && "
+                       f"cmake --build build, shared libraries as by default)")
+    return tree
+
+
+def build_probe(tree: Path, cache_dir: Optional[Path] = None) -> Path:
+    """Compile the probe against ``tree`` (cached by the source's and tree's hash)."""
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        raise HRMError("--llama-cpp: no C++ compiler (g++, c++ or clang++) on PATH to build the kernel probe")
+    key = hashlib.sha256(PROBE_SOURCE.read_bytes() + str(tree).encode()).hexdigest()[:16]
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hrm"
+    cache.mkdir(parents=True, exist_ok=True)
+    exe = cache / f"ggml_kernels-{key}"
+    if exe.exists():
+        return exe
+    lib = tree / "build" / "bin"
+    cmd = [compiler, "-O2", "-std=c++17", f"-I{tree / 'ggml' / 'include'}", str(PROBE_SOURCE), "-o", str(exe) + ".tmp",
+           f"-L{lib}", "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{lib}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise HRMError(f"--llama-cpp {tree}: the kernel probe did not compile: {done.stderr.strip().splitlines()[-1:]}")
+    os.replace(str(exe) + ".tmp", exe)
+    return exe
+
+
+def parse_probe(stdout: str) -> list[ProbePoint]:
+    """The probe's lines: ``rows R s_per_elem S spread X nodes M buffer B``."""
+    points = []
+    for line in stdout.splitlines():
+        words = line.split()
+        if len(words) == 10 and words[0] == "rows":
+            points.append(ProbePoint(int(words[1]), float(words[3]), float(words[5]), words[9]))
+    return points
+
+
+def run_probe(exe: Path, ggml_type: str, threads: int, op: str, rows: tuple[int, ...], pool_mib: float,
+              repeats: int) -> list[ProbePoint]:
+    cmd = [str(exe), ggml_type, str(threads), op, f"{pool_mib:g}", str(repeats), ",".join(map(str, rows))]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    points = parse_probe(done.stdout)
+    if done.returncode != 0 or len(points) != len(rows):
+        raise HRMError(f"--llama-cpp: the kernel probe failed for {ggml_type} {op} at {threads} threads "
+                       f"(exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    return points
+
+
+def thread_counts(cores: int) -> tuple[int, ...]:
+    """1, the powers of two below ``cores``, and ``cores``: llama.cpp's -t values users pick."""
+    counts, t = [], 1
+    while t < cores:
+        counts.append(t)
+        t *= 2
+    counts.append(cores)
+    return tuple(dict.fromkeys(counts))
+
+
+def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...] = DEFAULT_TYPES,
+                     pool_mib: float = DEFAULT_POOL_MIB, repeats: int = DEFAULT_REPEATS,
+                     cache_dir: Optional[Path] = None) -> tuple[GgmlCpu, dict[str, str]]:
+    """The ``ggml_cpu`` section and its ``source.methods`` lines."""
+    exe = build_probe(tree, cache_dir)
+    kernels, methods, node_s = [], {}, []
+    for t in threads:
+        node = run_probe(exe, "f32", t, "node", (NODE_PROBE_NODES,), 0, repeats)[0]
+        node_s.append(CurvePoint(x=t, y=node.s_per_elem))
+        methods[f"ggml_cpu.node_s_vs_threads.{t}"] = (f"a chain of {NODE_PROBE_NODES} tiny ADD nodes on ggml's CPU backend at {t} "
+                                          f"threads, time / nodes; median of {repeats}, spread {node.spread:.1%}")
+        for ggml_type in types:
+            for op, rows in (("mm", MM_ROWS), ("mmid", MMID_ROWS)):
+                points = run_probe(exe, ggml_type, t, op, rows, pool_mib, repeats)
+                kernels.append(GgmlKernel(type=ggml_type, op=op, threads=t, buffer=points[0].buffer,
+                                          s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
+                what = ("MUL_MAT of [1024 x 1024] weights" if op == "mm" else
+                        "MUL_MAT_ID of [1024 x 1024 x 8] experts, top-2, every expert given `rows` tokens")
+                methods[f"ggml_cpu.kernels.{ggml_type}.{op}.{t}"] = (
+                    f"{what}, {ggml_type} in the {points[0].buffer} buffer (as llama.cpp places it), cycled through "
+                    f"{pool_mib:g} MiB, {t} threads; seconds per weight element, median of {repeats} after a "
+                    f"warm-up; spread per point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+    section = GgmlCpu(llama_cpp=str(tree), pool_mib=pool_mib, node_s_vs_threads=node_s, kernels=tuple(kernels))
+    return section, methods

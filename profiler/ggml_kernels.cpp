@@ -1,0 +1,192 @@
+// hrm profile's ggml CPU kernel probe: the seconds a ggml CPU matmul takes per weight element,
+// for one weight type, thread count and rows per weight (tokens per matrix), with the weights
+// placed where llama.cpp places them (an extra "repack" buffer type when the CPU backend takes
+// the op there, else the plain CPU buffer) and cycled through a pool of `pool_mib` so that each
+// graph reads its weights as a model's step does. Built by profiler/ggml_cpu.py against the
+// user's own llama.cpp tree (headers + build/bin libraries); hrm's own code, no ggml source.
+//
+//   ggml_kernels TYPE THREADS OP POOL_MIB REPEATS ROWS[,ROWS...]
+//     OP: mm   (MUL_MAT, weights [K, N], ROWS tokens)
+//         mmid (MUL_MAT_ID, experts [K, N, E], each expert given exactly ROWS tokens)
+//         node (a chain of ROWS tiny ADDs of K floats: the fixed cost of one graph node, the
+//               threads' barrier after it; TYPE and POOL_MIB are ignored)
+//   prints one line per ROWS: "rows <r> s_per_elem <median> spread <(max-min)/median> nodes <M>"
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+static const int K = 1024, N = 1024, E = 8, TOPK = 2;
+
+static ggml_type type_by_name(const char * name) {
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        const char * n = ggml_type_name((ggml_type) t);
+        if (n && strcmp(n, name) == 0 && ggml_blck_size((ggml_type) t) > 0) return (ggml_type) t;
+    }
+    fprintf(stderr, "unknown ggml type %s\n", name);
+    exit(2);
+}
+
+int main(int argc, char ** argv) {
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s TYPE THREADS mm|mmid POOL_MIB REPEATS ROWS[,ROWS...]\n", argv[0]);
+        return 2;
+    }
+    const ggml_type type = type_by_name(argv[1]);
+    const int threads = atoi(argv[2]);
+    const bool mmid = strcmp(argv[3], "mmid") == 0;
+    const double pool_mib = atof(argv[4]);
+    const int repeats = atoi(argv[5]);
+    std::vector<int> rows_list;
+    for (char * s = strtok(argv[6], ","); s; s = strtok(nullptr, ",")) rows_list.push_back(atoi(s));
+
+    ggml_backend_load_all();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+    ggml_backend_cpu_set_n_threads(backend, threads);
+    if (strcmp(argv[3], "node") == 0) {
+        for (int nodes : rows_list) {
+            ggml_init_params gp = {ggml_tensor_overhead() * (nodes + 8) + ggml_graph_overhead_custom(nodes + 8, false),
+                                   nullptr, true};
+            ggml_context * gctx = ggml_init(gp);
+            ggml_cgraph * gf = ggml_new_graph_custom(gctx, nodes + 8, false);
+            ggml_tensor * x = ggml_new_tensor_1d(gctx, GGML_TYPE_F32, K);
+            ggml_set_input(x);
+            ggml_tensor * y = x;
+            for (int i = 0; i < nodes; i++) y = ggml_add(gctx, y, x);
+            ggml_set_output(y);
+            ggml_build_forward_expand(gf, y);
+            ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+            ggml_gallocr_alloc_graph(galloc, gf);
+            std::vector<float> xv(K, 0.01f);
+            ggml_backend_tensor_set(x, xv.data(), 0, xv.size() * sizeof(float));
+            std::vector<double> times;
+            for (int r = 0; r < repeats + 1; r++) {
+                auto t0 = std::chrono::steady_clock::now();
+                ggml_backend_graph_compute(backend, gf);
+                auto t1 = std::chrono::steady_clock::now();
+                if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+            }
+            std::sort(times.begin(), times.end());
+            const double med = times[times.size() / 2];
+            printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer CPU\n", nodes, med / nodes,
+                   (times.back() - times.front()) / med, nodes);
+            ggml_gallocr_free(galloc);
+            ggml_free(gctx);
+        }
+        ggml_backend_free(backend);
+        return 0;
+    }
+
+    const int64_t experts = mmid ? E : 1;
+    const size_t mat_bytes = ggml_row_size(type, K) * N * experts;
+    const int pool = std::max<int>(1, (int) (pool_mib * 1024 * 1024 / mat_bytes));
+
+    // weights: one context, allocated in the first buffer type the CPU device runs the op from
+    ggml_init_params wp = {ggml_tensor_overhead() * (pool + 8), nullptr, true};
+    ggml_context * wctx = ggml_init(wp);
+    std::vector<ggml_tensor *> w(pool);
+    for (int i = 0; i < pool; i++) w[i] = ggml_new_tensor_3d(wctx, type, K, N, experts);
+
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+    const char * placed = "CPU";
+    auto reg = ggml_backend_dev_backend_reg(dev);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    if (get_extra) {
+        for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; b++) {
+            // probe as llama.cpp's loader does: a dummy buffer of that type, then supports_op
+            ggml_init_params pp = {ggml_tensor_overhead() * 8, nullptr, true};
+            ggml_context * pctx = ggml_init(pp);
+            ggml_tensor * pw = ggml_new_tensor_3d(pctx, type, K, N, experts);
+            ggml_tensor * px = ggml_new_tensor_3d(pctx, GGML_TYPE_F32, K, mmid ? TOPK : 8, mmid ? 8 : 1);
+            ggml_tensor * op;
+            if (mmid) {
+                ggml_tensor * ids = ggml_new_tensor_2d(pctx, GGML_TYPE_I32, TOPK, 8);
+                op = ggml_mul_mat_id(pctx, pw, px, ids);
+            } else {
+                op = ggml_mul_mat(pctx, pw, px);
+            }
+            ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*b, 0);
+            pw->buffer = dummy;
+            const bool ok = ggml_backend_dev_supports_op(dev, op);
+            ggml_backend_buffer_free(dummy);
+            ggml_free(pctx);
+            if (ok) { buft = *b; placed = ggml_backend_buft_name(*b); break; }
+        }
+    }
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
+    ggml_backend_buffer_set_usage(wbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    {
+        std::mt19937 rng(1);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<float> src((size_t) K * N * experts);
+        for (auto & v : src) v = u(rng);
+        std::vector<uint8_t> q(mat_bytes);
+        ggml_quantize_init(type);
+        // one quantized matrix copied to every slot of the pool: the kernels' speed does not
+        // depend on the values, and quantizing a GiB of K-quants would take minutes
+        if (type == GGML_TYPE_F32) memcpy(q.data(), src.data(), mat_bytes);
+        else ggml_quantize_chunk(type, src.data(), q.data(), 0, N * experts, K, nullptr);
+        for (int i = 0; i < pool; i++) ggml_backend_tensor_set(w[i], q.data(), 0, mat_bytes);
+    }
+    fprintf(stderr, "type %s threads %d op %s pool %d x %.2f MiB in %s\n", argv[1], threads, argv[3], pool,
+            mat_bytes / 1048576.0, placed);
+
+    for (int rows : rows_list) {
+        const int tokens = mmid ? rows * E / TOPK : rows;  // every expert gets exactly `rows` tokens
+        // past 8 rows a matmul is compute-bound and no longer streams: fewer matrices keep each
+        // point near the same time (at least 4, so a graph still crosses several weights)
+        const int used = std::max(4, std::min(pool, pool * 8 / std::max(8, rows)));
+        ggml_init_params gp = {ggml_tensor_overhead() * (4 * pool + 16) + ggml_graph_overhead_custom(4 * pool + 16, false),
+                               nullptr, true};
+        ggml_context * gctx = ggml_init(gp);
+        ggml_cgraph * gf = ggml_new_graph_custom(gctx, 4 * pool + 16, false);
+        ggml_tensor * x = ggml_new_tensor_3d(gctx, GGML_TYPE_F32, K, mmid ? TOPK : tokens, mmid ? tokens : 1);
+        ggml_set_input(x);
+        ggml_tensor * ids = nullptr;
+        if (mmid) { ids = ggml_new_tensor_2d(gctx, GGML_TYPE_I32, TOPK, tokens); ggml_set_input(ids); }
+        for (int i = 0; i < used; i++) {
+            ggml_tensor * y = mmid ? ggml_mul_mat_id(gctx, w[i], x, ids) : ggml_mul_mat(gctx, w[i], x);
+            ggml_set_output(y);
+            ggml_build_forward_expand(gf, y);
+        }
+        ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+        ggml_gallocr_alloc_graph(galloc, gf);
+        std::vector<float> xv((size_t) K * (mmid ? TOPK : 1) * tokens, 0.01f);
+        ggml_backend_tensor_set(x, xv.data(), 0, xv.size() * sizeof(float));
+        if (mmid) {
+            std::vector<int32_t> iv((size_t) TOPK * tokens);
+            for (int t = 0; t < tokens; t++)
+                for (int j = 0; j < TOPK; j++) iv[(size_t) t * TOPK + j] = (t * TOPK + j) % E;
+            ggml_backend_tensor_set(ids, iv.data(), 0, iv.size() * sizeof(int32_t));
+        }
+        std::vector<double> times;
+        for (int r = 0; r < repeats + 1; r++) {
+            auto t0 = std::chrono::steady_clock::now();
+            ggml_backend_graph_compute(backend, gf);
+            auto t1 = std::chrono::steady_clock::now();
+            if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());  // first: warm-up
+        }
+        std::sort(times.begin(), times.end());
+        const double med = times[times.size() / 2];
+        const double elems = (double) K * N * experts * used;
+        printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer %s\n", rows, med / elems,
+               (times.back() - times.front()) / med, used, placed);
+        fflush(stdout);
+        ggml_gallocr_free(galloc);
+        ggml_free(gctx);
+    }
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(wctx);
+    ggml_backend_free(backend);
+    return 0;
+}
