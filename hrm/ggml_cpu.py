@@ -11,9 +11,10 @@ ggml_graph_compute_thread). Its time is the sum of
   ``n`` rows for a dense weight (MUL_MAT), and for a layer's expert tensor (MUL_MAT_ID) the
   expected distinct experts touched × their elements at ``n·k / touched`` rows each
   (:func:`hrm.costs.expected_distinct_experts`);
-- the output head at one row per token whose logits are asked for;
-- attention's read of each sequence's cached K and V (f16), at the f16 matmul rate with the
-  query heads sharing a KV head as its rows (a flash-attention step is two such products);
+- the output head, and the last layer's FFN, at one row per token whose logits are asked for
+  (the graph keeps only those rows after the last attention);
+- flash attention per sequence: query rows × heads × cached tokens × (d_k + d_v) at the probe's
+  FLASH_ATTN_EXT rate (one row at a time, or the tiled kernel from 64 rows of one sequence);
 - one node barrier (``GgmlCpu.node_s``) per graph node.
 
 Nothing here is fitted to a run: every rate is the probe's (``hrm profile --llama-cpp``), every
@@ -40,6 +41,9 @@ NODES_PER_LAYER = 28
 DEFAULT_N_BATCH, DEFAULT_N_UBATCH = 2048, 512
 #: the cached K/V are f16 unless -ctk/-ctv say otherwise (common/common.h cache_type_k/v)
 KV_ELEMENT_TYPE = "f16"
+#: query rows of one sequence from which the CPU flash attention takes its tiled path
+#: (ggml/src/ggml-cpu/common.h:9 GGML_FA_TILE_Q; ops.cpp ggml_compute_forward_flash_attn_ext_f16)
+FA_TILE_QUERIES = 64
 
 
 @dataclass(frozen=True)
@@ -94,50 +98,109 @@ def probe_type(ggml_type: str) -> str:
     return name[:-2] + "_K" if name.endswith("_k") else name
 
 
-def kernel_curve(section: GgmlCpu, ggml_type: str, op: str, threads: int) -> GgmlKernel:
-    kernel = section.kernel(probe_type(ggml_type), op, threads)
-    if kernel is None:
-        measured = sorted({k.threads for k in section.kernels})
-        raise HRMError(f"ggml_cpu: no {op} kernel for {probe_type(ggml_type)} at {threads} threads in this profile "
-                       f"(measured threads: {measured}); run hrm profile --llama-cpp DIR on this machine")
-    return kernel
+def _missing(section: GgmlCpu, ggml_type: str, op: str, threads: int) -> HRMError:
+    measured = sorted({k.threads for k in section.kernels})
+    return HRMError(f"ggml_cpu: no {op} kernel for {probe_type(ggml_type)} at {threads} threads in this profile "
+                    f"(measured threads: {measured}); run hrm profile --llama-cpp DIR on this machine")
 
 
-def seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float) -> float:
-    """The measured kernel's seconds per weight element at ``rows`` rows: linear between the
-    measured points; past the last, a matmul is compute-bound and grows linearly with its
-    rows (the last two points' slope); below the first, the first point."""
-    points = kernel_curve(section, ggml_type, op, threads).s_per_elem_vs_rows
+def curve_value(kernel: GgmlKernel, rows: float) -> float:
+    """The kernel's seconds per element at ``rows``: linear between the measured points; past
+    the last, a matmul is compute-bound and grows linearly with its rows (the last two points'
+    slope); below the first, the first point."""
+    points = sorted(kernel.s_per_elem_vs_rows, key=lambda p: p.x)
     xs = np.array([p.x for p in points], dtype=float)
     ys = np.array([p.y for p in points], dtype=float)
-    order = np.argsort(xs)
-    xs, ys = xs[order], ys[order]
     if rows <= xs[-1] or len(xs) == 1:
         return float(np.interp(rows, xs, ys))
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
     return float(ys[-1] + max(slope, 0.0) * (rows - xs[-1]))
 
 
-def _dense_s(tensor: GgufTensor, section: GgmlCpu, threads: int, rows: float) -> float:
-    return tensor.elements * seconds_per_element(section, tensor.ggml_type, "mm", threads, rows)
+#: rows from which a matmul counts as compute-bound for hrm calibrate's two scales (the probe's
+#: curves turn linear in the rows from about 16 on this project's CPU: docs/validation/ground_truth.md)
+COMPUTE_BOUND_ROWS = 16.0
 
 
-def _experts_s(tensor: GgufTensor, section: GgmlCpu, threads: int, tokens: int, experts: int, top_k: int) -> float:
+def calibration_factor(section: GgmlCpu, rows: float) -> float:
+    """``stream_scale`` at one row, ``compute_scale`` from COMPUTE_BOUND_ROWS on, geometric in
+    log rows between (1 when the profile is not calibrated)."""
+    if section.stream_scale == 1.0 and section.compute_scale == 1.0:
+        return 1.0
+    w = min(max(np.log2(max(rows, 1.0)) / np.log2(COMPUTE_BOUND_ROWS), 0.0), 1.0)
+    return float(section.stream_scale ** (1 - w) * section.compute_scale ** w)
+
+
+def seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
+                        working_set_mib: float | None = None) -> float:
+    """:func:`measured_seconds_per_element` × the calibration's factor at ``rows``."""
+    return measured_seconds_per_element(section, ggml_type, op, threads, rows, working_set_mib) * \
+        calibration_factor(section, rows)
+
+
+def measured_seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
+                                 working_set_mib: float | None = None) -> float:
+    """The measured matmul's seconds per weight element at ``rows`` rows for a model whose
+    weights take ``working_set_mib``: between the curves of the pools measured just below and
+    above it (linear in log pool size; the last-level cache holds more of a smaller model), the
+    nearest pool's curve outside them; a curve measured over fewer rows gives way to the others
+    past its last point."""
+    kernels = section.kernels_of(probe_type(ggml_type), op, threads)
+    if not kernels:
+        raise _missing(section, ggml_type, op, threads)
+    by_pool = sorted(kernels, key=lambda k: k.pool_mib or section.pool_mib)
+    usable = [k for k in by_pool if rows <= max(p.x for p in k.s_per_elem_vs_rows)] or by_pool[-1:]
+    if working_set_mib is None or len(usable) == 1:
+        return curve_value(usable[-1], rows)
+    pools = [k.pool_mib or section.pool_mib for k in usable]
+    w = min(max(working_set_mib, pools[0]), pools[-1])
+    i = max(j for j, pool in enumerate(pools) if pool <= w)
+    if i == len(usable) - 1:
+        return curve_value(usable[i], rows)
+    t = (np.log2(w) - np.log2(pools[i])) / (np.log2(pools[i + 1]) - np.log2(pools[i]))
+    return float((1 - t) * curve_value(usable[i], rows) + t * curve_value(usable[i + 1], rows))
+
+
+def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_width: int, mla: bool) -> GgmlKernel:
+    """The flash-attention kernel measured at the head shape nearest the model's: the same kind
+    (MLA: one KV head; else grouped), then the nearest d_k + d_v."""
+    kernels = section.kernels_of(KV_ELEMENT_TYPE, op, threads)
+    if not kernels:
+        raise _missing(section, KV_ELEMENT_TYPE, op, threads)
+
+    def distance(k: GgmlKernel):
+        shape = k.head_shape or (128, 128, 16, 4)
+        return (shape[3] == 1) != mla, abs(shape[0] + shape[1] - k_width - v_width)
+    return min(kernels, key=distance)
+
+
+def _dense_s(tensor: GgufTensor, section: GgmlCpu, threads: int, rows: float, working_set_mib: float) -> float:
+    return tensor.elements * seconds_per_element(section, tensor.ggml_type, "mm", threads, rows, working_set_mib)
+
+
+def _experts_s(tensor: GgufTensor, section: GgmlCpu, threads: int, tokens: int, experts: int, top_k: int,
+               working_set_mib: float) -> float:
+    if tokens <= 0:
+        return 0.0
     touched = float(uniform_distinct_experts(experts, top_k, tokens))
     rows = tokens * top_k / touched
     per_expert = tensor.elements / experts
-    return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows)
+    return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows,
+                                                      working_set_mib)
 
 
 def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, query_tokens: int,
                 kv_tokens: float) -> float:
-    """Attention of ``query_tokens`` tokens of one sequence over its ``kv_tokens`` cached
-    tokens, all layers: K and V read at the f16 kernel's rate with the query heads of one KV
-    head (× the query tokens) as the rows."""
+    """Flash attention of ``query_tokens`` tokens of one sequence over its ``kv_tokens`` cached
+    tokens, all layers: (query rows × heads × cached tokens × (d_k + d_v)) elements at the
+    probe's FLASH_ATTN_EXT rate, the tiled kernel's when a sequence brings FA_TILE_QUERIES rows
+    or more (ggml-cpu/ops.cpp use_tiled: neq1 >= GGML_FA_TILE_Q), else one row at a time."""
     arch = inventory.attention
-    rows = query_tokens * arch.heads_per_kv
-    per_layer = kv_tokens * arch.kv_heads * (arch.k_width + arch.v_width)
-    return arch.layers * per_layer * seconds_per_element(section, KV_ELEMENT_TYPE, "mm", threads, rows)
+    op = "fat" if query_tokens >= FA_TILE_QUERIES else "fa1"
+    heads = arch.kv_heads * arch.heads_per_kv
+    elems = arch.layers * query_tokens * heads * kv_tokens * (arch.k_width + arch.v_width)
+    kernel = attention_kernel(section, op, threads, arch.k_width, arch.v_width, arch.kv_heads == 1)
+    return elems * curve_value(kernel, kv_tokens)
 
 
 def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int,
@@ -145,13 +208,16 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     """One graph step of ``tokens`` tokens, ``outputs`` of them with logits, and attention per
     sequence ``(query tokens, cached tokens they attend over)``."""
     dense = experts = 0.0
+    mib = inventory.weight_bytes / 2**20
+    last_ffn = f"blk.{inventory.attention.layers - 1}.ffn_"
     for tensor in inventory.matmul_tensors():
-        if tensor.is_output:
-            dense += _dense_s(tensor, section, threads, outputs)
-        elif tensor.is_expert:
-            experts += _experts_s(tensor, section, threads, tokens, inventory.num_experts, inventory.top_k)
+        # the last layer's FFN runs on the output rows only (src/models/llama.cpp:174-177,
+        # qwen3moe.cpp:123-126, deepseek2.cpp:636-639: get_rows of inp_out_ids after attention)
+        rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
+        if tensor.is_expert:
+            experts += _experts_s(tensor, section, threads, rows, inventory.num_experts, inventory.top_k, mib)
         else:
-            dense += _dense_s(tensor, section, threads, tokens)
+            dense += _dense_s(tensor, section, threads, rows, mib)
     attn = sum(attention_s(inventory, section, threads, q, kv) for q, kv in sequences)
     node = section.node_s(threads)
     if node is None:

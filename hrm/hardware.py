@@ -295,9 +295,12 @@ class Emulation(_Strict):
         return self
 
 
-#: ggml's CPU matmul ops as the probe names them: MUL_MAT (``mm``: one weight matrix, rows =
-#: tokens) and MUL_MAT_ID (``mmid``: a layer's expert tensor, rows = tokens per touched expert)
-GgmlOp = Literal["mm", "mmid"]
+#: ggml's CPU ops as the probe names them: MUL_MAT (``mm``: one weight matrix, rows = tokens),
+#: MUL_MAT_ID (``mmid``: a layer's expert tensor, rows = tokens per touched expert) and
+#: FLASH_ATTN_EXT with one query row per head (``fa1``) or a tile of them (``fat``: the tiled
+#: path, 64+ rows, ggml-cpu/ops.cpp), rows = cached tokens, per (query row x head x cached token
+#: x (d_k + d_v)) element
+GgmlOp = Literal["mm", "mmid", "fa1", "fat"]
 
 
 class GgmlKernel(_Strict):
@@ -311,7 +314,15 @@ class GgmlKernel(_Strict):
     op: GgmlOp
     threads: bounds.CORES.type
     buffer: bounds.Label = "CPU"
+    # the weight pool streamed (MiB; None: the section's pool_mib); flash attention: the head
+    # shape "DK:DV:HEADS:KV_HEADS" (None for matmuls)
+    pool_mib: Optional[bounds.CURVE_VALUE.type] = None
+    shape: Optional[str] = Field(default=None, pattern=r"^\d+:\d+:\d+:\d+$")
     s_per_elem_vs_rows: Curve
+
+    @property
+    def head_shape(self) -> Optional[tuple[int, int, int, int]]:
+        return tuple(int(x) for x in self.shape.split(":")) if self.shape else None
 
 
 class GgmlCpu(_Strict):
@@ -324,14 +335,23 @@ class GgmlCpu(_Strict):
     pool_mib: bounds.CURVE_VALUE.type
     node_s_vs_threads: Curve
     kernels: tuple[GgmlKernel, ...]
+    # hrm calibrate's fit to the user's own runs (1 = as measured): the matmul kernels' time in
+    # their memory-bound regime (1 row) and compute-bound regime (16+ rows), geometric blend between
+    stream_scale: float = Field(default=1.0, gt=0)
+    compute_scale: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
     def _one_curve_each(self):
-        keys = [(k.type, k.op, k.threads) for k in self.kernels]
+        keys = [(k.type, k.op, k.threads, k.pool_mib or self.pool_mib, k.shape) for k in self.kernels]
         repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
         if repeated is not None:
-            raise ValueError(f"kernels: type {repeated[0]}, op {repeated[1]}, threads {repeated[2]} appears twice")
+            raise ValueError(f"kernels: type {repeated[0]}, op {repeated[1]}, threads {repeated[2]}, pool "
+                             f"{repeated[3]:g} MiB, shape {repeated[4]} appears twice")
         return self
+
+    def kernels_of(self, ggml_type: str, op: str, threads: int) -> list[GgmlKernel]:
+        """Every measured kernel of ``ggml_type``/``op`` at ``threads`` (pools, head shapes)."""
+        return [k for k in self.kernels if (k.type, k.op, k.threads) == (ggml_type, op, threads)]
 
     def node_s(self, threads: int) -> Optional[float]:
         """Seconds of one graph node at ``threads`` threads (None if not measured)."""

@@ -10,6 +10,8 @@ documented tolerance, so a model change that moves a prediction away from its me
 from __future__ import annotations
 
 import statistics
+
+import numpy as np
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -97,3 +99,91 @@ def summary(comparisons: list[RunComparison]) -> dict[str, float]:
     worst = max(max(r, 1 / r) for r in rs)
     return {"median_ratio": statistics.median(rs), "worst_factor": worst,
             "beyond_1_25x": sum(1 for r in rs if max(r, 1 / r) > 1.25), "quantities": len(rs)}
+
+
+# --- calibration of the CPU step model to a user's own runs ------------------------------------
+
+#: the fields hrm calibrate fits for llama.cpp CPU runs (hrm.hardware.GgmlCpu)
+GGML_FIELDS = ("stream_scale", "compute_scale")
+#: each within [1/2, 2]: a shared VM's speed moves by up to 70% between a profile and a run
+#: (docs/validation/cpu_noise.md: median drift 27%, max 70%), a kernel's by no more
+GGML_SCALE_RANGE = (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class GgmlCalibration:
+    """The fitted scales, and the RMS of log(predicted / measured) over the fitted runs."""
+
+    stream_scale: float
+    compute_scale: float
+    rms_log_before: float
+    rms_log_after: float
+
+
+def with_scales(hardware: HardwareProfile, stream_scale: float, compute_scale: float) -> HardwareProfile:
+    section = hardware.ggml_cpu.model_copy(update={"stream_scale": stream_scale, "compute_scale": compute_scale})
+    return hardware.model_copy(update={"ggml_cpu": section})
+
+
+def _log_errors(runs_file: RunsFile, hardware: HardwareProfile, indices: tuple[int, ...]) -> np.ndarray:
+    sub = RunsFile(runs_file.path, hardware, tuple(runs_file.runs[i] for i in indices))
+    return np.log(np.array(ratios(compare_runs(sub))))
+
+
+def fit_ggml_scales(runs_file: RunsFile, indices: tuple[int, ...]) -> GgmlCalibration:
+    """Least squares on log(predicted / measured) of the runs ``indices`` over the two scales
+    (log-parameters, bounded by GGML_SCALE_RANGE). Both start at the profile's values."""
+    from scipy.optimize import least_squares
+
+    base = runs_file.hardware
+    if base.ggml_cpu is None:
+        raise HRMError(f"{base.name}: no ggml_cpu section to calibrate (hrm profile --llama-cpp DIR)")
+    lo, hi = np.log(GGML_SCALE_RANGE[0]), np.log(GGML_SCALE_RANGE[1])
+    start = np.clip(np.log([base.ggml_cpu.stream_scale, base.ggml_cpu.compute_scale]), lo, hi)
+
+    def residuals(theta):
+        return _log_errors(runs_file, with_scales(base, *np.exp(theta)), indices)
+
+    before = residuals(start)
+    solved = least_squares(residuals, start, bounds=([lo, lo], [hi, hi]), x_scale=0.3, max_nfev=200)
+    stream, compute = (float(f"{v:.6g}") for v in np.exp(solved.x))
+    return GgmlCalibration(stream, compute, float(np.sqrt(np.mean(before ** 2))),
+                           float(np.sqrt(np.mean(solved.fun ** 2))))
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One group's calibration: the runs fitted, and every other run's ratio before and after."""
+
+    group: str
+    fitted: tuple[str, ...]
+    calibration: GgmlCalibration
+    before: tuple[float, ...]
+    after: tuple[float, ...]
+
+    @property
+    def worst_after(self) -> float:
+        return max(max(r, 1 / r) for r in self.after)
+
+    @property
+    def worst_before(self) -> float:
+        return max(max(r, 1 / r) for r in self.before)
+
+
+def held_out(runs_file: RunsFile, group_of, fitted_of) -> list[HeldOut]:
+    """Per group of runs (``group_of(run)``, e.g. one model file as one user has it): fit the
+    runs ``fitted_of(group runs)`` picks (indices into the group) and predict the others."""
+    groups: dict[str, list[int]] = {}
+    for i, run in enumerate(runs_file.runs):
+        groups.setdefault(group_of(run), []).append(i)
+    out = []
+    for name, members in groups.items():
+        picks = tuple(members[j] for j in fitted_of([runs_file.runs[i] for i in members]))
+        rest = tuple(i for i in members if i not in picks)
+        cal = fit_ggml_scales(runs_file, picks)
+        before = tuple(np.exp(_log_errors(runs_file, runs_file.hardware, rest)))
+        after = tuple(np.exp(_log_errors(runs_file, with_scales(runs_file.hardware, cal.stream_scale,
+                                                                  cal.compute_scale), rest)))
+        out.append(HeldOut(name, tuple(runs_file.runs[i].get("name", str(i)) for i in picks), cal,
+                           tuple(float(x) for x in before), tuple(float(x) for x in after)))
+    return out

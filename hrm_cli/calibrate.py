@@ -131,6 +131,8 @@ def main(argv) -> int:
     out = check_out(args.out, args.runs)
     if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
         raise HRMError(f"--name: must be a non-empty printable name, got {args.name!r}")
+    if _llama_cpu_runs(args.runs):
+        return _calibrate_llama_cpu(args, out)
     runs = load_runs(args.runs)
     try:
         hw = load_hardware(runs.hardware)
@@ -153,6 +155,55 @@ def main(argv) -> int:
         return 0
     from hrm.plan import write_atomic
 
+    write_atomic(out, text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _llama_cpu_runs(path: str) -> bool:
+    """A runs file of llama.cpp CPU runs (each with ``from: llama.cpp``, a ``command`` and a
+    ``gguf``): calibrated by hrm.validation on the CPU step model (docs/calibrate.md)."""
+    from hrm.errors import read_yaml_mapping
+
+    data = read_yaml_mapping(path, "a runs file", "hardware, model, runs")
+    runs = data.get("runs")
+    return isinstance(runs, list) and bool(runs) and all(
+        isinstance(r, dict) and r.get("from") == "llama.cpp" and "command" in r and "gguf" in r for r in runs)
+
+
+def _calibrate_llama_cpu(args, out) -> int:
+    from hrm.validation import GGML_FIELDS, compare_runs, fit_ggml_scales, load_runs_file, with_scales
+
+    if args.fields is not None and set(field_list(args.fields)) - {f"ggml_cpu.{f}" for f in GGML_FIELDS}:
+        raise HRMError(f"--fields: llama.cpp CPU runs fit {', '.join('ggml_cpu.' + f for f in GGML_FIELDS)} only")
+    runs_file = load_runs_file(args.runs)
+    cal = fit_ggml_scales(runs_file, tuple(range(len(runs_file.runs))))
+    hw = with_scales(runs_file.hardware, cal.stream_scale, cal.compute_scale)
+    name = args.name or f"{runs_file.hardware.name}@calibrated"
+    methods = {**hw.source.methods,
+               "ggml_cpu.stream_scale": f"hrm calibrate on {len(runs_file.runs)} runs of {args.runs}",
+               "ggml_cpu.compute_scale": f"hrm calibrate on {len(runs_file.runs)} runs of {args.runs}"}
+    hw = hw.model_copy(update={"name": name, "source": hw.source.model_copy(update={"kind": "calibrated",
+                                                                                    "methods": methods})})
+    from hrm_cli.common import console as make_console
+
+    console = make_console()
+    after = compare_runs(load_runs_file(args.runs, hw))
+    console.print(f"ggml_cpu.stream_scale = {cal.stream_scale:.4g}, ggml_cpu.compute_scale = {cal.compute_scale:.4g} "
+                  f"(RMS of log predicted/measured {cal.rms_log_before:.3f} -> {cal.rms_log_after:.3f})",
+                  highlight=False)
+    for c in after:
+        console.print(f"  {c.name}: " + ", ".join(f"{q} {c.measured[q]:.4g} s, predicted {c.predicted[q]:.4g} "
+                                                  f"({c.ratio(q):.2f}x)" for q in c.measured), highlight=False)
+    if out is None:
+        console.print("no --out: nothing written", highlight=False)
+        return 0
+    from hrm.plan import write_atomic
+
+    text = HEADER + dump_hardware_yaml(hw)
+    import yaml
+
+    parse_hardware(yaml.safe_load(text), "the calibrated profile")
     write_atomic(out, text)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -30,12 +30,24 @@ DEFAULT_TYPES = ("f16", "q8_0", "q4_K", "q5_K", "q6_K", "q5_0", "q4_0", "f32")
 #: (llama.cpp's default -ub, common/common.h:455); experts see rows / (experts touched)
 MM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
 MMID_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: cached tokens the flash-attention probe attends over (f16 K/V, llama.cpp's default cache type)
+FA_CONTEXTS = (128, 512, 1024, 4096)
+#: head shapes DK:DV:HEADS:KV_HEADS the flash-attention probe measures (its per-element cost
+#: moves with them: up to 2x between these on one host): grouped heads of 64 and 128 (Mixtral,
+#: Qwen3, Llama), MLA's latent of 512 + 64 rope (DeepSeek-V2/V3, Kimi-K2) and of 256 + 32 (the
+#: ground-truth DeepSeek-V2 at reduced width)
+FA_SHAPES = ("64:64:16:4", "128:128:16:4", "576:512:16:1", "288:256:16:1")
+#: a second, smaller weight pool: a model that fits the last-level cache in part streams faster
+#: (its memory-bound rows); past SMALL_POOL_ROWS[-1] rows a matmul is compute-bound and the pool
+#: no longer matters
+SMALL_POOL_MIB = 256.0
+SMALL_POOL_ROWS = (1, 2, 4, 8, 16)
 #: the weight pool each kernel cycles through: larger than the caches' share a VM is likely to
 #: get, as a model's weights are (a step reads each weight once, cold)
 DEFAULT_POOL_MIB = 1024.0
 #: graph nodes the node-cost probe chains
 NODE_PROBE_NODES = 4000
-DEFAULT_REPEATS = 3
+DEFAULT_REPEATS = 5
 #: environment variable naming the llama.cpp tree when ``--llama-cpp`` is not given
 TREE_ENV = "HRM_LLAMA_CPP"
 
@@ -106,6 +118,22 @@ def run_probe(exe: Path, ggml_type: str, threads: int, op: str, rows: tuple[int,
     return points
 
 
+#: a matmul's seconds per element cannot fall by this factor when its rows grow (more rows is
+#: more work per weight): a point that does was disturbed and is measured again
+BUMP_FACTOR = 1.3
+
+
+def remeasured(exe: Path, ggml_type: str, threads: int, op: str, points: list[ProbePoint], pool_mib: float,
+               repeats: int) -> list[ProbePoint]:
+    """``points`` with every bump (a point above BUMP_FACTOR x the next one) measured again,
+    keeping the lower of the two medians (another process's work only ever adds time)."""
+    bumps = tuple(a.rows for a, b in zip(points, points[1:]) if a.s_per_elem > BUMP_FACTOR * b.s_per_elem)
+    if not bumps:
+        return points
+    again = {p.rows: p for p in run_probe(exe, ggml_type, threads, op, bumps, pool_mib, repeats)}
+    return [again[p.rows] if p.rows in again and again[p.rows].s_per_elem < p.s_per_elem else p for p in points]
+
+
 def thread_counts(cores: int) -> tuple[int, ...]:
     """1, the powers of two below ``cores``, and ``cores``: llama.cpp's -t values users pick."""
     counts, t = [], 1
@@ -127,16 +155,30 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
         node_s.append(CurvePoint(x=t, y=node.s_per_elem))
         methods[f"ggml_cpu.node_s_vs_threads.{t}"] = (f"a chain of {NODE_PROBE_NODES} tiny ADD nodes on ggml's CPU backend at {t} "
                                           f"threads, time / nodes; median of {repeats}, spread {node.spread:.1%}")
+        for op in ("fa1", "fat"):
+            for shape in FA_SHAPES:
+                points = run_probe(exe, "f16", t, f"{op}:{shape}", FA_CONTEXTS, pool_mib, repeats)
+                kernels.append(GgmlKernel(type="f16", op=op, threads=t, buffer="CPU", shape=shape,
+                                          s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
+                methods[f"ggml_cpu.kernels.f16.{op}.{shape}.{t}"] = (
+                    f"FLASH_ATTN_EXT, {'1 query row' if op == 'fa1' else '64 query rows (the tiled path)'} per head, "
+                    f"heads DK:DV:HEADS:KV_HEADS = {shape}, f16 K/V, 8 layers' caches, {t} threads; seconds per "
+                    f"(row x head x cached token x (dk + dv)), median of {repeats}; spread per context: "
+                    + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
         for ggml_type in types:
             for op, rows in (("mm", MM_ROWS), ("mmid", MMID_ROWS)):
-                points = run_probe(exe, ggml_type, t, op, rows, pool_mib, repeats)
-                kernels.append(GgmlKernel(type=ggml_type, op=op, threads=t, buffer=points[0].buffer,
-                                          s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
                 what = ("MUL_MAT of [1024 x 1024] weights" if op == "mm" else
                         "MUL_MAT_ID of [1024 x 1024 x 8] experts, top-2, every expert given `rows` tokens")
-                methods[f"ggml_cpu.kernels.{ggml_type}.{op}.{t}"] = (
-                    f"{what}, {ggml_type} in the {points[0].buffer} buffer (as llama.cpp places it), cycled through "
-                    f"{pool_mib:g} MiB, {t} threads; seconds per weight element, median of {repeats} after a "
-                    f"warm-up; spread per point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+                for pool in (pool_mib, SMALL_POOL_MIB):
+                    wanted = rows if pool == pool_mib else tuple(r for r in rows if r <= SMALL_POOL_ROWS[-1])
+                    points = remeasured(exe, ggml_type, t, op, run_probe(exe, ggml_type, t, op, wanted, pool, repeats),
+                                        pool, repeats)
+                    kernels.append(GgmlKernel(type=ggml_type, op=op, threads=t, buffer=points[0].buffer,
+                                              pool_mib=None if pool == pool_mib else pool,
+                                              s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
+                    methods[f"ggml_cpu.kernels.{ggml_type}.{op}.{t}.{pool:g}"] = (
+                        f"{what}, {ggml_type} in the {points[0].buffer} buffer (as llama.cpp places it), cycled "
+                        f"through {pool:g} MiB, {t} threads; seconds per weight element, median of {repeats} after a "
+                        f"warm-up; spread per point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
     section = GgmlCpu(llama_cpp=str(tree), pool_mib=pool_mib, node_s_vs_threads=node_s, kernels=tuple(kernels))
     return section, methods

@@ -10,6 +10,9 @@
 //         mmid (MUL_MAT_ID, experts [K, N, E], each expert given exactly ROWS tokens)
 //         node (a chain of ROWS tiny ADDs of K floats: the fixed cost of one graph node, the
 //               threads' barrier after it; TYPE and POOL_MIB are ignored)
+//         fa1, fat (flash attention of 1 or FA_TILE_ROWS query rows per head over ROWS cached tokens,
+//               FA_HEADS query heads on FA_KV_HEADS f16 K/V heads of FA_DIM: seconds per
+//               (query row x head x cached token x (dk + dv)); TYPE and POOL_MIB are ignored)
 //   prints one line per ROWS: "rows <r> s_per_elem <median> spread <(max-min)/median> nodes <M>"
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -26,6 +29,7 @@
 #include <vector>
 
 static const int K = 1024, N = 1024, E = 8, TOPK = 2;
+static const int FA_HEADS = 16, FA_KV_HEADS = 4, FA_DIM = 128, FA_TILE_ROWS = 64, FA_LAYERS = 8;
 
 static ggml_type type_by_name(const char * name) {
     for (int t = 0; t < GGML_TYPE_COUNT; t++) {
@@ -53,6 +57,59 @@ int main(int argc, char ** argv) {
     ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
     ggml_backend_cpu_set_n_threads(backend, threads);
+    if (strncmp(argv[3], "fa1", 3) == 0 || strncmp(argv[3], "fat", 3) == 0) {
+        // fa1[:DK:DV:HEADS:KV_HEADS]: the head shape, FA_DIM/FA_HEADS/FA_KV_HEADS by default
+        int DK = FA_DIM, DV = FA_DIM, HQ = FA_HEADS, HKV = FA_KV_HEADS;
+        if (argv[3][3] == ':') sscanf(argv[3] + 4, "%d:%d:%d:%d", &DK, &DV, &HQ, &HKV);
+        const int nq = strncmp(argv[3], "fa1", 3) == 0 ? 1 : FA_TILE_ROWS;
+        for (int nkv : rows_list) {
+            const int n = FA_LAYERS * 4 + 16;
+            ggml_init_params gp = {ggml_tensor_overhead() * n + ggml_graph_overhead_custom(n, false), nullptr, true};
+            ggml_context * gctx = ggml_init(gp);
+            ggml_cgraph * gf = ggml_new_graph_custom(gctx, n, false);
+            ggml_tensor * q = ggml_new_tensor_3d(gctx, GGML_TYPE_F32, DK, nq, HQ);
+            ggml_set_input(q);
+            ggml_tensor * mask = nullptr;
+            if (nq > 1) { mask = ggml_new_tensor_2d(gctx, GGML_TYPE_F16, nkv, nq); ggml_set_input(mask); }
+            std::vector<ggml_tensor *> kv;
+            for (int l = 0; l < FA_LAYERS; l++) {  // one K and V per layer, as a model's cache
+                ggml_tensor * k = ggml_new_tensor_3d(gctx, GGML_TYPE_F16, DK, nkv, HKV);
+                ggml_tensor * v = ggml_new_tensor_3d(gctx, GGML_TYPE_F16, DV, nkv, HKV);
+                ggml_set_input(k); ggml_set_input(v);
+                kv.push_back(k); kv.push_back(v);
+                ggml_tensor * y = ggml_flash_attn_ext(gctx, q, k, v, mask, 0.088f, 0.0f, 0.0f);
+                ggml_set_output(y);
+                ggml_build_forward_expand(gf, y);
+            }
+            ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+            ggml_gallocr_alloc_graph(galloc, gf);
+            std::vector<float> qv((size_t) DK * nq * HQ, 0.01f);
+            ggml_backend_tensor_set(q, qv.data(), 0, qv.size() * sizeof(float));
+            std::vector<ggml_fp16_t> kvv((size_t) std::max(DK, DV) * nkv * HKV, ggml_fp32_to_fp16(0.01f));
+            for (auto * t : kv) ggml_backend_tensor_set(t, kvv.data(), 0, ggml_nbytes(t));
+            if (mask) {
+                std::vector<ggml_fp16_t> mv((size_t) nkv * nq, ggml_fp32_to_fp16(0.0f));
+                ggml_backend_tensor_set(mask, mv.data(), 0, mv.size() * sizeof(ggml_fp16_t));
+            }
+            std::vector<double> times;
+            for (int r = 0; r < repeats + 1; r++) {
+                auto t0 = std::chrono::steady_clock::now();
+                ggml_backend_graph_compute(backend, gf);
+                auto t1 = std::chrono::steady_clock::now();
+                if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+            }
+            std::sort(times.begin(), times.end());
+            const double med = times[times.size() / 2];
+            const double elems = (double) FA_LAYERS * nq * HQ * nkv * (double) (DK + DV);
+            printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer CPU\n", nkv, med / elems,
+                   (times.back() - times.front()) / med, FA_LAYERS);
+            fflush(stdout);
+            ggml_gallocr_free(galloc);
+            ggml_free(gctx);
+        }
+        ggml_backend_free(backend);
+        return 0;
+    }
     if (strcmp(argv[3], "node") == 0) {
         for (int nodes : rows_list) {
             ggml_init_params gp = {ggml_tensor_overhead() * (nodes + 8) + ggml_graph_overhead_custom(nodes + 8, false),

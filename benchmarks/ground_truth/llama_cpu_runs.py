@@ -49,25 +49,31 @@ def wait_idle(max_wait_s: float = 600.0) -> float:
     return time.time() - start
 
 
-#: other processes' CPU work is paused (SIGSTOP) while a point runs and resumed (SIGCONT) after:
-#: on a shared 2-core machine their load would otherwise be measured as llama.cpp's time
-PAUSABLE = ("python", "python3", "pytest", "cbc", "highs", "chromium", "chromedriver", "node", "cc1plus", "g++",
-            "make", "cmake", "ld", "as")
+#: every other process is paused (SIGSTOP) while a point runs and resumed (SIGCONT) after: on a
+#: shared 2-core machine another process's load would be measured as llama.cpp's time. Spared:
+#: pid 1 (the machine's own agent), this process's ancestors, kernel threads (no command line).
 
 
 def pausable_pids() -> list[int]:
     import os
-    mine = {os.getpid(), os.getppid()}
+    mine = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:  # ancestors
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        mine.add(pid)
     pids = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) in mine:
+        if not d.name.isdigit() or int(d.name) in mine or d.name == "1":
             continue
         try:
-            comm = (d / "comm").read_text().strip()
+            if not (d / "cmdline").read_bytes():
+                continue  # a kernel thread
         except OSError:
             continue
-        if comm in PAUSABLE or comm.startswith("python"):
-            pids.append(int(d.name))
+        pids.append(int(d.name))
     return pids
 
 

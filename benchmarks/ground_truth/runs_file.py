@@ -24,6 +24,18 @@ def short_command(cmd: list[str]) -> str:
     return " ".join(words)
 
 
+#: a sample slower than this factor x the point's fastest sample is another process's or a cold
+#: start's time, not llama.cpp's (seen: the first invocation on a model after another model's runs,
+#: 2x; a second invocation sharing the CPU with an unpaused process, 2x); it is dropped, and the
+#: run keeps every sample in `samples` with the dropped ones listed in `dropped`
+OUTLIER_FACTOR = 1.5
+
+
+def kept(values: list[float]) -> list[float]:
+    fastest = min(values)
+    return [v for v in values if v <= OUTLIER_FACTOR * fastest]
+
+
 def spread(values: list[float]) -> float:
     med = statistics.median(values)
     return round((max(values) - min(values)) / med, 4) if med else 0.0
@@ -37,16 +49,18 @@ def batched_run(point: dict) -> dict | None:
     res = [s["result"] for s in point["samples"] if "result" in s]
     if not res:
         return None
-    pp = [r["t_pp"] for r in res]
-    tg = [r["t_tg"] for r in res]
-    tot = [r["t"] for r in res]
+    pp_all = [r["t_pp"] for r in res]
+    tg_all = [r["t_tg"] for r in res]
+    pp, tg = kept(pp_all), kept(tg_all)
     k = point["key"]
     ntg, npl = res[0]["tg"], res[0]["pl"]
+    total = statistics.median(pp) + statistics.median(tg)
     return {"measured": {"prefill_s": sig(statistics.median(pp)), "decode_s": sig(statistics.median(tg)),
-                         "total_s": sig(statistics.median(tot)), "ttft_s": sig(statistics.median(pp)),
+                         "total_s": sig(total), "ttft_s": sig(statistics.median(pp)),
                          "tpot_s": sig(statistics.median(tg) / ntg),
-                         "generation_throughput_tok_s": sig(npl * ntg / statistics.median(tot))},
-            "samples": {"prefill_s": [sig(x) for x in pp], "decode_s": [sig(x) for x in tg]},
+                         "generation_throughput_tok_s": sig(npl * ntg / total)},
+            "samples": {"prefill_s": [sig(x) for x in pp_all], "decode_s": [sig(x) for x in tg_all]},
+            "dropped": {"prefill_s": len(pp_all) - len(pp), "decode_s": len(tg_all) - len(tg)},
             "spread": {"prefill_s": spread(pp), "decode_s": spread(tg)},
             "name": f"{k['model']} {k['format']} t{k['threads']} x{npl} (batched-bench)"}
 
@@ -57,14 +71,16 @@ def bench_run(point: dict) -> dict | None:
         return None
     pp = [t for r in res for t in r if t["n_prompt"] > 0 and t["n_gen"] == 0]
     tg = [t for r in res for t in r if t["n_gen"] > 0 and t["n_prompt"] == 0]
-    pre = [x / 1e9 for t in pp for x in t["samples_ns"]]
-    dec = [x / 1e9 for t in tg for x in t["samples_ns"]]
+    pre_all = [x / 1e9 for t in pp for x in t["samples_ns"]]
+    dec_all = [x / 1e9 for t in tg for x in t["samples_ns"]]
+    pre, dec = kept(pre_all), kept(dec_all)
     k = point["key"]
     n_gen = tg[0]["n_gen"]
     return {"measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
                          "total_s": sig(statistics.median(pre) + statistics.median(dec)),
                          "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / n_gen)},
-            "samples": {"prefill_s": [sig(x) for x in pre], "decode_s": [sig(x) for x in dec]},
+            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all]},
+            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
             "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
             "name": f"{k['model']} {k['format']} t{k['threads']} d{k['depth']} (llama-bench)"}
 

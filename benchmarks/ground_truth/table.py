@@ -46,3 +46,16 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def group_of(run: dict) -> str:
+    """One model file: what one user calibrates on (its GGUF)."""
+    return run["gguf"].rsplit("/", 1)[-1].replace(".tensors.json", "")
+
+
+def fitted_of(runs: list[dict]) -> list[int]:
+    """Three runs a user would have: one llama-bench line (pp + tg, one user, 2 threads) and two
+    batched points (16 sequences at 2 threads, 64 at 1 thread)."""
+    names = [r["name"] for r in runs]
+    want = ("t2 d0 (llama-bench)", "t2 x16 (batched-bench)", "t1 x64 (batched-bench)")
+    return [next(i for i, n in enumerate(names) if n.endswith(w)) for w in want]

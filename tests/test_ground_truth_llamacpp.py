@@ -1,0 +1,126 @@
+"""The model against real llama.cpp runs this project measured on its own CPU machine
+(docs/validation/runs/llamacpp-cpu.yaml; docs/validation/ground_truth.md). CI never runs llama.cpp:
+it re-predicts every committed run from its exact command, the GGUF's tensor table and the
+machine's profile, and fails when a prediction moves away from its measurement."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from hrm.errors import HRMError
+from hrm.export.llama_tools import bench_runs, int_list
+from hrm.ggml_cpu import prefill_steps, seconds_per_element
+from hrm.validation import compare_runs, load_runs_file, ratios
+
+RUNS = Path(__file__).resolve().parent.parent / "docs" / "validation" / "runs" / "llamacpp-cpu.yaml"
+#: the documented tolerance (docs/validation/ground_truth.md): every predicted prefill and decode
+#: time within EVERY_RUN_FACTOR of its measured median, at most BEYOND_1_25 of them beyond 1.25x
+#: (the issue's bar, not yet met by every run: the table names the mechanisms left), and the
+#: median ratio within MEDIAN_BAND
+EVERY_RUN_FACTOR = 1.40
+BEYOND_1_25 = 10
+MEDIAN_BAND = (0.9, 1.1)
+
+
+@pytest.fixture(scope="module")
+def comparisons():
+    return compare_runs(load_runs_file(RUNS))
+
+
+def test_the_committed_runs_cover_the_must_show(comparisons):
+    runs = load_runs_file(RUNS).runs
+    assert len(runs) >= 40
+    assert len({r["model"] for r in runs}) >= 3
+    assert len({r["gguf"].rsplit("-", 1)[1] for r in runs}) >= 3  # f16, q8_0, q4_k_m
+    threads = {t.threads for r in runs for t in bench_runs(r["command"], 2)[0]}
+    batches = {t.sequences for r in runs for t in bench_runs(r["command"], 2)[0]}
+    assert threads == {1, 2} and min(batches) == 1 and max(batches) >= 64
+
+
+def test_every_prediction_within_the_documented_factor(comparisons):
+    worst = sorted(((max(c.ratio(q), 1 / c.ratio(q)), c.name, q) for c in comparisons for q in c.measured),
+                   reverse=True)
+    assert worst[0][0] <= EVERY_RUN_FACTOR, worst[:5]
+    assert sum(1 for w in worst if w[0] > 1.25) <= BEYOND_1_25, worst[:BEYOND_1_25 + 1]
+
+
+def test_median_ratio_is_unbiased(comparisons):
+    med = statistics.median(ratios(comparisons))
+    assert MEDIAN_BAND[0] <= med <= MEDIAN_BAND[1], med
+
+
+def test_bench_lists_are_sweeps_as_llama_bench_expands_them():
+    runs, _ = bench_runs("llama-bench -m x.gguf -p 64 -n 16 -t 1,2 -d 0,1024", 2)
+    # threads x depths (0, 1024), each a pp test then a tg test (llama-bench.cpp's order)
+    assert [(r.threads, r.depth, r.prompt_len, r.gen_len) for r in runs] == [
+        (1, 0, 64, 0), (1, 0, 0, 16), (1, 1024, 64, 0), (1, 1024, 0, 16),
+        (2, 0, 64, 0), (2, 0, 0, 16), (2, 1024, 64, 0), (2, 1024, 0, 16)]
+    assert int_list("-t", "2-8+2") == [2, 4, 6, 8]
+    with pytest.raises(HRMError, match="-npp"):
+        bench_runs("llama-batched-bench -m x.gguf -ntg 8 -npl 2", 2)
+    with pytest.raises(HRMError, match="--frobnicate"):
+        bench_runs("llama-bench -m x.gguf --frobnicate 3", 2)
+
+
+def test_prefill_is_cut_into_micro_batches_by_hand():
+    # 3 sequences x 300 tokens = 900 tokens in ubatches of 512: [512, 388]; the first holds all of
+    # sequence 0 (its output) and tokens 0..211 of sequence 1; the second the rest of 1, all of 2
+    steps = prefill_steps(3, 300, 0, 2048, 512)
+    assert [(n, outs) for n, outs, _ in steps] == [(512, 1), (388, 2)]
+    assert steps[0][2] == [(300, 150.5), (212, 106.5)]
+    assert steps[1][2] == [(88, (212 + 300 + 1) / 2), (300, 150.5)]
+
+
+def test_kernel_curve_interpolates_and_extrapolates_linearly():
+    from hrm.hardware import CurvePoint, GgmlCpu, GgmlKernel
+
+    k = GgmlKernel(type="q4_K", op="mm", threads=1,
+                   s_per_elem_vs_rows=[CurvePoint(x=1, y=1e-10), CurvePoint(x=64, y=8e-10), CurvePoint(x=512, y=6e-9)])
+    sec = GgmlCpu(llama_cpp="t", pool_mib=1024, node_s_vs_threads=[CurvePoint(x=1, y=1e-7)], kernels=(k,))
+    assert seconds_per_element(sec, "Q4_K", "mm", 1, 32.5) == pytest.approx(4.5e-10)
+    slope = (6e-9 - 8e-10) / (512 - 64)
+    assert seconds_per_element(sec, "Q4_K", "mm", 1, 1024) == pytest.approx(6e-9 + slope * 512)
+    with pytest.raises(HRMError, match="at 2 threads"):
+        seconds_per_element(sec, "Q4_K", "mm", 2, 1)
+
+
+def test_calibrating_three_runs_fits_them_within_the_scale_range():
+    from hrm.validation import GGML_SCALE_RANGE, fit_ggml_scales
+
+    three = load_runs_file(RUNS.with_name("llamacpp-cpu-3runs.yaml"))
+    cal = fit_ggml_scales(three, (0, 1, 2))
+    assert cal.rms_log_after < cal.rms_log_before
+    for v in (cal.stream_scale, cal.compute_scale):
+        assert GGML_SCALE_RANGE[0] <= v <= GGML_SCALE_RANGE[1]
+
+
+def test_calibration_factor_blends_the_two_scales_by_rows():
+    from hrm.ggml_cpu import calibration_factor
+    from hrm.hardware import CurvePoint, GgmlCpu
+
+    sec = GgmlCpu(llama_cpp="t", pool_mib=1024, node_s_vs_threads=[CurvePoint(x=1, y=1e-7)], kernels=(),
+                  stream_scale=0.5, compute_scale=2.0)
+    assert calibration_factor(sec, 1) == pytest.approx(0.5)
+    assert calibration_factor(sec, 4) == pytest.approx(1.0)  # halfway in log rows: sqrt(0.5 * 2)
+    assert calibration_factor(sec, 64) == pytest.approx(2.0)
+
+
+def test_import_predicts_a_llama_bench_sweep(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = RUNS.parent
+    cmd = [sys.executable, "-m", "hrm_cli", "import", "--from", "llama.cpp", "--hw", str(root / "this-host-llamacpp.yaml"),
+           "--model", "mixtral", "--gguf", str(root / "gguf" / "gt-mixtral-q4_k_m.tensors.json"), "--json",
+           "llama-bench -m gt-mixtral-q4_k_m.gguf -p 128 -n 32 -t 1,2"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    tests = json.loads(out.stdout)["tests"]
+    assert [(t["test"], t["threads"]) for t in tests] == [("pp128", 1), ("tg32", 1), ("pp128", 2), ("tg32", 2)]
+    # two threads are faster than one, and each test predicts only its own phase
+    assert tests[2]["prefill_s"] < tests[0]["prefill_s"] and tests[3]["decode_s"] < tests[1]["decode_s"]
+    assert tests[0]["decode_s"] == 0 and tests[1]["prefill_s"] == 0
