@@ -27,6 +27,8 @@ Mechanisms (field: what it models; ideal value):
   engine runs quantized (int8/int4) weights in: such GEMMs pay the family's measured compute
   and bandwidth fractions of the fp16 GEMM, in place of ``moe_kernel``'s (ideal: none — the
   fp16 roofline on the quantized bytes);
+- ``cpu_kernels``: ``ggml`` — CPU experts at the kernel rates ``hrm profile --llama-cpp``
+  measured (docs/model.md §4.10), where the profile has them (ideal: the CPU roofline);
 - ``moe_reads_all_experts``: the fused MoE kernel reads every resident expert of the layer
   per micro-batch, not only those the tokens touch (ideal: off);
 - ``sync``: where the host synchronises — ``none`` (ideal), ``per-step`` (host syncs end
@@ -255,6 +257,13 @@ class Engine(_Frozen):
     #: None: quantized GEMMs run at the fp16 roofline on their bytes
     quant_kernel: Optional[str] = None
     moe_reads_all_experts: bounds.Flag = False
+    #: ``ggml``: the experts the engine runs on the CPU run in ggml's CPU kernels, at the rates
+    #: a profile's ``ggml_cpu`` section measured (hrm profile --llama-cpp); None, or a profile
+    #: without that section: the CPU roofline
+    cpu_kernels: Optional[Literal["ggml"]] = None
+    #: threads of those CPU kernels (a command's -t); None: the engine's default on the profile's
+    #: cores (hrm.rates.default_llama_threads)
+    cpu_threads: Optional[bounds.CORES.type] = None
     sync: Literal["none", "per-step", "per-micro-batch"] = "none"
     static_experts: Literal["continuous", "whole-experts-per-layer", "whole-layers"] = "continuous"
     #: tokens from which a micro-batch's CPU-kept experts are copied to the GPU instead of
@@ -410,6 +419,8 @@ MECHANISMS: dict[str, str] = {
     "moe_kernel": "MoE kernel efficiency",
     "quant_kernel": "dequantizing kernel of quantized weights",
     "moe_reads_all_experts": "MoE kernel reads every resident expert",
+    "cpu_kernels": "CPU experts at ggml's measured kernel rates",
+    "cpu_threads": "threads of the CPU experts (-t)",
     "sync": "host synchronisation (pipeline drains)",
     "prefill.weight_path": "prefill weight path",
     "prefill.weights_overlap": "prefill weight-load overlap",

@@ -275,3 +275,24 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 __all__ = ["NODES_PER_LAYER", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
            "step_time", "prefill_steps", "run_times", "math"]
+
+
+#: the ggml type an HRM weight format or dtype runs as (a Q4_K_M file is mostly q4_K)
+_TYPE_OF_FORMAT = {"q4_0": "q4_0", "q8_0": "q8_0", "q4_k": "q4_K", "q5_k": "q5_K", "q6_k": "q6_K", "q4_k_m": "q4_K"}
+_TYPE_OF_DTYPE = {"fp16": "f16", "bf16": "f16", "fp32": "f32", "int8": "q8_0", "int4": "q4_0"}
+
+
+def ggml_type_of(model) -> str:
+    """The ggml type of a model spec's expert weights (its GGUF format, else its dtype)."""
+    fmt = getattr(model, "weight_format", None)
+    if fmt in _TYPE_OF_FORMAT:
+        return _TYPE_OF_FORMAT[fmt]
+    return _TYPE_OF_DTYPE.get(model.weight_dtype, "f16")
+
+
+def nearest_threads(section: GgmlCpu, threads: int) -> int:
+    """The measured thread count nearest ``threads`` (the larger one on a tie)."""
+    measured = sorted({k.threads for k in section.kernels})
+    if not measured:
+        raise HRMError("ggml_cpu: the section has no kernels")
+    return min(measured, key=lambda t: (abs(t - threads), -t))

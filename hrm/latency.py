@@ -168,14 +168,31 @@ def kernel_slowdown(rates: Rates, engine: Engine, rows):
     return engine.kernel.slowdown(rows)
 
 
-def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL):
+def cpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL, model: ModelSpec | None = None):
     """``op`` on the CPU tier at its FLOP/s (at ``matmul_rows`` rows) and memory rate. An op
     on quantized weights under an engine whose dequantizing family has CPU numbers
     (:meth:`hrm.quantized.QuantKernel.cpu_fractions`: llama.cpp's CPU experts) runs at the
     family's CPU fractions of those rates; the emulated tier of a CPU-only host is measured
     as it runs (no family)."""
+    if engine.cpu_kernels == "ggml" and rates.ggml_cpu is not None and op.name == "experts" and model is not None:
+        return ggml_experts_s(op, model, rates, matmul_rows, engine)
     compute, memory = cpu_quant_fractions(op, rates, engine) or (1.0, 1.0)
     return op_time_s(op, rates.cpu_flops(matmul_rows) * compute, rates.cpu_bandwidth_bytes_s * memory)
+
+
+def ggml_experts_s(op: OpCost, model: ModelSpec, rates: Rates, matmul_rows, engine: Engine = IDEAL):
+    """Routed experts in ggml's CPU MUL_MAT_ID kernel (docs/model.md §4.10): their weight
+    elements × the profile's measured seconds per element for the model's weight type at the
+    rows each touched expert gets, on the command's -t (``engine.cpu_threads``) or llama.cpp's
+    default threads, the nearest measured count."""
+    from .ggml_cpu import ggml_type_of, nearest_threads, seconds_per_element
+
+    threads = nearest_threads(rates.ggml_cpu, engine.cpu_threads or rates.cpu_threads)
+    kind = ggml_type_of(model)
+    elements = np.asarray(op.weight_bytes, dtype=float) / costs.weight_bytes_per_param(model)
+    rows = np.broadcast_to(np.asarray(1.0 if matmul_rows is None else matmul_rows, dtype=float), elements.shape)
+    per = np.vectorize(lambda r: seconds_per_element(rates.ggml_cpu, kind, "mmid", threads, float(r)))(rows)
+    return elements * per
 
 
 def quant_family(op: OpCost, rates: Rates, engine: Engine):
@@ -508,7 +525,7 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
     gpu_experts_s = gpu_time_s(ffn_op, rates, ffn_rows, engine, kernel=moe)  # a dense layer: its MLP
     misses = cache_miss_pieces(model, engine.decode, mu, seconds_per_miss(model, rates, engine, engine.decode, mu,
                                                                           gpu_experts_s), zero) if moe else ()
-    cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows, engine)
+    cpu_experts_s = cpu_time_s(ops.ffn, rates, ffn_rows, engine, model)
     hidden_each_way = mu * model.hidden_size * ab  # to CPU experts and back
 
     def task(name, resource, kind, per_mb=0.0, per_mb_kv=0.0, weights=0.0, pieces=()):
@@ -675,7 +692,7 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
         "d2h": Lane("d2h", alpha["d2h"] + hidden / d2h + reduce.get("d2h", 0.0) + zero,
                     (0.0 if blocking else kv["d2h"]) + zero, cpu_hidden / d2h + zero),
     }
-    cpu_weights = weights.get("cpu", 0.0) + (on_cpu * cpu_time_s(ops.ffn, rates, rows, engine) if moe else 0.0)
+    cpu_weights = weights.get("cpu", 0.0) + (on_cpu * cpu_time_s(ops.ffn, rates, rows, engine, model) if moe else 0.0)
     if "cpu" in weights or np.any(on_cpu):
         lanes["cpu"] = Lane("cpu", zero, zero, cpu_weights + zero)
     if "copy" in weights:

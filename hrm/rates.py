@@ -15,7 +15,7 @@ import numpy as np
 
 from .achieved import Achieved, achieved_rates
 from .launches import OpCosts
-from .hardware import CurvePoint, Dispatch, HardwareProfile, interpolate_curve
+from .hardware import CurvePoint, Dispatch, GgmlCpu, HardwareProfile, interpolate_curve
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .units import GB, TFLOPS
 
@@ -45,6 +45,11 @@ class Rates:
     # sequential read rate of the disk that weights beyond host memory stream from
     # (profile ``disk.read_gbps``); None: no disk section (nothing spills), or a CPU-only host
     disk_read_bytes_s: Optional[float] = None
+    # llama.cpp's CPU kernels as the profile measured them (hrm.ggml_cpu), and the threads a
+    # llama.cpp process runs them on by default (common/common.cpp:144-145: the cores, halved
+    # above 4); None: not measured (the CPU roofline)
+    ggml_cpu: Optional[GgmlCpu] = None
+    cpu_threads: int = 1
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -121,4 +126,12 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         achieved_rates(hw),
         op_costs,
         hw.disk.read_gbps * GB if hw.disk is not None else None,
+        hw.ggml_cpu,
+        default_llama_threads(hw.cpu.cores),
     )
+
+
+def default_llama_threads(cores: int) -> int:
+    """llama.cpp's default -t where it cannot count physical cores: the cores, halved above 4
+    (common/common.cpp:144-145 at ggml-org/llama.cpp@0c1e5709)."""
+    return cores if cores <= 4 else cores // 2

@@ -453,6 +453,18 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     return policy, notes + batch_notes + _legacy_notes(values)
 
 
+def cpu_threads_field(values: dict[str, list[str]], ctx: Context) -> dict:
+    """-t N: the threads the CPU-kept experts run on (common/arg.cpp:1516; -1, the default,
+    leaves llama.cpp's own count: common/common.cpp:144-145)."""
+    for flag in ("-t", "--threads"):
+        if flag in values:
+            text = values[flag][0]
+            if not re.fullmatch(r"-?\d+", text) or int(text) == 0 or int(text) < -1:
+                raise HRMError(f"llama.cpp: {flag} {text}: a positive thread count (or -1)")
+            return {} if int(text) == -1 else {"cpu_threads": int(text)}
+    return {}
+
+
 def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> FlagSpec:
     return FlagSpec(flag=flag, aliases=aliases, policy_field=field, values=0, source=f"{_ARG}:{lines}")
 
@@ -512,4 +524,5 @@ LLAMA_CPP = EngineFlags(
              "the batch; several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
     workload=command_workload, notes=_notes, nearest=_nearest, render=_render, parse=_parse,
+    engine_fields=cpu_threads_field,
 )
