@@ -56,6 +56,7 @@ def legacy_sha256(profile) -> str:
         if isinstance(data.get(section), dict):
             data[section].pop("dispatch", None)
     data.pop("emulation", None)
+    data.pop("ggml_cpu", None)  # hrm profile --llama-cpp's section, did not exist then
     if data["source"].get("runs_sha256") is None:  # hrm calibrate's field, did not exist then
         data["source"].pop("runs_sha256", None)
     from hrm.hardware import ACHIEVED_FIELDS

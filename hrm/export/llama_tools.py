@@ -113,8 +113,14 @@ def _words(command: str) -> list[str]:
 
 
 def tool_of(command: str) -> str | None:
-    """``llama-bench`` or ``llama-batched-bench`` when the command runs one (by file name)."""
-    words = _words(command)
+    """``llama-bench`` or ``llama-batched-bench`` when the command runs one (by file name);
+    None otherwise (an empty or unsplittable command is the server reader's to refuse)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if not words:
+        return None
     name = words[0].rsplit("/", 1)[-1]
     return name if name in TOOLS else None
 
