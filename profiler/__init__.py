@@ -3,6 +3,8 @@
 Modules: :mod:`profiler.timing` (timed ops, budget, median/spread), :mod:`profiler.cpu`
 (STREAM copy/triad, matmul curves, GQA decode attention, disk), :mod:`profiler.gpu` (the
 device interface, its torch.cuda implementation and the GPU measurements),
+:mod:`profiler.ggml_cpu` (``--llama-cpp DIR``: llama.cpp's CPU kernels per ggml type, op and
+thread count, with the C++ probe ``ggml_kernels.cpp`` built against the user's tree),
 :mod:`profiler.build` (measurements -> HardwareProfile), :mod:`profiler.runner` (the
 budgeted run), :mod:`hrm_cli.profile` (``hrm profile``). Programmatic use::
 
