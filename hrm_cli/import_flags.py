@@ -52,12 +52,22 @@ def main(argv) -> int:
     fields = given_fields(args)
     args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)
+    named_format = None
+    if args.source == "llama.cpp" and args.weight_dtype is None and args.weight_format is None:
+        from hrm.export.llama_cpp import gguf_name_format
+
+        named_format = gguf_name_format(args.flags)
+        if named_format is not None:  # the file's name says its weights: estimate those
+            model = model.with_dtypes(named_format[1]).with_weight_format(named_format[2])
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
     asked = workload_from_args(args)
     imported = read_command(args.source, args.flags, model, asked, hw, options.gpu_memory_utilization,
                             {field: getattr(asked, field) for field in fields})
     policy, notes, workload = imported.policy, list(imported.notes), imported.workload
+    if named_format is not None:
+        notes.append(f"the model file's name says {named_format[0]}: estimated as --weight-dtype {named_format[1]} "
+                     f"--weight-format {named_format[2]} (give either flag to override)")
     target = get_exporter(args.source)
     engine_name = args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal")
     engine = load_engine(engine_name)

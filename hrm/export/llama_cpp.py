@@ -414,6 +414,37 @@ def _legacy_notes(values: dict[str, list[str]]) -> list[str]:
 GENERIC_GGUF_NAME = re.compile(r"(?i)^(ggml-)?model([-_.][^/]*)?\.gguf$")
 
 
+#: GGUF file-name quant tags (llama.cpp's llama-quantize type names, tools/quantize/quantize.cpp)
+#: HRM has a weight format for: the (weight dtype, weight format) a file so named holds
+GGUF_NAME_FORMATS = {
+    "Q4_K_M": ("int4", "q4_k_m"), "Q4_K_S": ("int4", "q4_k"), "Q4_K": ("int4", "q4_k"), "Q4_0": ("int4", "q4_0"),
+    "Q5_K_M": ("int4", "q5_k"), "Q5_K_S": ("int4", "q5_k"), "Q6_K": ("int8", "q6_k"), "Q8_0": ("int8", "q8_0"),
+}
+
+
+def gguf_name_format(command: str) -> tuple[str, str, str] | None:
+    """(tag, weight dtype, weight format) of the GGUF a command's -m names by its file name
+    (``Qwen3-30B-A3B-Q4_K_M.gguf``: Q4_K_M -> int4, q4_k_m); None without one."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for i, word in enumerate(words):
+        name = None
+        if word in ("-m", "--model") and i + 1 < len(words):
+            name = words[i + 1]
+        elif word.startswith("--model="):
+            name = word.split("=", 1)[1]
+        if name:
+            base = name.rstrip("/").split("/")[-1].upper()
+            for tag in sorted(GGUF_NAME_FORMATS, key=len, reverse=True):
+                if re.search(rf"(?<![A-Z0-9]){tag}(?![A-Z0-9_])", base.replace(".GGUF", "")):
+                    return (tag, *GGUF_NAME_FORMATS[tag])
+    return None
+
+
 def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     """Refuse (one line) a model the command names that is not the model being planned — a
     Hugging Face repo (-hf) or a GGUF file (-m) named after another model, as every target
@@ -428,7 +459,7 @@ def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
         return [f"llama.cpp: {named}: the file's name names no model: read as {ctx.model.name}"]
     served_model_notes(named, ctx, "llama.cpp", flag)
     quant = re.search(r"(?i)(?<![a-z0-9])i?q\d(_[a-z0-9]+)*", base)
-    if quant:
+    if quant and ctx.model.weight_format is None:
         return [f"llama.cpp: {named}: {quant.group(0).upper()} weights; the estimate is for "
                 f"{ctx.model.weight_dtype}"]
     return []
