@@ -31,7 +31,7 @@
 // the weight shape: [K, N] per matrix (per expert), E experts of which TOPK per token; K and N
 // may be set by HRM_PROBE_K / HRM_PROBE_N (a model's own tensor shape)
 static int K = 1024, N = 1024;
-static const int E = 8, TOPK = 2;
+static int E = 8, TOPK = 2;
 static const int FA_HEADS = 16, FA_KV_HEADS = 4, FA_DIM = 128, FA_TILE_ROWS = 64, FA_LAYERS = 8;
 
 static ggml_type type_by_name(const char * name) {
@@ -50,6 +50,8 @@ int main(int argc, char ** argv) {
     }
     if (getenv("HRM_PROBE_K")) K = atoi(getenv("HRM_PROBE_K"));
     if (getenv("HRM_PROBE_N")) N = atoi(getenv("HRM_PROBE_N"));
+    if (getenv("HRM_PROBE_E")) E = atoi(getenv("HRM_PROBE_E"));
+    if (getenv("HRM_PROBE_TOPK")) TOPK = atoi(getenv("HRM_PROBE_TOPK"));
     const ggml_type type = type_by_name(argv[1]);
     const int threads = atoi(argv[2]);
     const bool mmid = strcmp(argv[3], "mmid") == 0;
