@@ -8,11 +8,12 @@
 #   4. the results JSONL converted to a runs file (benchmarks/ground_truth/flexgen_runs.py).
 # Run from the repository root, the harness copy carried as the ignored folder .gpu-harness/
 # (gpu/ = ../shared/gpu, gpu/work/FlexGen/flexgen/ = the fork's source, .whl/ = wheels):
-#   run(command="bash benchmarks/ground_truth/flexgen_gpu.sh", carry=[".gpu-harness"], timeout_s=560)
+#   run(command="bash benchmarks/ground_truth/flexgen_gpu.sh", carry=[".gpu-harness"], timeout_s=570)
 # Everything it keeps goes to $OUT (the device tool's; default out/flexgen-gpu), at most 8
 # files at any time: flexgen_gpu.log, micro.jsonl, sysinfo.txt, flexgen_results.jsonl,
-# flexgen_logs.txt, h100-flexgen-box.yaml, gpu_check.json, flexgen-h100.yaml.
-# Env: FLEXGEN_GPU_BUDGET_S (whole script, default 450), RESERVE_TAIL_S (kept after the
+# flexgen_logs.txt, TAG-flexgen-box.yaml, gpu_check.json, flexgen-TAG.yaml (TAG: h100 or h200,
+# from nvidia-smi; GPU_TAG overrides).
+# Env: FLEXGEN_GPU_BUDGET_S (whole script, default 480), RESERVE_TAIL_S (kept after the
 # policies for steps 3-4, default 80), POLICY_TIMEOUT_S (default 90), POLICIES, PYTHON
 # (FlexGen's interpreter, default python3), HRM_PYTHON (an interpreter that has hrm's
 # dependencies; default: PYTHON with .gpu-harness/.whl/hrm/*.whl installed to /tmp/hrm-site),
@@ -26,16 +27,19 @@ REPO=$(pwd)
 H=$(cd "${HARNESS:-$REPO/.gpu-harness}" 2>/dev/null && pwd) || { echo "FATAL: no harness at ${HARNESS:-.gpu-harness} (carry it)"; exit 2; }
 OUT=${OUT:-$REPO/out/flexgen-gpu}
 PY=${PYTHON:-python3}
-BUDGET=${FLEXGEN_GPU_BUDGET_S:-450}
-RESERVE=${RESERVE_TAIL_S:-80}
+BUDGET=${FLEXGEN_GPU_BUDGET_S:-480}
+RESERVE=${RESERVE_TAIL_S:-70}
 POLICIES=$(realpath "${POLICIES:-$REPO/benchmarks/ground_truth/flexgen_policies.txt}")
-PROFILE="$OUT/h100-flexgen-box.yaml"
+# the GPU's short name (h100, h200) names the profile and the runs file
+TAG=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | head -1 | tr 'A-Z' 'a-z')}
+TAG=${TAG:-gpu}
+PROFILE="$OUT/$TAG-flexgen-box.yaml"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/flexgen_gpu.log") 2>&1
 el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( BUDGET - $(el) )); }
 step() { echo; echo "=== [$(el)s] $*"; }
-step "start $(date -u +%FT%TZ) OUT=$OUT budget=${BUDGET}s repo=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+step "start $(date -u +%FT%TZ) OUT=$OUT budget=${BUDGET}s gpu=$TAG repo=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
 for f in "$H/gpu/flexgen/run_flexgen.sh" "$H/gpu/work/FlexGen/flexgen/flex_moe.py" "$H/gpu/launch_bench.py" "$H/gpu/dram_bench.py"; do
   [ -f "$f" ] || { echo "FATAL: $f missing: carry .gpu-harness (see docs/validation/flexgen_gpu_plan.md)"; exit 2; }
 done
@@ -74,11 +78,11 @@ if [ -z "$HRM_PY" ]; then
 else
   HRM_PY="env PYTHONPATH=$REPO $HRM_PY"
 fi
-B=$(( $(left) - 35 )); [ "$B" -gt 60 ] && B=60
+B=$(( $(left) - 30 )); [ "$B" -gt 45 ] && B=45
 if [ -n "$HRM_PY" ] && [ "$B" -ge 20 ]; then
   step "hrm profile --device ${PROFILE_DEVICE:-cuda} --budget ${B}"
   HRM_PROGRESS=0 timeout -k 5 $(( B + 30 )) $HRM_PY -m hrm_cli profile --device "${PROFILE_DEVICE:-cuda}" --budget "$B" \
-    --no-progress --no-disk --name h100-flexgen-box --out "$PROFILE" --compare "$REPO/hardware_profiles/h100.yaml"
+    --no-progress --no-disk --name "$TAG-flexgen-box" --out "$PROFILE" --compare "$REPO/hardware_profiles/${TAG/gpu/h100}.yaml"
   echo "[gpu] hrm profile rc=$?"
 else
   echo "[gpu] no hrm profile (${B}s of budget left for it)"
@@ -92,9 +96,10 @@ fi
 # 4. the runs file (the definitive one is rewritten at home from the returned JSONL)
 if [ -n "$HRM_PY" ] && [ -s "$OUT/flexgen_results.jsonl" ]; then
   step "convert to a runs file"
-  HW=$PROFILE; [ -s "$HW" ] || HW=$REPO/docs/validation/h100-measured.yaml
+  HW=$PROFILE; [ -s "$HW" ] || HW=$REPO/docs/validation/$TAG-measured.yaml
+  [ -s "$HW" ] || HW=$REPO/docs/validation/h100-measured.yaml
   timeout -k 5 30 $HRM_PY "$REPO/benchmarks/ground_truth/flexgen_runs.py" "$OUT/flexgen_results.jsonl" \
-    --out "$OUT/flexgen-h100.yaml" --hardware "$HW" ${MODEL_CONFIG:+--model "$MODEL_CONFIG"}
+    --out "$OUT/flexgen-$TAG.yaml" --hardware "$HW" ${MODEL_CONFIG:+--model "$MODEL_CONFIG"}
   echo "[gpu] convert rc=$?"
 fi
 step "done; OUT holds: $(ls "$OUT" | tr '\n' ' ')"
