@@ -160,3 +160,17 @@ def test_a_runs_file_without_provenance_reads_as_before(tmp_path):
     path.write_text(yaml.safe_dump({"hardware": "h100", "model": "mixtral", "runs": [BASE_RUN]}))
     run = load_runs(path).runs[0]
     assert (run.command, run.source, run.engine_version, run.spread_n, run.spread) == (None, None, None, None, ())
+
+
+def test_a_record_whose_numbers_disagree_is_left_out_not_fatal(tmp_path):
+    import json
+
+    records = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+    cpu = next(r for r in records if r["label"] == "kvcpu_cpuattn_pin_b64x8_g8")
+    cpu["metrics"]["total_throughput_tok_s"] = 500.0  # not 512*8/9 = 455.111
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "x.yaml"
+    assert converter().main([str(path), "--out", str(out), "--hardware", "h100", "--model", str(MODEL)]) == 0
+    assert list(by_name(out)) == ["pin_b32x4_g16"]
+    assert "# left out: kvcpu_cpuattn_pin_b64x8_g8: total throughput 500.0" in out.read_text()

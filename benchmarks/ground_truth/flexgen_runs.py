@@ -89,9 +89,9 @@ def measured_of(record: dict) -> dict[str, float]:
     prefill, decode, total = m["prefill_latency_s"], m["decode_latency_s"], m["total_latency_s"]
     throughput = m["total_throughput_tok_s"]
     if not math.isclose(throughput, n * gen_len / total, rel_tol=2e-3, abs_tol=2e-3):
-        raise HRMError(f"{record['label']}: total throughput {throughput} != N*gen/total = {n * gen_len / total:.4g}")
+        raise HRMError(f"total throughput {throughput} != N*gen/total = {n * gen_len / total:.4g}")
     if not math.isclose(total, prefill + decode, abs_tol=2.5e-3):
-        raise HRMError(f"{record['label']}: total latency {total} != prefill {prefill} + decode {decode}")
+        raise HRMError(f"total latency {total} != prefill {prefill} + decode {decode}")
     return {"prefill_s": prefill, "decode_s": decode, "total_s": total, "ttft_s": prefill,
             "tpot_s": decode / (gen_len - 1), "generation_throughput_tok_s": throughput}
 
@@ -121,9 +121,13 @@ def convert(records: list[dict], hardware: str | Path, model: str | Path, out: s
     for recs in groups.values():
         first = recs[0]
         command = shlex.join(["python3", "-m", "flexgen.flex_moe", *flags_as_run(first)])
-        imported = read_command("flexgen", command, spec, make_workload(), hw)
+        try:  # a command hrm import refuses, or numbers that disagree with FlexGen's own: no run
+            imported = read_command("flexgen", command, spec, make_workload(), hw)
+            per = [measured_of(r) for r in recs]
+        except HRMError as exc:
+            left_out += [f"{r['label']}: {exc}" for r in recs]
+            continue
         engine = target.hrm_engine(imported.policy)
-        per = [measured_of(r) for r in recs]
         measured = {q: significant(statistics.median(p[q] for p in per)) for q in QUANTITIES}
         w = imported.workload
         run = {"name": first["label"], "engine": engine, "from": "flexgen", "engine_version": engine_version,
@@ -175,12 +179,12 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-version", default=FLEXGEN_VERSION)
     ap.add_argument("--no-check", action="store_true", help="skip reading the file back with hrm.calibrate.load_runs")
     args = ap.parse_args(argv)
+    tmp = Path(str(args.out) + ".tmp")
     try:
         text_bytes = Path(args.results).read_bytes()
         data, left_out, notes = convert(read_records(args.results), args.hardware, args.model, args.out,
                                         args.engine_version)
         text = render(data, left_out, notes, args.results, hashlib.sha256(text_bytes).hexdigest())
-        tmp = Path(str(args.out) + ".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
         if not args.no_check:
@@ -190,6 +194,7 @@ def main(argv=None) -> int:
         tmp.replace(args.out)
     except (HRMError, OSError, KeyError, ValueError, StopIteration) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        tmp.unlink(missing_ok=True)
         return 2
     for line in left_out:
         print(f"left out: {line}", file=sys.stderr)
