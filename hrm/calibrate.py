@@ -185,8 +185,16 @@ QUANTITIES: dict[str, Quantity] = {
     "decode_throughput_tok_s": Quantity("decode_throughput_tok_s", "tok/s", "dec tok/s"),
     "tpot_s": Quantity("per_token_latency_s", "s", "TPOT s"),
     "ttft_s": Quantity("prefill_latency_s", "s", "TTFT s"),
+    # an engine's own timers (FlexGen's write_benchmark_log, flexgen/utils.py:263-281): for a
+    # batch engine prefill_s is the TTFT, and total_s = prefill_s + decode_s
+    "prefill_s": Quantity("prefill_latency_s", "s", "prefill s"),
+    "decode_s": Quantity("decode_time_s", "s", "decode s"),
+    "total_s": Quantity("total_time_s", "s", "total s"),
 }
-RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured")
+#: what a run records besides what is fitted: the command as run, the ``hrm import --from``
+#: target that reads it, the engine's version, and the spread of repeated measurements
+PROVENANCE_KEYS = ("command", "from", "engine_version", "spread")
+RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured", *PROVENANCE_KEYS)
 WORKLOAD_KEYS = ("preset", "prompt_len", "max_prompt_len", "gen_len", "padding")
 
 
@@ -212,6 +220,14 @@ class Run(BaseModel):
     #: the runs file's ``dtype``: every tensor held and computed in it (the reference runtime's
     #: ``--dtype``, which ``hrm validate --runs-out`` writes); None: the model's own dtypes
     dtype: Optional[str] = None
+    #: provenance (:data:`PROVENANCE_KEYS`), None where the file gives none: the engine's
+    #: command as run, the ``hrm import --from`` target that reads it, the engine's version,
+    #: and per quantity the (min, max) of ``spread_n`` repeats whose median is measured
+    command: Optional[str] = None
+    source: Optional[str] = None
+    engine_version: Optional[str] = None
+    spread_n: Optional[int] = None
+    spread: tuple[tuple[str, float, float], ...] = ()
 
 
 class Runs(BaseModel):
@@ -300,6 +316,48 @@ def _measured(value, where: str) -> tuple[Measurement, ...]:
     return tuple(out)
 
 
+def _spread(value, measured: tuple[Measurement, ...], where: str) -> tuple[Optional[int], tuple]:
+    """``spread: {n: N, QUANTITY: [min, max], ...}``: N ≥ 2 repeats, each quantity one of the
+    run's measured ones, min ≤ measured ≤ max."""
+    if value is None:
+        return None, ()
+    if not isinstance(value, dict):
+        raise HRMError(f"{where}: expected a mapping of n and [min, max] per measured quantity")
+    n = value.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise HRMError(f"{where}.n: expected the number of repeats (2 or more), got {n!r}")
+    shown = {m.quantity: m.value for m in measured}
+    out = []
+    for key, pair in value.items():
+        if key == "n":
+            continue
+        if key not in shown:
+            raise HRMError(f"{where}: '{key}' is not one of the run's measured quantities ({', '.join(shown)})")
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise HRMError(f"{where}.{key}: expected [min, max], got {pair!r}")
+        lo, hi = (_positive_number(x, f"{where}.{key}") for x in pair)
+        if not lo <= shown[key] <= hi:
+            raise HRMError(f"{where}.{key}: measured {shown[key]} lies outside [{lo}, {hi}]")
+        out.append((key, lo, hi))
+    return n, tuple(out)
+
+
+def _optional_text(data: dict, key: str, where: str) -> Optional[str]:
+    return None if data.get(key) is None else _text(data, key, where)
+
+
+def _source(data: dict, where: str) -> Optional[str]:
+    """``from``: an ``hrm import --from`` target (it reads ``command``)."""
+    from .export import EXPORTERS
+
+    name = _optional_text(data, "from", where)
+    if name is not None and name not in EXPORTERS:
+        raise HRMError(f"{where}.from: unknown import target '{name}' (one of {', '.join(EXPORTERS)})")
+    if name is not None and data.get("command") is None:
+        raise HRMError(f"{where}: 'from' names the target that reads 'command': give the command")
+    return name
+
+
 def _memory(data: dict, key: str, where: str) -> Optional[float]:
     return None if data.get(key) is None else _positive_number(data[key], f"{where}.{key}")
 
@@ -318,9 +376,13 @@ def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] 
     policy = parse_policy(_text(data, "policy", where), f"{where}.policy")
     label = data.get("name")
     label = str(label) if label is not None else f"#{index + 1} {engine.name}"
+    measured = _measured(data["measured"], f"{where}.measured")
+    spread_n, spread = _spread(data.get("spread"), measured, f"{where}.spread")
     return Run(label=label, engine=engine, workload=workload, policy=policy,
                gpu_mem_gib=_memory(data, "gpu_mem_gib", where), cpu_mem_gib=_memory(data, "cpu_mem_gib", where),
-               measured=_measured(data["measured"], f"{where}.measured"), dtype=dtype)
+               measured=measured, dtype=dtype, command=_optional_text(data, "command", where),
+               source=_source(data, where), engine_version=_optional_text(data, "engine_version", where),
+               spread_n=spread_n, spread=spread)
 
 
 def load_runs(path: str | Path) -> Runs:
