@@ -66,14 +66,9 @@ def predict_llama_cpu(run: dict, base: Path, hardware: HardwareProfile) -> dict[
         raise HRMError(f"{hardware.name}: no ggml_cpu section (run hrm profile --llama-cpp DIR on the machine)")
     inventory = read_inventory(base / run["gguf"])
     tests, _ = bench_runs(run["command"], hardware.cpu.cores)
-    prefill = sum(predict(t, inventory, hardware.ggml_cpu).prefill_s for t in tests if t.prompt_len and t.tool == "llama-bench" and not t.gen_len)
-    decode = sum(predict(t, inventory, hardware.ggml_cpu).decode_s for t in tests if t.gen_len and t.tool == "llama-bench" and not t.prompt_len)
-    for t in tests:
-        if t.tool == "llama-batched-bench":
-            times = predict(t, inventory, hardware.ggml_cpu)
-            prefill += times.prefill_s
-            decode += times.decode_s
-    return {"prefill_s": prefill, "decode_s": decode}
+    # a llama-bench pp test has no decode and a tg test no prefill: the command's times are sums
+    times = [predict(t, inventory, hardware.ggml_cpu) for t in tests]
+    return {"prefill_s": sum(t.prefill_s for t in times), "decode_s": sum(t.decode_s for t in times)}
 
 
 def compare_runs(runs_file: RunsFile) -> list[RunComparison]:
