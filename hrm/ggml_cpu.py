@@ -274,7 +274,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 
 __all__ = ["NODES_PER_LAYER", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
-           "step_time", "prefill_steps", "run_times", "math"]
+           "step_time", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 
 #: the ggml type an HRM weight format or dtype runs as (a Q4_K_M file is mostly q4_K)
