@@ -43,6 +43,21 @@ static ggml_type type_by_name(const char * name) {
     exit(2);
 }
 
+// the median seconds of `repeats` computations of `gf` after one warm-up; `spread` gets (max - min) / median
+static double median_time(ggml_backend_t backend, ggml_cgraph * gf, int repeats, double * spread) {
+    std::vector<double> times;
+    for (int r = 0; r < repeats + 1; r++) {
+        auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend, gf);
+        auto t1 = std::chrono::steady_clock::now();
+        if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    const double med = times[times.size() / 2];
+    *spread = (times.back() - times.front()) / med;
+    return med;
+}
+
 int main(int argc, char ** argv) {
     if (argc != 7) {
         fprintf(stderr, "usage: %s TYPE THREADS mm|mmid POOL_MIB REPEATS ROWS[,ROWS...]\n", argv[0]);
@@ -98,18 +113,11 @@ int main(int argc, char ** argv) {
                 std::vector<ggml_fp16_t> mv((size_t) nkv * nq, ggml_fp32_to_fp16(0.0f));
                 ggml_backend_tensor_set(mask, mv.data(), 0, mv.size() * sizeof(ggml_fp16_t));
             }
-            std::vector<double> times;
-            for (int r = 0; r < repeats + 1; r++) {
-                auto t0 = std::chrono::steady_clock::now();
-                ggml_backend_graph_compute(backend, gf);
-                auto t1 = std::chrono::steady_clock::now();
-                if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
-            }
-            std::sort(times.begin(), times.end());
-            const double med = times[times.size() / 2];
+            double spread = 0.0;
+            const double med = median_time(backend, gf, repeats, &spread);
             const double elems = (double) FA_LAYERS * nq * HQ * nkv * (double) (DK + DV);
             printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer CPU\n", nkv, med / elems,
-                   (times.back() - times.front()) / med, FA_LAYERS);
+                   spread, FA_LAYERS);
             fflush(stdout);
             ggml_gallocr_free(galloc);
             ggml_free(gctx);
@@ -133,17 +141,10 @@ int main(int argc, char ** argv) {
             ggml_gallocr_alloc_graph(galloc, gf);
             std::vector<float> xv(K, 0.01f);
             ggml_backend_tensor_set(x, xv.data(), 0, xv.size() * sizeof(float));
-            std::vector<double> times;
-            for (int r = 0; r < repeats + 1; r++) {
-                auto t0 = std::chrono::steady_clock::now();
-                ggml_backend_graph_compute(backend, gf);
-                auto t1 = std::chrono::steady_clock::now();
-                if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());
-            }
-            std::sort(times.begin(), times.end());
-            const double med = times[times.size() / 2];
+            double spread = 0.0;
+            const double med = median_time(backend, gf, repeats, &spread);
             printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer CPU\n", nodes, med / nodes,
-                   (times.back() - times.front()) / med, nodes);
+                   spread, nodes);
             ggml_gallocr_free(galloc);
             ggml_free(gctx);
         }
@@ -233,18 +234,11 @@ int main(int argc, char ** argv) {
                 for (int j = 0; j < TOPK; j++) iv[(size_t) t * TOPK + j] = (t * TOPK + j) % E;
             ggml_backend_tensor_set(ids, iv.data(), 0, iv.size() * sizeof(int32_t));
         }
-        std::vector<double> times;
-        for (int r = 0; r < repeats + 1; r++) {
-            auto t0 = std::chrono::steady_clock::now();
-            ggml_backend_graph_compute(backend, gf);
-            auto t1 = std::chrono::steady_clock::now();
-            if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count());  // first: warm-up
-        }
-        std::sort(times.begin(), times.end());
-        const double med = times[times.size() / 2];
+        double spread = 0.0;
+        const double med = median_time(backend, gf, repeats, &spread);
         const double elems = (double) K * N * experts * used;
         printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer %s\n", rows, med / elems,
-               (times.back() - times.front()) / med, used, placed);
+               spread, used, placed);
         fflush(stdout);
         ggml_gallocr_free(galloc);
         ggml_free(gctx);
