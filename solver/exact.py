@@ -255,7 +255,25 @@ def kv_on_gpu(terms: Terms, k: int, batch_size, gpu, cpu, fixed: dict) -> np.nda
         slack = np.full(np.shape(gpu), np.inf) if per <= 0 else (lim.cpu_bytes - gpu - cpu) / per
     else:
         slack = (lim.gpu_bytes - gpu) / terms.gpu_kv_seq
-    return np.where(attn, np.clip(slack, 0.0, batch_size), 0.0)
+    z = np.where(attn, np.clip(slack, 0.0, batch_size), 0.0)
+    return z if terms.kv_shares is None else realisable_kv(terms, k, batch_size, z)
+
+
+def realisable_kv(terms: Terms, k, batch_size, z) -> np.ndarray:
+    """The largest z' ≤ z the engine's KV split realises (``terms.kv_shares``): n·μ·s with s the
+    largest realisable share of a micro-batch at most z/N (time is non-increasing in z, so the
+    largest that fits is the best)."""
+    k = np.broadcast_to(np.asarray(k), np.shape(z))
+    batch_size = np.broadcast_to(np.asarray(batch_size, dtype=float), np.shape(z))
+    out = np.zeros(np.shape(z))
+    for mode in np.unique(k):
+        sel = k == mode
+        shares = terms.kv_shares[int(mode)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            wanted = np.where(batch_size[sel] > 0, np.asarray(z)[sel] / batch_size[sel], 0.0)
+        idx = np.searchsorted(shares, wanted * (1 + 1e-12) + 1e-15, side="right") - 1
+        out[sel] = shares[np.maximum(idx, 0)] * batch_size[sel]
+    return out
 
 
 def fits(terms: Terms, gpu, cpu, z) -> np.ndarray:
@@ -468,6 +486,9 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     if not len(kk):
         return out
     m = np.clip(m_int, lo_ok, hi_ok) * float(g)
+    exact_level = "weights_gpu_ratio" in fixed and terms.weights_levels
+    if exact_level:  # a placement level of the engine's rule: its own m, not the whole one below
+        m = np.where(terms.ffn_on_gpu[kk], fixed["weights_gpu_ratio"] * terms.expert_slots, 0.0)
     z, fit = _candidates(terms, kk, nn, m, fixed)
     value = np.where(fit, throughputs(terms, kk, nn, m, z, objective), -np.inf)
     order = np.lexsort((-value, kk))  # by mode, best first
@@ -476,7 +497,7 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     per_mode = max(1, evaluations // max(1, len(first)))
     for j in first:
         if np.isfinite(value[j]):
-            choice = Choice(int(kk[j]), int(nn[j]), int(m[j]), float(z[j]))
+            choice = Choice(int(kk[j]), int(nn[j]), float(m[j]) if exact_level else int(m[j]), float(z[j]))
             out[position[int(kk[j])]] = ModeBest(float(value[j]), choice, per_mode)
     return out
 
