@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hrm.engine import Engine, attention_engine, resolve_engine
+from hrm.engine import Engine, attention_engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import snap_weights_ratio, static_experts_in_words
 from hrm.hardware import HardwareProfile
@@ -101,7 +101,9 @@ def search(hw: HardwareProfile, model: ModelSpec, workload: Workload, **kwargs) 
     tier, each with the engine that runs it, and the best is kept; an attention pin picks one."""
     engine = resolve_engine(kwargs.get("engine"), kwargs.get("schedule"))
     tiers = engine.policy.attention_engines
-    if not tiers:
+    if not tiers or not is_shipped(engine):
+        # an edited engine (a user's file, an --explain variant) keeps its own tiers: the
+        # shipped engine a tier names would not carry the edits
         return search_engine(hw, model, workload, **kwargs)
     from hrm.engine import load_engine
 
