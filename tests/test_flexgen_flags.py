@@ -148,6 +148,14 @@ def test_flexgen_searches_both_attention_tiers(l4_searches):
     assert any("both attention tiers searched" in n for n in both.extras["notes"])
 
 
+def test_an_estimate_of_cpu_attention_under_flexgen_is_flexgen_cpu_attn():
+    hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload(padding=True, gen_len=32)
+    policy = parse_policy("N=256,mu=64,attn=cpu,ffn=gpu,rw=0,rc=0")
+    got = estimate(hw, model, wl, policy, engine="flexgen")
+    want = estimate(hw, model, wl, policy, engine="flexgen-cpu-attn")
+    assert got.generation_throughput_tok_s == want.generation_throughput_tok_s and got.schedule == "flexgen-cpu-attn"
+
+
 def test_gpu_attention_plan_keeps_whole_rows_and_exports_as_planned(l4_searches, tmp_path, capsys):
     model, _, gpu, _ = l4_searches
     policy = gpu.best.policy
