@@ -314,6 +314,8 @@ def static_expert_choices(terms: Terms, k: int, fixed: dict) -> np.ndarray:
     if not terms.modes[k].ffn_on_gpu:
         return np.array([0.0])
     if "weights_gpu_ratio" in fixed:
+        if terms.weights_levels:  # a placement level of the engine's rule: its own m (as best_in_modes)
+            return np.array([fixed["weights_gpu_ratio"] * terms.expert_slots])
         return np.array([float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))])
     return np.arange(0, terms.expert_slots // terms.expert_step + 1, dtype=float) * terms.expert_step
 
@@ -340,7 +342,8 @@ def _enumerate(terms: Terms, k: int, ns, ms, objective: str, fixed: dict) -> Mod
         value = throughputs(terms, k, grid_n, grid_m, z, objective)
         i = int(np.argmax(value))
         if best is None or value[i] > best[0]:
-            best = (float(value[i]), Choice(k, int(grid_n[i]), int(grid_m[i]), float(z[i])))
+            m_i = float(grid_m[i]) if terms.weights_levels and "weights_gpu_ratio" in fixed else int(grid_m[i])
+            best = (float(value[i]), Choice(k, int(grid_n[i]), m_i, float(z[i])))
     return None if best is None else ModeBest(best[0], best[1], count)
 
 

@@ -276,3 +276,11 @@ def test_host_dram_lane_uses_the_measured_traffic():
     rates = rates_from_profile(hw, ModelOptions().for_model(load_model("mixtral")), "flexgen")
     assert latency.dram_bytes_s(rates) == pytest.approx(105.8 * GB)
     assert hw.cpu.memory_bandwidth_gbps == 35.75
+
+
+def test_the_verifier_certifies_a_row_granular_kv_plan():
+    """--verify on FlexGen with GPU attention: the enumeration (largest whole-row z, the exact
+    midpoint level) agrees with the search; the MILP's continuous z is not FlexGen's space."""
+    result = search(load_hardware("l4"), load_model("mixtral"), make_workload(padding=True, gen_len=16),
+                    engine="flexgen", fixed={"attn_on_gpu": True}, verify=True, top=0)
+    assert result.verified and result.best.policy.attn_on_gpu
