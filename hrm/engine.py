@@ -67,6 +67,11 @@ Mechanisms (field: what it models; ideal value):
   (:class:`hrm.launches.Launches`): the host thread's issue time is a lane of its own and
   every host sync idles the GPU for a launch, at public per-op costs, where the profile has
   no measured dispatch (ideal: none, nothing charged);
+- ``flags`` (not a mechanism itself): the engine's own command-line flags that choose a
+  mechanism, as data: each flag's canonical value (``true``/``false``) maps to the engine
+  fields it sets (:class:`EngineFlag`; FlexGen's ``--pin-weight 1`` sets
+  ``decode.weight_path: pinned``). ``hrm import`` applies them, so the estimate runs the
+  mechanism the command runs; the values the file itself models are its defaults;
 - ``tensor_parallel.host_shared``: ranks share the host's PCIe uplinks as the profile's
   ``gpus_per_pcie_switch`` says (ideal: every GPU its own link);
   ``tensor_parallel.allreduce``: ``gpu-link`` (ideal: over ``gpu_to_gpu_gbps``) or ``nccl``
@@ -197,17 +202,28 @@ class PolicySpace(_Frozen):
     max_batch_size: Optional[bounds.SEQUENCES.type] = None
     chosen_by: Optional[str] = None
     weights_levels: Optional[str] = None
+    #: attention tiers the engine runs under another engine file (a shipped name), because the
+    #: flag that selects the tier changes the schedule too (FlexGen's --cpu-cache-compute runs
+    #: the same program with CPU attention not overlapped: engine flexgen-cpu-attn). A search of
+    #: the engine searches those tiers with that engine as well and keeps the best
+    attention_engines: dict[Literal["cpu", "gpu"], str] = Field(default_factory=dict)
+    #: the engine splits a micro-batch's KV cache only at some r_c (a rule in
+    #: :data:`hrm.flexgen.KV_LEVELS`: FlexGen's whole rows); the search keeps the largest of
+    #: them that fits. None: any r_c
+    kv_gpu_shares: Optional[str] = None
 
     @model_validator(mode="after")
     def _known(self):
         from .choosers import CHOOSERS  # the registry of engines' own optimizers
-        from .flexgen import WEIGHT_LEVELS  # the registry of placement rules
+        from .flexgen import KV_LEVELS, WEIGHT_LEVELS  # the registries of placement rules
 
         if self.chosen_by is not None and self.chosen_by not in CHOOSERS:
             raise ValueError(f"policy.chosen_by: unknown '{self.chosen_by}' (one of {', '.join(CHOOSERS)})")
         if self.weights_levels is not None and self.weights_levels not in WEIGHT_LEVELS:
             raise ValueError(f"policy.weights_levels: unknown '{self.weights_levels}' "
                              f"(one of {', '.join(WEIGHT_LEVELS)})")
+        if self.kv_gpu_shares is not None and self.kv_gpu_shares not in KV_LEVELS:
+            raise ValueError(f"policy.kv_gpu_shares: unknown '{self.kv_gpu_shares}' (one of {', '.join(KV_LEVELS)})")
         allowed = {"num_micro_batches", "weights_gpu_ratio", "kv_gpu_ratio"}
         unknown = set(self.fixed) - allowed
         if unknown:
@@ -218,6 +234,11 @@ class PolicySpace(_Frozen):
                 raise ValueError(f"fixed.{key}: {problem}")
         if not self.attention or not self.ffn:
             raise ValueError("policy: attention and ffn need at least one tier")
+        for tier, name in self.attention_engines.items():
+            if tier in self.attention:
+                raise ValueError(f"policy.attention_engines: {tier} is a tier this engine runs itself")
+            if bounds.name_problem(name, identifier=True) or not (ENGINES_DIR / f"{name}.yaml").is_file():
+                raise ValueError(f"policy.attention_engines.{tier}: {name!r} is no shipped engine")
         return self
 
 
@@ -241,6 +262,24 @@ class Memory(_Frozen):
     disk_weights: bounds.Flag = False
     gpu_reserved_gib: bounds.RESERVED_GIB.type = 0.0
     host_reserved_gib: bounds.RESERVED_GIB.type = 0.0
+
+
+#: canonical words of a flag's value (str2bool's spellings read as these, a bare switch as true)
+FlagWord = Literal["true", "false"]
+
+
+class EngineFlag(_Frozen):
+    """One command-line flag of the engine that chooses a mechanism: for each value (true,
+    false), the engine fields (dotted paths, e.g. ``decode.weight_path``, or ``schedule``) it
+    sets; an empty one sets nothing (the engine file already models it: the flag's default).
+    ``source``: where the flag and its effect were read (file:line at a commit)."""
+
+    source: str
+    when_true: dict[str, object] = Field(default_factory=dict)
+    when_false: dict[str, object] = Field(default_factory=dict)
+
+    def fields(self, word: FlagWord) -> dict[str, object]:
+        return self.when_true if word == "true" else self.when_false
 
 
 class Engine(_Frozen):
@@ -288,6 +327,8 @@ class Engine(_Frozen):
     #: host-side operator calls per layer, counted from the engine's source (:mod:`hrm.launches`);
     #: None: not charged (ideal; an engine that replays CUDA graphs or issues from C++)
     launches: Optional[Launches] = None
+    #: the engine's flags that choose a mechanism, by flag (:class:`EngineFlag`; ``hrm import``)
+    flags: dict[str, EngineFlag] = Field(default_factory=dict)
     sources: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -321,7 +362,8 @@ class Engine(_Frozen):
         if self.launches is not None and len(self.policy.attention) != 1:
             # the counts are of one attention path (GPU kernels vs CPU ops differ between them)
             raise ValueError("launches: counts are per attention path; give policy.attention one tier")
-        problem = unmodelled_field(self) or unrunnable_tier(self) or buffer_problem(self)
+        problem = (unmodelled_field(self) or unrunnable_tier(self) or buffer_problem(self)
+                   or flag_problem(self))
         if problem:
             raise ValueError(f"{problem} (schedule {self.schedule})")
         return self
@@ -336,7 +378,7 @@ class Engine(_Frozen):
 
 #: fields that name, describe or bound the engine's policy space rather than a mechanism
 #: of its pipeline (every pipeline honours the policy space through its search)
-IDENTITY_FIELDS = ("name", "description", "schedule", "sources", "policy")
+IDENTITY_FIELDS = ("name", "description", "schedule", "sources", "policy", "flags")
 #: fields that bound the memory a pinned policy may use (not a time or a peak of the
 #: pipeline: every pipeline honours them through :func:`hrm.memory.physical_limits`)
 LIMIT_FIELDS = ("memory.gpu_reserved_gib", "memory.host_reserved_gib")
@@ -404,6 +446,37 @@ def buffer_problem(engine: "Engine") -> str | None:
         return ("memory.gpu_weight_buffer_layers: 0, but offloaded_experts: streamed prefetches experts into that "
                 "buffer (give it a size, or offloaded_experts: cpu)")
     return None
+
+
+def flag_problem(engine: "Engine") -> str | None:
+    """A flag effect naming a field no engine has (the effects are applied by
+    :func:`flag_engine`, which validates the result)."""
+    known = set(ideal_field_values()) | {"schedule"}
+    for flag, spec in engine.flags.items():
+        for word in ("true", "false"):
+            fields = spec.fields(word)
+            bad = next((f for f in fields if f not in known and f.split(".")[0] not in WHOLE_SECTIONS), None)
+            if bad is not None:
+                return f"flags.{flag}.when_{word}: unknown engine field {bad!r}"
+    return None
+
+
+def flag_engine(engine: "Engine", words: dict[str, str]) -> tuple["Engine", dict]:
+    """``engine`` as a command with the flag values ``words`` (flag -> canonical word) runs
+    it: the fields its :class:`EngineFlag` entries set, and those fields (for a note)."""
+    fields: dict = {}
+    for flag, word in words.items():
+        spec = engine.flags.get(flag)
+        if spec is not None:
+            fields.update(spec.fields(word))
+    return (with_fields(engine, fields) if fields else engine), fields
+
+
+def attention_engine(engine: "Engine", attn_on_gpu: bool) -> "Engine":
+    """The engine that runs attention on ``attn_on_gpu``'s tier for ``engine``: itself, or the
+    engine its ``policy.attention_engines`` names for that tier."""
+    name = engine.policy.attention_engines.get("gpu" if attn_on_gpu else "cpu")
+    return load_engine(name) if name is not None else engine
 
 
 IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-14) - an upper bound")

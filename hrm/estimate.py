@@ -175,10 +175,23 @@ def estimate(
 ) -> EstimateResult:
     """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
     ``ideal``; ``schedule`` is ideal's lane structure, default cgopipe). Raises HRMError if
-    the engine cannot run the placement; r_w is snapped to the engine's granularity (noted)."""
+    the engine cannot run the placement; r_w is snapped to the engine's granularity (noted).
+    An attention tier the engine hands to another engine file (``policy.attention_engines``:
+    FlexGen's --cpu-cache-compute) is estimated with that engine."""
     check_context_window(model, workload)
-    engine = resolve_engine(engine, schedule)
+    engine = engine_for_policy(resolve_engine(engine, schedule), policy)
     return estimate_problem(make_problem(hw, model, workload, engine, options, limits), policy)
+
+
+def engine_for_policy(engine: Engine, policy: Policy) -> Engine:
+    """The engine that runs ``policy``: ``engine``, or the one its ``policy.attention_engines``
+    names for the policy's attention tier (a shipped engine as shipped only: an edited one
+    keeps its own tiers, as its search does)."""
+    from .engine import attention_engine, is_shipped
+
+    if not engine.policy.attention_engines or not is_shipped(engine):
+        return engine
+    return attention_engine(engine, policy.attn_on_gpu)
 
 
 def binding_memory(memory: MemoryUse, limits: MemoryLimits) -> str:

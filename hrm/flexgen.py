@@ -273,6 +273,18 @@ def cache_percent_for_share(model: ModelSpec, micro_batch: int, share: float) ->
     return [p for p in (below, above) if p is not None]
 
 
+def realisable_cache_shares(model: ModelSpec, micro_batch: int) -> tuple[float, ...]:
+    """The GPU shares of one micro-batch's KV cache (HRM's r_c) that some ``--percent … cg``
+    realises: int(rows·cg/100) rounded down to a multiple of the query heads, every cg of
+    0..100 (:func:`cache_gpu_share`), increasing."""
+    return tuple(sorted({cache_gpu_share(model, int(micro_batch), cg) for cg in range(101)}))
+
+
+#: KV split rules an engine's ``policy.kv_gpu_shares`` names: the r_c the engine can realise for
+#: a model at a micro-batch size (FlexGen: whole rows, a multiple of the query heads)
+KV_LEVELS = {"flexgen-rows": realisable_cache_shares}
+
+
 def padded_workload(workload):
     """The workload FlexGen runs: every prompt padded to ``--prompt-len``, the longest one
     (get_test_inputs pads to max_length, flex_moe.py:1207-1211; the artifact's runner pads

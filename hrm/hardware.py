@@ -171,7 +171,12 @@ class Dispatch(_Strict):
       (FlexGen S4 order); unset = ``attention_s``;
     - ``kv_load_s`` / ``kv_store_s``: beyond the K and V copies, the indexing of the
       host-resident cache when the device attends over it (prefetch; the new token
-      written back), per micro-batch.
+      written back), per micro-batch;
+    - ``owner``: the engine whose operators these costs were measured on (``hrm profile``'s
+      probe runs the reference runtime: ``hrm-runtime``). Another engine is never charged
+      them: on a GPU host it pays its own launch counts instead (:mod:`hrm.launches`).
+      Unset (profiles written before the field): ``hrm-runtime`` in a measured profile,
+      every engine otherwise (:func:`hrm.rates.dispatch_owner`).
     """
 
     task_s: Seconds = NonNegative
@@ -185,6 +190,7 @@ class Dispatch(_Strict):
     device_attention_s: Optional[Seconds] = None
     kv_load_s: Seconds = NonNegative
     kv_store_s: Seconds = NonNegative
+    owner: Optional[bounds.Name] = None
 
     def device_attention(self) -> float:
         return self.attention_s if self.device_attention_s is None else self.device_attention_s
@@ -202,6 +208,11 @@ class GPU(_Strict):
     architecture: Optional[Literal["turing", "ampere", "ada", "hopper", "blackwell", "other"]] = None
     memory_stream_efficiency: Optional[bounds.POSITIVE_FRACTION.type] = None
     gemm_efficiency: Optional[bounds.POSITIVE_FRACTION.type] = None
+    # per-op costs of an eager framework on this host (optional; hrm.launches has the sourced
+    # defaults): the host's time to issue one tiny CUDA op, and the GPU's idle time one host
+    # sync costs (hrm profile measures both with torch, profiler/gpu.py)
+    eager_op_s: Optional[bounds.DISPATCH_S.type] = None
+    sync_bubble_s: Optional[bounds.DISPATCH_S.type] = None
 
     @model_validator(mode="after")
     def _multi_gpu_needs_link(self):
@@ -231,6 +242,11 @@ class CPU(_Strict):
     memcpy_one_thread_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
     memcpy_all_threads_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
     numa_nodes: Optional[bounds.NUMA_NODES.type] = None
+    # one eager framework op on small CPU tensors (optional; hrm.launches.EAGER_CPU_OP_S otherwise)
+    eager_op_s: Optional[bounds.DISPATCH_S.type] = None
+    # host DRAM traffic (bytes read + written per second) every core and the DMA together
+    # sustain: what an engine's host-DRAM lane is charged against (optional; hrm.achieved)
+    dram_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
 
     @property
     def memory_bytes(self) -> float:
@@ -401,6 +417,8 @@ class HardwareProfile(_Strict):
         for section in ("cpu", "gpu"):
             if isinstance(data.get(section), dict) and data[section].get("dispatch") is None:
                 data[section].pop("dispatch", None)
+            elif isinstance(data.get(section), dict) and data[section]["dispatch"].get("owner") is None:
+                data[section]["dispatch"].pop("owner", None)
         for section in ("emulation", "ggml_cpu"):
             if data.get(section) is None:
                 data.pop(section, None)
@@ -444,8 +462,8 @@ def efficiency_problem(profile: "HardwareProfile") -> str | None:
 
 #: optional achieved-rate fields (hashed only when set, so older profiles keep their hash)
 ACHIEVED_FIELDS = {
-    "gpu": ("architecture", "memory_stream_efficiency", "gemm_efficiency"),
-    "cpu": ("memcpy_one_thread_gbps", "memcpy_all_threads_gbps", "numa_nodes"),
+    "gpu": ("architecture", "memory_stream_efficiency", "gemm_efficiency", "eager_op_s", "sync_bubble_s"),
+    "cpu": ("memcpy_one_thread_gbps", "memcpy_all_threads_gbps", "numa_nodes", "eager_op_s", "dram_gbps"),
     "link": ("d2h_pageable_gbps", "gpus_per_pcie_switch", "p2p"),
     "disk": ("write_gbps",),
 }

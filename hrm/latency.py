@@ -248,8 +248,13 @@ def link_bytes_s(rates: Rates, engine: Engine, direction: str, pageable: bool = 
 
 
 def dram_bytes_s(rates: Rates) -> float:
-    """Host DRAM bandwidth (STREAM counting: every byte read or written counts)."""
-    return rates.cpu_bandwidth_bytes_s
+    """Host DRAM bandwidth of the host-DRAM lane (STREAM counting: every byte read or written
+    counts): the profile's measured all-core DRAM traffic (``cpu.dram_gbps``), else its DRAM
+    rate (:mod:`hrm.achieved`); on a CPU-only host the tier's own bandwidth."""
+    ach = rates.achieved
+    if ach is None or rates.shared_unit or ach.dram_bytes_s <= 0:
+        return rates.cpu_bandwidth_bytes_s
+    return ach.dram_bytes_s
 
 
 def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> dict[str, np.ndarray | float]:

@@ -8,12 +8,13 @@ launches, not its FLOPs), and each host-blocking wait (a sync) empties the GPU's
 which then idles while the host issues the next kernel: one launch latency per sync.
 
 Counts are data on the engine (:class:`Launches`, from each engine's source:
-docs/engines/op_counts.md); the per-op costs are public microbenchmarks
-(:data:`EAGER_GPU_OP_S`, :data:`EAGER_CPU_OP_S`, :data:`SYNC_BUBBLE_S`), overridable in
-:class:`hrm.options.ModelOptions`. They are charged only where the profile has no measured
-dispatch (``gpu.dispatch``, which ``hrm profile`` measures on the machine itself and which
-then takes precedence) and the host has a real GPU (on a CPU-only host the emulated tier's
-dispatch is measured).
+docs/engines/op_counts.md); the per-op costs are a profile's own measurement (``gpu.eager_op_s``,
+``gpu.sync_bubble_s``, ``cpu.eager_op_s``: ``hrm profile`` measures them with torch on a GPU
+host) or else the defaults below (:data:`EAGER_GPU_OP_S`, :data:`EAGER_CPU_OP_S`,
+:data:`SYNC_BUBBLE_S`), and :class:`hrm.options.ModelOptions` overrides both. They are charged
+on a GPU host to every engine that counts its ops, unless the profile's measured ``gpu.dispatch``
+belongs to that engine (the reference runtime's own per-task costs, ``dispatch.owner``,
+:func:`hrm.rates.dispatch_owner`); on a CPU-only host the emulated tier's dispatch is measured.
 """
 
 from __future__ import annotations
@@ -27,15 +28,21 @@ from pydantic import BaseModel, ConfigDict
 from . import bounds
 
 #: host time to issue one eager CUDA op from Python (argument parsing, dispatcher, launch):
-#: "4 us per op on CUDA", pytorch/pytorch#82793 (PyTorch 1.12, A100, a dispatch-bound model)
-EAGER_GPU_OP_S = 4e-6
+#: about 8 us per tiny op (x.add_(1) and x + 1 on a 16-element CUDA tensor, 2,000 in a row,
+#: median of 5) on the lent H100 80GB VM (Xeon, 16 vCPU; torch 2.11+cu130), measured with
+#: ../shared/gpu/launch_bench.py and reported in issue 32 ("a tiny eager op cost about 8 us");
+#: its raw output is not committed. (The 4 us of pytorch/pytorch#82793 was a remark about
+#: profiler overhead, not a launch measurement.) A profile's gpu.eager_op_s replaces it
+EAGER_GPU_OP_S = 8e-6
 #: host time of one eager op on small CPU tensors: ≈ 2 us per op without autograd, about half
 #: of it Python argument parsing (pytorch/pytorch#41383, ngimel's comment of 2020-07-14)
 EAGER_CPU_OP_S = 2e-6
-#: the GPU's idle time after a host sync: the queue is empty until the next launch reaches it;
-#: one CUDA kernel launch from statically compiled C costs 4.90 us, mostly in libcuda
-#: (JuliaGPU/CUDAdrv.jl#15, 2017)
-SYNC_BUBBLE_S = 4.9e-6
+#: the GPU's idle time one host sync costs beyond the host's issue of the ops (which the host
+#: lane charges): the same run as EAGER_GPU_OP_S timed x.add_(1).sum().item() (two eager ops,
+#: a scalar D2H copy and the host's wait) at about 36 us per iteration (issue 32: "an op plus
+#: .item() about 36 us"), so the sync's round trip is 36 - 2 x 8 = 20 us, during which the
+#: GPU's queue is empty. A profile's gpu.sync_bubble_s replaces it
+SYNC_BUBBLE_S = 20e-6
 
 
 class Launches(BaseModel):

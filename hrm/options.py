@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict
 
 from . import bounds
 from .bounds import Flag
-from .launches import EAGER_CPU_OP_S, EAGER_GPU_OP_S, SYNC_BUBBLE_S
 from .model import Dtype, ModelSpec
 from .units import FLOAT_DTYPES
 
@@ -31,8 +30,10 @@ class ModelOptions(BaseModel):
       for them. Source: ``hrm profile`` (the reference runtime's operators at minimal size).
     - ``eager_gpu_op_s`` / ``eager_cpu_op_s`` / ``sync_bubble_s``: the host's time per eager
       CUDA op and per op on CPU tensors, and the GPU's idle time after a host sync, charged
-      per operator an engine's source issues (:mod:`hrm.launches`: sources there) where the
-      profile has no measured dispatch; a measured ``gpu.dispatch`` replaces them.
+      per operator an engine's source issues (:mod:`hrm.launches`: sources there); None (the
+      default): the profile's measured ``gpu.eager_op_s``, ``cpu.eager_op_s``,
+      ``gpu.sync_bubble_s``, else :mod:`hrm.launches`' sourced defaults. A measured
+      ``gpu.dispatch`` replaces them for the engine it belongs to (``dispatch.owner``).
     - ``use_emulation``: on a CPU-only host, take both tiers' rates from the profile's
       ``emulation`` section (the runtime's torch operators on its thread count) where it
       has one, instead of the whole machine's peaks of the ``cpu`` section.
@@ -47,9 +48,9 @@ class ModelOptions(BaseModel):
     use_efficiency_curves: Flag = True
     use_dispatch_overhead: Flag = True
     use_emulation: Flag = True
-    eager_gpu_op_s: bounds.DISPATCH_S.type = EAGER_GPU_OP_S
-    eager_cpu_op_s: bounds.DISPATCH_S.type = EAGER_CPU_OP_S
-    sync_bubble_s: bounds.DISPATCH_S.type = SYNC_BUBBLE_S
+    eager_gpu_op_s: Optional[bounds.DISPATCH_S.type] = None
+    eager_cpu_op_s: Optional[bounds.DISPATCH_S.type] = None
+    sync_bubble_s: Optional[bounds.DISPATCH_S.type] = None
 
     def for_model(self, model: ModelSpec) -> "ModelOptions":
         """These options with the device compute dtype resolved for ``model``."""

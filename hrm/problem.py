@@ -43,4 +43,5 @@ def make_problem(hw: HardwareProfile, model: ModelSpec, workload: Workload, engi
     if engine.pads_prompts and not workload.padding:  # the engine runs every prompt at the longest
         workload = workload.model_copy(update={"padding": True})
     return Problem(hw=hw, model=model, workload=workload, engine=engine, options=options,
-                   limits=limits or memory_limits(hw, options), rates=rates_from_profile(hw, options))
+                   limits=limits or memory_limits(hw, options),
+                   rates=rates_from_profile(hw, options, engine.name))

@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from .achieved import Achieved, achieved_rates
-from .launches import OpCosts
+from .launches import EAGER_CPU_OP_S, EAGER_GPU_OP_S, SYNC_BUBBLE_S, OpCosts
 from .hardware import CurvePoint, Dispatch, GgmlCpu, HardwareProfile, interpolate_curve
 from .options import DEFAULT_OPTIONS, ModelOptions
 from .units import GB, TFLOPS
@@ -83,9 +83,43 @@ def emulated_rates(hw: HardwareProfile, options: ModelOptions, dispatch: Optiona
                  _curve(curves, emu.tflops, options.cpu_compute_dtype), dispatch, dispatch, achieved_rates(hw))
 
 
-def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS) -> Rates:
+#: the engine whose per-task costs ``hrm profile`` measures (profiler/dispatch.py runs the
+#: reference runtime's own operators): a measured profile's dispatch without an owner is its
+RUNTIME_ENGINE = "hrm-runtime"
+
+
+def dispatch_owner(hw: HardwareProfile, dispatch: Optional[Dispatch]) -> Optional[str]:
+    """The engine a profile's measured ``dispatch`` belongs to: its ``owner``; unset, the
+    reference runtime in a measured profile (``hrm profile`` measured it on the runtime's
+    operators, docs/validation/h100-measured.yaml's methods say so), else None (a hand-set
+    or calibrated α: every engine)."""
+    if dispatch is None:
+        return None
+    if dispatch.owner is not None:
+        return dispatch.owner
+    return RUNTIME_ENGINE if hw.source.kind == "measured" else None
+
+
+def op_costs_of(hw: HardwareProfile, options: ModelOptions) -> OpCosts:
+    """Seconds per host operator call: the options' override, else the profile's measurement
+    (``gpu.eager_op_s``, ``cpu.eager_op_s``, ``gpu.sync_bubble_s``), else the sourced defaults
+    of :mod:`hrm.launches`."""
+    def pick(option, measured, default):
+        return option if option is not None else measured if measured is not None else default
+
+    gpu = hw.gpu
+    return OpCosts(pick(options.eager_gpu_op_s, gpu.eager_op_s if gpu else None, EAGER_GPU_OP_S),
+                   pick(options.eager_cpu_op_s, hw.cpu.eager_op_s, EAGER_CPU_OP_S),
+                   pick(options.sync_bubble_s, gpu.sync_bubble_s if gpu else None, SYNC_BUBBLE_S))
+
+
+def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS,
+                       engine: Optional[str] = None) -> Rates:
     """Achieved rates; pass ``options.for_model(model)`` so that the device compute dtype
-    follows the model's weights (unresolved options compute in fp16)."""
+    follows the model's weights (unresolved options compute in fp16). ``engine`` (a name):
+    on a GPU host a measured dispatch is charged only to the engine it belongs to
+    (:func:`dispatch_owner`); any other engine pays its own launch counts at
+    :func:`op_costs_of` instead. None: the dispatch applies (the runtime's view)."""
     if options.gpu_compute_dtype is None:
         options = options.model_copy(update={"gpu_compute_dtype": "fp16"})
     eff = hw.efficiency if options.use_efficiency_curves else None
@@ -106,8 +140,12 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
     gpu_curve = _curve(eff.gpu_matmul_tflops_vs_m, hw.gpu.tflops, options.gpu_compute_dtype) if eff else ()
     count = hw.gpu.count
     gpu_dispatch = hw.gpu.dispatch if options.use_dispatch_overhead else None
-    op_costs = (OpCosts(options.eager_gpu_op_s, options.eager_cpu_op_s, options.sync_bubble_s)
-                if options.use_dispatch_overhead and hw.gpu.dispatch is None else None)
+    if engine is not None:  # the reference runtime's own per-task costs are never another engine's
+        if dispatch_owner(hw, hw.gpu.dispatch) not in (None, engine):
+            gpu_dispatch = None
+        if dispatch_owner(hw, hw.cpu.dispatch) not in (None, engine):
+            cpu_dispatch = None
+    op_costs = (op_costs_of(hw, options) if options.use_dispatch_overhead and gpu_dispatch is None else None)
     g2g = hw.gpu.gpu_to_gpu_gbps * GB if hw.gpu.gpu_to_gpu_gbps else None
     return Rates(
         hw.gpu.tflops.flops(options.gpu_compute_dtype) * count,

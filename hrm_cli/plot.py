@@ -231,7 +231,8 @@ def _timeline(args):
                         limits=limits_from_args(hw, options, args), top=0)
         policy = result.best.policy
     context = args.context or mean_decode_context(workload)
-    timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model)), policy, engine, context)
+    timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model), engine.name), policy, engine,
+                               context)
     print(f"layer period {timeline.layer_period_s * 1e3:.4g} ms (list-scheduled), "
           f"eq. 12 bound {timeline.lane_bound_s * 1e3:.4g} ms")
     return plot_timeline(timeline, f"{model.name} on {hw.name}, {policy.short()}, context {context:.0f}",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from hrm.hardware import (CPU, GPU, CurvePoint, Disk, Dispatch, Efficiency, Emulation, Flops, HardwareProfile, Link,
                           Source)
+from hrm.rates import RUNTIME_ENGINE
 from hrm.units import GIB, MIB
 
 from .cpu import NUMA_NODE_DIR, HostInfo, Measured, MemcpyResult, StreamResult, best_of
@@ -32,6 +33,8 @@ class CpuResults:
     dispatch: DispatchResult | None = None  # measured on the emulated tier or, with a GPU, on CUDA
     memcpy: MemcpyResult | None = None  # host copy, one thread vs all threads
     emulation: EmulationResult | None = None  # the emulated device tier (CPU-only host)
+    dram_read: Measured | None = None  # host DRAM read with every core (GB/s)
+    cpu_op: Measured | None = None  # seconds per eager torch op on a CPU tensor
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,27 @@ def peak_method(curve: dict[int, Measured], x_name: str) -> str:
     return f"best point of the curve ({x_label(x_name, x)}): {best.method()}"
 
 
-def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str]) -> CPU:
+def dram_traffic(cpu: CpuResults, gpu: GpuResults | None, methods: dict[str, str]) -> dict:
+    """``cpu.dram_gbps``: the most host DRAM traffic any measurement sustained (bytes read +
+    written per second): STREAM copy, every core reading, and — on a GPU host — every core
+    reading while the DMA copies, whichever is highest (the host-DRAM lane charges reads,
+    writes and DMA traffic against one capacity)."""
+    found = [(cpu.stream.copy, "STREAM copy (read + write counted)")] if cpu.stream is not None else []
+    if cpu.dram_read is not None:
+        found.append((cpu.dram_read, "every core reading"))
+    if gpu is not None and gpu.read_during_dma is not None:
+        found.append((gpu.read_during_dma, "every core reading while the DMA copies"))
+    found = [(m, what) for m, what in found if m.value > 0]
+    if not found:
+        return {}
+    best, what = max(found, key=lambda pair: pair[0].value)
+    others = "; ".join(f"{w} {m.value:.4g} GB/s" for m, w in found if m is not best)
+    methods["cpu.dram_gbps"] = (f"the most host DRAM traffic measured: {what}, {best.method()}"
+                                + (f" (also: {others})" if others else ""))
+    return {"dram_gbps": sig(best.value)}
+
+
+def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str], gpu: GpuResults | None = None) -> CPU:
     """The ``cpu`` section; memory bandwidth = STREAM triad (copy recorded alongside)."""
     if cpu.stream is None or "fp32" not in cpu.matmul or not cpu.matmul["fp32"]:
         raise ValueError("CPU bandwidth and fp32 matmul are required for a profile")
@@ -115,9 +138,13 @@ def build_cpu(host: HostInfo, cpu: CpuResults, methods: dict[str, str]) -> CPU:
             methods["cpu.memcpy_all_threads_gbps"] += (f"; arrays first-touched by one thread, so on this "
                                                        f"{host.numa_nodes}-node host they sit on one NUMA node")
     methods["cpu.numa_nodes"] = f"node<N> directories of {NUMA_NODE_DIR} (1 where absent)"
+    extra = dram_traffic(cpu, gpu, methods)
+    if cpu.cpu_op is not None and cpu.cpu_op.value > 0:
+        extra["eager_op_s"] = float(f"{cpu.cpu_op.value:.3g}")
+        methods["cpu.eager_op_s"] = cpu.cpu_op.method()
     return CPU(name=host.cpu_name, cores=host.cores, memory_gib=sig(host.memory_gib),
                memory_bandwidth_gbps=sig(stream.triad.value), tflops=Flops(**tflops),
-               dispatch=build_dispatch(cpu.dispatch, "cpu", methods), numa_nodes=host.numa_nodes, **memcpy)
+               dispatch=build_dispatch(cpu.dispatch, "cpu", methods), numa_nodes=host.numa_nodes, **memcpy, **extra)
 
 
 def build_dispatch(result: DispatchResult | None, section: str, methods: dict[str, str]) -> Dispatch | None:
@@ -126,7 +153,10 @@ def build_dispatch(result: DispatchResult | None, section: str, methods: dict[st
         return None
     for key, note in result.notes.items():
         methods[f"{section}.dispatch.{key}"] = note
-    return Dispatch(**{k: float(f"{v:.3g}") for k, v in result.values.items()})
+    # the probe runs the reference runtime's operators: its costs are that engine's alone
+    methods[f"{section}.dispatch.owner"] = (f"{RUNTIME_ENGINE}: the probe runs the reference runtime's own operators "
+                                            f"(profiler/dispatch.py); no other engine is charged them")
+    return Dispatch(**{k: float(f"{v:.3g}") for k, v in result.values.items()}, owner=RUNTIME_ENGINE)
 
 
 def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
@@ -155,10 +185,16 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
                       ("gemm_efficiency", "gpu.tflops (best matmul of each curve)")):
         methods[f"gpu.{key}"] = (f"not set: {peak} is already an achieved rate of this GPU "
                                  f"(hrm.achieved applies no efficiency to a measured profile)")
+    launch = {}
+    if gpu.launch is not None:
+        launch = {"eager_op_s": float(f"{gpu.launch.eager_op.value:.3g}"),
+                  "sync_bubble_s": float(f"{gpu.launch.sync_bubble.value:.3g}")}
+        methods["gpu.eager_op_s"] = gpu.launch.eager_op.method()
+        methods["gpu.sync_bubble_s"] = gpu.launch.sync_bubble.method()
     gpu_section = GPU(name=gpu.info.name, count=gpu.info.count, memory_gib=sig(gpu.info.memory_bytes / GIB),
                       memory_bandwidth_gbps=sig(gpu.copy.value), tflops=Flops(**tflops),
                       gpu_to_gpu_gbps=peer_gbps, dispatch=build_dispatch(gpu.dispatch, "gpu", methods),
-                      architecture=architecture)
+                      architecture=architecture, **launch)
     methods["link.h2d_gbps"] = peak_method(gpu.h2d_pinned, "bytes")
     methods["link.d2h_gbps"] = peak_method(gpu.d2h_pinned, "bytes")
     pageable = None
@@ -205,7 +241,7 @@ def build_efficiency(cpu: CpuResults, gpu: GpuResults | None, methods: dict[str,
 def build_profile(facts: RunFacts, host: HostInfo, cpu: CpuResults, gpu: GpuResults | None) -> HardwareProfile:
     """Assemble and validate the profile (pydantic validates on construction)."""
     methods: dict[str, str] = {}
-    cpu_section = build_cpu(host, cpu, methods)
+    cpu_section = build_cpu(host, cpu, methods, gpu)
     gpu_section, link = build_gpu(gpu, methods) if gpu is not None else (None, None)
     if gpu is None:
         methods["gpu"] = "no gpu/link section: " + next(

@@ -254,6 +254,56 @@ def measure_memcpy(nbytes: int, threads: int, pool: Executor, warmup: int, repea
     return MemcpyResult(one_thread=one, all_threads=all_threads)
 
 
+# --- host DRAM read with every core ---------------------------------------------------
+
+def read_op(src: np.ndarray, pool: Executor, threads: int) -> TimedOp:
+    """Every byte of ``src`` read once: ``np.add.reduce`` of one contiguous chunk per pool
+    worker (numpy releases the GIL inside the reduction, so every core streams)."""
+    bounds = chunk_bounds(src.size, threads)
+
+    def one(bound: tuple[int, int]) -> None:
+        np.add.reduce(src[bound[0]:bound[1]])
+
+    return wall_timed(lambda: list(pool.map(one, bounds)))
+
+
+def measure_dram_read(nbytes: int, threads: int, pool: Executor, warmup: int, repeats: int,
+                      budget: Budget | None) -> Measured:
+    """Host DRAM read rate with every core: bytes read per second of a ``nbytes`` float64
+    array (pages faulted in beforehand; size well above the last-level cache). What the
+    DMA engine and CPU attention do to DRAM is reads: a copy's write half (STREAM copy)
+    understates it on hosts whose stores are slower."""
+    n = max(threads, nbytes // F64_BYTES)
+    src = touched_array(n, 1.0)
+    stats = measure(read_op(src, pool, threads), warmup, repeats, budget)
+    return Measured(stats.median_rate(n * F64_BYTES) / GB, "GB/s", stats,
+                    f"host DRAM read, np.add.reduce over {n * F64_BYTES / MIB:.0f} MiB float64 split into {threads} "
+                    f"contiguous chunks over {threads} threads; bytes read per second")
+
+
+# --- per-op cost of an eager framework on CPU tensors --------------------------------
+
+#: ops timed back to back per sample (a tiny op is ~1-10 us: one sample is a few ms)
+OPS_PER_SAMPLE = 2000
+
+
+def measure_cpu_op(torch, warmup: int, repeats: int, budget: Budget | None,
+                   ops: int = OPS_PER_SAMPLE) -> Measured:
+    """Seconds per eager torch op on a small CPU tensor (``c.add_(1)`` on 16 float32
+    elements, ``ops`` in a row per sample): the Python argument parsing, the dispatcher and
+    the op itself — what an engine's CPU-attention thread pays per op beside its FLOPs."""
+    tensor = torch.zeros(16)
+
+    def run() -> None:
+        for _ in range(ops):
+            tensor.add_(1)
+
+    stats = measure(wall_timed(run), warmup, repeats, budget)
+    seconds = stats.median_s / ops
+    return Measured(seconds, "s", stats, f"eager torch {torch.__version__} op on a CPU tensor: "
+                    f"c.add_(1), 16 float32 elements, {ops} ops per sample, wall time / {ops}")
+
+
 # --- matmul --------------------------------------------------------------------------
 
 MatmulFactory = Callable[[int], TimedOp]  # M -> timed op of one (M x K) @ (K x N)

@@ -35,7 +35,10 @@ class GpuInfo:
 class GpuDevice(Protocol):
     """What the GPU measurements need. Each ``*_op`` allocates its buffers and returns a
     timed op (seconds per operation); raising ValueError/RuntimeError means unsupported.
-    Optional: ``peer_access() -> bool`` (every GPU pair can copy peer-to-peer; ``link.p2p``)."""
+    Optional: ``peer_access() -> bool`` (every GPU pair can copy peer-to-peer; ``link.p2p``);
+    ``launch_op(ops)`` / ``sync_op(ops)`` (host seconds per tiny eager op, and per op +
+    ``.item()`` round trip: :func:`measure_launch`); ``dma_while(nbytes, func)`` (pinned H2D
+    copies kept running while ``func`` runs on the host: :func:`measure_read_during_dma`)."""
 
     def info(self) -> GpuInfo: ...
 
@@ -67,6 +70,8 @@ class GpuResults:
     p2p: bool | None = None  # every GPU pair can copy peer-to-peer (None: not queried)
     notes: list[str] = field(default_factory=list)
     dispatch: object | None = None  # profiler.dispatch.DispatchResult of the runtime on CUDA
+    launch: "LaunchResult | None" = None  # eager per-op and host-sync costs (measure_launch)
+    read_during_dma: Measured | None = None  # host DRAM read + DMA traffic together (GB/s)
 
 
 # --- the generic measuring logic ------------------------------------------------------
@@ -137,6 +142,60 @@ def measure_peer(device: GpuDevice, nbytes: int, warmup: int, repeats: int,
         device.release()
     return Measured(stats.median_rate(nbytes) / GB, "GB/s", stats,
                     f"GPU0 -> GPU1 copy of {nbytes / MIB:.0f} MiB")
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """Per-op costs of an eager framework on this GPU host: ``eager_op`` (host seconds to
+    issue one tiny CUDA op) and ``sync_bubble`` (the GPU's idle seconds per host sync beyond
+    the ops' issue: an op + ``.item()`` round trip less its two eager ops)."""
+
+    eager_op: Measured
+    sync_bubble: Measured
+
+
+#: tiny ops per sample of the launch measurements (a few ms per sample at ~10 us per op)
+LAUNCH_OPS = 1000
+
+
+def measure_launch(device: GpuDevice, warmup: int, repeats: int, budget: Budget | None,
+                   ops: int = LAUNCH_OPS) -> LaunchResult:
+    """Host seconds per eager CUDA op (``x.add_(1)`` on 16 elements, ``ops`` in a row then one
+    synchronize: the host's issue rate, the tiny kernels finishing faster than they arrive)
+    and per ``x.add_(1).sum().item()`` (two ops, a scalar D2H and the host's wait). The sync's
+    own round trip, during which the GPU's queue is empty, is the second less two of the first."""
+    op_stats = measure(device.launch_op(ops), warmup, repeats, budget)
+    sync_stats = measure(device.sync_op(ops), warmup, repeats, budget)
+    op_s, round_trip_s = op_stats.median_s, sync_stats.median_s
+    eager = Measured(op_s, "s", op_stats, f"eager CUDA op x.add_(1) on 16 elements, {ops} in a row then one "
+                     f"synchronize, host wall time / {ops}")
+    bubble = Measured(max(0.0, round_trip_s - 2 * op_s), "s", sync_stats,
+                      f"x.add_(1).sum().item() round trip ({round_trip_s * 1e6:.3g} us per iteration, {ops} "
+                      f"iterations per sample) less 2 eager ops ({op_s * 1e6:.3g} us each)")
+    return LaunchResult(eager, bubble)
+
+
+def measure_read_during_dma(device: GpuDevice, read: TimedOp, read_bytes: int, dma_bytes: int, warmup: int,
+                            repeats: int, budget: Budget | None) -> Measured:
+    """Host DRAM traffic with every core reading (``read``: one pass over ``read_bytes``) while
+    pinned H2D copies of ``dma_bytes`` run back to back: (bytes read + bytes the DMA moved in
+    the same time) per second — what DRAM sustains for CPU attention and the weight DMA
+    together (the host-DRAM lane's capacity). ``device.dma_while(dma_bytes, read)`` returns
+    (seconds of the read, DMA bytes per second meanwhile)."""
+    dma_rates: list[float] = []
+
+    def op() -> float:
+        seconds, dma_bytes_s = device.dma_while(dma_bytes, read)
+        dma_rates.append(dma_bytes_s)
+        return seconds
+
+    stats = measure(op, warmup, repeats, budget)
+    dma_gbps = sorted(dma_rates)[len(dma_rates) // 2] / GB
+    read_gbps = stats.median_rate(read_bytes) / GB
+    return Measured(read_gbps + dma_gbps, "GB/s", stats,
+                    f"host DRAM read with every core ({read_gbps:.4g} GB/s, {read_bytes / MIB:.0f} MiB) while pinned "
+                    f"H2D copies of {dma_bytes / MIB:.0f} MiB run back to back ({dma_gbps:.4g} GB/s); bytes read + "
+                    f"bytes the DMA moved, per second")
 
 
 def query_peer_access(device, notes: list[str]) -> bool | None:
@@ -314,6 +373,57 @@ class TorchCudaDevice:
             return time.perf_counter() - start_s
 
         return op
+
+    def launch_op(self, ops: int) -> TimedOp:
+        t = self.torch
+        x = t.zeros(16, device=f"cuda:{self.index}")
+
+        def op() -> float:
+            t.cuda.synchronize(self.index)
+            start_s = time.perf_counter()
+            for _ in range(ops):
+                x.add_(1)
+            t.cuda.synchronize(self.index)
+            return (time.perf_counter() - start_s) / ops
+
+        return op
+
+    def sync_op(self, ops: int) -> TimedOp:
+        t = self.torch
+        x = t.zeros(16, device=f"cuda:{self.index}")
+
+        def op() -> float:
+            t.cuda.synchronize(self.index)
+            start_s = time.perf_counter()
+            for _ in range(ops):
+                x.add_(1).sum().item()
+            return (time.perf_counter() - start_s) / ops
+
+        return op
+
+    def dma_while(self, nbytes: int, func) -> tuple[float, float]:
+        """Run ``func`` on a host thread while this thread keeps pinned H2D copies of
+        ``nbytes`` going; (seconds of ``func``, DMA bytes per second meanwhile)."""
+        import threading
+
+        t = self.torch
+        host = getattr(self, "_dma_host", None)
+        if host is None or host.numel() != nbytes:
+            self._dma_host = host = t.ones(nbytes, dtype=t.uint8, pin_memory=True)
+            self._dma_dev = t.empty(nbytes, dtype=t.uint8, device=f"cuda:{self.index}")
+        dev, stream = self._dma_dev, t.cuda.Stream(self.index)
+        took: list[float] = []
+        worker = threading.Thread(target=lambda: took.append(func()))
+        copies, start_s = 0, time.perf_counter()
+        worker.start()
+        with t.cuda.stream(stream):
+            while worker.is_alive():
+                dev.copy_(host, non_blocking=True)
+                stream.synchronize()
+                copies += 1
+        worker.join()
+        elapsed_s = time.perf_counter() - start_s
+        return took[0], copies * nbytes / max(elapsed_s, 1e-9)
 
     def release(self) -> None:
         self.torch.cuda.synchronize(self.index)

@@ -119,6 +119,15 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
         results.memcpy = optional_measurement(
             lambda: cpu_mod.measure_memcpy(nbytes, threads, pool, w, r, budget), "host memcpy", notes)
 
+    def dram_read() -> None:
+        nbytes = cfg.memcpy_bytes or array_bytes
+        results.dram_read = optional_measurement(
+            lambda: cpu_mod.measure_dram_read(nbytes, threads, pool, w, r, budget), "host DRAM read", notes)
+
+    def cpu_op() -> None:
+        results.cpu_op = optional_measurement(lambda: cpu_mod.measure_cpu_op(torch, w, r, budget),
+                                              "eager torch op on a CPU tensor", notes)
+
     def disk() -> None:
         folder = disk_folder or Path(tempfile.gettempdir())
         results.disk = cpu_mod.measure_disk_read(folder, cfg.disk_bytes, max(2, r), budget)
@@ -127,6 +136,9 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
              Step("CPU fp32 matmul vs M (numpy)", True, matmul("fp32"))]
     if cfg.memcpy_bytes >= 0:
         steps.append(Step("CPU memcpy, one thread vs all threads", False, memcpy))
+        steps.append(Step("host DRAM read, every core", False, dram_read))
+    if torch is not None:
+        steps.append(Step("eager torch op on a CPU tensor", False, cpu_op))
     for dtype in cfg.cpu_torch_dtypes:
         if torch is None:
             notes.append(f"CPU {dtype} matmul not measured (torch not importable); the model uses fp32 for it")
@@ -167,7 +179,8 @@ def runs_the_runtime(device) -> bool:
             and torch.cuda.is_available())
 
 
-def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: Budget) -> list[Step]:
+def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: Budget, pool=None,
+              threads: int = 1) -> list[Step]:
     """The GPU measurements of the run (sizes clamped to the device memory)."""
     memory = results.info.memory_bytes
     w, r = cfg.warmup, cfg.repeats
@@ -205,6 +218,21 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
                                                     "dispatch overhead on CUDA", notes)
         steps.append(Step("dispatch overhead per task / operator on CUDA (reference runtime)", False, dispatch,
                           gpu=True))
+    if hasattr(device, "launch_op") and hasattr(device, "sync_op"):
+        def launch() -> None:
+            results.launch = optional_measurement(lambda: gpu_mod.measure_launch(device, w, r, budget),
+                                                  "eager CUDA launch and host sync", notes)
+        steps.append(Step("eager CUDA op launch and host sync round trip", False, launch, gpu=True))
+    if hasattr(device, "dma_while") and pool is not None and cfg.memcpy_bytes >= 0:
+        def read_during_dma() -> None:
+            nbytes = cfg.memcpy_bytes or cfg.stream_bytes or cfg.gpu_copy_bytes
+            src = cpu_mod.touched_array(max(threads, nbytes // cpu_mod.F64_BYTES), 1.0)
+            read = cpu_mod.read_op(src, pool, threads)
+            dma = gpu_mod.clamp_bytes(max(sizes), memory, 1)
+            results.read_during_dma = optional_measurement(
+                lambda: gpu_mod.measure_read_during_dma(device, read, src.size * cpu_mod.F64_BYTES, dma, w, r, budget),
+                "host DRAM read while a DMA runs", notes)
+        steps.append(Step("host DRAM read while pinned H2D copies run", False, read_during_dma, gpu=True))
     if results.info.count > 1:
         def peer_access() -> None:
             results.p2p = gpu_mod.query_peer_access(device, notes)
@@ -273,7 +301,7 @@ def run_profile(cfg: ProfileConfig, device: str = AUTO, reporter: Reporter | Non
     with ThreadPoolExecutor(max_workers=host.cores, thread_name_prefix="hrm-profile") as pool:
         steps = cpu_steps(cfg, host, cpu_results, pool, budget, torch, disk_folder, notes, emulate=device_obj is None)
         if device_obj is not None:
-            steps += gpu_steps(cfg, device_obj, gpu_results, budget)
+            steps += gpu_steps(cfg, device_obj, gpu_results, budget, pool, host.cores)
         reporter.start(len(steps))
         gpu_ok = run_steps(steps, budget, reporter, device, notes)
     if gpu_results is not None:

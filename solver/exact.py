@@ -255,7 +255,25 @@ def kv_on_gpu(terms: Terms, k: int, batch_size, gpu, cpu, fixed: dict) -> np.nda
         slack = np.full(np.shape(gpu), np.inf) if per <= 0 else (lim.cpu_bytes - gpu - cpu) / per
     else:
         slack = (lim.gpu_bytes - gpu) / terms.gpu_kv_seq
-    return np.where(attn, np.clip(slack, 0.0, batch_size), 0.0)
+    z = np.where(attn, np.clip(slack, 0.0, batch_size), 0.0)
+    return z if terms.kv_shares is None else realisable_kv(terms, k, batch_size, z)
+
+
+def realisable_kv(terms: Terms, k, batch_size, z) -> np.ndarray:
+    """The largest z' ≤ z the engine's KV split realises (``terms.kv_shares``): n·μ·s with s the
+    largest realisable share of a micro-batch at most z/N (time is non-increasing in z, so the
+    largest that fits is the best)."""
+    k = np.broadcast_to(np.asarray(k), np.shape(z))
+    batch_size = np.broadcast_to(np.asarray(batch_size, dtype=float), np.shape(z))
+    out = np.zeros(np.shape(z))
+    for mode in np.unique(k):
+        sel = k == mode
+        shares = terms.kv_shares[int(mode)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            wanted = np.where(batch_size[sel] > 0, np.asarray(z)[sel] / batch_size[sel], 0.0)
+        idx = np.searchsorted(shares, wanted * (1 + 1e-12) + 1e-15, side="right") - 1
+        out[sel] = shares[np.maximum(idx, 0)] * batch_size[sel]
+    return out
 
 
 def fits(terms: Terms, gpu, cpu, z) -> np.ndarray:
@@ -296,6 +314,8 @@ def static_expert_choices(terms: Terms, k: int, fixed: dict) -> np.ndarray:
     if not terms.modes[k].ffn_on_gpu:
         return np.array([0.0])
     if "weights_gpu_ratio" in fixed:
+        if terms.weights_levels:  # a placement level of the engine's rule: its own m (as best_in_modes)
+            return np.array([fixed["weights_gpu_ratio"] * terms.expert_slots])
         return np.array([float(snapped_expert_count(terms, fixed["weights_gpu_ratio"]))])
     return np.arange(0, terms.expert_slots // terms.expert_step + 1, dtype=float) * terms.expert_step
 
@@ -322,7 +342,8 @@ def _enumerate(terms: Terms, k: int, ns, ms, objective: str, fixed: dict) -> Mod
         value = throughputs(terms, k, grid_n, grid_m, z, objective)
         i = int(np.argmax(value))
         if best is None or value[i] > best[0]:
-            best = (float(value[i]), Choice(k, int(grid_n[i]), int(grid_m[i]), float(z[i])))
+            m_i = float(grid_m[i]) if terms.weights_levels and "weights_gpu_ratio" in fixed else int(grid_m[i])
+            best = (float(value[i]), Choice(k, int(grid_n[i]), m_i, float(z[i])))
     return None if best is None else ModeBest(best[0], best[1], count)
 
 
@@ -468,6 +489,9 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     if not len(kk):
         return out
     m = np.clip(m_int, lo_ok, hi_ok) * float(g)
+    exact_level = "weights_gpu_ratio" in fixed and terms.weights_levels
+    if exact_level:  # a placement level of the engine's rule: its own m, not the whole one below
+        m = np.where(terms.ffn_on_gpu[kk], fixed["weights_gpu_ratio"] * terms.expert_slots, 0.0)
     z, fit = _candidates(terms, kk, nn, m, fixed)
     value = np.where(fit, throughputs(terms, kk, nn, m, z, objective), -np.inf)
     order = np.lexsort((-value, kk))  # by mode, best first
@@ -476,7 +500,7 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     per_mode = max(1, evaluations // max(1, len(first)))
     for j in first:
         if np.isfinite(value[j]):
-            choice = Choice(int(kk[j]), int(nn[j]), int(m[j]), float(z[j]))
+            choice = Choice(int(kk[j]), int(nn[j]), float(m[j]) if exact_level else int(m[j]), float(z[j]))
             out[position[int(kk[j])]] = ModeBest(float(value[j]), choice, per_mode)
     return out
 

@@ -65,9 +65,9 @@ def search_lanes(request: SearchRequest) -> SearchResult:
     found = exact.solve(problem, placements, request.max_batch, objective, fixed, limits)
     if found.best is None:
         raise InfeasibleError(_no_policy_reason(problem, placements, request.max_batch, objective, fixed, limits))
-    best = _candidate(problem, found.terms, found.best.choice)
+    best = _candidate(problem, found.terms, found.best.choice, fixed)
     # alternatives: the exact optimum of every other placement (A_g, F_g)
-    alternatives = [_candidate(problem, terms, mode_best.choice)
+    alternatives = [_candidate(problem, terms, mode_best.choice, fixed)
                     for mode_best, terms in found.by_placement[1:1 + max(0, request.top)]]
     seconds = time.perf_counter() - request.start
     space = search_space(found, request.max_batch, fixed)
@@ -78,7 +78,7 @@ def search_lanes(request: SearchRequest) -> SearchResult:
                                request.solver, limits)
         verify_objective, verify_seconds = max(check.objective, check.milp_objective or 0.0), check.seconds
         verified = abs(verify_objective - found.best.throughput) <= 1e-9 * max(verify_objective, 1e-12)
-    placement = make_placement(problem.model, best.choice.gpu_experts, best.policy.num_micro_batches,
+    placement = make_placement(problem.model, int(round(best.choice.gpu_experts)), best.policy.num_micro_batches,
                                whole_layers=problem.engine.static_experts == "whole-layers")
     plan = make_plan(request, best.estimate, placement, f"exact branch and bound over {space}{describe_limits(limits)}",
                      seconds, found.candidates)
@@ -197,6 +197,13 @@ def search_space(found: exact.ExactResult, max_batch: int, fixed: dict) -> str:
             f"every n with N <= {max_batch}, every whole-expert r_w, continuous r_c")
 
 
-def _candidate(problem: Problem, terms: Terms, choice: Choice) -> Candidate:
+def _candidate(problem: Problem, terms: Terms, choice: Choice, fixed: dict | None = None) -> Candidate:
+    """The policy of ``choice``, estimated. An engine that places weights only at some r_w
+    (``policy.weights_levels``, searched one pinned level at a time) keeps the pinned level
+    itself: the search's m is whole expert matrices (the nearest to it), the level is what the
+    engine places (FlexGen's --percent), and the estimate prices the level."""
     policy = choice_to_policy(terms, choice)
+    pinned = (fixed or {}).get("weights_gpu_ratio")
+    if pinned is not None and problem.engine.policy.weights_levels is not None and policy.ffn_on_gpu:
+        policy = policy.model_copy(update={"weights_gpu_ratio": float(pinned)})
     return Candidate(policy, estimate_problem(problem, policy), choice)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hrm.engine import Engine, resolve_engine
+from hrm.engine import Engine, attention_engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import snap_weights_ratio, static_experts_in_words
 from hrm.hardware import HardwareProfile
@@ -94,7 +94,51 @@ def check_objective(objective: str, gen_len: int, fixed: dict, latency_limits: L
     return "decode" if objective == "latency" else objective
 
 
-def search(
+def search(hw: HardwareProfile, model: ModelSpec, workload: Workload, **kwargs) -> SearchResult:
+    """Best policy for the model on the machine and workload as ``engine`` runs it (keywords:
+    :func:`search_engine`). An engine that hands an attention tier to another engine file
+    (``policy.attention_engines``: FlexGen's ``--cpu-cache-compute``) is searched over every
+    tier, each with the engine that runs it, and the best is kept; an attention pin picks one."""
+    engine = resolve_engine(kwargs.get("engine"), kwargs.get("schedule"))
+    tiers = engine.policy.attention_engines
+    if not tiers or not is_shipped(engine):
+        # an edited engine (a user's file, an --explain variant) keeps its own tiers: the
+        # shipped engine a tier names would not carry the edits
+        return search_engine(hw, model, workload, **kwargs)
+    from hrm.engine import load_engine
+
+    attn = (kwargs.get("fixed") or {}).get("attn_on_gpu")
+    if attn is not None:
+        chosen = attention_engine(engine, bool(attn))
+        return search_engine(hw, model, workload, **{**kwargs, "engine": chosen, "schedule": None})
+    runs = [(engine, "own")] + [(load_engine(name), tier) for tier, name in tiers.items()]
+    results, failures = [], []
+    for candidate, tier in runs:
+        try:
+            results.append((search_engine(hw, model, workload, **{**kwargs, "engine": candidate, "schedule": None}),
+                            candidate, tier))
+        except (InfeasibleError, HRMError) as exc:
+            failures.append(exc)
+    if not results:
+        raise failures[0]
+    objective = kwargs.get("objective", "generation")
+    best = max(results, key=lambda r: objective_score(r[0].best.estimate, objective))
+    shown = "; ".join(f"engine {e.name} ({'attention on its own tiers' if t == 'own' else f'attn={t}'}) "
+                      f"{_score_words(r.best.estimate, objective)}" for r, e, t in results)
+    best[0].extras["notes"] = [*best[0].extras.get("notes", []),
+                               f"both attention tiers searched, as engine {engine.name}'s flag chooses "
+                               f"(policy.attention_engines): {shown}; kept engine {best[1].name}"]
+    return best[0]
+
+
+def _score_words(estimate, objective: str) -> str:
+    if objective == "latency":
+        return f"TPOT {estimate.per_token_latency_s * 1e3:.4g} ms"
+    value = objective_score(estimate, objective)
+    return f"{value:.4g} tok/s"
+
+
+def search_engine(
     hw: HardwareProfile,
     model: ModelSpec,
     workload: Workload,

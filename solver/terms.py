@@ -127,6 +127,12 @@ class Terms(MemoryTerms):
     # coefficient is affine in the step between consecutive columns
     step_index: np.ndarray | None = None
     latency_limits: "LatencyLimits" = None  # set by build_terms (NO_LATENCY_LIMITS: none)
+    # per mode, the shares of a micro-batch's KV the engine can keep on the GPU (increasing):
+    # z ∈ {n·μ·s} (the engine's policy.kv_gpu_shares rule); None: any z
+    kv_shares: tuple | None = None
+    # the engine places weights only at some r_w (policy.weights_levels): a pinned level is
+    # screened at the whole m below it and priced at its exact m = r_w·M (solver.exact)
+    weights_levels: bool = False
 
 
 def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
@@ -193,8 +199,25 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
         **coef, **_prefill_coefficients(problem, mu[:, 0], attn[:, 0], ffn[:, 0], len(modes)), head=head, steps=steps,
         gen_len=workload.gen_len, expert_step=static_expert_step(model, engine),
         step_weight=step_weight, affine=affine, step_index=step_index,
-        latency_limits=latency_limits or NO_LATENCY_LIMITS,
+        latency_limits=latency_limits or NO_LATENCY_LIMITS, kv_shares=kv_share_levels(problem, modes),
+        weights_levels=problem.engine.policy.weights_levels is not None,
     )
+
+
+def kv_share_levels(problem: Problem, modes: list[Mode]) -> tuple | None:
+    """Per mode, the r_c the engine's ``policy.kv_gpu_shares`` rule realises at its μ
+    (:data:`hrm.flexgen.KV_LEVELS`), as arrays; None when the engine has no rule."""
+    rule = problem.engine.policy.kv_gpu_shares
+    if rule is None:
+        return None
+    from hrm.flexgen import KV_LEVELS
+
+    cache: dict[int, np.ndarray] = {}
+    for mode in modes:
+        mu = int(mode.micro_batch_size)
+        if mu not in cache:
+            cache[mu] = np.asarray(KV_LEVELS[rule](problem.model, mu), dtype=float)
+    return tuple(cache[int(m.micro_batch_size)] for m in modes)
 
 
 def _prefill_coefficients(problem: Problem, mu: np.ndarray, attn: np.ndarray, ffn: np.ndarray, count: int) -> dict:
@@ -375,6 +398,8 @@ def snapped_expert_count(terms: Terms, weights_gpu_ratio: float) -> int:
     r_w·M (the engine floors, e.g. ``int(E·wg)`` experts per layer)."""
     g = terms.expert_step
     raw = weights_gpu_ratio * terms.expert_slots
+    if g == 1 and getattr(terms, "weights_levels", False):
+        return int(np.floor(raw + 1e-9))  # screening only: the level itself is priced exactly
     return int(np.floor(raw / g + 1e-9)) * g if g > 1 else int(round(raw))
 
 

@@ -8,7 +8,9 @@ bisection. For given (mode, n, m) the time is non-increasing in z (the KV terms 
 non-negative coefficients) while GPU memory grows and CPU memory shrinks with z, so the best
 z is the largest one the GPU limit admits (:func:`solver.exact.kv_on_gpu`). Then the MILP
 (:func:`solver.milp.solve_dinkelbach`, started at the enumeration's best) certifies the open
-modes a third way: one solve proving that nothing has F − λ·G > 0. All use the same
+modes a third way: one solve proving that nothing has F − λ·G > 0 (not for an engine that
+splits the KV only at whole rows, ``policy.kv_gpu_shares``: its z is not continuous, and
+the enumeration, which takes the largest realisable z, certifies alone). All use the same
 coefficients and time function, so agreement checks the optimisation, not a second model.
 """
 
@@ -92,6 +94,10 @@ def verify_optimum(problem: Problem, placements, max_batch: int, objective: str,
         if found.choice is None:
             continue
         ranked += [(value, replace(choice, mode_index=choice.mode_index + lo)) for value, choice in found.ranked]
+        if terms.kv_shares is not None:
+            # the engine splits the KV only at whole rows (policy.kv_gpu_shares): the MILP's
+            # continuous z is a relaxation of that space, so the enumeration alone certifies
+            continue
         milp = solve_dinkelbach(terms, max_batch, objective, fixed, solver=solver,
                                 incumbent=(max(claimed, found.objective), found.choice)).objective
         certificate = milp if certificate is None else max(certificate, milp)

@@ -322,8 +322,12 @@ def test_policy_refused(capsys, policy, needle):
 
 
 def test_policy_outside_the_engine(capsys):
-    refused(capsys, "estimate", "--hw", "l4", *TINY, "--policy", "N=8,mu=4,attn=cpu", "--engine", "flexgen",
+    # FlexGen computes every expert on the GPU (fused_moe, moe_pytorch_backend.py:611-625); its
+    # CPU attention is no longer outside it (engine flexgen-cpu-attn: policy.attention_engines)
+    refused(capsys, "estimate", "--hw", "l4", *TINY, "--policy", "N=8,mu=4,attn=gpu,ffn=cpu", "--engine", "flexgen",
             needle="flexgen")
+    refused(capsys, "estimate", "--hw", "l4", *TINY, "--policy", "N=8,mu=4,attn=gpu", "--engine", "flexgen-cpu-attn",
+            needle="flexgen-cpu-attn")
 
 
 # --- 4. plan files ------------------------------------------------------------------------

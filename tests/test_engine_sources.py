@@ -23,7 +23,7 @@ from hrm.engine import ENGINES_DIR
 ENGINE_FILES = sorted(ENGINES_DIR.glob("*.yaml"))
 
 #: ``key: value`` at any depth (a value may be a scalar or a flow list / mapping)
-KEY_VALUE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*):(?:\s+(?P<rest>.*))?$")
+KEY_VALUE = re.compile(r"^(?P<indent>\s*)(?P<key>(?:--)?[A-Za-z_][\w.-]*):(?:\s+(?P<rest>.*))?$")
 #: a citation: path:line(s) or :line(s) of the named file, #issue, a URL, or a § section
 CITATION = re.compile(r"(?:\w[\w./+-]*)?:\d+|#\d+|https?://\S+|§\s*\d")
 EXEMPT_KEYS = {"name", "description", "source"}

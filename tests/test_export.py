@@ -39,7 +39,7 @@ CASES = [("l4", "mixtral"), ("t4", "olmoe"), ("l4", "qwen1.5-moe-a2.7b"), ("t4",
 CASE_ENGINES = ("ideal", "moe-lightning", "vllm", "sglang")
 #: FlexGen plans as FlexGen runs them (flexgen.md §3-4): prompts padded, whole-tensor
 #: placement wg = 0 (r_w = 0 of every layer weight), cache on the CPU
-FLEXGEN_PLANS = {"flexgen": {"weights_gpu_ratio": 0.0, "kv_gpu_ratio": 0.0},
+FLEXGEN_PLANS = {"flexgen": {"weights_gpu_ratio": 0.0, "kv_gpu_ratio": 0.0, "attn_on_gpu": True},
                  "flexgen-cpu-attn": {"weights_gpu_ratio": 0.0, "attn_on_gpu": False}}
 #: the plans each target's round trip is checked over (by the planning engine); FlexGen's
 #: refusals of unpadded plans are derived by hand for CPU-attention plans only (below)

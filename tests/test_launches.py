@@ -30,13 +30,13 @@ def _distinct(tokens, experts=8, top_k=2):
     return experts * (1 - (1 - top_k / experts) ** tokens)
 
 
-def test_moe_lightning_host_lane_is_its_counted_ops_at_4us():
+def test_moe_lightning_host_lane_is_its_counted_ops_at_8us():
     """moe-lightning.yaml: 20 GPU kernels + 3 copies per layer per micro-batch, a fused MoE
     kernel (nothing per expert), 3 CPU ops on the CPU-attention thread, no syncs."""
     engine = load_engine("moe-lightning")
     rates = _rates()
     lanes = latency.decode_resources(MIXTRAL, rates, 64, 512, 0.0, 1.0, engine=engine)
-    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(23 * 4e-6, rel=1e-12)
+    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(23 * 8e-6, rel=1e-12)
     assert float(lanes["host"].per_layer_s) == 0.0
     bare = latency.decode_resources(MIXTRAL, rates, 64, 512, 0.0, 1.0, engine=without(engine, "launches"))
     assert "host" not in bare
@@ -53,10 +53,10 @@ def test_deepspeed_counts_per_expert_per_layer_and_syncs(mu):
     d = _distinct(mu)
     lanes = latency.decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=engine)
     bare = latency.decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=without(engine, "launches"))
-    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(4e-6 * (69 + d * (9 + 5)), rel=1e-12)
-    assert float(lanes["host"].per_layer_s) == pytest.approx(7 * 4e-6, rel=1e-12)
+    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * (9 + 5)), rel=1e-12)
+    assert float(lanes["host"].per_layer_s) == pytest.approx(7 * 8e-6, rel=1e-12)
     bubbles = lanes["gpu"].time_s(1, 0.0, 1.0) - bare["gpu"].time_s(1, 0.0, 1.0)
-    assert float(bubbles) == pytest.approx(4.9e-6 * (8 + 5 * d) + 4.9e-6 * 7, rel=1e-9)
+    assert float(bubbles) == pytest.approx(20e-6 * (8 + 5 * d) + 20e-6 * 7, rel=1e-9)
 
 
 def test_a_measured_dispatch_replaces_the_counts():
@@ -85,7 +85,7 @@ def test_options_override_the_per_op_costs():
     rates = _rates(eager_gpu_op_s=1e-5, eager_cpu_op_s=0.0, sync_bubble_s=0.0)
     lanes = latency.decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=engine)
     assert float(lanes["host"].per_micro_batch_s) == pytest.approx(23 * 1e-5, rel=1e-12)
-    assert (EAGER_GPU_OP_S, EAGER_CPU_OP_S, SYNC_BUBBLE_S) == (4e-6, 2e-6, 4.9e-6)
+    assert (EAGER_GPU_OP_S, EAGER_CPU_OP_S, SYNC_BUBBLE_S) == (8e-6, 2e-6, 20e-6)
 
 
 def test_prefill_charges_the_same_ops_per_micro_batch_and_bubbles_in_every_gpu_bound():
@@ -94,10 +94,10 @@ def test_prefill_charges_the_same_ops_per_micro_batch_and_bubbles_in_every_gpu_b
     lanes = latency.prefill_resources(MIXTRAL, rates, 2, 100, engine=engine)
     bare = latency.prefill_resources(MIXTRAL, rates, 2, 100, engine=without(engine, "launches"))
     d = _distinct(200)
-    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(4e-6 * (69 + d * 14), rel=1e-9)
+    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * 14), rel=1e-9)
     for name in ("gpu", "gpu+weights"):
         extra = lanes[name].time_s(1, 0.0, 1.0) - bare[name].time_s(1, 0.0, 1.0)
-        assert float(extra) == pytest.approx(4.9e-6 * (8 + 5 * d + 7), rel=1e-9)
+        assert float(extra) == pytest.approx(20e-6 * (8 + 5 * d + 7), rel=1e-9)
 
 
 def test_small_batches_are_bound_by_the_host_when_the_weights_are_resident():
@@ -108,7 +108,7 @@ def test_small_batches_are_bound_by_the_host_when_the_weights_are_resident():
     rates = _rates("a100-80g")
     resources = latency.decode_resources(MIXTRAL, rates, 1, 128, 1.0, 1.0, engine=engine)
     lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
-    host = 4e-6 * (67 + _distinct(1) * 11)
+    host = 8e-6 * (67 + _distinct(1) * 11)
     assert float(resources["host"].per_micro_batch_s) == pytest.approx(host, rel=1e-12)
     layer = float(latency.lanes_time_s(lanes, 1, 1.0, 1.0))
     assert layer >= host
@@ -119,9 +119,9 @@ def test_klotski_charges_its_counts_per_task_serially():
     (expert, batch) call 11 kernels + 2 copies + 3 syncs."""
     rates = _rates("rtx3090")
     alpha = klotski.task_dispatch_s(rates, load_engine("klotski"))
-    assert alpha["attention"] == pytest.approx(4e-6 * 59 + 4.9e-6 * 1, rel=1e-12)
-    assert alpha["expert"] == pytest.approx(4e-6 * 13 + 4.9e-6 * 3, rel=1e-12)
-    assert alpha["copy"] == pytest.approx(4e-6)
+    assert alpha["attention"] == pytest.approx(8e-6 * 59 + 20e-6 * 1, rel=1e-12)
+    assert alpha["expert"] == pytest.approx(8e-6 * 13 + 20e-6 * 3, rel=1e-12)
+    assert alpha["copy"] == pytest.approx(8e-6)
     assert set(klotski.task_dispatch_s(rates, IDEAL).values()) == {0.0}
 
 

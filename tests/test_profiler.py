@@ -84,6 +84,21 @@ class FakeGpu:
         self._check("peer_access")
         return True
 
+    EAGER_OP_S = 8e-6      # host seconds per tiny eager op
+    ROUND_TRIP_S = 36e-6   # host seconds per x.add_(1).sum().item()
+    DMA_GBPS = 20.0        # pinned H2D while the host reads
+
+    def launch_op(self, ops):
+        self._check("launch")
+        return lambda: self.EAGER_OP_S
+
+    def sync_op(self, ops):
+        self._check("launch")
+        return lambda: self.ROUND_TRIP_S
+
+    def dma_while(self, nbytes, func):
+        return func(), self.DMA_GBPS * 1e9
+
     def release(self) -> None:
         self.released += 1
 
@@ -212,7 +227,7 @@ def test_optional_steps_skipped_when_budget_spent(tmp_path):
     assert run.profile.cpu.tflops.fp32 > 0  # required steps still ran
     assert any("skipped (time budget" in note for note in run.notes)
     assert run.profile.disk is None
-    assert len(reporter.labels) == 5
+    assert len(reporter.labels) == 6  # STREAM, matmul, memcpy, DRAM read, attention, disk
     assert run.profile.cpu.memcpy_one_thread_gbps is None  # optional: skipped with the rest
     assert run.profile.cpu.numa_nodes >= 1  # a host fact, not a timed step
 
@@ -572,3 +587,75 @@ def test_comparison_rows_no_ratio_for_booleans(gpu_run):
     rows = {name: (a, b, ratio) for name, a, b, ratio in comparison_rows(gpu_run.profile, gpu_run.profile)}
     assert rows["link.p2p"] == (True, True, None)
     assert rows["link.d2h_pageable_gbps"][2] == pytest.approx(1.0)
+
+
+# --- what the lanes use: DRAM with every core, eager launches, host syncs (issue 32) --------
+
+def test_dram_read_counts_bytes_read_once(monkeypatch):
+    """Every core reading S bytes in 0.5 s is 2 S bytes/s."""
+    monkeypatch.setattr(cpu_mod, "read_op", lambda *a, **k: (lambda: 0.5))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        got = cpu_mod.measure_dram_read(1 * MIB, 2, pool, 0, 2, None)
+    assert got.value == pytest.approx(2 * MIB / 1e9) and "bytes read per second" in got.how
+
+
+def test_dram_read_really_reads_every_chunk():
+    """The read op touches every element (a sum over the chunks equals the array's)."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = np.arange(1000, dtype=np.float64)
+    seen = []
+    with ThreadPoolExecutor(2) as pool:
+        real = cpu_mod.np.add.reduce
+        cpu_mod.np.add.reduce = lambda chunk: seen.append(float(chunk.sum()))  # noqa: E731
+        try:
+            cpu_mod.read_op(src, pool, 3)()
+        finally:
+            cpu_mod.np.add.reduce = real
+    assert sum(seen) == pytest.approx(999 * 1000 / 2) and len(seen) == 3
+
+
+def test_cpu_op_is_seconds_per_op(monkeypatch):
+    """2,000 tiny ops in 4 ms: 2 us per op."""
+    torch = cpu_mod.optional_torch()
+    if torch is None:
+        pytest.skip("torch not installed")
+    monkeypatch.setattr(cpu_mod, "wall_timed", lambda func: (lambda: 4e-3))
+    got = cpu_mod.measure_cpu_op(torch, 0, 2, None, ops=2000)
+    assert got.value == pytest.approx(2e-6) and "c.add_(1)" in got.how
+
+
+def test_cpu_profile_measures_dram_read_and_a_cpu_op():
+    run = run_profile(dataclasses.replace(TINY, disk_bytes=0, attention_contexts=(), emulation_ms=(),
+                                          dispatch_repeats=0), device="cpu")
+    cpu, methods = run.profile.cpu, run.profile.source.methods
+    stream_copy = float(re.search(r"median ([0-9.e+-]+) GB/s", methods["cpu.stream_copy_gbps"]).group(1))
+    assert cpu.dram_gbps >= stream_copy * (1 - 1e-3)  # the most traffic measured, STREAM copy included
+    assert "the most host DRAM traffic measured" in methods["cpu.dram_gbps"] and SPREAD.search(methods["cpu.dram_gbps"])
+    if cpu_mod.optional_torch() is not None:
+        assert 0 < cpu.eager_op_s < 1e-3 and "c.add_(1)" in methods["cpu.eager_op_s"]
+    assert load_hardware_roundtrip(run.profile) == run.profile
+
+
+def test_fake_gpu_launch_sync_and_dma_flow_into_profile(gpu_run):
+    """eager op 8 us as measured; sync bubble = 36 us round trip - 2 x 8 us = 20 us; DRAM: every
+    core's read plus the 20 GB/s the DMA moved meanwhile, or STREAM copy if that is more."""
+    profile = gpu_run.profile
+    gpu, cpu, methods = profile.gpu, profile.cpu, profile.source.methods
+    assert gpu.eager_op_s == pytest.approx(8e-6) and gpu.sync_bubble_s == pytest.approx(20e-6)
+    assert "less 2 eager ops" in methods["gpu.sync_bubble_s"]
+    assert cpu.dram_gbps > FakeGpu.DMA_GBPS
+    assert load_hardware_roundtrip(profile) == profile
+
+
+def test_measured_dispatch_names_its_owner():
+    """hrm profile's dispatch is the reference runtime's own (owner hrm-runtime)."""
+    run = run_profile(dataclasses.replace(TINY, disk_bytes=0, cpu_torch_dtypes=(), attention_contexts=()),
+                      device="cpu")
+    if cpu_mod.optional_torch() is None:
+        pytest.skip("torch not installed")
+    assert run.profile.cpu.dispatch.owner == "hrm-runtime"
+    assert "reference runtime" in run.profile.source.methods["cpu.dispatch.owner"]

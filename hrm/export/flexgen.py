@@ -235,16 +235,39 @@ def _switch_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
         if flag in values:
             raise HRMError(f"flexgen: {flag}: FlexGen's 4-bit group-wise compression ({_MOE}:1271-1275) is not "
                            "modelled; import the command without it")
-    notes = []
-    pin = values.get("--pin-weight")
-    if pin is not None and (not pin or pin[0].lower() in _TRUE):
-        notes.append(f"--pin-weight: pinned CPU weights ({_MOE}:105,146); the flexgen engines model unpinned ones "
-                     "(flex_moe's default False, :1370-1371), so the estimate's weight copies are pessimistic")
-    overlap = values.get("--overlap")
-    if overlap and overlap[0].lower() not in _TRUE:
-        notes.append(f"--overlap {overlap[0]}: FlexGen runs without I/O overlap ({_MOE}:916-919), "
-                     "which the flexgen engines do not model")
-    return notes
+    engine, fields = _flag_engine(values)
+    return [f"{flag} {word}: {engine.flags[flag].source.split(';')[0]}; estimated with "
+            f"{', '.join(f'{k}: {v}' for k, v in engine.flags[flag].fields(word).items())} (engine {engine.name}'s flags)"
+            for flag, word in _mechanism_words(values, engine).items() if engine.flags[flag].fields(word)]
+
+
+def _mechanism_words(values: dict[str, list[str]], engine) -> dict[str, str]:
+    """The command's flags that choose a mechanism (the engine file's ``flags``), each as its
+    canonical word: a bare str2bool flag is True (``const=True``, :1368-1385), a word is read by
+    str2bool's spellings (utils.py:226-234)."""
+    words = {}
+    for flag in engine.flags:
+        if flag in values:
+            given = values[flag]
+            words[flag] = "true" if not given or given[0].lower() in _TRUE else "false"
+    return words
+
+
+def _flag_engine(values: dict[str, list[str]]):
+    """The shipped FlexGen engine the command runs (``--cpu-cache-compute``: flexgen-cpu-attn)
+    and the engine fields its mechanism flags set (:func:`hrm.engine.flag_engine`)."""
+    from ..engine import flag_engine, load_engine
+
+    engine = load_engine("flexgen-cpu-attn" if "--cpu-cache-compute" in values else "flexgen")
+    _, fields = flag_engine(engine, _mechanism_words(values, engine))
+    return engine, fields
+
+
+def engine_fields(values: dict[str, list[str]], ctx: Context) -> dict:
+    """The engine fields a command's mechanism flags set (``--pin-weight``, ``--overlap``,
+    ``--sep-layer``: the ``flags`` of engines flexgen and flexgen-cpu-attn), so that the
+    estimate runs the mechanism the command runs."""
+    return _flag_engine(values)[1]
 
 
 def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str]]:
@@ -310,7 +333,7 @@ FLEXGEN = EngineFlags(
                  values=6, value_form=r"\d{1,3}", until_next_flag=True, source=f"{_MOE}:1359-1367,1393"),
         FlagSpec(flag="--cpu-cache-compute", policy_field="attn_on_gpu (present: attention on the CPU)", values=0,
                  source=f"{_MOE}:1372,305-306"),
-        _str2bool_spec("--pin-weight", "(engine mechanism: pinned weights)", "1370-1371"),
+        _str2bool_spec("--pin-weight", "(engine mechanism: weight path pinned, flags of the engine file)", "1370-1371"),
         FlagSpec(flag="--prompt-len", policy_field="workload.max_prompt_len (every prompt padded to it)",
                  source=f"{_MOE}:1351"),
         FlagSpec(flag="--gen-len", policy_field="workload.gen_len", source=f"{_MOE}:1352"),
@@ -319,8 +342,10 @@ FLEXGEN = EngineFlags(
                  source=f"{_MOE}:1374"),
         FlagSpec(flag="--compress-cache", policy_field="(refused: 4-bit cache not modelled)", values=0,
                  source=f"{_MOE}:1376"),
-        _str2bool_spec("--sep-layer", "(none: placement is per block either way, :570-574)", "1368-1369"),
-        _str2bool_spec("--overlap", "(engine mechanism: I/O overlap)", "1384-1385"),
+        _str2bool_spec("--sep-layer", "(engine mechanism: syncs and weight buffer per block, flags of the engine file)",
+                       "1368-1369"),
+        _str2bool_spec("--overlap", "(engine mechanism: overlap False is the sequential schedule, flags of the "
+                       "engine file)", "1384-1385"),
     ),
     passthrough={"--path": 1, "--offload-dir": 1, "--cut-gen-len": 1, "--debug-mode": 1, "--attn-sparsity": 1,
                  "--log-file": 1, "--no-log": 0, "--verbose": 1},
@@ -330,5 +355,5 @@ FLEXGEN = EngineFlags(
              "experts are all, a third (w2) or none on the GPU",
              "every prompt is padded to --prompt-len (the workload's longest): KV cache and prefill sized by it"),
     workload=command_workload, check_runs=check_runs, replan_pins=replan_pins, nearest=_nearest, render=_render,
-    parse=_parse, notes=_notes,
+    parse=_parse, notes=_notes, engine_fields=engine_fields,
 )
