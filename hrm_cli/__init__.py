@@ -77,7 +77,9 @@ def run_guarded(func, argv, command: str = "hrm") -> int:
     try:
         try:
             code = int(func(argv) or 0)
-        except SystemExit:  # argparse: --help (0) or a usage error (2, its line printed)
+        except SystemExit as exc:  # argparse: --help (0) or a usage error (2, its line printed)
+            if isinstance(exc.__context__, BrokenPipeError):  # rich's Console.on_broken_pipe: SystemExit(1)
+                raise exc.__context__ from None
             sys.stdout.flush()
             raise
         sys.stdout.flush()
