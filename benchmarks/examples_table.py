@@ -27,6 +27,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -159,7 +160,7 @@ def doc_examples() -> list[Example]:
                 if re.match(r"^cd\s+\S+$", text):
                     cwd = text.split()[1]
                 elif _is_command(text):
-                    found.append(Example(f"{name}:{number}", text, cwd))
+                    found.append(Example(f"{name}:{number}", text, cwd or DOC_CWD.get(name, "")))
                 continue
             if line.strip():
                 prose.append((number, line))
@@ -177,22 +178,25 @@ def _inline(name: str, paragraph: list[tuple[int, str]]) -> list[Example]:
         command = _clean(" ".join(match.group(1).split()))
         if _is_command(command) and _complete(command):
             number = paragraph[0][0] + text.count("\n", 0, match.start())
-            found.append(Example(f"{name}:{number}", command))
+            found.append(Example(f"{name}:{number}", command, DOC_CWD.get(name, "")))
     return found
 
 
 #: the example values of the --help texts, as whole commands (the value as the help writes it)
 HELP = [
-    ("hrm estimate --help (--policy)", "hrm estimate --hw l4 --model mixtral --policy N=1152,mu=36,attn=cpu,ffn=gpu,rw=0,rc=0"),
-    ("hrm import --help (FLAGS, one string)",
+    ("hrm estimate --help", "N=1152,mu=36,attn=cpu,ffn=gpu,rw=0,rc=0",
+     "hrm estimate --hw l4 --model mixtral --policy N=1152,mu=36,attn=cpu,ffn=gpu,rw=0,rc=0"),
+    ("hrm import --help", '"-ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28"',
      'hrm import --from llama.cpp --hw l4 --model mixtral "-ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28"'),
-    ("hrm import --help (FLAGS, after --)", "hrm import --from llama.cpp --hw l4 --model mixtral -- -ngl 99 -c 40960 -np 64 -nkvo"),
-    ("hrm import --help (FLAGS, one flag)", 'hrm import --from llama.cpp --hw l4 --model mixtral "--n-cpu-moe=20"'),
-    ("hrm plot timeline --help (--policy)", "hrm plot timeline --hw l4 --model mixtral --policy N=2496,mu=192,rw=0.11 "
-                                            "--out timeline.png"),
-    ("hrm search --help (--fix)", "hrm-search --hw l4 --model mixtral --fix mu=36 n=14 attn=cpu ffn=gpu rw=0.1 rc=0"),
-    ("hrm sweep --help (GRID.yaml)", "hrm sweep help-grid.yaml --out help-grid.parquet --dry-run"),
+    ("hrm import --help", "-- -ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28 -nkvo",
+     "hrm import --from llama.cpp --hw l4 --model mixtral -- -ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28 -nkvo"),
+    ("hrm import --help", '"--n-cpu-moe=28"', 'hrm import --from llama.cpp --hw l4 --model mixtral "--n-cpu-moe=28"'),
+    ("hrm plot timeline --help", "'N=2496,mu=192,rw=0.11'",
+     "hrm plot timeline --hw l4 --model mixtral --policy 'N=2496,mu=192,rw=0.11' --out timeline.png"),
+    ("hrm sweep --help", "GRID.yaml (every combination", "hrm sweep help-grid.yaml --out help-grid.parquet --dry-run"),
 ]
+#: examples run in a folder of the scratch copy: a doc whose examples name files beside it
+DOC_CWD = {"docs/calibrate.md": "docs/calibrate"}
 
 
 def help_grid() -> str:
@@ -203,8 +207,21 @@ def help_grid() -> str:
     return "\n".join(block) + "\n"
 
 
+def help_text(where: str) -> str:
+    """The ``--help`` text that ``where`` ("hrm import --help") names, on one line."""
+    import contextlib
+    import io
+
+    from hrm_cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(where.split()[1:])
+    return " ".join(out.getvalue().split())
+
+
 def help_examples() -> list[Example]:
-    return [Example(where, command) for where, command in HELP]
+    return [Example(where, command) for where, _, command in HELP]
 
 
 def all_examples() -> list[Example]:
@@ -243,19 +260,54 @@ def run_example(example: Example, folder: Path) -> Outcome:
            "HRM_PROGRESS": "0", "COLUMNS": "100"}
     command = example.command.replace("python benchmarks/", f"{shlex.quote(sys.executable)} {ROOT}/benchmarks/")
     start = time.perf_counter()
+    process = subprocess.Popen(["bash", "-c", command], cwd=folder / example.cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        done = subprocess.run(["bash", "-c", command], cwd=folder / example.cwd, env=env, capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
-        code, tail = done.returncode, (done.stdout + done.stderr)[-1500:]
+        out, _ = process.communicate(timeout=TIMEOUT_S)
+        code, tail = process.returncode, out[-1500:]
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the command and whatever it started (a sweep's workers)
+        process.communicate()
         code, tail = 124, f"timed out after {TIMEOUT_S} s"
     return Outcome(example, code, time.perf_counter() - start, tail)
+
+
+#: flags whose value is a file a command writes
+WRITES = ("--out", "--runs-out", "--routing-trace", "--csv")
+
+
+def written(command: str) -> set[str]:
+    words = shlex.split(command)
+    return {words[i + 1] for i, w in enumerate(words[:-1]) if w in WRITES} | \
+        {w.split("=", 1)[1] for w in words if w.split("=", 1)[0] in WRITES and "=" in w}
+
+
+def in_order(examples: list[Example]) -> list[Example]:
+    """Document order, except that an example that reads a file a later example writes (the
+    README's CLI table shows hrm show plan.json before the hrm-search that writes it) runs
+    after that writer."""
+    todo, ordered, seen = list(examples), [], set()
+
+    def place(example: Example, depth: int = 0) -> None:
+        if id(example) in seen:
+            return
+        seen.add(id(example))
+        words = set(shlex.split(example.command)[1:])
+        for later in todo:
+            if later is not example and id(later) not in seen and not later.reason and depth < 3 and \
+                    (written(later.command) & words) - written(example.command):
+                place(later, depth + 1)
+        ordered.append(example)
+
+    for example in todo:
+        place(example)
+    return ordered
 
 
 def run_all(examples: list[Example], folder: Path | None = None, report=None) -> list[Outcome]:
     folder = folder or scratch()
     outcomes = []
-    for example in examples:
+    for example in in_order(examples):
         if example.reason:
             outcome = Outcome(example, None, 0.0, example.reason)
         else:

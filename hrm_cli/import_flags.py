@@ -51,8 +51,8 @@ def main(argv) -> int:
     parser.add_argument("--from", dest="source", required=True, choices=list(EXPORTERS), help="the engine the flags are for")
     parser.add_argument("flags", nargs="*", metavar="FLAGS",
                         help='the engine\'s flags: one string, e.g. "-ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28", or '
-                             'several words after --, e.g. -- -ngl 99 -c 40960 -np 64 -nkvo; a string that starts with - is read too '
-                             '("--n-cpu-moe=20")')
+                             'several words after --, e.g. -- -ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28 -nkvo; a string that starts with - is read too '
+                             '("--n-cpu-moe=28")')
     add_machine_args(parser)
     add_workload_args(parser)
     parser.set_defaults(workload=None)  # None: no preset named (mtbench is used), so none to check

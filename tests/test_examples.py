@@ -39,6 +39,20 @@ def test_the_examples_are_found_and_each_is_run_or_says_why():
     assert sum(not e.reason for e in examples) >= 25
 
 
+def test_the_help_examples_are_the_help_texts_own():
+    module = load_examples()
+    for where, value, command in module.HELP:
+        assert "".join(value.split()) in "".join(module.help_text(where).split()), (where, value)  # wrapped
+        assert value.strip("'\"").split()[-1] in command
+
+
+def test_a_file_is_written_before_it_is_read():
+    module = load_examples()
+    Example = module.Example
+    show, write = Example("a:1", "hrm show plan.json"), Example("a:9", "hrm-search --hw l4 --model mixtral --out plan.json")
+    assert module.in_order([show, Example("a:5", "hrm ops --model mixtral"), write])[:2] == [write, show]
+
+
 def test_the_help_grid_is_a_grid(tmp_path, capsys):
     """The GRID.yaml of hrm sweep --help reads as a grid (its example values are valid)."""
     from solver.grid import read_grid
