@@ -67,11 +67,12 @@ async function post(path, body, signal) {
 
 // the sections a plan fills, emptied: before each plan and on an error
 function clearResults() {
-  for (const id of ["out-title", "out-policy", "out-throughput", "out-decode", "out-tpot", "out-ttft",
+  for (const id of ["out-title", "out-policy", "out-throughput", "out-decode", "out-tpot", "out-tpot-step", "out-ttft",
     "out-bottleneck", "out-binding", "out-pick", "out-notes"]) text($(id), "");
   delete $("out-throughput").dataset.value;
   $("memory").replaceChildren();
   $("explain").tBodies[0].replaceChildren();
+  text($("explain-definition"), "");
   $("compare").tBodies[0].replaceChildren();
   $("exports").replaceChildren();
   for (const id of ["fig-roofline", "fig-timeline"]) {
@@ -96,6 +97,8 @@ function showSummary(view) {
   tput.dataset.value = est.generation_throughput_tok_s;
   text($("out-decode"), fmt(est.decode_throughput_tok_s));
   text($("out-tpot"), sig(view.tpot_ms));
+  text($("out-tpot-step"), `(one decode step of the whole batch: each of its ${fmt(plan.policy.batch_size, 0)} ` +
+    `sequences gets one token per step)`);
   text($("out-ttft"), sig(view.ttft_s));
   const busy = Object.entries(view.utilization).map(([k, v]) => `${k} ${Math.round(v * 100)}%`).join(", ");
   text($("out-bottleneck"), `${est.bottleneck} (${busy} busy)`);
@@ -118,6 +121,7 @@ function showSummary(view) {
   }
   const body = $("explain").tBodies[0];
   body.replaceChildren();
+  text($("explain-definition"), view.explain.share_definition || "");
   if (view.explain.error) { cell(body.insertRow(), view.explain.error); }
   else if (!view.explain.mechanisms.length) { cell(body.insertRow(), "engine ideal: no mechanism to explain"); }
   for (const m of view.explain.mechanisms || []) {
