@@ -101,3 +101,41 @@ def test_a_repeated_x_in_any_curve_is_refused(tmp_path, capsys):
         code, out, err = call(capsys, "search", "--hw", path, "--model", "tiny-mixtral")
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert f"efficiency.{field}" in err and "appears twice" in err
+
+
+@pytest.mark.parametrize("hw", ["l4", "a100-80g"])
+def test_compare_bottlenecks_are_words(hw):
+    """The lanes cut into pieces for the search (all#0, all#3) are named as their lane."""
+    from hrm.hardware import load_hardware
+    from hrm.model import load_model
+    from hrm.pipelines.base import RESOURCE_LABELS
+    from hrm.workload import make_workload
+    from hrm_cli.search import compare_engines
+
+    rows = compare_engines(load_hardware(hw), load_model("mixtral"), make_workload("mtbench"), {})
+    named = [r.best.estimate.bottleneck for _, r in rows if not isinstance(r, str)]
+    assert named and not any("#" in b for b in named), named
+    # each starts with a lane's words
+    assert all(any(b.startswith(label) for label in RESOURCE_LABELS.values()) for b in named), named
+    assert any(b.startswith("one unit (no overlap) (largest: ") for b in named)  # where all#j was shown
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--engine", "moe-lightning"], "engine moe-lightning runs one placement only (attn=cpu ffn=gpu)"),
+    (["--engine", "ideal", "--fix", "attn=cpu", "ffn=gpu"], "--fix pins the placement"),
+    (["--engine", "ideal", "--top", "0"], None),
+])
+def test_missing_alternatives_say_why(capsys, argv, reason):
+    code, out, err = call(capsys, "search", "--hw", "l4", "--model", "mixtral", *argv)
+    text = " ".join(out.split())
+    assert code == 0, err
+    if reason is None:  # asked for none
+        assert "alternatives" not in text
+    else:
+        assert f"alternatives: none: {reason}" in text
+
+
+def test_ideal_shows_alternatives_without_a_reason(capsys):
+    code, out, _ = call(capsys, "search", "--hw", "l4", "--model", "mixtral", "--engine", "ideal")
+    assert code == 0 and "alternatives (the best policy of every other placement)" in out
+    assert "alternatives: none" not in out
