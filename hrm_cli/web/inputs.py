@@ -190,7 +190,8 @@ def _model_upload_name(file_name: str | None, config_text: str) -> str:
     title, the URL): the file's name, or the config's ``_name_or_path`` (its last part) when
     the file is called ``config.json``; ``uploaded-model`` when neither says more."""
     name = _upload_name(file_name, "")
-    if name.lower() in ("", "config"):
+    if name.lower() in ("", "config"):  # "config" names no model
+        name = ""
         try:
             data = json.loads(config_text)
         except ValueError:
