@@ -318,7 +318,21 @@ def run_all(examples: list[Example], folder: Path | None = None, report=None) ->
     return outcomes
 
 
-def markdown(outcomes: list[Outcome], seconds: float) -> str:
+def previous_outcomes(path: Path) -> dict[str, Outcome]:
+    """The rows of an earlier table (``--md``), by command: kept for the examples ``--only`` skips."""
+    found = {}
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        match = re.match(r"^\| (?P<where>[^|]+) \| `(?P<command>.*)` \| (?P<code>-?\d+) \| (?P<s>[\d.]+) s \|$", line)
+        if match:
+            command = re.sub(r"^\(in [^)]*\) ", "", match["command"]).replace(r"\|", "|")
+            found[command] = Outcome(Example(match["where"].strip(), command), int(match["code"]),
+                                     float(match["s"]), "")
+    return found
+
+
+def markdown(outcomes: list[Outcome], seconds: float, conditions: str = "") -> str:
     ran = [o for o in outcomes if o.code is not None]
     ok = sum(o.code == EXPECTED.get(o.example.command, 0) for o in ran)
     lines = [
@@ -327,8 +341,9 @@ def markdown(outcomes: list[Outcome], seconds: float) -> str:
         "Every command of this project in `README.md`, `docs/**/*.md` (fenced or inline, not the usage synopses) and "
         "the example values of the `--help` texts, run in document order in one scratch folder by "
         "`python benchmarks/examples_table.py --md` (`tests/test_examples.py` runs the same list, marked slow). "
-        f"Measured on {platform.node() or 'this host'}: {os.cpu_count()} cores, CPU only, shared with other jobs at "
-        f"times; {len(ran)} run, {ok} with the exit code they are written to show, in {seconds:.0f} s; "
+        f"Measured on {platform.node() or 'this host'}: {os.cpu_count()} cores, CPU only"
+        f"{'; ' + conditions if conditions else ''}; {len(ran)} run, {ok} with the exit code they are written to "
+        f"show, {seconds:.0f} s in all; "
         f"{len(outcomes) - len(ran)} not run, each with its reason.",
         "",
         "| where | command | exit | time |",
@@ -349,6 +364,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--md", action="store_true", help="write docs/examples_table.md")
     parser.add_argument("--list", action="store_true", help="list the examples and why any is not run")
+    parser.add_argument("--conditions", default="", help="what else ran on the machine, for the table's header")
+    parser.add_argument("--only", metavar="WHERE,...",
+                        help="run only these examples (README.md:241,...) and the ones that write their inputs; "
+                             "with --md the other rows are kept from the table as it is")
     args = parser.parse_args()
     examples = all_examples()
     if args.list:
@@ -362,10 +381,32 @@ def main() -> int:
         state = "skip" if o.code is None else f"{o.code:>4}"
         print(f"{state} {o.seconds:6.1f} s  {o.example.where:<40} {o.example.command[:90]}", flush=True)
 
-    outcomes = run_all(examples, report=report)
+    if args.only:
+        wanted = set(args.only.split(","))
+        chosen = [e for e in examples if e.where in wanted]
+        needed = {id(e) for e in chosen}
+        for example in chosen:  # the examples that write what a chosen one reads
+            words = set(shlex.split(example.command)[1:])
+            needed |= {id(w) for w in examples if not w.reason and written(w.command) & words}
+        fresh = {id(o.example): o for o in run_all([e for e in examples if id(e) in needed], report=report)}
+        old = previous_outcomes(ROOT / "docs" / "examples_table.md")
+        outcomes = []
+        for example in in_order(examples):
+            if id(example) in fresh:
+                outcomes.append(fresh[id(example)])
+            elif example.reason:
+                outcomes.append(Outcome(example, None, 0.0, example.reason))
+            elif example.command in old:
+                outcomes.append(Outcome(example, old[example.command].code, old[example.command].seconds, ""))
+            else:
+                raise SystemExit(f"{example.where}: no earlier row for {example.command!r}: add it to --only")
+    else:
+        outcomes = run_all(examples, report=report)
     seconds = time.perf_counter() - start
+    if args.only:
+        seconds = sum(o.seconds for o in outcomes)
     if args.md:
-        (ROOT / "docs" / "examples_table.md").write_text(markdown(outcomes, seconds))
+        (ROOT / "docs" / "examples_table.md").write_text(markdown(outcomes, seconds, args.conditions))
     bad = [o for o in outcomes if o.code is not None and o.code != EXPECTED.get(o.example.command, 0)]
     for o in bad:
         print(f"\nFAILED {o.example.where}: {o.example.command}\n{o.tail}", file=sys.stderr)
