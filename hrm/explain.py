@@ -30,7 +30,7 @@ from .units import GIB
 #: the share of the gap in one line, as --explain prints it under its table
 SHARE_DEFINITION = ("share of gap: the time each mechanism removes when switched off after the ones above it "
                     "(largest alone cost first), over the gap to ideal on the same policy; the shares add up to 100%. "
-                    "'total s alone' is its cost with every other mechanism on")
+                    "'alone s' is its cost with every other mechanism on")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Explanation:
         # two-line headers keep the numbers whole at 80 columns; the labels wrap between words
         # the disk tier's column only where a mechanism spills (weights beyond host memory)
         disk = any(c.disk_bytes for c in self.costs)
-        for col in ("mechanism", "decode\nms/layer", "prefill\ns", "total\ns alone", "share\nof gap", "GPU\nGiB",
+        for col in ("mechanism", "decode\nms/layer", "prefill\ns", "alone\ns", "share\nof gap", "GPU\nGiB",
                     "CPU\nGiB", *(("disk\nGiB",) if disk else ())):
             mechanism = col == "mechanism"
             table.add_column(col, justify="left" if mechanism else "right", no_wrap=not mechanism, overflow="fold")

@@ -36,7 +36,7 @@ def parse_args(parser: ArgumentParser, argv):
         argv, after = argv[:cut], argv[cut + 1:]
     args, unknown = parser.parse_known_args(argv)
     words = list(args.flags) + unknown + after
-    if not words or not " ".join(words).strip():
+    if not words:  # an empty string is given: the engine's reader refuses it, naming the engine
         parser.error("the engine's flags are required (one string, or the words after --)")
     args.flags = " ".join(words)
     return args
