@@ -103,7 +103,7 @@ def test_a_repeated_x_in_any_curve_is_refused(tmp_path, capsys):
         assert f"efficiency.{field}" in err and "appears twice" in err
 
 
-@pytest.mark.parametrize("hw", ["l4", "a100-80g"])
+@pytest.mark.parametrize("hw", ["l4"])  # l4 showed all#0 and all#3 (a100-80g, t4, h100 the same lanes)
 def test_compare_bottlenecks_are_words(hw):
     """The lanes cut into pieces for the search (all#0, all#3) are named as their lane."""
     from hrm.hardware import load_hardware
