@@ -43,8 +43,13 @@ SHORT = {"decode weight path": "dec-W", "decode host-KV path (pinned/pageable)":
          "chunked prefill (each pass re-reads offloaded weights)": "chunk"}
 
 
+#: engines shown under another name: the reference runtime is not a serving engine
+LABELS = {"hrm-runtime": "hrm-runtime (reference runtime)"}
+
+
 def breakdown(report, top: int = 3) -> str:
-    costs = [c for c in report.costs if c.share_of_gap >= 0.005][:top]
+    """The largest additive shares of the gap (hrm.explain: they add up to 100%)."""
+    costs = sorted((c for c in report.costs if c.share_of_gap >= 0.005), key=lambda c: -c.share_of_gap)[:top]
     return ", ".join(f"{SHORT.get(c.label, c.label)} {c.share_of_gap:.0%}" for c in costs) or "-"
 
 
@@ -69,18 +74,19 @@ def main() -> None:
                 try:
                     res = search(hw, model, wl, engine=engine, top=0)
                 except HRMError as exc:
-                    rows.append((hw_name, f"{preset}/{gen}", name, "-", "-", "-", str(exc)[:60], "-"))
+                    rows.append((hw_name, f"{preset}/{gen}", LABELS.get(name, name), "-", "-", "-", str(exc)[:60], "-"))
                     continue
                 est = res.best.estimate
                 if name == "ideal":
                     ideal_tput = est.generation_throughput_tok_s
                 report = explain(hw, model, wl, res.best.policy, engine, ModelOptions(), limits)
                 ratio = f"{ideal_tput / est.generation_throughput_tok_s:.2f}x" if ideal_tput else "-"
-                rows.append((hw_name, f"{preset}/{gen}", name, f"{est.generation_throughput_tok_s:,.1f}", ratio,
+                rows.append((hw_name, f"{preset}/{gen}", LABELS.get(name, name), f"{est.generation_throughput_tok_s:,.1f}",
+                             ratio,
                              res.best.policy.short(), est.bottleneck, breakdown(report)))
     elapsed = time.perf_counter() - start
     header = ("hw", "workload", "engine", "gen tok/s", "ideal/engine", "policy", "bottleneck",
-              "largest mechanisms (share of gap to ideal, same policy)")
+              "largest mechanisms (additive share of the gap to ideal, same policy)")
     if args.md:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))

@@ -194,6 +194,20 @@ def engine_for_policy(engine: Engine, policy: Policy) -> Engine:
     return attention_engine(engine, policy.attn_on_gpu)
 
 
+def bottleneck_in_words(bottleneck: str, resource_layer_s: dict, lane_layer_s: dict) -> str:
+    """The bottleneck in words: a lane cut into affine pieces for the search (``all#0``, one
+    piece per range of r_w) is named as its lane (``one unit (no overlap) (largest: ...)``)."""
+    if "#" not in bottleneck:
+        return bottleneck
+    from .pipelines.lanes import bottleneck as lanes_bottleneck
+
+    whole: dict[str, float] = {}
+    for name, seconds in lane_layer_s.items():
+        lane = name.split("#", 1)[0]
+        whole[lane] = max(whole.get(lane, 0.0), seconds)
+    return lanes_bottleneck(resource_layer_s, whole)
+
+
 def binding_memory(memory: MemoryUse, limits: MemoryLimits) -> str:
     """The fuller tier in words, with its share of its usable bytes."""
     if limits.shared:
@@ -229,7 +243,7 @@ def estimate_problem(problem: Problem, policy: Policy) -> EstimateResult:
         gpu_limit_bytes=limits.gpu_bytes,
         cpu_limit_bytes=limits.cpu_bytes,
         shared_memory=limits.shared,
-        bottleneck=times.bottleneck,
+        bottleneck=bottleneck_in_words(times.bottleneck, times.resource_layer_s, times.lane_layer_s),
         binding_memory=binding_memory(memory, limits),
         resource_layer_s=times.resource_layer_s,
         lane_layer_s=times.lane_layer_s,

@@ -83,6 +83,11 @@ def _curve_points(points: list[CurvePoint]) -> list[CurvePoint]:
     """A measured curve: at least one point, each x once (interpolation needs a function)."""
     if not points:
         raise ValueError("an empty curve (at least one point)")
+    return _unique_x(points)
+
+
+def _unique_x(points: list[CurvePoint]) -> list[CurvePoint]:
+    """Each x once: a curve is a function of x."""
     xs = [p.x for p in points]
     repeated = next((x for i, x in enumerate(xs) if x in xs[:i]), None)
     if repeated is not None:
@@ -113,7 +118,7 @@ def curves_problem(curves: dict[str, list[CurvePoint]], peaks: "Flops", where: s
 #: curves that profiles written by earlier ``hrm profile`` versions carry and nothing reads:
 #: accepted on load, not kept, but hashed as they were so that plans keep their hardware hash
 LEGACY_EFFICIENCY_CURVES = ("h2d_gbps_vs_bytes", "cpu_copy_gbps_vs_bytes", "cpu_attention_gbps_vs_context")
-_CURVES = TypeAdapter(dict[str, list[CurvePoint]])
+_CURVES = TypeAdapter(dict[str, Annotated[list[CurvePoint], AfterValidator(_unique_x)]])
 
 
 class Efficiency(_Strict):

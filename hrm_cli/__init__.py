@@ -56,24 +56,44 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def run_guarded(func, argv) -> int:
+def missing_extra(exc: ImportError, command: str) -> str | None:
+    """The one line for a package of an optional extra that is not installed (None when the
+    missing module is one of this project's own: a real bug, left to raise)."""
+    top = (exc.name or "").split(".")[0]
+    if not top or top in ("hrm", "hrm_cli", "solver", "profiler", "runtime"):
+        return None
+    extra = EXTRAS.get(top, "runtime")
+    return (f"'{command}' needs a missing package ({exc.name}); "
+            f"install the extra: pip install 'hrm-moe[{extra}]'")
+
+
+def run_guarded(func, argv, command: str = "hrm") -> int:
     """Run a subcommand's ``main(argv)`` and flush its output; the one place where failures
-    become exit codes (:data:`EXIT_CODES`): HRMError → its one line and 2 or 3; stdout closed
-    by its reader (BrokenPipeError) → 1, quietly; any other OSError (a full disk, /dev/full
+    become exit codes (:data:`EXIT_CODES`): HRMError → its one line and 2 or 3; a package of
+    an optional extra not installed (imported lazily, e.g. torch by ``hrm run``) → one line
+    naming the extra and 2; stdout closed by its reader (BrokenPipeError, ``| head``) → 0,
+    quietly; any other OSError (a full disk, /dev/full
     as stdout, an unreadable file) or undecodable text → one line and 2; Ctrl-C → 130."""
     try:
         try:
             code = int(func(argv) or 0)
-        except SystemExit:  # argparse: --help (0) or a usage error (2, its line printed)
+        except SystemExit as exc:  # argparse: --help (0) or a usage error (2, its line printed)
+            if isinstance(exc.__context__, BrokenPipeError):  # rich's Console.on_broken_pipe: SystemExit(1)
+                raise exc.__context__ from None
             sys.stdout.flush()
             raise
         sys.stdout.flush()
         return code
     except HRMError as exc:
         return _error(exc, exc.exit_code)
+    except ImportError as exc:
+        line = missing_extra(exc, command)
+        if line is None:
+            raise
+        return _error(line, 2)
     except BrokenPipeError:
         _silence_stdout()
-        return 1
+        return 0
     except OSError as exc:
         if exc.filename is None:  # a write to stdout (print/rich) failed, e.g. ENOSPC on /dev/full
             _silence_stdout()
@@ -110,15 +130,12 @@ def main(argv=None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        if (exc.name or "").split(".")[0] in ("hrm", "hrm_cli", "solver", "profiler", "runtime"):
+        line = missing_extra(exc, f"hrm {name}")
+        if line is None:
             raise
-        top = (exc.name or "").split(".")[0]
-        extra = EXTRAS.get(top, "runtime")
-        print(f"error: 'hrm {name}' needs a missing package ({exc.name}); "
-              f"install the extra: pip install 'hrm-moe[{extra}]'", file=sys.stderr)
-        return 2
+        return _error(line, 2)
     entry = getattr(module, "ops_main" if name == "ops" else "main")
-    return run_guarded(entry, rest)
+    return run_guarded(entry, rest, f"hrm {name}")
 
 
 def search_main(argv=None) -> int:

@@ -180,6 +180,18 @@ def tpot_ms(per_token_latency_s: float) -> str:
     return f"{short(per_token_latency_s * 1e3)} ms"
 
 
+#: the row name of the per-token latency in every view: it is per sequence
+TPOT_LABEL = "TPOT (per sequence)"
+
+
+def tpot_in_words(per_token_latency_s: float, batch_size: int) -> str:
+    """TPOT per sequence with the batch's decode step beside it: every sequence of the batch
+    gets one token per decode step, so a sequence waits the whole step for each token."""
+    step = per_token_latency_s
+    return (f"{tpot_ms(step)}: one decode step of the whole batch, which gives each of its "
+            f"{batch_size:,} sequences one token ({short(step / batch_size * 1e3)} ms of the step per token)")
+
+
 def progress_bar(label: str):
     """(a rich progress bar on stderr, ``update(done, total)``) for sweeps; silent when
     stderr is not a terminal."""

@@ -9,7 +9,8 @@ from hrm import bounds
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
                             compact, console, engine_from_args, gib, limits_from_args, machine_from_args,
-                            options_from_args, policy_cell, routed_model, tpot_ms, workload_from_args)
+                            options_from_args, policy_cell, routed_model, tpot_in_words, TPOT_LABEL,
+                            workload_from_args)
 from hrm.errors import InfeasibleError
 from hrm.estimate import EstimateResult, estimate
 from hrm.memory import MemoryLimits, physical_limits
@@ -46,7 +47,7 @@ def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits |
     table.add_row("decode layer latency", f"{result.decode_layer_latency_s * 1e3:.3f} ms")
     table.add_row("bottleneck", result.bottleneck)
     table.add_row("TTFT (prefill)", f"{result.prefill_latency_s:.3f} s")
-    table.add_row("TPOT (per-token latency)", tpot_ms(result.per_token_latency_s))
+    table.add_row(TPOT_LABEL, tpot_in_words(result.per_token_latency_s, result.policy.batch_size))
     table.add_row("decode throughput", f"{result.decode_throughput_tok_s:,.1f} tok/s")
     table.add_row("generation throughput", f"{result.generation_throughput_tok_s:,.1f} tok/s")
     if result.shared_memory:

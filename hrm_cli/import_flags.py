@@ -25,6 +25,23 @@ def given_fields(args) -> tuple[str, ...]:
     return tuple(dict.fromkeys(named + flags))
 
 
+def parse_args(parser: ArgumentParser, argv):
+    """The options, and the engine's flags as one string: the words after ``--``, the
+    positional string(s), or, where the flags start with ``-`` and no ``--`` is given, the
+    words this parser does not know (an engine flag is never one of hrm import's)."""
+    argv = list(argv)
+    after: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, after = argv[:cut], argv[cut + 1:]
+    args, unknown = parser.parse_known_args(argv)
+    words = list(args.flags) + unknown + after
+    if not words:  # an empty string is given: the engine's reader refuses it, naming the engine
+        parser.error("the engine's flags are required (one string, or the words after --)")
+    args.flags = " ".join(words)
+    return args
+
+
 def main(argv) -> int:
     parser = ArgumentParser(prog="hrm import", description=(
         "Read another engine's flags (one shell string) as the HRM policy they run and print its estimate: "
@@ -32,7 +49,10 @@ def main(argv) -> int:
         "absent) define the workload estimated; a workload flag given here that differs from them is an error. "
         "Unknown or malformed flags are refused in one line (exit 2)."))
     parser.add_argument("--from", dest="source", required=True, choices=list(EXPORTERS), help="the engine the flags are for")
-    parser.add_argument("flags", help='the engine\'s flags in one string, e.g. "-np 64 -ub 16 --n-cpu-moe 20"')
+    parser.add_argument("flags", nargs="*", metavar="FLAGS",
+                        help='the engine\'s flags: one string, e.g. "-ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28", or '
+                             'several words after --, e.g. -- -ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28 -nkvo; a string that starts with - is read too '
+                             '("--n-cpu-moe=28")')
     add_machine_args(parser)
     add_workload_args(parser)
     parser.set_defaults(workload=None)  # None: no preset named (mtbench is used), so none to check
@@ -42,7 +62,7 @@ def main(argv) -> int:
     parser.add_argument("--json", action="store_true", help="print the policy and its estimate as JSON")
     parser.add_argument("--gguf", metavar="FILE", help="llama-bench / llama-batched-bench commands: the GGUF (or an "
                         "hrm tensor table) whose tensors the CPU prediction reads, when the command's -m is not here")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     from hrm.export.llama_tools import tool_of
 
     if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model

@@ -7,8 +7,8 @@ import sys
 
 #: the exit codes of every command (each --help ends with them)
 EXIT_CODES = """exit codes:
-  0    success
-  1    standard output closed early by its reader (e.g. | head): the rest is dropped quietly
+  0    success, also when standard output is closed early by its reader (e.g. | head): the
+       rest is dropped quietly
   2    bad input: a file, a field, a flag or an output target (one line on stderr: error: ...)
   3    infeasible: the inputs admit no policy (a memory limit binds)
   130  interrupted (Ctrl-C) before an answer; a search stopped by Ctrl-C once it has one

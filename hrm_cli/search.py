@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, console,
                             engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, policy_cell,
-                            short, tpot_ms, workload_from_args)
+                            short, tpot_in_words, TPOT_LABEL, workload_from_args)
 from hrm.errors import HRMError
 from hrm import bounds
 from hrm.memory import physical_limits
@@ -76,6 +76,9 @@ def build_parser() -> ArgumentParser:
                                           "best, marked not proven optimal (default 10)")
     parser.add_argument("--compare", action="store_true",
                         help="every shipped engine at its own best policy, ranked (and ideal's other schedules)")
+    parser.add_argument("--with-reference", action="store_true",
+                        help="with --compare: also list hrm-runtime, the reference runtime (the plain model, not a "
+                             "serving engine; it ties ideal on a datasheet profile)")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="with --compare: also draw every engine's throughput and per-token latency")
     parser.add_argument("--json", action="store_true", help="print the plan (docs/model.md §6) as JSON")
@@ -162,7 +165,7 @@ def run_compare(args, machine=None) -> tuple:
     """(hw, model, workload, rows) of ``hrm-search --compare`` (rows: :func:`compare_engines`)
     of parsed flags; HRMError when no engine admits a policy."""
     hw, model, workload, _, _, common = search_inputs(args, machine)
-    rows = compare_engines(hw, model, workload, common)
+    rows = compare_engines(hw, model, workload, common, bool(getattr(args, "with_reference", False)))
     if not any(not isinstance(r, str) for _, r in rows):
         raise HRMError("no engine admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
     return hw, model, workload, rows
@@ -193,7 +196,9 @@ def main(argv) -> int:
     else:
         render(result, f"{model.name} on {hw.name}: prompt {workload.effective_prompt_len}"
                        f" (max {workload.max_prompt_len}), gen {workload.gen_len}, engine {engine.name}"
-                       f" (schedule {engine.schedule})", headroom, routing)
+                       f" (schedule {engine.schedule})", headroom, routing, args.top,
+               any(pin.split("=")[0].strip() in ("attn", "ffn", "rw", "rc")
+                   for pin in " ".join(args.fix or []).replace(",", " ").split()))
         if args.out:
             print(f"plan written to {args.out}")
         if export is not None:
@@ -273,7 +278,28 @@ def routing_unchanged_reason(model, engine, policy) -> str:
 ALL_EXPERTS_MARGIN = 0.01
 
 
-def render(result: SearchResult, title: str, headroom: str | None = None, routing: str | None = None) -> None:
+def no_alternatives_reason(result: SearchResult, pinned_placement: bool = False) -> str:
+    """Why a search shows no alternative (the best policy of every other placement)."""
+    from solver.terms import allowed_placements
+
+    engine = result.extras.get("engine")
+    if engine is None:
+        return "the search reports none"
+    if engine.schedule == "klotski":
+        return (f"engine {engine.name} runs one placement (Klotski's expert-level pipeline); --compare shows "
+                "every engine at its best")
+    places = allowed_placements(engine)
+    if len(places) <= 1:
+        where = ", ".join(f"attn={'gpu' if a else 'cpu'} ffn={'gpu' if f else 'cpu'}" for a, f in places)
+        return f"engine {engine.name} runs one placement only ({where}); --compare shows every engine at its best"
+    if pinned_placement:
+        return "--fix pins the placement (attn=, ffn=, or a static share that implies it)"
+    return (f"no other placement engine {engine.name} runs admits a policy under these memory and latency "
+            "limits")
+
+
+def render(result: SearchResult, title: str, headroom: str | None = None, routing: str | None = None,
+           top: int = 3, pinned_placement: bool = False) -> None:
     from rich.table import Table
 
     best = result.best.estimate
@@ -293,7 +319,7 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
     if headroom:
         table.add_row("ideal machine bound", headroom)
     table.add_row("decode throughput", f"{best.decode_throughput_tok_s:,.1f} tok/s")
-    table.add_row("TPOT (per-token latency)", tpot_ms(best.per_token_latency_s))
+    table.add_row(TPOT_LABEL, tpot_in_words(best.per_token_latency_s, p.batch_size))
     table.add_row("decode layer latency", f"{best.decode_layer_latency_s * 1e3:.3f} ms")
     table.add_row("TTFT (prefill)", f"{best.prefill_latency_s:.2f} s")
     if routing:
@@ -329,6 +355,8 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
                                   f"MILP-certified, the rest bounded per step)")
     out = console()
     out.print(table)
+    if not result.alternatives and top > 0:
+        out.print(f"alternatives: none: {no_alternatives_reason(result, pinned_placement)}", markup=False)
     if result.alternatives:
         alt = Table(title="alternatives (the best policy of every other placement)")
         for col in ("policy", "gen tok/s", "vs best", "bottleneck", "binding memory"):
@@ -350,13 +378,21 @@ def server_pick_in_words(pick, best_tok_s: float) -> str:
             f"HRM's best in its space: {best_tok_s:,.1f})")
 
 
-def compare_engines(hw, model, workload, common) -> list[tuple[str, object]]:
+#: the reference runtime (runtime/, ``hrm run``): it runs the plain model (no engine
+#: mechanism), so on a datasheet profile it ties ``ideal`` row for row; it is not a serving
+#: engine, and --compare lists it only when asked (--with-reference), under this label
+REFERENCE_ENGINES = {"hrm-runtime": "hrm-runtime (reference runtime)"}
+
+
+def compare_engines(hw, model, workload, common, with_reference: bool = False) -> list[tuple[str, object]]:
     """Every shipped engine (and ideal's other schedules) at its own best policy: a list of
-    (label, SearchResult or the one-line reason it has none), best first."""
+    (label, SearchResult or the one-line reason it has none), best first. The reference
+    runtime (:data:`REFERENCE_ENGINES`) only ``with_reference``, labelled as such."""
     from hrm.engine import list_engines, load_engine
     from hrm.schedules import SCHEDULES
 
-    runs = [(name, load_engine(name)) for name in list_engines()]
+    runs = [(REFERENCE_ENGINES.get(name, name), load_engine(name)) for name in list_engines()
+            if with_reference or name not in REFERENCE_ENGINES]
     runs += [(f"ideal/{s}", load_engine("ideal").with_schedule(s)) for s in SCHEDULES if s != "cgopipe"]
     rows = []
     for label, engine in runs:
@@ -395,7 +431,7 @@ def _compare(args) -> int:
     # line under two-line headers, text wrapped between words: readable at 80 columns
     table = Table(title=f"{model.name} on {hw.name}{routing}: every engine at its own best policy", show_lines=True)
     table.add_column("engine\npolicy", overflow="fold")
-    for col in ("gen\ntok/s", "decode\ntok/s", "vs\nideal", "TPOT\nms", "TTFT\ns"):
+    for col in ("gen\ntok/s", "decode\ntok/s", "vs\nideal", "TPOT/seq\nms", "TTFT\ns"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("bottleneck", overflow="fold")
     for label, res in rows:
@@ -408,6 +444,8 @@ def _compare(args) -> int:
                       short(est.decode_throughput_tok_s), f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
                       short(est.per_token_latency_s * 1e3), short(est.prefill_latency_s), est.bottleneck)
     console().print(table)
+    console().print("TPOT/seq: per sequence, one decode step of its engine's whole batch N (TTFT: the batch's "
+                    "prefill)", markup=False)
     if args.plot:
         from hrm.plots import compare_table, plot_compare, save_png
 

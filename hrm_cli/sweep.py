@@ -92,26 +92,30 @@ def sweep_progress(label: str):
 def main(argv) -> int:
     args = build_parser().parse_args(argv)
     from hrm.plan import check_output_path
-    from solver.grid import grid_cells, read_grid
+    from solver.grid import count_cells, grid_cells, read_grid
     from solver.sweep import read_rows, run_sweep
 
     check_input_file(args.grid, "GRID.yaml")
     check_output_path(args.out, "--out")
     if not args.out.endswith(".parquet"):
         raise HRMError(f"--out {args.out}: a sweep writes Parquet; name the file *.parquet")
-    cells = grid_cells(read_grid(args.grid), args.grid)
+    grid = read_grid(args.grid)
     import os
     import sys
 
     done = read_rows(args.out) if os.path.exists(args.out) else []
+    if args.dry_run:  # counted, not expanded: a grid at the cell cap is counted in milliseconds
+        count = count_cells(grid, args.grid, done)
+        print(f"{count.cells} cells ({count.distinct} distinct), {count.done} already in {args.out}, "
+              f"{count.distinct - count.done} to run")
+        return 0
+    cells = grid_cells(grid, args.grid)
     have = {row["cell_key"] for row in done}
     keys = {cell.key() for cell in cells}
     todo = len(keys - have)
     backend = "ray" if args.ray else "local"
     print(f"{len(cells)} cells ({len(keys)} distinct), {len(keys & have)} already in {args.out}, {todo} to run"
-          + ("" if args.dry_run else f" on {backend}" + (f" ({args.ray})" if args.ray and args.ray != 'local' else "")))
-    if args.dry_run:
-        return 0
+          + f" on {backend}" + (f" ({args.ray})" if args.ray and args.ray != 'local' else ""))
     on_cluster = args.ray not in (None, "local")
     workers = 1 if on_cluster else (args.workers or os.cpu_count() or 1)
     where = "on one core (a cluster divides it by its cores)" if on_cluster else \

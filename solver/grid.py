@@ -209,12 +209,9 @@ class Cell:
 
     def key(self) -> str:
         """sha256 (hex, 16 digits) of everything the cell's result depends on."""
-        inputs = {"format": CELL_FORMAT, "hardware": self.hardware_sha256, "model": self.model_sha256,
-                  "workload": self.workload.model_dump(), "engine": self.engine_sha256, "h2d_gbps": self.h2d_gbps,
-                  **({"batch_size": self.batch_size} if self.batch_size is not None else {}),
-                  "cpu_scale": self.cpu_scale, "gpu_mem_gib": self.gpu_mem_gib, "cpu_mem_gib": self.cpu_mem_gib,
-                  "objective": self.objective, "max_batch": self.max_batch, "options": self.options.model_dump()}
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+        return cell_key(self.hardware_sha256, self.model_sha256, self.workload, self.engine_sha256, self.batch_size,
+                        self.h2d_gbps, self.cpu_scale, self.gpu_mem_gib, self.cpu_mem_gib, self.objective,
+                        self.max_batch, self.options)
 
     def machine(self) -> HardwareProfile:
         """The profile with this cell's what-ifs (CPU scaled first, then the link set, as the
@@ -230,6 +227,18 @@ class Cell:
         except ValidationError as exc:
             raise HRMError(pydantic_message(f"the what-if machine {hw.name}", exc)) from None
         return hw
+
+
+def cell_key(hardware_sha256: str, model_sha256: str, workload: Workload, engine_sha256: str,
+             batch_size: Optional[int], h2d_gbps: Optional[float], cpu_scale: float, gpu_mem_gib: Optional[float],
+             cpu_mem_gib: Optional[float], objective: str, max_batch: int, options: ModelOptions) -> str:
+    """:meth:`Cell.key` from the cell's parts (so a grid's keys can be matched without its cells)."""
+    inputs = {"format": CELL_FORMAT, "hardware": hardware_sha256, "model": model_sha256,
+              "workload": workload.model_dump(), "engine": engine_sha256, "h2d_gbps": h2d_gbps,
+              **({"batch_size": batch_size} if batch_size is not None else {}),
+              "cpu_scale": cpu_scale, "gpu_mem_gib": gpu_mem_gib, "cpu_mem_gib": cpu_mem_gib,
+              "objective": objective, "max_batch": max_batch, "options": options.model_dump()}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def engine_sha256(engine: Engine) -> str:
@@ -277,9 +286,8 @@ def make_cells(hardware: Iterable[tuple[str, HardwareProfile]], models: Iterable
             batch, h2d, scale, gpu_mem, cpu_mem in itertools.product(*axes)]
 
 
-def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
-    """Resolve every name of ``grid`` (paths relative to the folder of ``source``, the grid
-    file) and expand it; HRMError naming the grid field on a name that does not resolve."""
+def _resolve(grid: SweepGrid, source: str | Path | None):
+    """The grid's hardware, (model, routing), workload and engine lists, resolved."""
     base = Path(source).parent if source is not None else None
     where = str(source) if source is not None else "grid"
 
@@ -299,8 +307,73 @@ def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
               for routing in each("routings", grid.routings, lambda r: _routing(r, model, base))]
     workloads = each("workloads", grid.workloads, lambda s: (s.label(), s.resolve()))
     engines = each("engines", grid.engines, lambda n: _engine(n, base))
+    return hardware, models, workloads, engines
+
+
+def grid_cells(grid: SweepGrid, source: str | Path | None = None) -> list[Cell]:
+    """Resolve every name of ``grid`` (paths relative to the folder of ``source``, the grid
+    file) and expand it; HRMError naming the grid field on a name that does not resolve."""
+    hardware, models, workloads, engines = _resolve(grid, source)
     return make_cells(hardware, models, workloads, engines, grid.what_if, grid.objective, grid.max_batch,
                       grid.options(), grid.batch_sizes)
+
+
+@dataclass(frozen=True)
+class CellCount:
+    """What ``hrm sweep --dry-run`` prints: cells, distinct keys, and keys already done."""
+
+    cells: int
+    distinct: int
+    done: int
+
+
+def count_cells(grid: SweepGrid, source: str | Path | None = None, rows: Iterable[dict] = ()) -> CellCount:
+    """The grid's cells counted without expanding them: the product of the axes' lengths,
+    the product of the axes' distinct key parts (two names of one profile are one key), and
+    how many of the grid's keys are among ``rows`` (a sweep output's rows: each row's inputs
+    give the few grid cells it can be, whose keys are compared with its ``cell_key``). Time
+    in the number of rows and axis values, not cells: milliseconds at :data:`MAX_SWEEP_CELLS`."""
+    hardware, models, workloads, engines = _resolve(grid, source)
+    w = grid.what_if
+    hw_sha = [hw.sha256() for _, hw in hardware]
+    model_sha = [m.sha256() for _, m in models]
+    engine_sha = [engine_sha256(e) for e in engines]
+    work = [wl for _, wl in workloads]
+    parts = (hw_sha, model_sha, [json.dumps(wl.model_dump(), sort_keys=True) for wl in work], engine_sha,
+             grid.batch_sizes, w.h2d_gbps, w.cpu_scale, w.gpu_mem_gib, w.cpu_mem_gib)
+    cells = math.prod(len(p) for p in parts)
+    distinct = math.prod(len(set(p)) for p in parts)
+    options = grid.options()
+
+    def same(value, stored) -> bool:
+        if value is None or stored is None or (isinstance(stored, float) and math.isnan(stored)):
+            return False
+        return math.isclose(float(value), float(stored), rel_tol=1e-12)
+
+    def maybe(values, stored):
+        """The grid values a stored (effective) what-if can come from: None (as profiled) or an equal value."""
+        return [v for v in values if v is None or same(v, stored)]
+
+    found: set[str] = set()
+    for row in rows:
+        key = row.get("cell_key")
+        batch = row.get("pinned_batch_size")
+        batch = None if batch is None or (isinstance(batch, float) and math.isnan(batch)) else int(batch)
+        candidates = itertools.product(
+            sorted({s for s in hw_sha if s == row.get("hardware_sha256")}),
+            sorted({s for s in model_sha if s == row.get("model_sha256")}),
+            [wl for wl in dict.fromkeys(work) if (wl.prompt_len, wl.max_prompt_len, wl.gen_len, bool(wl.padding)) ==
+             (row.get("prompt_len"), row.get("max_prompt_len"), row.get("gen_len"), bool(row.get("padding")))],
+            sorted({sha for e, sha in zip(engines, engine_sha)
+                    if e.name == row.get("engine") and e.schedule == row.get("schedule")}),
+            [b for b in grid.batch_sizes if b == batch],
+            maybe(w.h2d_gbps, row.get("h2d_gbps")), [v for v in w.cpu_scale if same(v, row.get("cpu_scale"))],
+            maybe(w.gpu_mem_gib, row.get("gpu_mem_gib")), maybe(w.cpu_mem_gib, row.get("cpu_mem_gib")))
+        for hw, model, wl, eng, b, h2d, scale, gpu, cpu in candidates:
+            if cell_key(hw, model, wl, eng, b, h2d, scale, gpu, cpu, grid.objective, grid.max_batch, options) == key:
+                found.add(key)
+                break
+    return CellCount(cells, distinct, len(found))
 
 
 def effective_inputs(cell: Cell) -> dict:

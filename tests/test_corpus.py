@@ -72,8 +72,8 @@ def test_classify_notes_before_the_error_line():
 
 def test_classify_closed_and_output_checks():
     closed = {**REFUSED, "expected": "closed"}
-    assert ct.classify(closed, 1, "", "", [])[0] == "clean"
-    assert ct.classify(closed, 1, "", "error: broken pipe\n", [])[0] == "bad message"
+    assert ct.classify(closed, 0, "", "", [])[0] == "clean"
+    assert ct.classify(closed, 0, "", "error: broken pipe\n", [])[0] == "bad message"
     ok = {**REFUSED, "expected": "ok", "stdout_contains": ["[bold]x"], "max_line_chars": 10}
     assert ct.classify(ok, 0, "x\n", "", [])[0] == "wrong output"
     assert ct.classify(ok, 0, "[bold]x 0123456789\n", "", [])[0] == "wrong output"

@@ -126,8 +126,13 @@ def test_compare_plot_every_engine(tmp_path, capsys):
     from hrm_cli.search import compare_engines
 
     labels = [label for label, _ in compare_engines(load_hardware("l4"), load_model("mixtral"), WL, {})]
-    # every shipped engine and ideal's other schedules are rows
-    assert sorted(labels) == sorted(list_engines() + [f"ideal/{s}" for s in SCHEDULES if s != "cgopipe"])
+    # every shipped engine but the reference runtime, and ideal's other schedules, are rows
+    engines = [e for e in list_engines() if e != "hrm-runtime"]
+    assert sorted(labels) == sorted(engines + [f"ideal/{s}" for s in SCHEDULES if s != "cgopipe"])
+    # asked for, the reference runtime is a row labelled as such, tied with ideal (datasheet l4; a small model)
+    rows = dict(compare_engines(load_hardware("l4"), load_model("tiny-mixtral"), WL, {}, with_reference=True))
+    reference = rows["hrm-runtime (reference runtime)"]
+    assert reference.best.estimate.generation_throughput_tok_s == rows["ideal"].best.estimate.generation_throughput_tok_s
     assert main(["search", "--hw", "l4", "--model", "mixtral", "--plot", str(tmp_path / "x.png")]) == 2
     assert "add --compare" in capsys.readouterr().err
 

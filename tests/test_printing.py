@@ -193,14 +193,17 @@ def test_tpot_in_ms_and_ttft_in_s_in_estimate_and_search(capsys, l4):
     model, workload = load_model("mixtral"), make_workload("mtbench")
     expected = estimate(l4, model, workload, parse_policy(POLICY), engine=load_engine("ideal"))
     out = ok(capsys, "estimate", "--hw", "l4", "--model", "mixtral", "--policy", POLICY)
-    tpot = re.search(r"TPOT \(per-token latency\)\s*│\s*([\d,.]+) ms", out)
+    tpot = re.search(r"TPOT \(per sequence\)\s*│\s*([\d,.]+) ms", out)
     assert tpot and float(tpot.group(1).replace(",", "")) == pytest.approx(expected.per_token_latency_s * 1e3, rel=1e-3)
     ttft = re.search(r"TTFT \(prefill\)\s*│\s*([\d.]+) s", out)
     assert ttft and float(ttft.group(1)) == pytest.approx(expected.prefill_latency_s, abs=1e-3)
     search_out = ok(capsys, "search", "--hw", "l4", "--model", "mixtral")
     for text in (out, search_out):
-        assert not re.search(r"per-token latency\s*│\s*[\d.]+ s", text)
-        assert re.search(r"TPOT \(per-token latency\)\s*│\s*[\d,.]+ ms", text)
+        assert not re.search(r"TPOT \(per sequence\)\s*│\s*[\d.]+ s", text)
+        assert re.search(r"TPOT \(per sequence\)\s*│\s*[\d,.]+ ms", text)
+        # beside it, the batch it is one decode step of (N of the policy shown)
+        batch = re.search(r"N=(\d+)", text).group(1)
+        assert f"each of its {int(batch):,} sequences one token" in " ".join(re.sub(r"[│┃]", " ", text).split())
 
 
 # --- --routing ----------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ machine); the local pool and Ray must give identical tables on a grid of >= 500 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
+
 import pytest
 from conftest import call
 import yaml
@@ -245,8 +247,47 @@ def test_cli_sweep_dry_run_run_and_resume(tmp_path, capsys):
     assert "32 rows; this grid: 16 ok, 8 infeasible, 8 refused" in text
     table = pd.read_parquet(out)
     assert len(table) == 32 and table["cell_key"].is_unique
+    code, text, _ = call(capsys, "sweep", grid, "--out", out, "--dry-run")
+    assert code == 0 and "32 cells (32 distinct), 32 already in" in text and "0 to run" in text
     code, text, _ = call(capsys, "sweep", grid, "--out", out)
     assert code == 0 and "32 already in" in text and "0 to run" in text
+
+
+def test_dry_run_counts_done_cells_as_the_keys_do(tmp_path, capsys):
+    """A wider grid over a partial output: the done count is the grid's keys found in the
+    file (by expanding the grid here), the distinct count sees two names of one profile."""
+    from hrm.hardware import resolve_profile_path
+
+    half = {**SMALL, "hardware": ["l4"], "what_if": {"h2d_gbps": [8.0]}}
+    out = tmp_path / "r.parquet"
+    run_sweep(grid_cells(SweepGrid.model_validate(half)), backend="inline", out=out)
+    wide = {**SMALL, "hardware": ["l4", str(resolve_profile_path("l4")), "t4"],
+            "what_if": {"h2d_gbps": [None, 8.0, 16.0], "cpu_scale": [1, 2]}}
+    grid = write_grid(tmp_path, wide)
+    cells = grid_cells(SweepGrid.model_validate(wide), grid)
+    keys = {c.key() for c in cells}
+    done = len(keys & set(read_sweep(out)["cell_key"]))
+    assert 0 < done < len(keys) < len(cells)
+    code, text, _ = call(capsys, "sweep", grid, "--out", out, "--dry-run")
+    assert code == 0 and f"{len(cells)} cells ({len(keys)} distinct), {done} already in" in text, text
+    assert f"{len(keys) - done} to run" in text
+
+
+def test_dry_run_at_the_cell_cap_is_arithmetic(tmp_path, capsys):
+    """4 Mi cells (the cap): counted in well under a second, never expanded."""
+    from solver.grid import MAX_SWEEP_CELLS
+
+    big = {"hardware": ["l4", "t4"], "models": ["mixtral", "mixtral-8x22b"],
+           "workloads": ["mtbench", "summarization"], "engines": ["ideal", "moe-lightning"],
+           "batch_sizes": [None] + [2 ** i for i in range(7)],
+           "what_if": {"h2d_gbps": [4.0 + i for i in range(32)], "cpu_scale": [1 + i / 16 for i in range(16)],
+                       "gpu_mem_gib": [16.0 + i for i in range(8)], "cpu_mem_gib": [64.0 + i for i in range(8)]}}
+    grid = write_grid(tmp_path, big)
+    start = time.perf_counter()
+    code, text, _ = call(capsys, "sweep", grid, "--out", tmp_path / "r.parquet", "--dry-run")
+    took = time.perf_counter() - start
+    assert code == 0 and f"{MAX_SWEEP_CELLS} cells ({MAX_SWEEP_CELLS} distinct), 0 already in" in text, text
+    assert took < 1.0, took
 
 
 def test_sweep_help_documents_the_grid(capsys):

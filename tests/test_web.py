@@ -371,3 +371,29 @@ def test_twenty_parallel_requests_are_all_answered(server):
     assert [r.json()["workload"]["gen_len"] for r in responses] == [32 + i for i in range(20)]
     # the event loop stays free while the workers search
     assert httpx.get(f"{server}/healthz", timeout=5).status_code == 200
+
+
+# --- issue 35: one name for an upload, and a URL that says it held one ------------------------
+@pytest.mark.parametrize("file_name, name_or_path, name", [
+    ("config.json", "some-org/My-Tiny-MoE", "My-Tiny-MoE"),   # config.json: the config's own name
+    ("my-moe.json", "some-org/My-Tiny-MoE", "my-moe"),        # a file with a name: that name
+    ("config.json", None, "uploaded-model"),                  # neither says more
+])
+def test_an_uploaded_config_has_one_name(client, file_name, name_or_path, name):
+    config = json.loads((ROOT / "hrm" / "data" / "models" / "tiny-mixtral.json").read_text())
+    config.pop("_name_or_path", None)
+    if name_or_path:
+        config["_name_or_path"] = name_or_path
+    files = {"model_file": (file_name, json.dumps(config), "application/json")}
+    view = client.post("/api/view", files=files, data={"hw": "l4"})
+    assert view.status_code == 200, view.text
+    data = view.json()
+    assert data["plan"]["model"]["name"] == f"upload:{name}" and data["uploads"] == {"model": f"upload:{name}"}
+    assert data["title"].startswith(f"upload:{name} on l4:")
+
+
+def test_a_url_that_held_an_upload_asks_for_the_file(client):
+    page = client.get("/", params={"hw": "l4", "model": "upload:My-Tiny-MoE"})
+    assert page.status_code == 200
+    assert "this URL was made with an uploaded config.json (My-Tiny-MoE)" in page.text
+    assert 'data-autorun="no"' in page.text

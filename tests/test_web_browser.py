@@ -139,3 +139,108 @@ def test_bad_input_shows_one_line(server, browser):
     browser.find_element("id", "run").click()
     status = wait_for_plan(browser)
     assert status.startswith("error:") and "--gen-len" in status and "\n" not in status
+
+
+# --- issue 35: only the answer to the latest request ------------------------------------------
+#: wraps the page's fetch: a request whose body holds SLOW answers DELAY_MS late (a slow
+#: network or a busy server), so that an earlier plan's replies arrive after a later plan's
+DELAY_FETCH = """
+const slow = arguments[0], delay = arguments[1], original = window.fetch;
+window.fetch = async (url, options) => {
+  const answer = original(url, options);
+  if (options && String(options.body || "").includes(slow)) {
+    await new Promise((resolve) => setTimeout(resolve, delay));
+  }
+  return answer;
+};
+"""
+
+
+def wait_body(driver, name: str, value: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element("tag name", "body").get_attribute(name) == value)
+
+
+def test_two_plans_in_quick_succession_show_only_the_second(server, browser, capsys):
+    """Plan on l4, then at once on t4; l4's replies are held back 4 s. The page shows t4's plan,
+    and t4's compare table, and nothing of l4's arrives later."""
+    import time
+
+    from selenium.webdriver.support.ui import Select
+
+    browser.get(f"{server}/")
+    browser.execute_script(DELAY_FETCH, '"hw":"l4"', 4000)
+    browser.find_element("id", "run").click()                       # plan 1: l4 (held back)
+    Select(browser.find_element("id", "hw")).select_by_value("t4")
+    browser.find_element("id", "run").click()                       # plan 2: t4
+    assert wait_for_plan(browser).startswith("planned in")
+    wait_body(browser, "data-planned", "2")
+    wait_body(browser, "data-compared", "2")
+    wait_body(browser, "data-exported", "2")
+    time.sleep(5)  # past l4's delay: a stale reply would have landed by now
+    want = cli_plan(capsys, "--hw", "t4", "--model", "mixtral")
+    throughput, policy = shown(browser)
+    assert throughput == pytest.approx(want["estimate"]["generation_throughput_tok_s"], rel=1e-12)
+    assert policy == policy_text(want)
+    assert " on t4:" in browser.find_element("id", "out-title").text
+    assert "hw=t4" in browser.find_element("id", "share-url").get_attribute("href")
+    # the compare table is t4's: its row of the planned engine is the plan shown above
+    rows = [[td.text for td in row.find_elements("tag name", "td")]
+            for row in browser.find_elements("css selector", "#compare tbody tr")]
+    engine_row = next(r for r in rows if r[1] == want["engine"])
+    assert engine_row[3] == f"{want['estimate']['generation_throughput_tok_s']:,.1f}", rows
+
+
+def test_an_error_after_a_success_clears_the_page(server, browser):
+    browser.get(f"{server}/?hw=l4&model=mixtral")
+    assert wait_for_plan(browser).startswith("planned in")
+    wait_body(browser, "data-compared", "1")
+    gen = browser.find_element("id", "gen_len")
+    gen.clear()
+    gen.send_keys("1_000")
+    browser.find_element("id", "run").click()
+    status = wait_for_plan(browser)
+    assert status.startswith("error:") and "--gen-len" in status
+    assert not browser.find_element("id", "results").is_displayed()
+    assert browser.find_element("id", "out-throughput").get_attribute("data-value") is None
+    assert browser.find_element("id", "out-policy").get_attribute("textContent") == ""
+    assert not browser.find_elements("css selector", "#compare tbody tr, #explain tbody tr, #exports *, #memory *")
+    for name in ("fig-roofline", "fig-timeline"):
+        figure = browser.find_element("id", name)
+        assert figure.get_attribute("src") in (None, "") and figure.get_attribute("data-loading") == "yes"
+
+
+def test_an_upload_is_named_one_way_and_its_url_says_so(server, browser, tmp_path):
+    """A config.json named by its _name_or_path: the title, the plan and the URL say
+    upload:NAME; opening the URL asks for the file again instead of planning another model."""
+    import json as json_mod
+    from pathlib import Path
+
+    config = json_mod.loads((Path(__file__).resolve().parents[1] / "hrm" / "data" / "models" /
+                             "tiny-mixtral.json").read_text())
+    config["_name_or_path"] = "some-org/My-Tiny-MoE"
+    path = tmp_path / "config.json"
+    path.write_text(json_mod.dumps(config))
+    browser.get(f"{server}/")
+    browser.find_element("id", "model_file").send_keys(str(path))
+    browser.find_element("id", "run").click()
+    assert wait_for_plan(browser).startswith("planned in")
+    assert browser.find_element("id", "out-title").text.startswith("upload:My-Tiny-MoE on l4:")
+    first, _ = shown(browser)
+    share = browser.find_element("id", "share-url")
+    url = share.get_attribute("href")
+    assert "model=upload%3AMy-Tiny-MoE" in url and "upload:My-Tiny-MoE" in share.text
+    assert browser.current_url == url  # the address bar holds the same
+    plan = json_mod.loads(browser.execute_script(
+        "return fetch(document.getElementById('download-plan').href).then((r) => r.text());"))
+    assert plan["model"]["name"] == "upload:My-Tiny-MoE"
+    # the shared URL: it cannot carry the file, so it says so and does not plan
+    browser.get(url)
+    status = browser.find_element("id", "status").text
+    assert status.startswith("error: model: this URL was made with an uploaded config.json (My-Tiny-MoE)"), status
+    assert not browser.find_element("id", "results").is_displayed()
+    browser.find_element("id", "model_file").send_keys(str(path))
+    browser.find_element("id", "run").click()
+    assert wait_for_plan(browser).startswith("planned in")
+    assert shown(browser)[0] == first

@@ -51,42 +51,71 @@ def error(status: int, message) -> JSONResponse:
     return JSONResponse({"error": one_line(message)}, status_code=status)
 
 
+#: what the page loads beside a plan (every engine, the exports, the figures): a pool of their
+#: own, so that they never queue in front of the next plan
+BACKGROUND = ("compare", "exports", "plot/roofline", "plot/timeline")
+#: seconds between checks that the client still waits for an answer
+DISCONNECT_POLL_S = 0.1
+
+
 class Planner:
-    """The worker pool and the time bound of every request."""
+    """The worker pools and the time bound of every request. Plans (search, view, estimate,
+    export) and what the page loads beside them (:data:`BACKGROUND`) run in separate pools of
+    ``workers`` together (one shared pool with a single worker), and a request whose client
+    has gone (the page aborted it for a newer plan) is cancelled if it has not started."""
 
     def __init__(self, workers: int, timeout_s: float):
         self.workers, self.timeout_s = workers, timeout_s
-        self.pool: ProcessPoolExecutor | None = None
+        self.pools: dict[str, ProcessPoolExecutor] = {}
+
+    @property
+    def pool(self) -> ProcessPoolExecutor | None:
+        return self.pools.get("plan")
 
     def start(self) -> None:
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_warm)
+        context = multiprocessing.get_context("spawn")
+        plan = max(1, self.workers // 2)
+        self.pools = {"plan": ProcessPoolExecutor(plan, mp_context=context, initializer=_warm)}
+        rest = self.workers - plan
+        self.pools["background"] = (ProcessPoolExecutor(rest, mp_context=context, initializer=_warm) if rest
+                                    else self.pools["plan"])
 
     def stop(self) -> None:
         """Cancel what waits, end the workers (a search still running is not waited for)."""
-        if self.pool is None:
-            return
-        pool, self.pool = self.pool, None
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-        for process in processes:
-            process.join(timeout=5)
+        pools, self.pools = list({id(p): p for p in self.pools.values()}.values()), {}
+        for pool in pools:
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+            for process in processes:
+                process.join(timeout=5)
 
-    async def run(self, request, action: str) -> tuple[int, object]:
-        if self.pool is None:
+    async def run(self, request, action: str, gone=None) -> tuple[int, object]:
+        """``(status, body)`` of ``request``; ``gone``: an async callable, true once the client
+        has closed the connection (the answer is then not computed if it has not started)."""
+        if not self.pools:
             self.start()
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.pool, work.answer, request, action)
+        pool = self.pools["background" if action in BACKGROUND else "plan"]
+        future = loop.run_in_executor(pool, work.answer, request, action)
+        deadline = loop.time() + self.timeout_s
         try:
-            return await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
-            return 504, {"error": f"no answer within {self.timeout_s:g} s (the request's time bound); "
-                                  "narrow the search (--fix, --max-batch)"}
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    future.cancel()
+                    return 504, {"error": f"no answer within {self.timeout_s:g} s (the request's time bound); "
+                                          "narrow the search (--fix, --max-batch)"}
+                done, _ = await asyncio.wait({future}, timeout=min(left, DISCONNECT_POLL_S if gone else left))
+                if done:
+                    return future.result()
+                if gone is not None and await gone():
+                    future.cancel()  # not started: it never runs; started: it finishes unseen
+                    return 499, {"error": "the client closed the request"}
         except BrokenProcessPool:
-            self.stop()  # a worker died (out of memory?): a fresh pool for the next request
+            self.stop()  # a worker died (out of memory?): fresh pools for the next request
             return 500, {"error": "a worker process died during the request; try again"}
 
 
@@ -173,20 +202,20 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
     async def healthz():
         return {"status": "ok", "workers": planner.workers, "timeout_s": planner.timeout_s}
 
-    async def answer(endpoint: str, action: str, fields_of) -> Response:
+    async def answer(endpoint: str, action: str, fields_of, request: Request | None = None) -> Response:
         try:
             fields = await fields_of()
             req = parse_request(endpoint, fields)
         except HRMError as exc:
             return error(400, exc)
-        status, body = await planner.run(req, action)
+        status, body = await planner.run(req, action, request.is_disconnected if request is not None else None)
         if action.startswith("plot/") and status == 200:
             return Response(body, media_type="image/svg+xml", headers={"Cache-Control": "no-store"})
         return JSONResponse(body, status_code=status)
 
     def api(endpoint: str):
         async def handler(request: Request) -> Response:
-            return await answer(endpoint, endpoint, lambda: request_fields(request))
+            return await answer(endpoint, endpoint, lambda: request_fields(request), request)
         return handler
 
     for name in API:
@@ -194,12 +223,12 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
 
     for kind in PLOTS:
         async def plot_post(request: Request, kind=kind):
-            return await answer("plot", f"plot/{kind}", lambda: request_fields(request))
+            return await answer("plot", f"plot/{kind}", lambda: request_fields(request), request)
 
         async def plot_get(request: Request, kind=kind):
             async def fields_of():
                 return dict(request.query_params)
-            return await answer("plot", f"plot/{kind}", fields_of)
+            return await answer("plot", f"plot/{kind}", fields_of, request)
 
         app.add_api_route(f"/api/plot/{kind}.svg", plot_post, methods=["POST"], name=f"plot_post_{kind}")
         app.add_api_route(f"/plot/{kind}.svg", plot_get, methods=["GET"], name=f"plot_get_{kind}")

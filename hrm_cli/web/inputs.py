@@ -11,6 +11,7 @@ fields of :data:`FIELDS`; each endpoint takes the fields of its command
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -149,12 +150,21 @@ def _shipped_name(name: str, text: str, known: list[str], shown: list[str], uplo
                        f"or upload the file as {upload})")
 
 
+#: how a plan, a title and a shareable URL name an uploaded profile or config.json
+UPLOAD_PREFIX = "upload:"
+
+
 def check_machine_names(values: dict) -> None:
     """hw, model and engine name shipped data; routing is not a trace file on the server."""
     from hrm.engine import list_engines
     from hrm.hardware import list_profiles
     from hrm.model import ALIASES, list_catalog
 
+    for name, upload, what in (("hw", "hw_yaml", "profile YAML"), ("model", "model_config", "config.json")):
+        text = values.get(name) or ""
+        if text.startswith(UPLOAD_PREFIX) and upload not in values:  # a shared URL of a plan with an upload
+            raise HRMError(f"{name}: this URL was made with an uploaded {what} ({one_line(text[len(UPLOAD_PREFIX):], 64)}), "
+                           f"which a URL cannot carry: upload the file again and plan")
     if values.get("hw") and "hw_yaml" not in values:
         _shipped_name("hw", values["hw"], [p.lower() for p in list_profiles()], list_profiles(), "hw_yaml")
     if values.get("model") and "model_config" not in values:
@@ -173,6 +183,23 @@ def _upload_name(text: str | None, default: str) -> str:
     name = re.sub(r"\.(ya?ml|json)$", "", (text or "").strip(), flags=re.IGNORECASE)
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:64]
     return name or default
+
+
+def _model_upload_name(file_name: str | None, config_text: str) -> str:
+    """One name for an uploaded config.json, used everywhere (the plan's ``upload:NAME``, the
+    title, the URL): the file's name, or the config's ``_name_or_path`` (its last part) when
+    the file is called ``config.json``; ``uploaded-model`` when neither says more."""
+    name = _upload_name(file_name, "")
+    if name.lower() in ("", "config"):  # "config" names no model
+        name = ""
+        try:
+            data = json.loads(config_text)
+        except ValueError:
+            data = None
+        given = data.get("_name_or_path") if isinstance(data, dict) else None
+        if isinstance(given, str) and given.strip():
+            name = _upload_name(given.strip().rstrip("/").rsplit("/", 1)[-1], "")
+    return name or "uploaded-model"
 
 
 def _upload_text(name: str, value) -> str:
@@ -218,7 +245,9 @@ def parse_request(endpoint: str, data) -> Request:
         if data.get(key) not in (None, ""):
             uploads[key] = _upload_text(key, data[key])
             label = "hw_name" if key == "hw_yaml" else "model_name"
-            uploads[label] = _upload_name(_text(label, data.get(label) or ""), default)
+            given = _text(label, data.get(label) or "")
+            uploads[label] = (_model_upload_name(given, uploads[key]) if key == "model_config"
+                              else _upload_name(given, default))
             values[key] = True
     for key in ("link_gbps", "cpu_scale"):
         if data.get(key) not in (None, ""):

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from hrm.errors import HRMError, InfeasibleError
 
-from .inputs import Request, one_line, parse_argv
+from .inputs import UPLOAD_PREFIX, Request, one_line, parse_argv
 
 #: exceptions that a value no check caught can raise deep in the model: bad input, not a bug
 INPUT_ERRORS = (ValueError, TypeError, ArithmeticError, KeyError, IndexError, UnicodeError, RecursionError)
@@ -66,11 +66,11 @@ def _machine(request: Request):
             _write(path, up["hw_yaml"])
             names[path] = f"upload {up['hw_name']}.yaml"
             args.hw = path
-        if "model_config" in up:
-            os.mkdir(os.path.join(folder, "models"))
-            path = os.path.join(folder, "models", f"{up['model_name']}.json")
+        if "model_config" in up:  # FOLDER/NAME/config.json: the loader names the model NAME
+            os.mkdir(os.path.join(folder, up["model_name"]))
+            path = os.path.join(folder, up["model_name"], "config.json")
             _write(path, up["model_config"])
-            names[path] = f"upload {up['model_name']}.json"
+            names[path] = f"upload {up['model_name']}"
             args.model = path
         try:
             hw, model = machine_from_args(args)
@@ -80,8 +80,8 @@ def _machine(request: Request):
                 message = message.replace(path, name)
             raise type(exc)(message.replace(folder, "upload")) from None
         # the names the plan records: as given (as the CLI records them), uploads by their file name
-        args.hw = f"upload:{up['hw_name']}" if "hw_yaml" in up else given[0]
-        args.model = f"upload:{up['model_name']}" if "model_config" in up else given[1]
+        args.hw = f"{UPLOAD_PREFIX}{up['hw_name']}" if "hw_yaml" in up else given[0]
+        args.model = f"{UPLOAD_PREFIX}{up['model_name']}" if "model_config" in up else given[1]
         hw = _what_if(hw, request.whatif)
         if request.whatif:
             args.hw = hw.name
@@ -182,6 +182,7 @@ def view(args, machine) -> dict:
     run = run_search(args, machine)
     best = run.result.best
     est = best.estimate
+    uploaded_model = args.model.startswith(UPLOAD_PREFIX)
     try:
         why = explain(run.hw, run.model, run.workload, best.policy, run.engine, run.options,
                       run.common["limits"]).as_dict()
@@ -191,7 +192,7 @@ def view(args, machine) -> dict:
              [("GPU", est.gpu_peak_bytes, est.gpu_limit_bytes), ("CPU", est.cpu_peak_bytes, est.cpu_limit_bytes)])
     return {
         "plan": search_json(run),
-        "title": f"{run.model.name} on {run.hw.name}: prompt {run.workload.effective_prompt_len} "
+        "title": f"{args.model if uploaded_model else run.model.name} on {run.hw.name}: prompt {run.workload.effective_prompt_len} "
                  f"(max {run.workload.max_prompt_len}), gen {run.workload.gen_len}, engine {run.engine.name}",
         "policy": best.policy.short(),
         "tpot_ms": est.per_token_latency_s * 1e3,
@@ -204,6 +205,9 @@ def view(args, machine) -> dict:
         "notes": [*run.result.extras.get("notes", []), *est.notes],
         "explain": why,
         "solve_s": run.result.seconds,
+        # what the shareable URL says in place of an upload (hw=upload:NAME, model=upload:NAME)
+        "uploads": {key: value for key, value in (("hw", args.hw), ("model", args.model))
+                    if value.startswith(UPLOAD_PREFIX)},
     }
 
 

@@ -1,4 +1,5 @@
-// HRM web planner: the form -> the JSON API (/api/view, /api/compare) -> the tables.
+// HRM web planner: the form -> the JSON API (/api/view, then /api/compare, /api/exports and the
+// figures) -> the tables.
 // Vanilla JavaScript, shipped with the package (no CDN): the page works offline.
 "use strict";
 
@@ -43,12 +44,49 @@ async function uploads() {
   return out;
 }
 
-async function post(path, body) {
-  const response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
-    body: JSON.stringify(body)});
+// Only the answer to the latest Plan is shown: each Plan aborts the requests of the one before
+// (the server drops those that have not started) and every reply is checked against the
+// plan it answers before it touches the page.
+let generation = 0;
+let controller = null;
+function latest(mine) { return mine === generation; }
+
+async function post(path, body, signal) {
+  let response;
+  try {
+    response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+      body: JSON.stringify(body), signal});
+  } catch (e) {
+    if (e.name === "AbortError") return null;  // a newer plan took over
+    return {ok: false, status: 0, data: {error: `no answer from the server (${e.message})`}};
+  }
   let data;
   try { data = await response.json(); } catch (e) { data = {error: `HTTP ${response.status}`}; }
   return {ok: response.ok, status: response.status, data};
+}
+
+// the sections a plan fills, emptied: before each plan and on an error
+function clearResults() {
+  for (const id of ["out-title", "out-policy", "out-throughput", "out-decode", "out-tpot", "out-tpot-step", "out-ttft",
+    "out-bottleneck", "out-binding", "out-pick", "out-notes"]) text($(id), "");
+  delete $("out-throughput").dataset.value;
+  $("memory").replaceChildren();
+  $("explain").tBodies[0].replaceChildren();
+  text($("explain-definition"), "");
+  $("compare").tBodies[0].replaceChildren();
+  $("exports").replaceChildren();
+  for (const id of ["fig-roofline", "fig-timeline"]) {
+    const img = $(id);
+    img.removeAttribute("src");
+    img.dataset.loading = "yes";
+    img.closest("figure").classList.add("loading");
+  }
+  const share = $("share-url");
+  share.href = "#";
+  text(share, "");
+  delete document.body.dataset.compared;
+  delete document.body.dataset.exported;
+  delete document.body.dataset.planned;
 }
 
 function showSummary(view) {
@@ -59,6 +97,8 @@ function showSummary(view) {
   tput.dataset.value = est.generation_throughput_tok_s;
   text($("out-decode"), fmt(est.decode_throughput_tok_s));
   text($("out-tpot"), sig(view.tpot_ms));
+  text($("out-tpot-step"), `(one decode step of the whole batch: each of its ${fmt(plan.policy.batch_size, 0)} ` +
+    `sequences gets one token per step)`);
   text($("out-ttft"), sig(view.ttft_s));
   const busy = Object.entries(view.utilization).map(([k, v]) => `${k} ${Math.round(v * 100)}%`).join(", ");
   text($("out-bottleneck"), `${est.bottleneck} (${busy} busy)`);
@@ -81,6 +121,7 @@ function showSummary(view) {
   }
   const body = $("explain").tBodies[0];
   body.replaceChildren();
+  text($("explain-definition"), view.explain.share_definition || "");
   if (view.explain.error) { cell(body.insertRow(), view.explain.error); }
   else if (!view.explain.mechanisms.length) { cell(body.insertRow(), "engine ideal: no mechanism to explain"); }
   for (const m of view.explain.mechanisms || []) {
@@ -124,52 +165,84 @@ function showCompare(result) {
   }
 }
 
-async function showFigure(img, kind, query, body, hasUploads) {
-  if (!hasUploads) { img.src = `/plot/${kind}.svg?${query}`; return; }
-  const response = await fetch(`/api/plot/${kind}.svg`, {method: "POST", headers: {"Content-Type": "application/json"},
-    body: JSON.stringify(body)});
-  if (response.ok) img.src = URL.createObjectURL(await response.blob());
+async function showFigure(img, kind, query, body, hasUploads, mine, signal) {
+  const loaded = () => {
+    if (!latest(mine)) return;
+    delete img.dataset.loading;
+    img.closest("figure").classList.remove("loading");
+  };
+  if (!hasUploads) {
+    img.onload = loaded;
+    img.onerror = loaded;
+    img.src = `/plot/${kind}.svg?${query}`;
+    return;
+  }
+  try {
+    const response = await fetch(`/api/plot/${kind}.svg`, {method: "POST", headers: {"Content-Type": "application/json"},
+      body: JSON.stringify(body), signal});
+    if (!latest(mine)) return;
+    if (response.ok) { img.onload = loaded; img.src = URL.createObjectURL(await response.blob()); }
+    else loaded();
+  } catch (e) { if (e.name !== "AbortError") loaded(); }
+}
+
+// the URL's fields: the form's, with an upload named as the plan names it (hw=upload:NAME)
+function shareQuery(shared, uploads) {
+  return new URLSearchParams({...shared, ...(uploads || {})}).toString();
 }
 
 async function plan(event) {
   if (event) event.preventDefault();
+  if (controller) controller.abort();
+  controller = new AbortController();
+  const signal = controller.signal;
+  const mine = ++generation;
   const status = $("status");
+  clearResults();
   const shared = fields();
   const body = {...shared, ...(await uploads())};
+  if (!latest(mine)) return;
   const hasUploads = "hw_yaml" in body || "model_config" in body;
   const query = new URLSearchParams(shared).toString();
-  const url = `${location.origin}/?${query}`;
-  history.replaceState(null, "", `/?${query}`);
   const started = performance.now();
   text(status, "planning…");
   status.className = "busy";
-  const view = await post("/api/view", body);
+  // the plan first, alone; every engine, the exports and the figures once it is shown
+  const view = await post("/api/view", body, signal);
+  if (view === null || !latest(mine)) return;
   if (!view.ok) {
+    clearResults();
+    $("results").hidden = true;
     text(status, `error: ${view.data.error}`);
     status.className = "error";
     return;
   }
+  const sharedQuery = shareQuery(shared, view.data.uploads);
+  history.replaceState(null, "", `/?${sharedQuery}`);
+  const url = `${location.origin}/?${sharedQuery}`;
   $("results").hidden = false;
   showSummary(view.data);
   const share = $("share-url");
   share.href = url;
-  text(share, hasUploads ? `${url} (uploads are not in the URL)` : url);
+  const held = Object.values(view.data.uploads || {});
+  text(share, held.length ? `${url} (holds ${held.join(" and ")}: whoever opens it uploads the file again)` : url);
   text(status, `planned in ${((performance.now() - started) / 1000).toFixed(2)} s (search ${view.data.solve_s.toFixed(2)} s)`);
   status.className = "done";
-  showFigure($("fig-roofline"), "roofline", query, body, hasUploads);
-  showFigure($("fig-timeline"), "timeline", query, body, hasUploads);
-  $("compare").tBodies[0].replaceChildren();
-  $("exports").replaceChildren();
-  delete document.body.dataset.compared;
-  delete document.body.dataset.exported;
+  document.body.dataset.planned = String(mine);
+  showFigure($("fig-roofline"), "roofline", query, body, hasUploads, mine, signal);
+  showFigure($("fig-timeline"), "timeline", query, body, hasUploads, mine, signal);
   const compareBody = {...body};
   delete compareBody.engine;
-  const exported = post("/api/exports", body).then((result) => {
+  const exported = post("/api/exports", body, signal).then((result) => {
+    if (result === null || !latest(mine)) return;
     showExports(result);
-    document.body.dataset.exported = "yes";
+    document.body.dataset.exported = String(mine);
   });
-  showCompare(await post("/api/compare", compareBody));
-  document.body.dataset.compared = "yes";
+  const compared = await post("/api/compare", compareBody, signal);
+  if (compared !== null && latest(mine)) {
+    showCompare(compared);
+    document.body.dataset.compared = String(mine);
+  }
   await exported;
 }
 
