@@ -9,7 +9,7 @@ does every example that cannot run here (a GPU, a server that does not stop).
 
 The rest run in document order in one scratch folder (the README's ``--out plan.json`` is
 what its ``hrm show plan.json`` reads), with ``hrm``/``hrm-search`` on PATH as this checkout's
-and copies of ``examples/`` and ``docs/calibrate/``::
+and copies of ``examples/``, ``docs/calibrate/`` and ``docs/validation/runs/``::
 
     python benchmarks/examples_table.py            # run them, print the table
     python benchmarks/examples_table.py --md       # also write docs/examples_table.md
@@ -234,6 +234,8 @@ def scratch() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="hrm-examples-"))
     shutil.copytree(ROOT / "examples", folder / "examples")
     shutil.copytree(ROOT / "docs" / "calibrate", folder / "docs" / "calibrate")
+    # the committed real runs, profile and tensor tables the llama.cpp examples read
+    shutil.copytree(ROOT / "docs" / "validation" / "runs", folder / "docs" / "validation" / "runs")
     (folder / "docs" / "figures").mkdir(parents=True)
     (folder / "help-grid.yaml").write_text(help_grid())
     bin_dir = folder / "bin"
