@@ -62,13 +62,19 @@ def main(argv) -> int:
     parser.add_argument("--json", action="store_true", help="print the policy and its estimate as JSON")
     parser.add_argument("--gguf", metavar="FILE", help="llama-bench / llama-batched-bench commands: the GGUF (or an "
                         "hrm tensor table) whose tensors the CPU prediction reads, when the command's -m is not here")
+    # --model is the catalog model the estimate plans; a llama-bench / llama-batched-bench
+    # command is predicted from its GGUF's own tensors and needs none
+    next(a for a in parser._actions if "--model" in a.option_strings).required = False
     args = parse_args(parser, argv)
     from hrm.export.llama_tools import tool_of
 
     if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model
         from hrm_cli import import_bench
+        from hrm.hardware import load_hardware
 
-        return import_bench.main(args.flags, machine_from_args(args)[0], args.gguf, args.json)
+        return import_bench.main(args.flags, load_hardware(args.hw), args.gguf, args.json)
+    if args.model is None:
+        parser.error("the following arguments are required: --model")
     fields = given_fields(args)
     args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)

@@ -114,8 +114,9 @@ def test_import_predicts_a_llama_bench_sweep(tmp_path):
     import sys
 
     root = RUNS.parent
+    # no --model: the command is predicted from the GGUF's own tensors
     cmd = [sys.executable, "-m", "hrm_cli", "import", "--from", "llama.cpp", "--hw", str(root / "this-host-llamacpp.yaml"),
-           "--model", "mixtral", "--gguf", str(root / "gguf" / "gt-mixtral-q4_k_m.tensors.json"), "--json",
+           "--gguf", str(root / "gguf" / "gt-mixtral-q4_k_m.tensors.json"), "--json",
            "llama-bench -m gt-mixtral-q4_k_m.gguf -p 128 -n 32 -t 1,2"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -124,3 +125,12 @@ def test_import_predicts_a_llama_bench_sweep(tmp_path):
     # two threads are faster than one, and each test predicts only its own phase
     assert tests[2]["prefill_s"] < tests[0]["prefill_s"] and tests[3]["decode_s"] < tests[1]["decode_s"]
     assert tests[0]["decode_s"] == 0 and tests[1]["prefill_s"] == 0
+
+
+def test_import_of_a_server_command_still_needs_a_model():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hrm_cli", "import", "--from", "llama.cpp", "--hw", "l4", "-np 4"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--model" in out.stderr and "Traceback" not in out.stderr
