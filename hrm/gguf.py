@@ -15,21 +15,14 @@ from .errors import HRMError
 
 #: a table's format marker
 TABLE_FORMAT = "hrm-gguf-tensors/1"
-#: bits per element of ggml types from their block structs (ggml/src/ggml-common.h at
-#: ggml-org/llama.cpp@0c1e5709: block_q4_K is 144 bytes per 256 weights, etc.)
-GGML_TYPE_BITS = {
-    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 34 * 8 / 32, "Q4_0": 18 * 8 / 32, "Q4_1": 20 * 8 / 32,
-    "Q5_0": 22 * 8 / 32, "Q5_1": 24 * 8 / 32, "Q2_K": 84 * 8 / 256, "Q3_K": 110 * 8 / 256,
-    "Q4_K": 144 * 8 / 256, "Q5_K": 176 * 8 / 256, "Q6_K": 210 * 8 / 256, "Q8_K": 292 * 8 / 256,
-    "IQ4_NL": 18 * 8 / 32, "IQ4_XS": 136 * 8 / 256, "MXFP4": 17 * 8 / 32,
-}
-
-
 def bits_per_element(ggml_type: str) -> float:
-    bits = GGML_TYPE_BITS.get(ggml_type.upper())
-    if bits is None:
-        raise HRMError(f"GGUF: tensor type {ggml_type}: its bits per weight are not known here")
-    return bits
+    """Bits per weight of a tensor's ggml type (hrm.quantized.GGML_BLOCKS, the block structs)."""
+    from .quantized import ggml_bits_per_weight
+
+    try:
+        return ggml_bits_per_weight(ggml_type)
+    except KeyError:
+        raise HRMError(f"GGUF: tensor type {ggml_type}: its bits per weight are not known here") from None
 
 
 @dataclass(frozen=True)

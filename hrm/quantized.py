@@ -75,6 +75,24 @@ Q8_0_BLOCK = (2 + 32, 32)  # block_q8_0: ggml_half d + 32 int8 quants
 Q4_K_BLOCK = (2 * 2 + 12 + 256 // 2, 256)  # block_q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes
 Q5_K_BLOCK = (2 * 2 + 12 + 256 // 2 + 256 // 8, 256)  # block_q5_K: as q4_K + 32 bytes of high bits
 Q6_K_BLOCK = (2 + 256 // 16 + 3 * 256 // 4, 256)  # block_q6_K: d, 16 int8 scales, 192 bytes of quants
+#: every ggml tensor type a GGUF may hold, as (bytes per block, weights per block), by its GGUF
+#: name (ggml-common.h's block structs, as above; the float types one weight a block; MXFP4:
+#: block_mxfp4 = one e8m0 scale + 16 bytes of nibbles per 32)
+GGML_BLOCKS: dict[str, tuple[float, int]] = {
+    "F32": (4, 1), "F16": (2, 1), "BF16": (2, 1),
+    "Q4_0": Q4_0_BLOCK, "Q4_1": (2 * 2 + 32 // 2, 32), "Q5_0": (2 + 4 + 32 // 2, 32), "Q5_1": (2 * 2 + 4 + 32 // 2, 32),
+    "Q8_0": Q8_0_BLOCK, "Q2_K": (256 // 16 + 256 // 4 + 2 * 2, 256), "Q3_K": (256 // 8 + 256 // 4 + 12 + 2, 256),
+    "Q4_K": Q4_K_BLOCK, "Q5_K": Q5_K_BLOCK, "Q6_K": Q6_K_BLOCK, "Q8_K": (4 + 256 + 256 // 16 * 2, 256),
+    "IQ4_NL": (2 + 32 // 2, 32), "IQ4_XS": (2 + 2 + 256 // 64 + 256 // 2, 256), "MXFP4": (1 + 32 // 2, 32),
+}
+
+
+def ggml_bits_per_weight(ggml_type: str) -> float:
+    """Bits per weight of a ggml tensor type (its GGUF name: Q4_K, F16, ...); KeyError if unknown."""
+    block_bytes, weights = GGML_BLOCKS[ggml_type.upper()]
+    return 8.0 * block_bytes / weights
+
+
 #: llama.cpp's Q4_K_M on a SwiGLU expert: gate and up in Q4_K; down in Q6_K on the layers
 #: ``use_more_bits`` picks (the first and last eighth and every third between: half of
 #: them), Q4_K on the rest (src/llama-quant.cpp, llama_tensor_get_type: ffn_down with

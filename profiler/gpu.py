@@ -374,7 +374,9 @@ class TorchCudaDevice:
 
         return op
 
-    def launch_op(self, ops: int) -> TimedOp:
+    def _per_op(self, ops: int, step, sync_after: bool) -> TimedOp:
+        """Seconds per call of ``step(x)`` on a 16-element device tensor, ``ops`` calls in a
+        row (a final device synchronize when ``sync_after``: the calls themselves don't)."""
         t = self.torch
         x = t.zeros(16, device=f"cuda:{self.index}")
 
@@ -382,24 +384,18 @@ class TorchCudaDevice:
             t.cuda.synchronize(self.index)
             start_s = time.perf_counter()
             for _ in range(ops):
-                x.add_(1)
-            t.cuda.synchronize(self.index)
+                step(x)
+            if sync_after:
+                t.cuda.synchronize(self.index)
             return (time.perf_counter() - start_s) / ops
 
         return op
+
+    def launch_op(self, ops: int) -> TimedOp:
+        return self._per_op(ops, lambda x: x.add_(1), sync_after=True)
 
     def sync_op(self, ops: int) -> TimedOp:
-        t = self.torch
-        x = t.zeros(16, device=f"cuda:{self.index}")
-
-        def op() -> float:
-            t.cuda.synchronize(self.index)
-            start_s = time.perf_counter()
-            for _ in range(ops):
-                x.add_(1).sum().item()
-            return (time.perf_counter() - start_s) / ops
-
-        return op
+        return self._per_op(ops, lambda x: x.add_(1).sum().item(), sync_after=False)
 
     def dma_while(self, nbytes: int, func) -> tuple[float, float]:
         """Run ``func`` on a host thread while this thread keeps pinned H2D copies of
