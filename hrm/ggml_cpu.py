@@ -10,7 +10,9 @@ ggml_graph_compute_thread). Its time is the sum of
   tensor's ggml type, op and thread count at its rows (:class:`hrm.hardware.GgmlKernel`):
   ``n`` rows for a dense weight (MUL_MAT), and for a layer's expert tensor (MUL_MAT_ID) the
   expected distinct experts touched × their elements at ``n·k / touched`` rows each
-  (:func:`hrm.costs.expected_distinct_experts`);
+  (:func:`hrm.costs.expected_distinct_experts`); each at the rate the probe measured for weights
+  whose reuse distance is the tensor's own (:func:`reuse_distances_mib`: the bytes the steps read
+  between two reads of it; the probe cycles a pool, so every byte's reuse distance is the pool);
 - the output head, and the last layer's FFN, at one row per token whose logits are asked for
   (the graph keeps only those rows after the last attention);
 - flash attention per sequence: query rows × heads × cached tokens × (d_k + d_v) at the probe's
@@ -134,33 +136,47 @@ def calibration_factor(section: GgmlCpu, rows: float) -> float:
 
 
 def seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
-                        working_set_mib: float | None = None) -> float:
+                        working_set_mib=None) -> float:
     """:func:`measured_seconds_per_element` × the calibration's factor at ``rows``."""
     return measured_seconds_per_element(section, ggml_type, op, threads, rows, working_set_mib) * \
         calibration_factor(section, rows)
 
 
+def pool_weights(pools_mib: list[float], reuse_mib: np.ndarray, prob: np.ndarray) -> np.ndarray:
+    """Each measured pool's share of weights whose reuse distances are ``reuse_mib`` with
+    probabilities ``prob``: a distance between two pools splits linearly in log size, one
+    outside them goes to the nearest (so the expected rate is exact for the interpolated curve)."""
+    if len(pools_mib) == 1:
+        return np.array([float(np.sum(prob))])
+    lp = np.log2(np.asarray(pools_mib, dtype=float))
+    x = np.clip(np.log2(np.maximum(reuse_mib, 1e-9)), lp[0], lp[-1])
+    i = np.clip(np.searchsorted(lp, x, side="right") - 1, 0, len(lp) - 2)
+    t = (x - lp[i]) / (lp[i + 1] - lp[i])
+    w = np.zeros(len(lp))
+    np.add.at(w, i, prob * (1 - t))
+    np.add.at(w, i + 1, prob * t)
+    return w
+
+
 def measured_seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
-                                 working_set_mib: float | None = None) -> float:
-    """The measured matmul's seconds per weight element at ``rows`` rows for a model whose
-    weights take ``working_set_mib``: between the curves of the pools measured just below and
-    above it (linear in log pool size; the last-level cache holds more of a smaller model), the
-    nearest pool's curve outside them; a curve measured over fewer rows gives way to the others
-    past its last point."""
+                                 working_set_mib=None) -> float:
+    """The measured matmul's seconds per weight element at ``rows`` rows for weights whose reuse
+    distance is ``working_set_mib`` (MiB, or ``(distances, probabilities)`` from
+    :func:`reuse_distances_mib`): between the curves of the pools measured just below and above
+    it (linear in log pool size: the probe cycles its pool, so the pool is its weights' reuse
+    distance), the nearest pool's curve outside them; a curve measured over fewer rows gives way
+    to the others past its last point. None: the largest pool's curve."""
     kernels = section.kernels_of(probe_type(ggml_type), op, threads)
     if not kernels:
         raise _missing(section, ggml_type, op, threads)
     by_pool = sorted(kernels, key=lambda k: k.pool_mib or section.pool_mib)
     usable = [k for k in by_pool if rows <= max(p.x for p in k.s_per_elem_vs_rows)] or by_pool[-1:]
-    if working_set_mib is None or len(usable) == 1:
+    if working_set_mib is None:
         return curve_value(usable[-1], rows)
-    pools = [k.pool_mib or section.pool_mib for k in usable]
-    w = min(max(working_set_mib, pools[0]), pools[-1])
-    i = max(j for j, pool in enumerate(pools) if pool <= w)
-    if i == len(usable) - 1:
-        return curve_value(usable[i], rows)
-    t = (np.log2(w) - np.log2(pools[i])) / (np.log2(pools[i + 1]) - np.log2(pools[i]))
-    return float((1 - t) * curve_value(usable[i], rows) + t * curve_value(usable[i + 1], rows))
+    mib, prob = (working_set_mib if isinstance(working_set_mib, tuple)
+                 else (np.array([float(working_set_mib)]), np.array([1.0])))
+    w = pool_weights([k.pool_mib or section.pool_mib for k in usable], mib, prob)
+    return float(sum(wk * curve_value(k, rows) for wk, k in zip(w, usable) if wk > 0))
 
 
 def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_width: int, mla: bool) -> GgmlKernel:
@@ -176,19 +192,18 @@ def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_wi
     return min(kernels, key=distance)
 
 
-def _dense_s(tensor: GgufTensor, section: GgmlCpu, threads: int, rows: float, working_set_mib: float) -> float:
-    return tensor.elements * seconds_per_element(section, tensor.ggml_type, "mm", threads, rows, working_set_mib)
+def _dense_s(tensor: GgufTensor, section: GgmlCpu, threads: int, rows: float, reuse) -> float:
+    return tensor.elements * seconds_per_element(section, tensor.ggml_type, "mm", threads, rows, reuse)
 
 
 def _experts_s(tensor: GgufTensor, section: GgmlCpu, threads: int, tokens: int, experts: int, top_k: int,
-               working_set_mib: float) -> float:
+               reuse) -> float:
     if tokens <= 0:
         return 0.0
     touched = float(uniform_distinct_experts(experts, top_k, tokens))
     rows = tokens * top_k / touched
     per_expert = tensor.elements / experts
-    return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows,
-                                                      working_set_mib)
+    return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows, reuse)
 
 
 def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, query_tokens: int,
@@ -205,21 +220,84 @@ def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, quer
     return elems * curve_value(kernel, kv_tokens)
 
 
+@dataclass(frozen=True)
+class StepTraffic:
+    """The bytes one step reads, for the reuse distance of each: ``dense_bytes`` (every
+    non-expert weight, read every step), ``expert_bytes`` (all routed experts' weights),
+    ``touched`` (the chance a given expert is read in a step) and ``kv_bytes`` (the cached K/V
+    its attention reads)."""
+
+    dense_bytes: float
+    expert_bytes: float
+    touched: float
+    kv_bytes: float
+
+
+def kv_bytes_per_token(inventory: TensorInventory) -> float:
+    """The cache's bytes per token over all layers, at KV_ELEMENT_TYPE. MLA caches the latent
+    once: V is a view of K (src/llama-graph.cpp build_attn_mha with v_mla), so only d_k counts."""
+    from .gguf import bits_per_element
+
+    arch = inventory.attention
+    width = arch.k_width if arch.kv_heads == 1 else arch.k_width + arch.v_width
+    return arch.layers * arch.kv_heads * width * bits_per_element(KV_ELEMENT_TYPE.upper()) / 8
+
+
+def step_traffic(inventory: TensorInventory, tokens: int, sequences: list[tuple[int, float]]) -> StepTraffic:
+    """What a step of ``tokens`` tokens reads (uniform, independent routing, as the FFN times)."""
+    from .gguf import bits_per_element
+
+    dense = expert = 0.0
+    for tensor in inventory.matmul_tensors():
+        b = tensor.elements * bits_per_element(tensor.ggml_type) / 8
+        if tensor.is_expert:
+            expert += b
+        else:
+            dense += b
+    e = inventory.num_experts
+    touched = float(uniform_distinct_experts(e, inventory.top_k, tokens)) / e if e else 1.0
+    kv = kv_bytes_per_token(inventory) * sum(kv for _, kv in sequences)
+    return StepTraffic(dense, expert, min(touched, 1.0), kv)
+
+
+#: an expert's next read is summed over this many steps at most; the chance of a later first
+#: reuse is charged at the last step's distance (its rate is the largest pool's by then)
+REUSE_STEPS = 512
+
+
+def reuse_distances_mib(traffic: StepTraffic, expert: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The reuse distances (MiB) of a weight byte and their probabilities, for an LRU-like
+    last-level cache: the distinct bytes read between two reads of it (Mattson's stack distance).
+    A dense weight is read every step: its distance is the step's bytes, dense + KV + the experts
+    it touches. An expert read in one step is read again ``g`` steps later with chance
+    p(1-p)^(g-1) (p = ``touched``); between, the steps read the dense weights and KV once and
+    a 1-(1-p)^g share of all experts."""
+    fixed = traffic.dense_bytes + traffic.kv_bytes
+    p = traffic.touched
+    if not expert or p >= 1.0:
+        return np.array([(fixed + traffic.expert_bytes * p) / 2**20]), np.array([1.0])
+    g = np.arange(1, REUSE_STEPS + 1, dtype=float)
+    prob = p * (1 - p) ** (g - 1)
+    prob[-1] += (1 - p) ** REUSE_STEPS
+    return (fixed + traffic.expert_bytes * (1 - (1 - p) ** g)) / 2**20, prob
+
+
 def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int,
               sequences: list[tuple[int, float]]) -> StepTime:
     """One graph step of ``tokens`` tokens, ``outputs`` of them with logits, and attention per
     sequence ``(query tokens, cached tokens they attend over)``."""
     dense = experts = 0.0
-    mib = inventory.weight_bytes / 2**20
+    traffic = step_traffic(inventory, tokens, sequences)
+    dense_reuse, expert_reuse = reuse_distances_mib(traffic, False), reuse_distances_mib(traffic, True)
     last_ffn = f"blk.{inventory.attention.layers - 1}.ffn_"
     for tensor in inventory.matmul_tensors():
         # the last layer's FFN runs on the output rows only (src/models/llama.cpp:174-177,
         # qwen3moe.cpp:123-126, deepseek2.cpp:636-639: get_rows of inp_out_ids after attention)
         rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
         if tensor.is_expert:
-            experts += _experts_s(tensor, section, threads, rows, inventory.num_experts, inventory.top_k, mib)
+            experts += _experts_s(tensor, section, threads, rows, inventory.num_experts, inventory.top_k, expert_reuse)
         else:
-            dense += _dense_s(tensor, section, threads, rows, mib)
+            dense += _dense_s(tensor, section, threads, rows, dense_reuse)
     attn = sum(attention_s(inventory, section, threads, q, kv) for q, kv in sequences)
     node = section.node_s(threads)
     if node is None:
@@ -275,7 +353,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
     return RunTimes(prefill, decode, sequences * prompt_len, gen_len, sequences, tuple(steps))
 
 
-__all__ = ["NODES_PER_LAYER", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
+__all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
            "step_time", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 

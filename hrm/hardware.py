@@ -329,7 +329,8 @@ class GgmlKernel(_Strict):
     seconds per weight element (``s_per_elem_vs_rows``: x = rows per weight matrix, y = s) for
     weight ``type`` (a ggml type name: f16, q8_0, q4_K, ...) at ``threads`` threads, with the
     weights in ``buffer`` (CPU, or CPU_REPACK where llama.cpp repacks that type) and cycled
-    through a pool as large as a model's (cold in the caches, as a step reads them)."""
+    through a pool of ``pool_mib``: the pool is every weight byte's reuse distance, so the curves
+    over pools are the last-level cache's effect that hrm.ggml_cpu reads each tensor's rate on."""
 
     type: bounds.Label
     op: GgmlOp

@@ -37,10 +37,12 @@ FA_CONTEXTS = (128, 512, 1024, 4096)
 #: Qwen3, Llama), MLA's latent of 512 + 64 rope (DeepSeek-V2/V3, Kimi-K2) and of 256 + 32 (the
 #: ground-truth DeepSeek-V2 at reduced width)
 FA_SHAPES = ("64:64:16:4", "128:128:16:4", "576:512:16:1", "288:256:16:1")
-#: a second, smaller weight pool: a model that fits the last-level cache in part streams faster
-#: (its memory-bound rows); past SMALL_POOL_ROWS[-1] rows a matmul is compute-bound and the pool
-#: no longer matters
-SMALL_POOL_MIB = 256.0
+#: smaller weight pools: the probe cycles its pool, so a pool is its weights' reuse distance, and
+#: the rate against it is the last-level cache's curve that the step model reads each tensor's
+#: reuse distance on (hrm.ggml_cpu.reuse_distances_mib). Spaced around the 32-128 MiB where this
+#: project's VM turns from cache to DRAM (docs/validation/ground_truth.md); past
+#: SMALL_POOL_ROWS[-1] rows a matmul is compute-bound and the pool no longer matters
+SMALL_POOLS_MIB = (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 256.0)
 SMALL_POOL_ROWS = (1, 2, 4, 8, 16)
 #: the weight pool each kernel cycles through: larger than the caches' share a VM is likely to
 #: get, as a model's weights are (a step reads each weight once, cold)
@@ -169,7 +171,7 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
             for op, rows in (("mm", MM_ROWS), ("mmid", MMID_ROWS)):
                 what = ("MUL_MAT of [1024 x 1024] weights" if op == "mm" else
                         "MUL_MAT_ID of [1024 x 1024 x 8] experts, top-2, every expert given `rows` tokens")
-                for pool in (pool_mib, SMALL_POOL_MIB):
+                for pool in (pool_mib, *SMALL_POOLS_MIB):
                     wanted = rows if pool == pool_mib else tuple(r for r in rows if r <= SMALL_POOL_ROWS[-1])
                     points = remeasured(exe, ggml_type, t, op, run_probe(exe, ggml_type, t, op, wanted, pool, repeats),
                                         pool, repeats)

@@ -209,8 +209,9 @@ int main(int argc, char ** argv) {
     for (int rows : rows_list) {
         const int tokens = mmid ? rows * E / TOPK : rows;  // every expert gets exactly `rows` tokens
         // past 8 rows a matmul is compute-bound and no longer streams: fewer matrices keep each
-        // point near the same time (at least 4, so a graph still crosses several weights)
-        const int used = std::max(4, std::min(pool, pool * 8 / std::max(8, rows)));
+        // point near the same time (at least 4, so a graph still crosses several weights, but
+        // never more than the pool holds: a small pool of large matrices cycles fewer)
+        const int used = std::min(pool, std::max(4, std::min(pool, pool * 8 / std::max(8, rows))));
         ggml_init_params gp = {ggml_tensor_overhead() * (4 * pool + 16) + ggml_graph_overhead_custom(4 * pool + 16, false),
                                nullptr, true};
         ggml_context * gctx = ggml_init(gp);

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hrm.errors import HRMError
@@ -134,3 +135,32 @@ def test_import_of_a_server_command_still_needs_a_model():
     out = subprocess.run([sys.executable, "-m", "hrm_cli", "import", "--from", "llama.cpp", "--hw", "l4", "-np 4"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--model" in out.stderr and "Traceback" not in out.stderr
+
+
+WINDOW = RUNS.with_name("llamacpp-cpu-window.yaml")
+#: the one-user decodes whose weights a step re-reads from the cache (Q4_K_M and the 32-expert
+#: Q8_0 at depth 0: 20-70 MB a step, docs/validation/ground_truth.md "Reuse distance")
+CACHE_ROWS = ("gt-mixtral q4_k_m t2 d0 (llama-bench)", "gt-qwen3moe q4_k_m t2 d0 (llama-bench)",
+              "gt-deepseekv2 q4_k_m t2 d0 (llama-bench)", "gt-qwen3moe q8_0 t2 d0 (llama-bench)")
+
+
+def test_reuse_distance_moves_the_cached_decodes_onto_their_runs():
+    """Runs and probe from one quiet window (one_window.py). The same profile without its small
+    pools (every weight read cold) is the control: the reuse-distance curve takes each of these
+    decodes to within 1.10x, from up to 1.30x, and moves an f16 decode (130-250 MiB a step) by under 5%."""
+    from hrm.validation import compare_runs
+
+    window = load_runs_file(WINDOW)
+    sec = window.hardware.ggml_cpu
+    cold_sec = sec.model_copy(update={"kernels": tuple(k for k in sec.kernels if (k.pool_mib or sec.pool_mib) >= 256)})
+    cold = load_runs_file(WINDOW, window.hardware.model_copy(update={"ggml_cpu": cold_sec}))
+    warm_by = {c.name: c for c in compare_runs(window)}
+    cold_by = {c.name: c for c in compare_runs(cold)}
+    for name in CACHE_ROWS:
+        warm, before = warm_by[name].ratio("decode_s"), cold_by[name].ratio("decode_s")
+        assert max(warm, 1 / warm) <= 1.10, (name, warm)
+        assert abs(np.log(warm)) < abs(np.log(before)), (name, warm, before)
+    assert max(cold_by[n].ratio("decode_s") for n in CACHE_ROWS) > 1.25  # the control misses
+    for name, c in warm_by.items():
+        if " f16 " in name and "d0" in name:
+            assert c.ratio("decode_s") == pytest.approx(cold_by[name].ratio("decode_s"), rel=0.05), name

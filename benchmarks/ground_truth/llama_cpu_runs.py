@@ -16,6 +16,7 @@ import argparse
 import itertools
 import json
 import platform
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -86,6 +87,56 @@ def signal_all(pids, sig) -> None:
             pass
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _is_ours(pid: int, me: int) -> bool:
+    while pid > 1:
+        if pid == me:
+            return True
+        pid = _parent(pid)
+    return False
+
+
+class Paused:
+    """Every other process stopped while the block runs, and any process started meanwhile (a
+    tool call spawned by pid 1 is not a child of a stopped one) stopped as it appears, every
+    RESCAN_S; this process's own children run. All resumed on exit, SIGTERM included."""
+
+    RESCAN_S = 0.2
+
+    def __enter__(self):
+        import os
+        import threading
+
+        self.me, self.stopped, self.done = os.getpid(), set(), threading.Event()
+        self._previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+        self._stop_new()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def _stop_new(self) -> None:
+        new = [p for p in pausable_pids() if p not in self.stopped and not _is_ours(p, self.me)]
+        signal_all(new, signal.SIGSTOP)
+        self.stopped.update(new)
+
+    def _watch(self) -> None:
+        while not self.done.wait(self.RESCAN_S):
+            self._stop_new()
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        signal_all(self.stopped, signal.SIGCONT)
+        signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
 def points(bin_dir: Path, models: Path):
     for m, f, t in itertools.product(MODELS, FORMATS, THREADS):
         gguf = models / f"{m}-{f}.gguf"
@@ -125,15 +176,10 @@ def main() -> int:
            "points": [{"key": k, "command": c, "samples": []} for k, c in todo]}
     for rep in range(args.reps):
         for i, point in enumerate(raw["points"]):
-            import signal
-            paused = pausable_pids()
-            signal_all(paused, signal.SIGSTOP)
-            try:
+            with Paused():
                 waited = wait_idle(30.0)
                 t0 = time.time()
                 out = run(point["command"])
-            finally:
-                signal_all(paused, signal.SIGCONT)
             out.update(rep=rep, wall_s=time.time() - t0, waited_idle_s=waited)
             point["samples"].append(out)
             args.out.write_text(json.dumps(raw, indent=1))

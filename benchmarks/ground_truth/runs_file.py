@@ -3,7 +3,10 @@
 names), the engine version, the tensor table of its GGUF, and measured prefill, decode, total,
 TTFT and TPOT (medians of the samples, with every sample and the spread kept).
 
-    python runs_file.py RAW.json OUT.yaml --profile PROFILE.yaml
+    python runs_file.py RAW.json OUT.yaml --profile PROFILE.yaml [--only NAME ...]
+
+``--only`` keeps the named runs (the three-run calibration example, llamacpp-cpu-3runs.yaml:
+`--only "gt-qwen3moe q4_k_m t1 x64 (batched-bench)" ...`).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def main() -> int:
     ap.add_argument("raw", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--profile", required=True, help="the profile path as the runs file names it (relative to it)")
+    ap.add_argument("--only", action="append", metavar="NAME", help="keep only this run (repeatable)")
     args = ap.parse_args()
     raw = json.loads(args.raw.read_text())
     runs = []
@@ -103,9 +107,15 @@ def main() -> int:
                "model": f"../../../benchmarks/ground_truth/configs/{k['model']}.json",
                "gguf": f"gguf/{k['model']}-{k['format']}.tensors.json", **made}
         runs.append(run)
+    if args.only:
+        missing = set(args.only) - {r["name"] for r in runs}
+        if missing:
+            raise SystemExit(f"--only: no run named {sorted(missing)}")
+        runs = [r for r in runs if r["name"] in args.only]
     doc = {"hardware": args.profile, "engine_version": ENGINE_VERSION, "host": raw.get("host"),
            "measured_between": [raw.get("started"), raw.get("finished")], "runs": runs}
-    header = ("# Real llama.cpp runs on this project's CPU machine (benchmarks/ground_truth/llama_cpu_runs.py):\n"
+    header = ("# three runs of one model file, as a user has them: hrm calibrate's example (docs/calibrate.md)\n"
+              if args.only else "") + ("# Real llama.cpp runs on this project's CPU machine (benchmarks/ground_truth/llama_cpu_runs.py):\n"
               "# each run's exact command (paths reduced to file names), medians of its samples, the samples\n"
               "# and their spread. Predicted by hrm.export.llama_tools + hrm.ggml_cpu on `hardware`\n"
               "# (tests/test_ground_truth_llamacpp.py; docs/validation/ground_truth.md).\n")

@@ -1,0 +1,70 @@
+"""Runs and the kernel probe in one quiet window: this VM's speed drifts by up to 1.5x over hours
+(docs/validation/ground_truth.md, "Drift"), so a profile measured at another time cannot judge a
+run. Inside one ``Paused`` block: the llama-bench points at ``--threads`` (one user, depth 0 and
+1024), then ``hrm profile --llama-cpp``'s ggml section at that thread count, then the same points
+again (the two passes bracket any drift inside the window; both are kept as samples).
+
+    python one_window.py --llama-cpp DIR --models DIR --hw PROFILE.yaml --raw OUT.json --profile OUT.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from llama_cpu_runs import BENCH_N, BENCH_P, DEPTHS, FORMATS, MODELS, Paused, run
+
+#: the probe's types a ground-truth GGUF holds (make_models.py: f16, Q8_0, Q4_K_M files)
+TYPES = ("f16", "q8_0", "q4_K", "q5_K", "q6_K", "q5_0", "f32")
+
+
+def bench_points(bin_dir: Path, models: Path, threads: int):
+    for m in MODELS:
+        for f in FORMATS:
+            for d in DEPTHS:
+                cmd = [str(bin_dir / "llama-bench"), "-m", str(models / f"{m}-{f}.gguf"), "-t", str(threads), "-p",
+                       str(BENCH_P), "-n", str(BENCH_N), "-d", str(d), "-r", "3", "-o", "json"]
+                yield {"tool": "llama-bench", "model": m, "format": f, "threads": threads, "parallel": 1,
+                       "depth": d}, cmd
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-cpp", required=True, type=Path)
+    ap.add_argument("--models", required=True, type=Path)
+    ap.add_argument("--hw", required=True, help="the profile whose ggml_cpu section is replaced")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--raw", required=True, type=Path)
+    ap.add_argument("--profile", required=True, type=Path)
+    args = ap.parse_args()
+    from hrm.hardware import load_hardware
+    from hrm_cli.profile import profile_yaml
+    from profiler.ggml_cpu import measure_ggml_cpu
+
+    bin_dir = args.llama_cpp / "build" / "bin"
+    raw = {"host": platform.node(), "cpu": platform.processor(),
+           "points": [{"key": k, "command": c, "samples": []} for k, c in bench_points(bin_dir, args.models, args.threads)]}
+    base = load_hardware(args.hw)
+    with Paused():
+        raw["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for rep in range(2):
+            for point in raw["points"]:
+                t0 = time.time()
+                out = run(point["command"])
+                point["samples"].append({**out, "rep": rep, "wall_s": round(time.time() - t0, 3)})
+                print(rep, point["key"], f"{time.time() - t0:.1f}s", flush=True)
+            if rep == 0:
+                section, methods = measure_ggml_cpu(args.llama_cpp, (args.threads,), TYPES)
+                print("probe done", flush=True)
+        raw["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    source = base.source.model_copy(update={"methods": {**base.source.methods, **methods}})
+    args.profile.write_text(profile_yaml(base.model_copy(update={"ggml_cpu": section, "source": source})))
+    args.raw.write_text(json.dumps(raw, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
