@@ -35,7 +35,7 @@ def parse_args(argv: list[str]):
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     parser.add_argument("--llama-cpp", metavar="DIR", help="a llama.cpp source tree with a CPU build (build/bin): "
                         "measure its CPU matmul kernels per weight type and thread count (the ggml_cpu section "
-                        "llama.cpp CPU predictions use; about a minute per thread count)")
+                        "llama.cpp CPU predictions use; about 6 minutes per thread count on a 2-core machine)")
     parser.add_argument("--ggml-only", metavar="PROFILE", help="with --llama-cpp: add the ggml_cpu section to this "
                         "existing profile instead of measuring the rest again")
     return parser.parse_args(argv)
