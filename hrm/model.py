@@ -317,15 +317,15 @@ KNOWN_IGNORED_KEYS = frozenset({
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     # context length, positions, rope variants
     "rope_scaling", "rope_type", "rope_interleave", "partial_rotary_factor", "rotary_dim", "rotary_pct",
-    "rotary_emb_base", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-    "sliding_window_pattern", "attention_chunk_size",
+    "rotary_emb_base", "use_sliding_window", "max_window_layers",
+    "sliding_window_pattern", "attention_chunk_size", "initial_context_length",
     # activations, norms, dropouts, biases, soft caps, scalings
     "hidden_act", "hidden_activation", "activation_function", "layer_norm_eps", "layer_norm_epsilon",
     "norm_eps", "norm_epsilon", "attention_dropout", "attention_probs_dropout_prob", "hidden_dropout",
     "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop", "dropout",
     "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias", "clip_qkv", "qk_layernorm", "use_qk_norm",
     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "embedding_multiplier",
-    "logits_scaling", "residual_multiplier", "attention_multiplier",
+    "logits_scaling", "residual_multiplier", "attention_multiplier", "swiglu_limit",
     # router/training details of MoE configs (the expert count, top-k and widths are read)
     "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "router_z_loss_coef",
     "norm_topk_prob", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "scoring_func",
