@@ -949,6 +949,12 @@ def model_from_config(cfg: dict, name: str, source: str) -> tuple[ModelSpec, lis
 def load_model(name_or_path: str, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> ModelSpec:
     """ModelSpec from a config.json path, a directory holding one, or a catalog name/alias.
     Keys neither read nor known to be irrelevant are listed in one warning line on stderr."""
+    if str(name_or_path).lower().endswith(".gguf"):  # a GGUF: sizes and tensor types from its header
+        from .gguf import model_from_gguf
+
+        if _stat(Path(name_or_path)) is None:
+            raise HRMError(f"{name_or_path}: no such file")
+        return model_from_gguf(name_or_path).with_dtypes(weight_dtype, kv_dtype)
     path, name = resolve_config_path(name_or_path)
     spec, ignored = model_from_config(read_config_json(path), name, str(path))
     if ignored:
