@@ -67,6 +67,49 @@ def quantized_weights(model: ModelSpec) -> bool:
     return model.weight_dtype not in FLOAT_DTYPES
 
 
+def static_bytes_per_param(model: ModelSpec) -> float:
+    """Bytes per weight of everything but the routed experts (attention, router, shared
+    experts, dense layers, embeddings): the model's ``static_weight_format`` (a float dtype or
+    a weight format) where it has one, else the experts' (:func:`weight_bytes_per_param`)."""
+    fmt = model.static_weight_format
+    if fmt is None:
+        return weight_bytes_per_param(model)
+    if fmt in FLOAT_DTYPES:
+        return dtype_bytes(fmt)
+    return bits_per_weight(fmt) / 8.0
+
+
+def static_quantized(model: ModelSpec) -> bool:
+    """Whether the weights other than the routed experts are quantized (their GEMMs dequantize)."""
+    fmt = model.static_weight_format
+    return quantized_weights(model) if fmt is None else fmt not in FLOAT_DTYPES
+
+
+def attended_context(model: ModelSpec, context):
+    """Cached tokens one new token attends to (and a layer keeps), averaged over the layers:
+    ``context`` in full-attention layers, at most the window in sliding-window ones
+    (docs/model.md §3.2). Equal to ``context`` for a model without sliding layers."""
+    context = np.asarray(context, dtype=float)
+    sliding = model.sliding_window_layers
+    if not sliding:
+        return context
+    window = np.minimum(context, float(model.sliding_window))
+    return ((model.num_layers - sliding) * context + sliding * window) / model.num_layers
+
+
+def attended_pairs(model: ModelSpec, prompt_len):
+    """(query, key) pairs of causal attention over a prompt of ``prompt_len`` tokens, averaged over
+    the layers: s²/2 in a full layer; with a window w < s, w·s − w²/2 (each token sees at most w)."""
+    s = np.asarray(prompt_len, dtype=float)
+    full = s * s / 2
+    sliding = model.sliding_window_layers
+    if not sliding:
+        return full
+    w = float(model.sliding_window)
+    windowed = np.where(s <= w, full, w * s - w * w / 2)
+    return ((model.num_layers - sliding) * full + sliding * windowed) / model.num_layers
+
+
 def expected_distinct_experts(model: ModelSpec, tokens):
     """Expected number of distinct experts touched by ``tokens`` tokens: under uniform
     top-k routing ne·(1 − (1 − k/ne)^tokens) (docs/model.md §4.1; k for one token); under the
@@ -86,8 +129,13 @@ def attention_params(model: ModelSpec) -> int:
         q = h * model.q_dim if model.q_lora_rank is None else h * model.q_lora_rank + model.q_lora_rank * model.q_dim
         kv_a = h * (model.kv_lora_rank + model.qk_rope_head_dim)
         kv_b = model.kv_lora_rank * model.num_heads * (model.qk_nope_head_dim + model.v_head_dim)
-        return q + kv_a + kv_b + model.attn_out_dim * h
-    return h * model.q_dim + 2 * h * model.kv_dim + model.attn_out_dim * h
+        return q + kv_a + kv_b + model.attn_out_dim * h + sink_params(model)
+    return h * model.q_dim + 2 * h * model.kv_dim + model.attn_out_dim * h + sink_params(model)
+
+
+def sink_params(model: ModelSpec) -> int:
+    """Attention sinks (gpt-oss): one learned logit per query head and layer."""
+    return model.num_heads if model.attention_sinks else 0
 
 
 def expert_params(model: ModelSpec) -> int:
@@ -132,6 +180,17 @@ def total_params(model: ModelSpec) -> int:
     return moe + model.first_dense_layers * dense_layer_params(model) + embedding_params(model)
 
 
+def active_params(model: ModelSpec, embedding_table: bool = True) -> int:
+    """Parameters one token uses: every layer's non-expert weights, top-k routed experts, the
+    final norm and lm_head, and (``embedding_table``) the token-embedding table. Publishers
+    differ on the table (a row lookup, not a matmul): Qwen counts it, OpenAI's gpt-oss card
+    and DeepSeek-V3's README_WEIGHTS.md do not."""
+    moe = model.num_moe_layers * (moe_layer_static_params(model) + model.top_k * expert_params(model))
+    table = model.vocab_size * model.hidden_size
+    head = embedding_params(model) - (0 if model.tie_embeddings else table)
+    return moe + model.first_dense_layers * dense_layer_params(model) + head + (table if embedding_table else 0)
+
+
 def expert_bytes(model: ModelSpec) -> float:
     return expert_params(model) * weight_bytes_per_param(model)
 
@@ -152,7 +211,7 @@ def static_weight_bytes(model: ModelSpec) -> float:
         + model.first_dense_layers * dense_layer_params(model)
         + embedding_params(model)
     )
-    return params * weight_bytes_per_param(model)
+    return params * static_bytes_per_param(model)
 
 
 def kv_bytes_per_token(model: ModelSpec) -> float:
@@ -164,12 +223,12 @@ def kv_bytes_per_token(model: ModelSpec) -> float:
 
 def pre_attention(model: ModelSpec, tokens) -> OpCost:
     """Input RMSNorm + QKV projection for ``tokens`` tokens (MLA: q, kv_a, kv_a norm)."""
-    h, wb, ab = model.hidden_size, weight_bytes_per_param(model), dtype_bytes(model.activation_dtype)
+    h, wb, ab = model.hidden_size, static_bytes_per_param(model), dtype_bytes(model.activation_dtype)
     tokens = np.asarray(tokens, dtype=float)
     if model.is_mla:
         proj_params = attention_params(model) - model.attn_out_dim * h - model.kv_lora_rank * model.num_heads * (
             model.qk_nope_head_dim + model.v_head_dim
-        )
+        ) - sink_params(model)
         out_width = model.q_dim + model.kv_lora_rank + model.qk_rope_head_dim
         norm_flops = 4 * tokens * (h + model.kv_lora_rank)
         norm_weights = h + model.kv_lora_rank
@@ -183,7 +242,7 @@ def pre_attention(model: ModelSpec, tokens) -> OpCost:
         flops=norm_flops + 2 * tokens * proj_params,
         weight_bytes=(proj_params + norm_weights) * wb,
         act_bytes=tokens * (h + out_width) * ab,
-        quantized=quantized_weights(model),
+        quantized=static_quantized(model),
     )
 
 
@@ -198,7 +257,7 @@ def decode_attention(model: ModelSpec, tokens, context) -> OpCost:
     """Attention core for ``tokens`` sequences each attending to ``context`` cached tokens
     (paper Fig. 4: excludes QKVO projections). Reads the cache, writes one new token."""
     tokens = np.asarray(tokens, dtype=float)
-    context = np.asarray(context, dtype=float)
+    context = attended_context(model, context)  # sliding-window layers read at most their window
     kvb, ab = dtype_bytes(model.kv_dtype), dtype_bytes(model.activation_dtype)
     nq = model.num_heads
     if model.is_mla:
@@ -207,7 +266,7 @@ def decode_attention(model: ModelSpec, tokens, context) -> OpCost:
         absorb = 2 * tokens * nq * r * (model.qk_nope_head_dim + model.v_head_dim)
         core = 2 * tokens * nq * context * (r + rope) + 2 * tokens * nq * context * r
         flops = absorb + core
-        weights = r * nq * (model.qk_nope_head_dim + model.v_head_dim) * weight_bytes_per_param(model)
+        weights = r * nq * (model.qk_nope_head_dim + model.v_head_dim) * static_bytes_per_param(model)
     else:
         flops = 4 * tokens * nq * model.head_dim * context
         weights = 0.0
@@ -226,10 +285,10 @@ def prefill_attention(model: ModelSpec, sequences, prompt_len) -> OpCost:
     if model.is_mla:
         expand = 2 * seqs * s * model.kv_lora_rank * nq * (model.qk_nope_head_dim + model.v_head_dim)
         qk_dim, v_dim = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
-        flops = expand + seqs * s * s * nq * (qk_dim + v_dim)
-        weights = model.kv_lora_rank * nq * (model.qk_nope_head_dim + model.v_head_dim) * weight_bytes_per_param(model)
+        flops = expand + 2 * seqs * attended_pairs(model, s) * nq * (qk_dim + v_dim)
+        weights = model.kv_lora_rank * nq * (model.qk_nope_head_dim + model.v_head_dim) * static_bytes_per_param(model)
     else:
-        flops = 2 * seqs * nq * model.head_dim * s * s
+        flops = 4 * seqs * nq * model.head_dim * attended_pairs(model, s)  # QK^T and PV over the causal pairs
         weights = 0.0
     kv = seqs * s * model.kv_elements_per_token * kvb
     act = seqs * s * (qkv_width(model) + model.attn_out_dim) * ab
@@ -239,14 +298,14 @@ def prefill_attention(model: ModelSpec, sequences, prompt_len) -> OpCost:
 def post_attention(model: ModelSpec, tokens) -> OpCost:
     """O projection, post-attention RMSNorm, router and shared experts (GPU-static part)."""
     tokens = np.asarray(tokens, dtype=float)
-    h, wb, ab = model.hidden_size, weight_bytes_per_param(model), dtype_bytes(model.activation_dtype)
+    h, wb, ab = model.hidden_size, static_bytes_per_param(model), dtype_bytes(model.activation_dtype)
     o_params = model.attn_out_dim * h
     router = router_params(model)
     shared = shared_params(model)
     flops = 2 * tokens * (o_params + router + shared) + 4 * tokens * h
     act = tokens * (model.attn_out_dim + 2 * h + model.num_experts + (2 * model.shared_intermediate_size)) * ab
     return OpCost("post_attn", flops=flops, weight_bytes=(o_params + router + shared + h) * wb, act_bytes=act,
-                  quantized=quantized_weights(model))
+                  quantized=static_quantized(model))
 
 
 def routed_experts(model: ModelSpec, tokens) -> OpCost:
@@ -267,7 +326,7 @@ def router(model: ModelSpec, tokens) -> OpCost:
     tokens = np.asarray(tokens, dtype=float)
     ab = dtype_bytes(model.activation_dtype)
     return OpCost("router", flops=2 * tokens * router_params(model),
-                  weight_bytes=router_params(model) * weight_bytes_per_param(model) + 0 * tokens,
+                  weight_bytes=router_params(model) * static_bytes_per_param(model) + 0 * tokens,
                   act_bytes=tokens * (model.hidden_size + model.num_experts) * ab)
 
 
@@ -287,8 +346,8 @@ def dense_mlp(model: ModelSpec, tokens) -> OpCost:
     params = 3 * h * hd
     ab = dtype_bytes(model.activation_dtype)
     return OpCost(
-        "dense_mlp", flops=2 * tokens * params, weight_bytes=params * weight_bytes_per_param(model),
-        act_bytes=tokens * (2 * h + 3 * hd) * ab, quantized=quantized_weights(model),
+        "dense_mlp", flops=2 * tokens * params, weight_bytes=params * static_bytes_per_param(model),
+        act_bytes=tokens * (2 * h + 3 * hd) * ab, quantized=static_quantized(model),
     )
 
 
@@ -296,7 +355,7 @@ def lm_head(model: ModelSpec, tokens) -> OpCost:
     """Embedding lookup + final norm + lm_head for ``tokens`` tokens (model level)."""
     tokens = np.asarray(tokens, dtype=float)
     h, v = model.hidden_size, model.vocab_size
-    wb, ab = weight_bytes_per_param(model), dtype_bytes(model.activation_dtype)
+    wb, ab = static_bytes_per_param(model), dtype_bytes(model.activation_dtype)
     flops = 2 * tokens * h * v + 4 * tokens * h
     weights = (h * v + h) * wb + tokens * h * wb  # lm_head + norm + the embedding rows looked up
     act = tokens * (2 * h + v) * ab

@@ -158,7 +158,8 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     kv_path = engine.decode.kv_cache if prompt_len is None else engine.prefill.kv_cache
     kv_token = costs.kv_bytes_per_token(model)
     host_kv = 1.0 - np.asarray(kv_gpu_ratio, dtype=float)
-    loaded = host_kv * mu * float(context) * kv_token if prompt_len is None else 0.0 * host_kv
+    loaded = host_kv * mu * costs.attended_context(model, float(context)) * kv_token if prompt_len is None \
+        else 0.0 * host_kv
     stored = host_kv * tokens * kv_token
     post, gate = _split_router(ops.post_attn, model, tokens) if moe else (ops.post_attn, None)
     attention = (latency.gpu_time_s(ops.pre_attn, rates, tokens, engine)
@@ -248,7 +249,7 @@ def klotski_layer(model: ModelSpec, rates: Rates, micro_batch: int, context: flo
     call = task_dispatch_s(rates, engine)["expert"]
     experts = [(load, float(c) + call) for c in seconds[:used]]
     static = 0.0 if dense_resident else 1.0
-    wb = costs.weight_bytes_per_param(model)
+    wb = costs.static_bytes_per_param(model)
     gate_bytes = static * costs.router_params(model) * wb
     attention_bytes = static * (costs.moe_layer_static_params(model) - costs.router_params(model)) * wb
     loaded = gate_bytes + attention_bytes + (0.0 if experts_resident else used * costs.expert_bytes(model))

@@ -414,7 +414,7 @@ def offloaded_layer_bytes(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gp
     if engine.offloaded_weights != "all":
         return experts
     params = costs.moe_layer_static_params(model) if moe else costs.dense_layer_params(model)
-    return experts + params * costs.weight_bytes_per_param(model)
+    return experts + params * costs.static_bytes_per_param(model)
 
 
 def _alpha(dispatch, name: str) -> float:
@@ -517,7 +517,8 @@ def decode_tasks(model: ModelSpec, rates: Rates, micro_batch, context, attn_on_g
         ffn_op = replace(ffn_op, weight_bytes=costs.layer_expert_bytes(model) + 0 * mu, kv_bytes=0.0)
     h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
     # the host KV cache's memory sets the path of its prefetch too (pageable: driver-staged)
-    kv_read = kv_load_s(rates, engine, engine.decode.kv_cache, attn * mu * context * kv_token)
+    kv_read = kv_load_s(rates, engine, engine.decode.kv_cache, attn * mu * costs.attended_context(model, context)
+                        * kv_token)
     qkv_bytes = (1 - attn) * mu * costs.qkv_width(model) * ab
     hidden_bytes = (1 - attn) * mu * model.attn_out_dim * ab
     ffn_bytes = (1 - ffn) * mu * model.hidden_size * ab

@@ -44,8 +44,10 @@ class MemoryForm:
 
 
 def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:
-    """KV cache of one sequence at the end of generation, all layers."""
-    return workload.max_context_len * costs.kv_bytes_per_token(model) * model.num_layers
+    """KV cache of one sequence at the end of generation, all layers (a sliding-window layer keeps
+    at most its window: :func:`hrm.costs.attended_context`)."""
+    return float(costs.attended_context(model, workload.max_context_len)) * costs.kv_bytes_per_token(model) \
+        * model.num_layers
 
 
 def prefill_tokens(workload: Workload, micro_batch, max_tokens_per_pass=None):

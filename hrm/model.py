@@ -99,6 +99,17 @@ class ModelSpec(BaseModel):
     #: type such as q4_k_m, or int4-g128), its bits per weight with scales; None: the weight
     #: dtype's packed payload only (docs/model.md §4.8)
     weight_format: Optional[str] = None
+    #: how the weights that are not routed experts (attention, router, shared experts, dense
+    #: layers, embeddings) are stored when it differs from the experts: a float dtype (fp16,
+    #: bf16, fp32) where a checkpoint quantizes only its experts (gpt-oss: quantization_config
+    #: modules_to_not_convert), or a weight format name; None: as the experts
+    static_weight_format: Optional[str] = None
+    #: sliding-window attention: ``sliding_window_layers`` of the layers attend over at most the
+    #: last ``sliding_window`` tokens and cache no more (config.json layer_types + sliding_window)
+    sliding_window: Optional[int] = Field(default=None, gt=0)
+    sliding_window_layers: int = Field(default=0, ge=0)
+    #: a learned per-head sink logit in every layer's softmax (gpt-oss): num_heads parameters a layer
+    attention_sinks: bool = False
     #: which experts tokens choose (hrm.routing); None: uniform and independent (docs/model.md §4.1)
     routing: Optional[Routing] = None
 
@@ -117,11 +128,22 @@ class ModelSpec(BaseModel):
         if self.routing is not None and (self.routing.num_experts, self.routing.top_k) != (self.num_experts, self.top_k):
             raise ValueError(f"routing: a distribution over {self.routing.num_experts} experts, top-{self.routing.top_k}; "
                              f"the model has {self.num_experts}, top-{self.top_k}")
-        if self.weight_format is not None:
-            from .quantized import WEIGHT_FORMATS
+        if self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) exceeds num_layers ({self.num_layers})")
+        if self.sliding_window_layers and self.sliding_window is None:
+            raise ValueError("sliding_window_layers needs sliding_window")
+        if self.static_weight_format is not None and self.static_weight_format not in FLOAT_DTYPES:
+            from .quantized import is_weight_format
 
-            if self.weight_format not in WEIGHT_FORMATS:
-                raise ValueError(f"weight_format: unknown {self.weight_format!r} (one of {', '.join(WEIGHT_FORMATS)})")
+            if not is_weight_format(self.static_weight_format):
+                raise ValueError(f"static_weight_format: unknown {self.static_weight_format!r} (a float dtype or a "
+                                 f"weight format)")
+        if self.weight_format is not None:
+            from .quantized import WEIGHT_FORMATS, is_weight_format
+
+            if not is_weight_format(self.weight_format):
+                raise ValueError(f"weight_format: unknown {self.weight_format!r} (one of {', '.join(WEIGHT_FORMATS)}, "
+                                 f"or mix:TYPE*WEIGHTS,...)")
             if self.weight_dtype in FLOAT_DTYPES:
                 raise ValueError(f"weight_format {self.weight_format} needs quantized weights (weight_dtype int4 or "
                                  f"int8), not {self.weight_dtype}")
@@ -171,10 +193,11 @@ class ModelSpec(BaseModel):
 
     def sha256(self) -> str:
         """Hash of the fields the cost model reads (the context window only bounds the
-        workload, so plans made before it was read keep their hash; so do uniform routing and
-        an absent stored weight format)."""
-        exclude = ({"max_context_len"} | ({"routing"} if self.routing is None else set())
-                   | ({"weight_format"} if self.weight_format is None else set()))
+        workload, so plans made before it was read keep their hash; so do uniform routing,
+        an absent stored weight format and the later fields at their defaults)."""
+        defaults = {"routing": None, "weight_format": None, "static_weight_format": None, "sliding_window": None,
+                    "sliding_window_layers": 0, "attention_sinks": False}
+        exclude = {"max_context_len"} | {k for k, v in defaults.items() if getattr(self, k) == v}
         blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -231,7 +254,8 @@ MAX_CONFIG_BYTES = 16 << 20  # real config.json files are under 100 KB
 MAX_CONTEXT_WINDOW = MAX_CONTEXT_TOKENS  # the longest published context windows are 10M tokens
 
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "ffn_config.moe_num_experts")
-TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "ffn_config.moe_top_k")
+#: gpt-oss states its top-k twice (num_experts_per_tok and experts_per_token): both are read and must agree
+TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "ffn_config.moe_top_k", "experts_per_token")
 DENSE_WIDTH_KEYS = ("intermediate_size", "ffn_config.ffn_hidden_size", "n_inner")
 EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "ffn_config.ffn_hidden_size")
 KV_HEADS_KEYS = ("num_key_value_heads", "attn_config.kv_n_heads", "num_kv_heads")
@@ -258,6 +282,7 @@ MOE_SIGNAL_KEYS = (
 MOE_MODEL_TYPES = frozenset({
     "mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe",
     "granitemoe", "granitemoeshared", "phimoe", "jetmoe", "jamba", "gpt_oss", "llama4_text", "glm4_moe",
+    "qwen3_next", "kimi_k2",
 })
 MOE_ARCH_MARKERS = ("moe", "mixtral", "dbrx", "deepseek")  # in lower-cased ``architectures`` names
 
@@ -267,7 +292,7 @@ READ_KEYS = frozenset({
     *DENSE_WIDTH_KEYS, *EXPERT_WIDTH_KEYS, *KV_HEADS_KEYS, *ROPE_THETA_KEYS, *MLA_DIM_KEYS, *CONTEXT_KEYS,
     "head_dim", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
     "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers", "tie_word_embeddings", "kv_lora_rank",
-    "q_lora_rank", "rms_norm_eps", "model_type", "architectures",
+    "q_lora_rank", "rms_norm_eps", "model_type", "architectures", "layer_types", "sliding_window",
 })
 READ_KEYS = frozenset(k.split(".")[0] for k in READ_KEYS)
 #: top-level keys read from the file itself, also when the model sits under ``text_config``
@@ -292,15 +317,15 @@ KNOWN_IGNORED_KEYS = frozenset({
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     # context length, positions, rope variants
     "rope_scaling", "rope_type", "rope_interleave", "partial_rotary_factor", "rotary_dim", "rotary_pct",
-    "rotary_emb_base", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-    "sliding_window_pattern", "attention_chunk_size",
+    "rotary_emb_base", "use_sliding_window", "max_window_layers",
+    "sliding_window_pattern", "attention_chunk_size", "initial_context_length",
     # activations, norms, dropouts, biases, soft caps, scalings
     "hidden_act", "hidden_activation", "activation_function", "layer_norm_eps", "layer_norm_epsilon",
     "norm_eps", "norm_epsilon", "attention_dropout", "attention_probs_dropout_prob", "hidden_dropout",
     "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop", "dropout",
     "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "bias", "clip_qkv", "qk_layernorm", "use_qk_norm",
     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "embedding_multiplier",
-    "logits_scaling", "residual_multiplier", "attention_multiplier",
+    "logits_scaling", "residual_multiplier", "attention_multiplier", "swiglu_limit",
     # router/training details of MoE configs (the expert count, top-k and widths are read)
     "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "router_z_loss_coef",
     "norm_topk_prob", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "scoring_func",
@@ -322,7 +347,7 @@ TORCH_DTYPES = {
     "float16": "fp16", "half": "fp16", "fp16": "fp16",
     "bfloat16": "fp16", "bf16": "fp16",
 }
-QUANT_METHODS = ("awq", "bitsandbytes", "gptq")
+QUANT_METHODS = ("awq", "bitsandbytes", "gptq", "fp8", "mxfp4")
 QUANT_BITS = {4: "int4", 8: "int8"}
 
 
@@ -484,6 +509,56 @@ def _float_dtype(cfg: _Config, top: _Config) -> str:
     return hit[1] if hit else "fp16"  # absent: the spec's default 16-bit weights
 
 
+#: fp8 element encodings a ``quant_method: fp8`` config names (fmt): both one byte a weight
+FP8_FORMATS = ("e4m3", "e5m2")
+
+
+def _fp8_fields(conf: _Config) -> dict:
+    """fp8 block-quantized weights (DeepSeek-V3, Kimi-K2): one byte a weight and one fp32 scale
+    per 128 x 128 block (hrm.quantized FP8_BLOCK128); other block shapes are refused."""
+    from .quantized import FP8_BLOCK
+
+    fmt = conf.pick(("quantization_config.fmt",), _string)
+    if fmt is not None and fmt[1].lower() not in FP8_FORMATS:
+        conf.refuse(fmt[0], f"unsupported fp8 format {_show_value(fmt[1])} (known: {', '.join(FP8_FORMATS)})")
+    block = conf.raw("quantization_config.weight_block_size")
+    if block != [FP8_BLOCK, FP8_BLOCK]:
+        conf.refuse("quantization_config.weight_block_size",
+                    f"{_show_value(block)}: only [{FP8_BLOCK}, {FP8_BLOCK}] blocks are modelled (fp8-block128)")
+    return {"weight_dtype": "int8", "weight_format": "fp8-block128"}
+
+
+def _mxfp4_fields(conf: _Config, float_dtype: str) -> dict:
+    """MXFP4 experts (gpt-oss): 4.25 bits a weight (hrm.quantized MXFP4_BLOCK). The modules the
+    config keeps out of the conversion (modules_to_not_convert: gpt-oss lists self_attn, the
+    router, embed_tokens and lm_head, i.e. every weight but the experts) stay in the
+    checkpoint's float dtype."""
+    out = {"weight_dtype": "int4", "weight_format": "mxfp4"}
+    kept = conf.raw("quantization_config.modules_to_not_convert")
+    if kept is not None:
+        kept = _strings(conf, "quantization_config.modules_to_not_convert", kept)
+        if any("attn" in module for module in kept):
+            out["static_weight_format"] = float_dtype
+    return out
+
+
+def _quant_fields(cfg: _Config, top: _Config, float_dtype: str) -> dict:
+    """The weight dtype, stored format and non-expert format a ``quantization_config`` implies
+    (empty when there is none)."""
+    conf = top if top.raw("quantization_config") is not None or cfg is top else cfg
+    q = conf.raw("quantization_config")
+    if q is None:
+        return {}
+    if not isinstance(q, dict):
+        conf.refuse("quantization_config", f"must be an object, got {_kind(q)}")
+    method = conf.pick(("quantization_config.quant_method",), _string)
+    if method is not None and method[1].lower() == "fp8":
+        return _fp8_fields(conf)
+    if method is not None and method[1].lower() == "mxfp4":
+        return _mxfp4_fields(conf, float_dtype)
+    return {"weight_dtype": _quant_dtype(cfg, top)}
+
+
 def _quant_dtype(cfg: _Config, top: _Config) -> Optional[str]:
     """The weight dtype a ``quantization_config`` implies (None when there is none)."""
     conf = top if top.raw("quantization_config") is not None or cfg is top else cfg
@@ -602,6 +677,50 @@ def _attention_fields(model: _Config, required: dict, used: dict[str, str]) -> d
     return out
 
 
+#: layer_types values (transformers' configs: gpt-oss, Gemma, Qwen3-Next) and what they are
+LAYER_TYPES = ("full_attention", "sliding_attention")
+#: model types whose attention is not a KV cache over tokens: refused, one line each
+HYBRID_ATTENTION = {
+    "qwen3_next": "Qwen3-Next's hybrid attention (Gated DeltaNet linear attention in 3 of every 4 layers, "
+                  "full_attention_interval) keeps a fixed-size recurrent state per sequence instead of a KV cache "
+                  "per token; the cost model has no operator for it, so it is refused rather than priced as full "
+                  "attention",
+}
+
+
+def _attention_pattern_fields(model: _Config, top: _Config, num_layers: int, heads: int) -> dict:
+    """Sliding-window layers (layer_types + sliding_window) and attention sinks (gpt-oss: a
+    learned logit per head, transformers modeling_gpt_oss.py GptOssAttention ``self.sinks =
+    nn.Parameter(torch.empty(config.num_attention_heads))``). A ``sliding_window`` without
+    ``layer_types`` is not read: such configs do not say which layers use it."""
+    for conf in (model, top) if model is not top else (model,):
+        kind = conf.pick(("model_type",), _string)
+        if kind and kind[1] in HYBRID_ATTENTION:
+            conf.refuse("model_type", f"{kind[1]}: {HYBRID_ATTENTION[kind[1]]}")
+    out: dict = {}
+    kind = model.pick(("model_type",), _string)
+    if kind and kind[1] == "gpt_oss":
+        out["attention_sinks"] = True
+    types = model.pick(("layer_types",), _strings)
+    if types is None:
+        return out
+    if len(types[1]) != num_layers:
+        model.refuse("layer_types", f"lists {len(types[1])} layers; the model has {num_layers} (num_hidden_layers)")
+    for i, value in enumerate(types[1]):
+        if value == "linear_attention":
+            model.refuse(f"layer_types[{i}]", "linear_attention keeps a recurrent state, not a KV cache per token; "
+                                              "the cost model has no operator for it (refused)")
+        if value not in LAYER_TYPES:
+            model.refuse(f"layer_types[{i}]", f"unknown {_show_value(value)} (known: {', '.join(LAYER_TYPES)})")
+    sliding = types[1].count("sliding_attention")
+    if sliding:
+        window = model.pick(("sliding_window",), _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
+        if window is None:
+            model.refuse("sliding_window", f"missing (layer_types has {sliding} sliding_attention layers)")
+        out |= {"sliding_window": window[1], "sliding_window_layers": sliding}
+    return out
+
+
 def _dense_ffn_fields(model: _Config, top: _Config, dense_width, ignored: list[str]) -> dict:
     """The FFN fields of a dense model (one expert, top-1, the MLP's width); refused when
     the config looks like a mixture of experts without an expert count."""
@@ -698,9 +817,8 @@ def _optional_fields(model: _Config) -> dict:
 def _dtype_fields(model: _Config, top: _Config) -> dict:
     """weight_dtype (the quantised type, else the checkpoint's float type) and activation_dtype."""
     float_dtype = _float_dtype(model, top)
-    quant = _quant_dtype(model, top)
-    return {"weight_dtype": quant or float_dtype,
-            "activation_dtype": float_dtype}  # kernels compute in the checkpoint's float type
+    # kernels compute in the checkpoint's float type
+    return {"weight_dtype": float_dtype, "activation_dtype": float_dtype} | _quant_fields(model, top, float_dtype)
 
 
 def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> dict:
@@ -720,6 +838,7 @@ def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> d
     required, used = _required_fields(model, ignored)
     out = {"name": name, **required}
     out |= _attention_fields(model, required, used)
+    out |= _attention_pattern_fields(model, top, required["num_layers"], required["num_heads"])
     out |= _ffn_fields(model, top, required["num_layers"], ignored)
     out |= _optional_fields(model)
     out |= _dtype_fields(model, top)
@@ -830,6 +949,12 @@ def model_from_config(cfg: dict, name: str, source: str) -> tuple[ModelSpec, lis
 def load_model(name_or_path: str, weight_dtype: Optional[str] = None, kv_dtype: Optional[str] = None) -> ModelSpec:
     """ModelSpec from a config.json path, a directory holding one, or a catalog name/alias.
     Keys neither read nor known to be irrelevant are listed in one warning line on stderr."""
+    if str(name_or_path).lower().endswith(".gguf"):  # a GGUF: sizes and tensor types from its header
+        from .gguf import model_from_gguf
+
+        if _stat(Path(name_or_path)) is None:
+            raise HRMError(f"{name_or_path}: no such file")
+        return model_from_gguf(name_or_path).with_dtypes(weight_dtype, kv_dtype)
     path, name = resolve_config_path(name_or_path)
     spec, ignored = model_from_config(read_config_json(path), name, str(path))
     if ignored:

@@ -68,23 +68,62 @@ class WeightFormat(_Frozen):
         return sum(share * 8.0 * block_bytes / weights for share, block_bytes, weights in self.parts)
 
 
-# ggml block sizes (ggml/src/ggml-common.h, ggml-org/llama.cpp@01243c58: the static_asserts
-# under each struct): QK4_0 = QK8_0 = 32 weights per block, QK_K = 256 per super-block.
+# ggml block sizes: ggml-org/llama.cpp@0c1e5709 (the llama.cpp vendored by llama_cpp_python
+# 0.3.36) ggml/src/ggml-common.h, each struct's static_assert on its size (line cited per type
+# in GGML_BLOCK_SOURCES); QK_K = 256 weights per K-quant super-block (ggml-common.h:89).
+QK_K = 256
 Q4_0_BLOCK = (2 + 32 // 2, 32)  # block_q4_0: ggml_half d + 16 bytes of nibbles
 Q8_0_BLOCK = (2 + 32, 32)  # block_q8_0: ggml_half d + 32 int8 quants
-Q4_K_BLOCK = (2 * 2 + 12 + 256 // 2, 256)  # block_q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes
-Q5_K_BLOCK = (2 * 2 + 12 + 256 // 2 + 256 // 8, 256)  # block_q5_K: as q4_K + 32 bytes of high bits
-Q6_K_BLOCK = (2 + 256 // 16 + 3 * 256 // 4, 256)  # block_q6_K: d, 16 int8 scales, 192 bytes of quants
-#: every ggml tensor type a GGUF may hold, as (bytes per block, weights per block), by its GGUF
-#: name (ggml-common.h's block structs, as above; the float types one weight a block; MXFP4:
-#: block_mxfp4 = one e8m0 scale + 16 bytes of nibbles per 32)
+Q4_K_BLOCK = (2 * 2 + 12 + QK_K // 2, QK_K)  # block_q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes
+Q5_K_BLOCK = (2 * 2 + 12 + QK_K // 2 + QK_K // 8, QK_K)  # block_q5_K: as q4_K + 32 bytes of high bits
+Q6_K_BLOCK = (2 + QK_K // 16 + 3 * QK_K // 4, QK_K)  # block_q6_K: d, 16 int8 scales, 192 bytes of quants
+#: every ggml tensor type (ggml/include/ggml.h enum ggml_type at 0c1e5709) as (bytes per block,
+#: weights per block), by its GGUF name: the quantized types from their block structs, each
+#: term one struct member; the float and integer types one element a block (ggml.c type_traits)
 GGML_BLOCKS: dict[str, tuple[float, int]] = {
-    "F32": (4, 1), "F16": (2, 1), "BF16": (2, 1),
-    "Q4_0": Q4_0_BLOCK, "Q4_1": (2 * 2 + 32 // 2, 32), "Q5_0": (2 + 4 + 32 // 2, 32), "Q5_1": (2 * 2 + 4 + 32 // 2, 32),
-    "Q8_0": Q8_0_BLOCK, "Q2_K": (256 // 16 + 256 // 4 + 2 * 2, 256), "Q3_K": (256 // 8 + 256 // 4 + 12 + 2, 256),
-    "Q4_K": Q4_K_BLOCK, "Q5_K": Q5_K_BLOCK, "Q6_K": Q6_K_BLOCK, "Q8_K": (4 + 256 + 256 // 16 * 2, 256),
-    "IQ4_NL": (2 + 32 // 2, 32), "IQ4_XS": (2 + 2 + 256 // 64 + 256 // 2, 256), "MXFP4": (1 + 32 // 2, 32),
+    "F32": (4, 1), "F16": (2, 1), "BF16": (2, 1), "F64": (8, 1),
+    "I8": (1, 1), "I16": (2, 1), "I32": (4, 1), "I64": (8, 1),
+    "Q1_0": (2 + 128 // 8, 128),  # d + 1 bit per weight (QK1_0 = 128)
+    "Q2_0": (2 + 64 // 4, 64),  # d + 2 bits per weight (QK2_0 = 64)
+    "Q4_0": Q4_0_BLOCK, "Q4_1": (2 * 2 + 32 // 2, 32), "Q5_0": (2 + 4 + 32 // 2, 32),
+    "Q5_1": (2 * 2 + 4 + 32 // 2, 32), "Q8_0": Q8_0_BLOCK, "Q8_1": (2 * 2 + 32, 32),
+    "MXFP4": (1 + 32 // 2, 32),  # one E8M0 scale + 32 E2M1 nibbles (QK_MXFP4 = 32)
+    "NVFP4": (64 // 16 + 64 // 2, 64),  # four UE4M3 scales (one per 16) + 64 E2M1 nibbles
+    "TQ1_0": (2 + QK_K // 64 + (QK_K - 4 * QK_K // 64) // 5, QK_K),  # d, 4 bytes of 4 trits, 48 of 5
+    "TQ2_0": (2 + QK_K // 4, QK_K),  # d + 2 bits per weight
+    "Q2_K": (2 * 2 + QK_K // 16 + QK_K // 4, QK_K), "Q3_K": (2 + QK_K // 4 + QK_K // 8 + 12, QK_K),
+    "Q4_K": Q4_K_BLOCK, "Q5_K": Q5_K_BLOCK, "Q6_K": Q6_K_BLOCK, "Q8_K": (4 + QK_K + QK_K // 16 * 2, QK_K),
+    "IQ2_XXS": (2 + QK_K // 8 * 2, QK_K), "IQ2_XS": (2 + QK_K // 8 * 2 + QK_K // 32, QK_K),
+    "IQ2_S": (2 + QK_K // 4 + QK_K // 16, QK_K), "IQ3_XXS": (2 + 3 * (QK_K // 8), QK_K),
+    "IQ3_S": (2 + 13 * (QK_K // 32) + QK_K // 64, QK_K), "IQ1_S": (2 + QK_K // 8 + QK_K // 16, QK_K),
+    "IQ1_M": (QK_K // 8 + QK_K // 16 + QK_K // 32, QK_K), "IQ4_NL": (2 + 32 // 2, 32),
+    "IQ4_XS": (2 + 2 + QK_K // 64 + QK_K // 2, QK_K),
 }
+#: where each block size is stated: the static_assert under its struct (ggml-common.h) or the
+#: type_traits entry (ggml.c), at ggml-org/llama.cpp@0c1e5709
+GGML_BLOCK_SOURCES: dict[str, str] = {
+    "F32": "ggml.c:663", "F16": "ggml.c:669", "BF16": "ggml.c:886", "F64": "ggml.c:657", "I8": "ggml.c:633",
+    "I16": "ggml.c:639", "I32": "ggml.c:645", "I64": "ggml.c:651",
+    "Q1_0": "ggml-common.h:185", "Q2_0": "ggml-common.h:192", "Q4_0": "ggml-common.h:199",
+    "Q4_1": "ggml-common.h:212", "MXFP4": "ggml-common.h:219", "NVFP4": "ggml-common.h:227",
+    "Q5_0": "ggml-common.h:235", "Q5_1": "ggml-common.h:249", "Q8_0": "ggml-common.h:256",
+    "Q8_1": "ggml-common.h:269", "TQ1_0": "ggml-common.h:281", "TQ2_0": "ggml-common.h:288",
+    "Q2_K": "ggml-common.h:309", "Q3_K": "ggml-common.h:321", "Q4_K": "ggml-common.h:338",
+    "Q5_K": "ggml-common.h:356", "Q6_K": "ggml-common.h:368", "Q8_K": "ggml-common.h:376",
+    "IQ2_XXS": "ggml-common.h:385", "IQ2_XS": "ggml-common.h:393", "IQ2_S": "ggml-common.h:402",
+    "IQ3_XXS": "ggml-common.h:411", "IQ3_S": "ggml-common.h:422", "IQ1_S": "ggml-common.h:430",
+    "IQ1_M": "ggml-common.h:438", "IQ4_NL": "ggml-common.h:452", "IQ4_XS": "ggml-common.h:460",
+}
+#: the type ids of ggml/include/ggml.h (enum ggml_type, lines 390-433 at 0c1e5709): a GGUF
+#: tensor stores its type as this number
+GGML_TYPE_IDS: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K",
+    12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+    20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
+    29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4", 40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
+}
+#: ggml types that hold floats or integers (no block scales): a tensor in one is not quantized
+GGML_PLAIN_TYPES = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})
 
 
 def ggml_bits_per_weight(ggml_type: str) -> float:
@@ -99,12 +138,23 @@ def ggml_bits_per_weight(ggml_type: str) -> float:
 #: LLAMA_FTYPE_MOSTLY_Q4_K_M && use_more_bits -> GGML_TYPE_Q6_K)
 Q4_K_M_DOWN_Q6_SHARE = 0.5
 
+#: the OCP Microscaling format MXFP4 (OCP Microscaling Formats (MX) v1.0 spec, Sept 2023,
+#: https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf, table 1:
+#: block size 32, E2M1 elements, one E8M0 shared scale): 32 x 4 + 8 bits per 32 weights = 4.25
+#: bits; ggml's block_mxfp4 stores exactly that (GGML_BLOCKS["MXFP4"]: 17 bytes per 32)
+MXFP4_BLOCK = (32 * 4 // 8 + 1, 32)
+#: fp8 weights with one fp32 scale per 128 x 128 block (DeepSeek-V3's and Kimi-K2's checkpoints:
+#: config.json quantization_config weight_block_size [128, 128]; README_WEIGHTS.md of
+#: deepseek-ai/DeepSeek-V3: "weight_scale_inv ... float32 Tensor ... (128x128 weight block)")
+FP8_BLOCK = 128
+FP8_BLOCK128 = (FP8_BLOCK * FP8_BLOCK + 4, FP8_BLOCK * FP8_BLOCK)
+
 WEIGHT_FORMATS: dict[str, WeightFormat] = {
-    "q4_0": WeightFormat(parts=((1.0, *Q4_0_BLOCK),), source="ggml-common.h block_q4_0: 18 bytes per 32 weights"),
-    "q8_0": WeightFormat(parts=((1.0, *Q8_0_BLOCK),), source="ggml-common.h block_q8_0: 34 bytes per 32 weights"),
-    "q4_k": WeightFormat(parts=((1.0, *Q4_K_BLOCK),), source="ggml-common.h block_q4_K: 144 bytes per 256 weights"),
-    "q5_k": WeightFormat(parts=((1.0, *Q5_K_BLOCK),), source="ggml-common.h block_q5_K: 176 bytes per 256 weights"),
-    "q6_k": WeightFormat(parts=((1.0, *Q6_K_BLOCK),), source="ggml-common.h block_q6_K: 210 bytes per 256 weights"),
+    # every quantized ggml type by its lower-cased GGUF name (q4_k, iq1_s, tq1_0, mxfp4, ...)
+    **{name.lower(): WeightFormat(parts=((1.0, *GGML_BLOCKS[name]),),
+                                  source=f"ggml {GGML_BLOCK_SOURCES[name]} @0c1e5709: "
+                                         f"{GGML_BLOCKS[name][0]} bytes per {GGML_BLOCKS[name][1]} weights")
+       for name in GGML_BLOCKS if name not in GGML_PLAIN_TYPES},
     "q4_k_m": WeightFormat(
         parts=((2 / 3 + (1 - Q4_K_M_DOWN_Q6_SHARE) / 3, *Q4_K_BLOCK), (Q4_K_M_DOWN_Q6_SHARE / 3, *Q6_K_BLOCK)),
         source="llama.cpp src/llama-quant.cpp: Q4_K_M = Q4_K, ffn_down in Q6_K on half the layers "
@@ -115,12 +165,53 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
                               source="IST-DASLab/marlin README: 4 bits + 0.125 bits of fp16 group scales (group 128)"),
     "int8-channelwise": WeightFormat(parts=((1.0, 1.0, 1),),
                                      source="one scale per output channel: < 0.01% of the bytes, not counted"),
+    "fp8-block128": WeightFormat(parts=((1.0, *FP8_BLOCK128),),
+                                 source="fp8 e4m3 + one fp32 scale per 128x128 block (DeepSeek-V3 README_WEIGHTS.md)"),
 }
+WEIGHT_FORMATS["mxfp4"] = WeightFormat(parts=((1.0, *MXFP4_BLOCK),),
+                                       source="OCP MX v1.0 MXFP4: 32 E2M1 + one E8M0 scale = 4.25 bits; ggml "
+                                              f"block_mxfp4 ({GGML_BLOCK_SOURCES['MXFP4']}) the same 17 bytes per 32")
+
+#: a per-tensor mixture of ggml types, as a GGUF file holds it (Unsloth's UD files, llama.cpp's
+#: _M/_L mixes): ``mix:TYPE*ELEMENTS,TYPE*ELEMENTS`` — each type's weight count, so the name is
+#: exact and a plan made from a file reloads without the file (:func:`mix_format_name`)
+MIX_PREFIX = "mix:"
+
+
+def mix_format_name(elements_by_type: dict[str, int]) -> str:
+    """The weight format name of tensors holding ``elements_by_type`` weights per ggml type."""
+    items = sorted((t.lower(), int(n)) for t, n in elements_by_type.items() if n > 0)
+    return MIX_PREFIX + ",".join(f"{t}*{n}" for t, n in items)
+
+
+def _mix_format(name: str) -> WeightFormat:
+    parts, total = [], 0
+    for item in name[len(MIX_PREFIX):].split(","):
+        kind, _, count = item.partition("*")
+        if kind.upper() not in GGML_BLOCKS or not count.isdigit() or int(count) <= 0:
+            raise ValueError(f"unknown weight format {name!r} (a mix is {MIX_PREFIX}TYPE*WEIGHTS,...: a ggml type "
+                             f"and a positive weight count, e.g. {MIX_PREFIX}q4_k*1000,q6_k*500)")
+        parts.append((int(count), *GGML_BLOCKS[kind.upper()]))
+        total += int(count)
+    return WeightFormat(parts=tuple((n / total, b, w) for n, b, w in parts),
+                        source="a per-tensor mix of ggml types (a GGUF file's tensors)")
+
+
+def is_weight_format(name: str) -> bool:
+    """Whether ``name`` is a known weight format (a name in WEIGHT_FORMATS or a valid mix)."""
+    try:
+        weight_format(name)
+    except ValueError:
+        return False
+    return True
 
 
 def weight_format(name: str) -> WeightFormat:
+    if isinstance(name, str) and name.startswith(MIX_PREFIX):
+        return _mix_format(name)
     if name not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {name!r} (one of {', '.join(WEIGHT_FORMATS)})")
+        raise ValueError(f"unknown weight format {name!r} (one of {', '.join(WEIGHT_FORMATS)}, or a "
+                         f"{MIX_PREFIX}TYPE*WEIGHTS,... mix)")
     return WEIGHT_FORMATS[name]
 
 
