@@ -107,6 +107,17 @@ def _check(context: int, gen: int, users: int, objective: str) -> int:
     return context - gen
 
 
+def useful_ubatches(ubatches: tuple[int, ...], tokens: int) -> list[int]:
+    """The -ub values that differ for a prefill of ``tokens``: those below it, and the smallest
+    at or above it (any larger one runs the same single pass), and the default 512 (llama.cpp's
+    own choice is always a candidate)."""
+    out = {u for u in ubatches if u < tokens}
+    above = [u for u in ubatches if u >= tokens]
+    out |= {min(above)} if above else set()
+    out |= {DEFAULT_UBATCH} & set(ubatches)
+    return sorted(out)
+
+
 def _ranked(cands: list[Candidate], objective: str) -> list[Candidate]:
     return sorted((c for c in cands if c.fits), key=lambda c: (_score(c, objective), c.args()))
 
@@ -173,9 +184,7 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
             policy = Policy(batch_size=users, micro_batch_size=users, num_micro_batches=1, attn_on_gpu=attn_gpu,
                             ffn_on_gpu=True, weights_gpu_ratio=rw, kv_gpu_ratio=1.0 if attn_gpu else 0.0)
             for t in threads:
-                for ub in ubatches:
-                    if ub > max(prompt * users, DEFAULT_UBATCH):
-                        continue  # a pass longer than the prompt is the prompt
+                for ub in useful_ubatches(ubatches, prompt * users):
                     engine = with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
                     limits = physical_limits(hw, engine)
                     r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
@@ -259,9 +268,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     memory = {"cpu": inventory.weight_bytes + kv_bytes(inventory, users * context)}
     fits = memory["cpu"] <= hw.cpu.memory_gib * GIB
     for tb in threads:
-        for ub in ubatches:
-            if ub > max(users * prompt, DEFAULT_UBATCH):
-                continue
+        for ub in useful_ubatches(ubatches, users * prompt):
             b = max(DEFAULT_BATCH, ub)
             pre = run_times(inventory, section, tb, users, prompt, 0, 0, b, ub, tb)
             for t in threads:
