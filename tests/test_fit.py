@@ -39,12 +39,13 @@ def test_cpu_fit_is_the_enumerated_optimum(host, inventory):
     context, gen = 640, 8
     prompt = context - gen
     res = fit_cpu(host, inventory, context, gen, ubatches=(128, 512, 1024))
-    # independent enumeration: decode on -t, prefill on -tb and -ub (run_times directly)
+    # independent enumeration: decode on -t, prefill on -tb and -ub (run_times directly); -ub 1024
+    # is past the 512 rows the profile's dense matmuls were measured at, so not a pick
     best = None
     for t in (1, 2):
         dec = run_times(inventory, host.ggml_cpu, t, 1, 0, gen, prompt)
         for tb in (1, 2):
-            for ub in (128, 512, 1024):
+            for ub in (128, 512):
                 pre = run_times(inventory, host.ggml_cpu, tb, 1, prompt, 0, 0, max(2048, ub), ub, tb)
                 total = pre.prefill_s + dec.decode_s
                 if best is None or total < best[0]:
@@ -53,11 +54,23 @@ def test_cpu_fit_is_the_enumerated_optimum(host, inventory):
     assert (res.best.knobs["threads"], res.best.knobs["threads_batch"], res.best.knobs["ubatch"]) == best[1:]
     assert res.searched == 2 * 2 * 3
     # llama.cpp's defaults on 2 cores: -t 2, -ub 512 (common/common.h:454; common/common.cpp physical cores)
-    assert res.default.knobs == {"threads": 2, "threads_batch": 2, "ubatch": 512, "batch": 2048}
+    assert res.default.knobs == {"threads": 2, "threads_batch": 2, "ubatch": 512, "batch": 2048, "measured_rows": True}
     assert res.best.total_s <= res.default.total_s
     assert all(c.total_s >= res.best.total_s for c in res.runners_up)
     # memory: the file's weights and the f16 KV of the context
     assert res.best.memory_bytes["cpu"] == pytest.approx(inventory.weight_bytes + kv_bytes(inventory, context))
+
+
+def test_cpu_fit_keeps_to_the_measured_rows(host, inventory):
+    # mm curves reach 512 rows, mmid 128 rows per expert (docs/validation/runs/this-host-llamacpp.yaml)
+    reach = {op: max(max(p.x for p in k.s_per_elem_vs_rows) for k in host.ggml_cpu.kernels if k.op == op)
+             for op in ("mm", "mmid")}
+    assert reach == {"mm": 512.0, "mmid": 128.0}
+    res = fit_cpu(host, inventory, 2200, 8, ubatches=(512, 2048))
+    assert res.best.knobs["ubatch"] == 512 and res.infeasible == 4  # the four -ub 2048 candidates (t x tb)
+    assert any("-ub 2048: past the rows" in n for n in res.notes)
+    loose = fit_cpu(host, inventory, 2200, 8, ubatches=(512, 2048), extrapolate=True)
+    assert loose.infeasible == 0
 
 
 def test_cpu_fit_objectives(host, inventory):
