@@ -94,7 +94,8 @@ def main(argv) -> int:
 
     b = result.best
     print(f"best llama.cpp command on {hw.name}, context {result.context_tokens}, {result.users} user(s), "
-          f"objective {result.objective} ({result.searched} commands searched, {result.infeasible} do not fit):")
+          f"objective {result.objective} ({result.searched} commands searched, {result.infeasible} not eligible: over "
+          f"memory{', or -ub past the measured rows' if result.path == 'cpu' else ''}):")
     print(f"  {b.command(program, model_path)}")
     print(f"  predicted: prefill {b.prefill_tok_s:,.1f} tok/s, decode {b.decode_tok_s:,.2f} tok/s"
           f"{' (all users)' if result.users > 1 else ''}, request {b.total_s:.2f} s")
