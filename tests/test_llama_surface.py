@@ -51,3 +51,28 @@ def test_numa():
 def test_threads_are_read():
     assert _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 -t 12").engine_fields == \
         {"cpu_threads": 12}
+
+
+def test_llama_bench_sweep_on_a_gpu_machine():
+    """-t 4,8 -ngl 99 -ncmoe 20,30 is a sweep: every (t, ncmoe) point gets its pp and tg test,
+    each the llama.cpp engine's estimate of that placement."""
+    from hrm.export.llama_tools import bench_runs, gpu_estimate
+
+    runs, _ = bench_runs("llama-bench -m m.gguf -p 512 -n 128 -t 4,8 -ngl 99 -ncmoe 20,30", 8)
+    assert [(r.threads, r.n_cpu_moe, r.prompt_len, r.gen_len) for r in runs] == [
+        (t, c, p, n) for t in (4, 8) for c in (20, 30) for p, n in ((512, 0), (0, 128))]
+    hw = load_hardware("rtx3090")
+    model = load_model("mixtral", weight_dtype="int4").with_weight_format("q4_k_m")
+    tg20 = gpu_estimate(runs[1], hw, model)
+    tg30 = gpu_estimate(runs[3], hw, model)
+    assert tg20[1] > tg30[1] > 0  # more CPU layers, slower decode
+    imported = read_command("llama.cpp", "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 640 -ub 512", model,
+                            make_workload(None, prompt_len=512, gen_len=128), hw)
+    from hrm.engine import load_engine, with_fields
+    from hrm.estimate import estimate
+
+    engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": 4, "prefill.max_tokens_per_pass": 512})
+    same = estimate(hw, model, make_workload(None, prompt_len=1, gen_len=128), imported.policy, engine=engine)
+    assert tg20[1] == pytest.approx(same.decode_throughput_tok_s)
+    with pytest.raises(HRMError, match="-ngl 10"):
+        gpu_estimate(bench_runs("llama-bench -m m.gguf -ngl 10", 8)[0][0], hw, model)
