@@ -76,3 +76,24 @@ def test_llama_bench_sweep_on_a_gpu_machine():
     assert tg20[1] == pytest.approx(same.decode_throughput_tok_s)
     with pytest.raises(HRMError, match="-ngl 10"):
         gpu_estimate(bench_runs("llama-bench -m m.gguf -ngl 10", 8)[0][0], hw, model)
+
+
+def test_a_local_gguf_is_matched_by_its_header(tmp_path):
+    """-m FILE that is here: its header decides, not its name (issue 34: a renamed or oddly named
+    file of the right model is read, one of another model refused in one line)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = Path("/work/main/.ground/models/gt-mixtral-q4_k_m.gguf")
+    if not src.is_file():
+        pytest.skip("the ground-truth GGUFs are not on this machine")
+    odd = tmp_path / "renamed-anything.gguf"
+    odd.symlink_to(src)
+    mixtral = load_model(str(root / "benchmarks/ground_truth/configs/gt-mixtral.json"))
+    qwen = load_model(str(root / "benchmarks/ground_truth/configs/gt-qwen3moe.json"))
+    hw = load_hardware("l4")
+    got = read_command("llama.cpp", f"llama-server -m {odd} -ngl 99 -c 1024", mixtral, make_workload(), hw)
+    assert any("matches" in n and "GGUF header" in n for n in got.notes)
+    with pytest.raises(HRMError, match="its GGUF header") as exc:
+        read_command("llama.cpp", f"llama-server -m {odd} -ngl 99 -c 1024", qwen, make_workload(), hw)
+    assert "\n" not in str(exc.value)

@@ -455,6 +455,25 @@ def gguf_name_format(command: str) -> tuple[str, str, str] | None:
     return None
 
 
+def gguf_model_notes(path, ctx: Context) -> list[str]:
+    """A local GGUF matched against the model being planned by its header (hrm.gguf.read_gguf):
+    the block count and the routed expert count and top-k must agree (one-line refusal
+    otherwise), whatever the file is called."""
+    from ..gguf import read_gguf
+
+    arch, meta, _ = read_gguf(path)
+    m = ctx.model
+    facts = {"layers": (meta.get(f"{arch}.block_count"), int(m.num_layers)),
+             "experts": (meta.get(f"{arch}.expert_count"), int(m.num_experts)),
+             "top-k": (meta.get(f"{arch}.expert_used_count"), int(m.top_k))}
+    wrong = [f"{k} {int(v[0])} vs {v[1]}" for k, v in facts.items() if v[0] is not None and int(v[0]) != v[1]]
+    if wrong:
+        raise HRMError(f"llama.cpp: -m {path.name}: its GGUF header ({arch}) is not {m.name} ({', '.join(wrong)}); give "
+                       "HRM's --model the file's own model")
+    return [f"llama.cpp: -m {path.name}: its GGUF header ({arch}: {facts['layers'][0]} blocks, "
+            f"{facts['experts'][0]} experts, top-{facts['top-k'][0]}) matches {m.name}"]
+
+
 def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     """Refuse (one line) a model the command names that is not the model being planned — a
     Hugging Face repo (-hf) or a GGUF file (-m) named after another model, as every target
@@ -465,6 +484,12 @@ def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     if named is None or named == "MODEL.gguf":
         return []
     base = named.rstrip("/").split("/")[-1].lower()
+    if flag == "-m" and base.endswith(".gguf"):
+        from pathlib import Path
+
+        path = Path(named).expanduser()
+        if path.is_file():  # the file is here: match it by what it is, not by its name
+            return gguf_model_notes(path, ctx)
     if flag == "-m" and (GENERIC_GGUF_NAME.match(base) or set(base) <= {"."}):  # "-m ...": a path left out
         return [f"llama.cpp: {named}: the file's name names no model: read as {ctx.model.name}"]
     served_model_notes(named, ctx, "llama.cpp", flag)
