@@ -34,6 +34,14 @@ OBJECTIVES = ("latency", "decode", "prefill")
 #: one step above; the default 512 (common/common.h:454) is always among them
 UBATCHES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_UBATCH, DEFAULT_BATCH = 512, 2048
+#: llama.cpp's default -t on Linux: one thread per physical core (common/common.cpp:77-103 at
+#: ggml-org/llama.cpp@0c1e5709 counts distinct thread_siblings; a profile's cpu.cores are the
+#: usable CPUs, the physical cores of a catalog part); the halving fallback of :144-145
+#: (hrm.rates.default_llama_threads) is for hosts where that count fails
+def linux_default_threads(hw) -> int:
+    return int(hw.cpu.cores)
+
+
 #: the KV cache element type llama.cpp uses unless -ctk/-ctv say otherwise (common/common.h
 #: cache_type_k/v = F16); the only one the estimators price (hrm.ggml_cpu.KV_ELEMENT_TYPE)
 KV_TYPE = "f16"
@@ -155,7 +163,6 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
     from .memory import physical_limits
     from .options import DEFAULT_OPTIONS
     from .policy import Policy
-    from .rates import default_llama_threads
     from .workload import make_workload
 
     if hw.gpu is None:
@@ -166,13 +173,13 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
     layers = max(int(model.num_moe_layers), 1)
     dense_first = int(model.first_dense_layers)
     measured = sorted({k.threads for k in hw.ggml_cpu.kernels}) if hw.ggml_cpu is not None else []
-    default_t = default_llama_threads(int(hw.cpu.cores))
+    default_t = linux_default_threads(hw)
     if threads is None:
         # without measured ggml kernels the CPU roofline has no thread count: llama.cpp's default
         threads = tuple(t for t in measured if t <= hw.cpu.cores) or (default_t,)
     notes = []
     if not measured:
-        notes.append(f"-t {default_t}: llama.cpp's default on {hw.cpu.cores} cores (common/common.cpp:144-145); this "
+        notes.append(f"-t {default_t}: llama.cpp's default on {hw.cpu.cores} physical cores (common/common.cpp:77-103); this "
                      "profile has no measured ggml kernels (hrm profile --llama-cpp), so the CPU layers run at its "
                      "DRAM rate whatever -t is, and -t is not searched")
     cands: list[Candidate] = []
@@ -272,7 +279,6 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     measured rows (:func:`measured_ubatch`) is predicted and shown but not picked unless
     ``extrapolate``."""
     from .ggml_cpu import run_times
-    from .rates import default_llama_threads
 
     if hw.ggml_cpu is None:
         raise HRMError(f"hrm fit: {hw.name} has no ggml_cpu section: measure llama.cpp's kernels on this machine with "
@@ -280,7 +286,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     prompt = _check(context, gen, users, objective)
     section = hw.ggml_cpu
     threads = sorted({k.threads for k in section.kernels if k.threads <= hw.cpu.cores})
-    default_t = default_llama_threads(int(hw.cpu.cores))
+    default_t = linux_default_threads(hw)
     decode = {t: run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=t) for t in threads}
     cands: list[Candidate] = []
     default = None
