@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "ops": ("hrm_cli.estimate", "per-operator FLOPs, bytes and intensity of a model"),
     "export": ("hrm_cli.export", "a plan as another engine's command line (flexgen, llama.cpp, vllm, ...)"),
     "import": ("hrm_cli.import_flags", "another engine's command line as a policy, estimated"),
+    "fit": ("hrm_cli.fit", "the fastest llama.cpp command for a machine, a model and a context"),
     "sweep": ("hrm_cli.sweep", "search every cell of a hardware x model x workload x engine x what-if grid (Parquet)"),
     "calibrate": ("hrm_cli.calibrate", "fit a profile's achieved rates to your own measured runs"),
     "serve": ("hrm_cli.serve", "the web planner: the planner in a browser and a JSON API (loopback by default)"),

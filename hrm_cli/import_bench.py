@@ -22,6 +22,37 @@ def gguf_path(model_flag: str, given: str | None) -> Path:
     return path
 
 
+def gpu_main(command: str, hw, model, as_json: bool) -> int:
+    """A llama-bench sweep on a machine with a GPU: every point by HRM's llama.cpp engine."""
+    from hrm.export.llama_tools import gpu_estimate, tool_of
+
+    if tool_of(command) != "llama-bench":
+        raise HRMError("llama-batched-bench on a GPU profile: only llama-bench sweeps are predicted there")
+    tests, notes = bench_runs(command, hw.cpu.cores)
+    rows = []
+    for t in tests:
+        prefill, decode, fits = gpu_estimate(t, hw, model)
+        rows.append({"test": t.label, "threads": t.threads, "n_cpu_moe": t.n_cpu_moe, "n_ubatch": t.n_ubatch,
+                     "prefill_tok_s": prefill, "decode_tok_s": decode, "fits_memory": fits})
+    if as_json:
+        print(json.dumps({"source": "llama.cpp", "tool": "llama-bench", "hardware": hw.name, "model": model.name,
+                          "tests": rows, "notes": notes}, indent=2))
+        return 0
+    from rich.table import Table
+
+    from hrm_cli.common import console
+
+    table = Table(title=f"llama-bench on {hw.name}, {model.name} (HRM's llama.cpp engine, one sequence)")
+    for col in ("test", "threads", "ncmoe", "ub", "prefill tok/s", "decode tok/s", "fits"):
+        table.add_column(col, justify="right" if col != "test" else "left")
+    for r in rows:
+        table.add_row(r["test"], str(r["threads"]), str(r["n_cpu_moe"]), str(r["n_ubatch"]),
+                      f"{r['prefill_tok_s']:,.1f}" if r["prefill_tok_s"] else "-",
+                      f"{r['decode_tok_s']:,.2f}" if r["decode_tok_s"] else "-", "yes" if r["fits_memory"] else "NO")
+    console().print(table)
+    return 0
+
+
 def main(command: str, hw, gguf: str | None, as_json: bool) -> int:
     if hw.ggml_cpu is None:
         raise HRMError(f"--hw {hw.name}: no ggml_cpu section: measure this machine's llama.cpp kernels with "

@@ -72,7 +72,11 @@ def main(argv) -> int:
         from hrm_cli import import_bench
         from hrm.hardware import load_hardware
 
-        return import_bench.main(args.flags, load_hardware(args.hw), args.gguf, args.json)
+        hw = load_hardware(args.hw)
+        if hw.gpu is not None and args.model is not None:  # a GPU machine: HRM's llama.cpp engine per point
+            _, model = machine_from_args(args)
+            return import_bench.gpu_main(args.flags, hw, model, args.json)
+        return import_bench.main(args.flags, hw, args.gguf, args.json)
     if args.model is None:
         parser.error("the following arguments are required: --model")
     fields = given_fields(args)

@@ -66,6 +66,7 @@ MISSING_FILE = {
     "import": ["--from", "vllm", "--hw", "{missing}.yaml", "--model", "mixtral", "--cpu-offload-gb 10"],
     "sweep": ["{missing}.yaml", "--out", "{tmp}/out.parquet", "--dry-run"],
     "calibrate": ["{missing}.yaml"],
+    "fit": ["--hw", "{missing}.yaml", "--gguf", "x.gguf", "--context", "2048"],
 }
 
 

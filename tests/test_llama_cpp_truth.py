@@ -89,12 +89,13 @@ def test_export_caps_slots_at_llama_max_seq():
 
 # --- real commands -----------------------------------------------------------------------
 
-#: (source, command, hardware, N, mu, r_w, a piece of a note or None): N 4 where -np is absent
-#: (tools/server/server.cpp:156-160); r_w = GPU-kept MoE layers / 32, by hand. The commands
+#: (source, command, hardware, N, mu, r_w, a piece of a note or None): N 1 where -np is absent
+#: (one user: the server's 4 auto slots, tools/server/server.cpp:156-160, serve its requests one
+#: at a time); r_w = GPU-kept MoE layers / 32, by hand. The commands
 #: posted in llama.cpp's docs and issues are in tests/data/real_commands.yaml (the import table).
 REAL = [
-    # the issue's: a server with no -np runs 4 slots
-    ("issue 25", "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 8192 -b 2048 -ub 512", "l4", 4, 4,
+    # the issue's: a server with no -np serves one user at batch 1 (issue 34)
+    ("issue 25", "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 8192 -b 2048 -ub 512", "l4", 1, 1,
      12 / 32, "no -np"),
     # the issue's: first match keeps blocks 0-3's experts on the GPU, the rest on the CPU
     ("issue 25", r'./build/bin/llama-server -ngl 99 -np 8 -c 8192 -ot "blk\.([0-3])\.ffn_.*_exps\.=CUDA0" '

@@ -29,7 +29,9 @@ CTX_PAD_TOKENS = 256
 #: -b and -ub defaults (common/common.h:454-455)
 DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512
 #: llama-server with no -np (default -1, auto: common/arg.cpp:1403) runs 4 slots sharing one
-#: KV cache (tools/server/server.cpp:156-160)
+#: KV cache (tools/server/server.cpp:156-160); one user's requests still run one at a time, at
+#: batch 1 (:func:`_users`). llama-cli and llama-bench decode one sequence (n_parallel = 1,
+#: common/common.h:457).
 AUTO_SLOTS = 4
 #: --fit (on by default, common/common.h:478) may shrink an unset -c, never below 4096 (:480)
 FIT_MIN_CTX = 4096
@@ -349,6 +351,13 @@ def _slots(values: dict[str, list[str]]) -> tuple[int, bool]:
     return slots, unified
 
 
+def _users(values: dict[str, list[str]], slots: int) -> int:
+    """The sequences decoded together: -np's slots when -np is given, else one user at batch 1
+    (the server's auto slots, tools/server/server.cpp:156-160, wait for requests a single user
+    does not send; llama-cli runs one sequence, common/common.h:457 n_parallel = 1)."""
+    return slots if "-np" in values and values["-np"][0] != "-1" else 1
+
+
 def _ctx_size(values: dict[str, list[str]], ctx: Context) -> int:
     """-c (absent or 0: the model's training context, n_ctx_train)."""
     size = int_value(values, "-c", CONTEXT, 0)
@@ -378,10 +387,11 @@ def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
                        f"({_CTX}:290-305), below the workload's longest sequence, --max-prompt-len + --gen-len = "
                        f"{longest}: the server rejects those requests; give -c {ctx_pad(slots * longest)} or a "
                        "shorter workload")
-    if unified and slots * longest > total:
-        raise HRMError(f"llama.cpp: the {slots} slots share one KV cache of {total} tokens (-c {size}, unified), below "
-                       f"{slots} x {longest} for the workload's longest sequences: requests fail with the context "
-                       f"exceeded; give -c {slots * longest} or more")
+    users = _users(values, slots)
+    if unified and users * longest > total:
+        raise HRMError(f"llama.cpp: the {users} slots share one KV cache of {total} tokens (-c {size}, unified), below "
+                       f"{users} x {longest} for the workload's longest sequences: requests fail with the context "
+                       f"exceeded; give -c {users * longest} or more")
     return workload
 
 
@@ -445,6 +455,25 @@ def gguf_name_format(command: str) -> tuple[str, str, str] | None:
     return None
 
 
+def gguf_model_notes(path, ctx: Context) -> list[str]:
+    """A local GGUF matched against the model being planned by its header (hrm.gguf.read_gguf):
+    the block count and the routed expert count and top-k must agree (one-line refusal
+    otherwise), whatever the file is called."""
+    from ..gguf import read_gguf
+
+    arch, meta, _ = read_gguf(path)
+    m = ctx.model
+    facts = {"layers": (meta.get(f"{arch}.block_count"), int(m.num_layers)),
+             "experts": (meta.get(f"{arch}.expert_count"), int(m.num_experts)),
+             "top-k": (meta.get(f"{arch}.expert_used_count"), int(m.top_k))}
+    wrong = [f"{k} {int(v[0])} vs {v[1]}" for k, v in facts.items() if v[0] is not None and int(v[0]) != v[1]]
+    if wrong:
+        raise HRMError(f"llama.cpp: -m {path.name}: its GGUF header ({arch}) is not {m.name} ({', '.join(wrong)}); give "
+                       "HRM's --model the file's own model")
+    return [f"llama.cpp: -m {path.name}: its GGUF header ({arch}: {facts['layers'][0]} blocks, "
+            f"{facts['experts'][0]} experts, top-{facts['top-k'][0]}) matches {m.name}"]
+
+
 def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     """Refuse (one line) a model the command names that is not the model being planned — a
     Hugging Face repo (-hf) or a GGUF file (-m) named after another model, as every target
@@ -455,6 +484,12 @@ def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     if named is None or named == "MODEL.gguf":
         return []
     base = named.rstrip("/").split("/")[-1].lower()
+    if flag == "-m" and base.endswith(".gguf"):
+        from pathlib import Path
+
+        path = Path(named).expanduser()
+        if path.is_file():  # the file is here: match it by what it is, not by its name
+            return gguf_model_notes(path, ctx)
     if flag == "-m" and (GENERIC_GGUF_NAME.match(base) or set(base) <= {"."}):  # "-m ...": a path left out
         return [f"llama.cpp: {named}: the file's name names no model: read as {ctx.model.name}"]
     served_model_notes(named, ctx, "llama.cpp", flag)
@@ -465,13 +500,46 @@ def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     return []
 
 
+#: ik_llama.cpp's own flags (ikawrakow/ik_llama.cpp@8337e4cd common/common.cpp): -rtr repacks
+#: tensors at load (:2225), -amb caps attention's compute buffer (:1964), -mla picks its MLA kernel
+#: (:1942); -fmoe (fused up/gate experts) is its older switch, on by default there (-no-fmoe,
+#: :1973). ggml-org/llama.cpp@0c1e5709 has none of them (common/arg.cpp), and HRM's llama.cpp
+#: engines model ggml-org's kernels: refused in one line rather than read as llama.cpp's
+IK_LLAMA_FLAGS = {"-rtr": ":2225 run-time repack", "--run-time-repack": ":2225 run-time repack",
+                  "-fmoe": ":1973 fused MoE", "--fused-moe": ":1973 fused MoE", "-amb": ":1964 attention max batch",
+                  "--attention-max-batch": ":1964 attention max batch", "-mla": ":1942 MLA kernel",
+                  "--mla-use": ":1942 MLA kernel"}
+
+
+def _refuse_unmodelled(values: dict[str, list[str]], ctx: Context) -> None:
+    """One line for ik_llama.cpp's flags and for --numa on a machine of several NUMA nodes (the
+    engine places no memory per node: numa_aware false in hrm/data/engines/llama.cpp.yaml)."""
+    ik = [f for f in values if f in IK_LLAMA_FLAGS]
+    if ik:
+        f = ik[0]
+        raise HRMError(f"llama.cpp: {f}: an ik_llama.cpp flag (ikawrakow/ik_llama.cpp@8337e4cd common/common.cpp"
+                       f"{IK_LLAMA_FLAGS[f]}), not ggml-org/llama.cpp's; HRM's llama.cpp engines model ggml-org's "
+                       "kernels, not ik_llama.cpp's: drop it to estimate the command as llama.cpp runs it")
+    if "--numa" in values:
+        nodes = getattr(getattr(ctx.hardware, "cpu", None), "numa_nodes", None) or 1
+        if nodes > 1:
+            raise HRMError(f"llama.cpp: --numa {values['--numa'][0]}: the profile has {nodes} NUMA nodes and HRM's "
+                           "llama.cpp engine does not model where threads and host buffers sit across them "
+                           f"(--numa only places threads, {_ARG}:2723-2736; numa_aware false); drop --numa, or "
+                           "plan with a one-node profile")
+
+
 def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str]]:
     model = ctx.model
+    _refuse_unmodelled(values, ctx)
     notes = _model_notes(values, ctx) + _check_all_layers_on_gpu(values, model)
     slots, unified = _slots(values)
     n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
     if "-np" not in values:
-        notes.append(f"llama.cpp: no -np: {AUTO_SLOTS} slots sharing one KV cache (tools/server/server.cpp:156-160)")
+        notes.append(f"llama.cpp: no -np: one user at batch 1 (a server's {AUTO_SLOTS} auto slots share one KV cache, "
+                     "tools/server/server.cpp:156-160, and wait for parallel requests; llama-cli decodes one sequence, "
+                     "common/common.h:457); give -np N for N parallel users")
+    slots = _users(values, slots)
     if int_value(values, "-c", CONTEXT, 0) == 0:
         notes.append(f"llama.cpp: no -c (or -c 0): the model's context, {model.max_context_len} tokens; --fit (on by "
                      f"default) may shrink it to fit memory, not below {FIT_MIN_CTX}")
@@ -504,10 +572,9 @@ LLAMA_CPP = EngineFlags(
     name="llama.cpp", version=LLAMA_CPP_VERSION, programs=("llama-server",),
     # "server" was llama-server's name before ggml-org/llama.cpp PR #7809 (June 2024), with the
     # same -m/-c/-np/-ngl/-ub flags; "main" (now llama-cli) runs one prompt and has no slots
-    import_programs=("llama-server.exe", "server", "server.exe"),
-    refused_programs={name: "llama-cli (named main before ggml-org/llama.cpp PR #7809) runs one prompt at a time, "
-                            "not a server with slots; HRM reads llama-server commands"
-                      for name in ("main", "llama-cli", "main.exe", "llama-cli.exe")},
+    # llama-cli (named main before PR #7809) takes the same model, placement and batch flags
+    # (common/arg.cpp) and decodes one sequence: read as one user at batch 1 (_users)
+    import_programs=("llama-server.exe", "server", "server.exe", "llama-cli", "llama-cli.exe", "main", "main.exe"),
     engines=("llama.cpp", "llama.cpp-nkvo"), hrm_engine=_hrm_engine,
     description="llama.cpp llama-server: experts kept on the CPU per whole layer, KV on the GPU or the host",
     flags=(
@@ -549,7 +616,15 @@ LLAMA_CPP = EngineFlags(
                  "-a": 1, "--alias": 1, "--api-key": 1, "--chat-template": 1, "--reasoning-format": 1,
                  "-cb": 0, "--cont-batching": 0, "--metrics": 0, "--no-warmup": 0, "-v": 0, "--verbose": 0,
                  "--numa": 1, "--log-file": 1, "-lm": 1, "--load-mode": 1, "-kvo": 0, "--kv-offload": 0,
-                 "-mm": 1, "--mmproj": 1},
+                 "-mm": 1, "--mmproj": 1,
+                 # llama-cli's own (common/arg.cpp:1770 -p, 1777 -sys, 1801 -f, 1902-1903 -cnv/-no-cnv,
+                 # 1913 -st, 1922 -i): the prompt and chat mode, no policy field
+                 "-p": 1, "--prompt": 1, "-sys": 1, "--system-prompt": 1, "-f": 1, "--file": 1, "-cnv": 0,
+                 "--conversation": 0, "-no-cnv": 0, "--no-conversation": 0, "-st": 0, "--single-turn": 0,
+                 "-i": 0, "--interactive": 0,
+                 # ik_llama.cpp's, refused in one line by _parse (IK_LLAMA_FLAGS)
+                 "-rtr": 0, "--run-time-repack": 0, "-fmoe": 0, "--fused-moe": 0, "-amb": 1,
+                 "--attention-max-batch": 1, "-mla": 1, "--mla-use": 1},
     caveats=("re-estimated with HRM's llama.cpp engine (llama.cpp-nkvo with -nkvo: experts of CPU layers run on the "
              "CPU below 32 tokens per ubatch, their used experts copied to the GPU above) when one ubatch holds "
              "the batch; several ubatches are estimated with the plan's engine",

@@ -47,6 +47,10 @@ class ToolRun:
     kv_unified: bool = False
     shared_prompt: bool = False
     label: str = ""
+    #: llama-bench -ngl (default -1: every layer, tools/llama-bench/llama-bench.cpp:398) and
+    #: -ncmoe (default 0, :400; read at :731-737): what a GPU machine's prediction places
+    n_gpu_layers: int = -1
+    n_cpu_moe: int = 0
 
 
 def int_list(flag: str, text: str) -> list[int]:
@@ -81,6 +85,8 @@ _BENCH_FLAGS = {
     "-b": ("n_batch", "ints"), "--batch-size": ("n_batch", "ints"),
     "-ub": ("n_ubatch", "ints"), "--ubatch-size": ("n_ubatch", "ints"),
     "-t": ("n_threads", "ints"), "--threads": ("n_threads", "ints"),
+    "-ngl": ("n_gpu_layers", "ints"), "--n-gpu-layers": ("n_gpu_layers", "ints"),
+    "-ncmoe": ("n_cpu_moe", "ints"), "--n-cpu-moe": ("n_cpu_moe", "ints"),
 }
 _BATCHED_FLAGS = {
     "-m": ("model", "str"), "--model": ("model", "str"),
@@ -94,7 +100,7 @@ _BATCHED_FLAGS = {
 #: flags that change neither the CPU graph's work nor its speed on a CPU-only build (reporting,
 #: repetitions, output format, GPU-only placement with no GPU)
 _IGNORED_WITH_VALUE = {"-r", "--repetitions", "-o", "--output", "-oe", "--output-err", "--output-format",
-                       "--delay", "--prio", "-ngl", "--n-gpu-layers", "-ngld", "-mg", "--main-gpu", "-sm",
+                       "--delay", "--prio", "-ngld", "-mg", "--main-gpu", "-sm",
                        "--split-mode", "-fa", "--flash-attn", "-lm", "--load-mode", "-mmp", "--mmap",
                        "--seed", "-s", "--poll"}
 _IGNORED_SWITCHES = {"-v", "--verbose", "--progress", "--no-warmup", "--no-mmap", "--mlock", "--log-disable"}
@@ -149,9 +155,6 @@ def _read(words: list[str], flags: dict, tool: str) -> tuple[dict, list[str]]:
                 i += 1
             i += 1
             if flag in _IGNORED_WITH_VALUE:
-                if flag in ("-ngl", "--n-gpu-layers") and value not in ("0",):
-                    notes.append(f"{flag} {value}: no GPU in this CPU prediction (a CPU-only build runs every layer "
-                                 f"on the CPU)")
                 continue
             key, kind = flags[flag]
             if kind == "str":
@@ -187,18 +190,21 @@ def bench_runs(command: str, default_threads: int) -> tuple[list[ToolRun], list[
     if tool == "llama-bench":
         v, notes = _read(words, _BENCH_FLAGS, tool)
         runs = []
-        for threads, n_batch, n_ubatch, depth in itertools.product(
+        for threads, n_batch, n_ubatch, depth, ngl, ncmoe in itertools.product(
                 v.get("n_threads", [default_threads]), v.get("n_batch", [BENCH_DEFAULTS["n_batch"]]),
-                v.get("n_ubatch", [BENCH_DEFAULTS["n_ubatch"]]), v.get("n_depth", [BENCH_DEFAULTS["n_depth"]])):
-            base = ToolRun(tool, v["model"], threads, threads, 0, 0, 1, depth, n_batch, n_ubatch)
+                v.get("n_ubatch", [BENCH_DEFAULTS["n_ubatch"]]), v.get("n_depth", [BENCH_DEFAULTS["n_depth"]]),
+                v.get("n_gpu_layers", [-1]), v.get("n_cpu_moe", [0])):
+            base = ToolRun(tool, v["model"], threads, threads, 0, 0, 1, depth, n_batch, n_ubatch,
+                           n_gpu_layers=ngl, n_cpu_moe=ncmoe)
+            where = f" ngl{ngl} ncmoe{ncmoe}" if ("n_gpu_layers" in v or "n_cpu_moe" in v) else ""
             for p in v.get("n_prompt", [BENCH_DEFAULTS["n_prompt"]]):
                 if p:
-                    runs.append(replace(base, prompt_len=p, label=f"pp{p}" + (f" @ d{depth}" if depth else "")))
+                    runs.append(replace(base, prompt_len=p, label=f"pp{p}" + (f" @ d{depth}" if depth else "") + where))
             for n in v.get("n_gen", [BENCH_DEFAULTS["n_gen"]]):
                 if n:
-                    runs.append(replace(base, gen_len=n, label=f"tg{n}" + (f" @ d{depth}" if depth else "")))
+                    runs.append(replace(base, gen_len=n, label=f"tg{n}" + (f" @ d{depth}" if depth else "") + where))
             for p, n in v.get("pg", []):
-                runs.append(replace(base, prompt_len=p, gen_len=n, label=f"pp{p}+tg{n}"))
+                runs.append(replace(base, prompt_len=p, gen_len=n, label=f"pp{p}+tg{n}" + where))
         return runs, notes
     if tool == "llama-batched-bench":
         v, notes = _read(words, _BATCHED_FLAGS, tool)
@@ -230,3 +236,34 @@ def predict(run: ToolRun, inventory, section):
         return replace(dec, prefill_s=pre.prefill_s, prompt_tokens=pre.prompt_tokens)
     return run_times(inventory, section, run.threads, run.sequences, run.prompt_len, run.gen_len, run.depth,
                      run.n_batch, run.n_ubatch, run.threads_batch)
+
+
+def gpu_estimate(run: ToolRun, hw, model):
+    """One llama-bench test on a machine with a GPU, by HRM's ``llama.cpp`` engine: one
+    sequence (llama-bench runs one), ``-ncmoe`` blocks' experts on the CPU (the MoE layers among
+    blocks 0..N-1: common/common.h:1198-1217), the prompt in passes of ``-ub`` tokens
+    (``prefill.max_tokens_per_pass``), the CPU experts on ``-t`` threads. ``-ngl`` below every
+    layer moves attention too, which the engine's policy space (experts only) cannot express:
+    refused in one line. Returns (prefill tok/s, decode tok/s, fits physical memory)."""
+    from ..engine import load_engine, with_fields
+    from ..estimate import estimate
+    from ..memory import physical_limits
+    from ..policy import Policy
+    from ..workload import make_workload
+
+    total = int(model.num_layers) + 1
+    if run.n_gpu_layers not in (-1,) and run.n_gpu_layers < total:
+        raise HRMError(f"llama-bench: -ngl {run.n_gpu_layers}: below every layer ({total} with the output) puts whole "
+                       "layers, attention included, on the CPU; HRM's llama.cpp engine keeps attention on the GPU and "
+                       "moves experts only (-ncmoe / -ot): give -ngl 99 with -ncmoe")
+    layers = max(int(model.num_moe_layers), 1)
+    cpu_layers = min(max(run.n_cpu_moe - int(model.first_dense_layers), 0), layers)
+    policy = Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True, ffn_on_gpu=True,
+                    weights_gpu_ratio=(layers - cpu_layers) / layers, kv_gpu_ratio=1.0)
+    engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": run.threads,
+                                                    "prefill.max_tokens_per_pass": min(run.n_ubatch, run.n_batch)})
+    limits = physical_limits(hw, engine)
+    work = make_workload(None, prompt_len=max(run.depth + run.prompt_len, 1), gen_len=max(run.gen_len, 1))
+    r = estimate(hw, model, work, policy, limits=limits, engine=engine)
+    prefill = (run.depth + run.prompt_len) / r.prefill_latency_s if run.prompt_len and r.prefill_latency_s else 0.0
+    return prefill, r.decode_throughput_tok_s if run.gen_len else 0.0, r.fits(limits)

@@ -1,0 +1,113 @@
+"""``hrm fit``: the fastest llama.cpp command for a machine (a profile, or catalog parts), a
+model (catalog name or config.json; a GGUF on a CPU-only machine) and a context length
+(:mod:`hrm.fit`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hrm import bounds
+from hrm.errors import HRMError
+from hrm_cli.parser import ArgumentParser
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="hrm fit", description=(
+        "The fastest llama.cpp command (-ngl, --n-cpu-moe, -c, -b/-ub, -t/-tb, -fa, KV type) for one user or N "
+        "parallel users on a machine, with its predicted tok/s, memory per device, why it is the best, the "
+        "runners-up, and what it gains over llama.cpp's own fit (fewest CPU layers at the default -ub and -t)."))
+    m = p.add_argument_group("machine: a profile, or parts from the catalog (hrm/data/parts)")
+    m.add_argument("--hw", help="hardware profile: a YAML path or a shipped name")
+    m.add_argument("--gpu", help="a GPU of the catalog (rtx-4090, rx-7900-xtx, ...); omit for CPU only")
+    m.add_argument("--gpus", type=bounds.GPU_COUNT.flag("--gpus"), default=1, help="how many of --gpu (default 1)")
+    m.add_argument("--cpu", help="a CPU platform of the catalog (ryzen-9-7950x, epyc-9654, ...)")
+    m.add_argument("--sockets", type=int, default=1, help="CPU sockets (1 or 2; server platforms)")
+    m.add_argument("--ram", type=bounds.CPU_MEMORY_GIB.flag("--ram"), help="host memory, GiB")
+    m.add_argument("--cpu-stream-fraction", type=float,
+                   help="override the platform class's achieved/datasheet DRAM prior (0-1)")
+    p.add_argument("--model", help="catalog name/alias or a config.json path (machines with a GPU)")
+    p.add_argument("--weight-dtype", help="override the model's weight dtype (e.g. int4 for a Q4 GGUF)")
+    p.add_argument("--weight-format", help="GGUF type of int4/int8 weights (e.g. q4_k_m)")
+    p.add_argument("--gguf", help="a GGUF file (or hrm tensor table): CPU-only machines are predicted from its tensors")
+    p.add_argument("--context", type=bounds.TOKENS.flag("--context"), required=True,
+                   help="tokens each user's context holds (prompt + generated)")
+    p.add_argument("--gen", type=bounds.GEN_TOKENS.flag("--gen"), default=128,
+                   help="tokens generated per request (default 128); the prompt is the rest of the context")
+    p.add_argument("--users", type=int, default=1, help="parallel users (default 1: batch 1)")
+    p.add_argument("--objective", default="latency", choices=["latency", "decode", "prefill"],
+                   help="latency (default): the requests finish first; decode or prefill: that phase's tok/s")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return p
+
+
+def machine(args):
+    """The profile from --hw, or composed from --gpu/--cpu/--ram."""
+    if args.hw and (args.gpu or args.cpu):
+        raise HRMError("--hw and --gpu/--cpu: give a profile or parts, not both")
+    if args.hw:
+        from hrm.hardware import load_hardware
+
+        return load_hardware(args.hw)
+    if not args.cpu or args.ram is None:
+        raise HRMError("hrm fit: a machine is required: --hw PROFILE, or --cpu NAME --ram GIB [--gpu NAME]")
+    from hrm.parts import compose_profile
+
+    return compose_profile(args.gpu, args.cpu, args.ram, args.gpus, args.sockets, args.cpu_stream_fraction)
+
+
+def run_fit(args):
+    from hrm.fit import fit_cpu, fit_gpu
+
+    hw = machine(args)
+    if hw.gpu is None:
+        if not args.gguf:
+            raise HRMError(f"hrm fit: {hw.name} has no GPU: give --gguf FILE (the CPU step model reads its tensors)")
+        from hrm.gguf import read_inventory
+
+        if not Path(args.gguf).is_file():
+            raise HRMError(f"--gguf {args.gguf}: no such file")
+        return hw, fit_cpu(hw, read_inventory(args.gguf), args.context, args.gen, args.users, args.objective)
+    if not args.model:
+        raise HRMError("hrm fit: --model is required on a machine with a GPU (catalog name or config.json)")
+    from hrm.model import load_model
+
+    model = load_model(args.model, weight_dtype=args.weight_dtype)
+    if args.weight_format:
+        model = model.with_weight_format(args.weight_format)
+    return hw, fit_gpu(hw, model, args.context, args.gen, args.users, args.objective)
+
+
+def main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    hw, result = run_fit(args)
+    program = "llama-server" if args.users > 1 else "llama-cli"
+    model_path = args.gguf or "MODEL.gguf"
+    if args.json:
+        out = result.to_json()
+        out["hardware"] = hw.name
+        out["command"] = result.best.command(program, model_path)
+        print(json.dumps(out, indent=2))
+        return 0
+    from hrm.units import GIB
+
+    b = result.best
+    print(f"best llama.cpp command on {hw.name}, context {result.context_tokens}, {result.users} user(s), "
+          f"objective {result.objective} ({result.searched} commands searched, {result.infeasible} not eligible: over "
+          f"memory{', or -ub past the measured rows' if result.path == 'cpu' else ''}):")
+    print(f"  {b.command(program, model_path)}")
+    print(f"  predicted: prefill {b.prefill_tok_s:,.1f} tok/s, decode {b.decode_tok_s:,.2f} tok/s"
+          f"{' (all users)' if result.users > 1 else ''}, request {b.total_s:.2f} s")
+    print("  memory: " + ", ".join(f"{dev} {v / GIB:.2f} GiB" for dev, v in b.memory_bytes.items()))
+    print("why:")
+    for line in result.why:
+        print(f"  - {line}")
+    if result.runners_up:
+        print("runners-up:")
+        for c in result.runners_up:
+            print(f"  {c.args()}  | prefill {c.prefill_tok_s:,.1f} decode {c.decode_tok_s:,.2f} tok/s, "
+                  f"request {c.total_s:.2f} s")
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0

@@ -1,0 +1,154 @@
+"""hrm fit (hrm.fit, hrm_cli.fit): the pick is the optimum of an independent enumeration on the
+same estimators, llama.cpp's defaults are among the candidates, memory and KV by hand, and bad
+inputs end in one line."""
+
+from pathlib import Path
+
+import pytest
+
+from hrm.errors import InfeasibleError
+from hrm.fit import fit_cpu, fit_gpu, kv_bytes
+from hrm.ggml_cpu import run_times
+from hrm.gguf import read_inventory
+from hrm.hardware import load_hardware
+from hrm.model import load_model
+from hrm.parts import compose_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = ROOT / "docs/validation/runs/this-host-llamacpp.yaml"
+TABLE = ROOT / "docs/validation/runs/gguf/gt-qwen3moe-q4_k_m.tensors.json"
+
+
+@pytest.fixture(scope="module")
+def host():
+    return load_hardware(str(HOST))
+
+
+@pytest.fixture(scope="module")
+def inventory():
+    return read_inventory(TABLE)
+
+
+def test_kv_bytes_by_hand(inventory):
+    a = inventory.attention  # gt-qwen3moe: 8 layers, 4 KV heads of 64 + 64
+    assert (a.layers, a.kv_heads, a.k_width, a.v_width) == (8, 4, 64, 64)
+    assert kv_bytes(inventory, 1000) == 8 * 4 * (64 + 64) * 2 * 1000
+
+
+def test_cpu_fit_is_the_enumerated_optimum(host, inventory):
+    context, gen = 640, 8
+    prompt = context - gen
+    res = fit_cpu(host, inventory, context, gen, ubatches=(128, 512, 1024))
+    # independent enumeration: decode on -t, prefill on -tb and -ub (run_times directly); -ub 1024
+    # is past the 512 rows the profile's dense matmuls were measured at, so not a pick
+    best = None
+    for t in (1, 2):
+        dec = run_times(inventory, host.ggml_cpu, t, 1, 0, gen, prompt)
+        for tb in (1, 2):
+            for ub in (128, 512):
+                pre = run_times(inventory, host.ggml_cpu, tb, 1, prompt, 0, 0, max(2048, ub), ub, tb)
+                total = pre.prefill_s + dec.decode_s
+                if best is None or total < best[0]:
+                    best = (total, t, tb, ub)
+    assert res.best.total_s == pytest.approx(best[0], rel=1e-9)
+    assert (res.best.knobs["threads"], res.best.knobs["threads_batch"], res.best.knobs["ubatch"]) == best[1:]
+    assert res.searched == 2 * 2 * 3
+    # llama.cpp's defaults on 2 cores: -t 2, -ub 512 (common/common.h:454; common/common.cpp physical cores)
+    assert res.default.knobs == {"threads": 2, "threads_batch": 2, "ubatch": 512, "batch": 2048, "measured_rows": True}
+    assert res.best.total_s <= res.default.total_s
+    assert all(c.total_s >= res.best.total_s for c in res.runners_up)
+    # memory: the file's weights and the f16 KV of the context
+    assert res.best.memory_bytes["cpu"] == pytest.approx(inventory.weight_bytes + kv_bytes(inventory, context))
+
+
+def test_cpu_fit_keeps_to_the_measured_rows(host, inventory):
+    # mm curves reach 512 rows, mmid 128 rows per expert (docs/validation/runs/this-host-llamacpp.yaml)
+    reach = {op: max(max(p.x for p in k.s_per_elem_vs_rows) for k in host.ggml_cpu.kernels if k.op == op)
+             for op in ("mm", "mmid")}
+    assert reach == {"mm": 512.0, "mmid": 128.0}
+    res = fit_cpu(host, inventory, 2200, 8, ubatches=(512, 2048))
+    assert res.best.knobs["ubatch"] == 512 and res.infeasible == 4  # the four -ub 2048 candidates (t x tb)
+    assert any("-ub 2048: past the rows" in n for n in res.notes)
+    loose = fit_cpu(host, inventory, 2200, 8, ubatches=(512, 2048), extrapolate=True)
+    assert loose.infeasible == 0
+
+
+def test_cpu_fit_objectives(host, inventory):
+    dec = fit_cpu(host, inventory, 300, 4, objective="decode", ubatches=(512,))
+    assert dec.best.decode_tok_s == max(c.decode_tok_s for c in (dec.best,) + dec.runners_up)
+    assert dec.best.knobs["threads"] == 2  # two threads decode faster on this host (its measured kernels)
+
+
+@pytest.fixture(scope="module")
+def gpu_fit():
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    model = load_model("mixtral", weight_dtype="int4").with_weight_format("q4_k_m")
+    return hw, model, fit_gpu(hw, model, 4096, 64, ubatches=(512, 2048))
+
+
+def test_gpu_fit_fewest_cpu_layers_that_fit(gpu_fit):
+    from hrm.engine import load_engine, with_fields
+    from hrm.estimate import estimate
+    from hrm.memory import physical_limits
+    from hrm.policy import Policy
+    from hrm.workload import make_workload
+
+    hw, model, res = gpu_fit
+    best = res.best
+    assert best.fits and best.knobs["kv"] == "gpu"
+    k = best.knobs["cpu_layers"]
+    assert 0 < k < 32  # mixtral at ~4.5 bits is ~26 GB: some layers must leave a 24 GiB card
+    # one CPU layer fewer, same -ub, estimated here: over the GPU's physical memory
+    engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": best.knobs["threads"],
+                                                    "prefill.max_tokens_per_pass": best.knobs["ubatch"]})
+    limits = physical_limits(hw, engine)
+    work = make_workload(None, prompt_len=4096 - 64, gen_len=64)
+    fewer = estimate(hw, model, work, Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True,
+                                             ffn_on_gpu=True, weights_gpu_ratio=(32 - k + 1) / 32, kv_gpu_ratio=1.0),
+                     limits=limits, engine=engine)
+    assert not fewer.fits(limits)
+    same = estimate(hw, model, work, Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True,
+                                            ffn_on_gpu=True, weights_gpu_ratio=(32 - k) / 32, kv_gpu_ratio=1.0),
+                    limits=limits, engine=engine)
+    assert best.decode_tok_s == pytest.approx(same.decode_throughput_tok_s)
+    assert best.memory_bytes["gpu"] == pytest.approx(same.gpu_peak_bytes)
+    assert f"--n-cpu-moe {k}" in best.args() and "-ngl 33" in best.args()
+    # searched: (32 + 1) CPU-layer counts x 2 KV places x 2 -ub x 1 -t
+    assert res.searched == 33 * 2 * 2  # both -ub are below the 4032-token prompt
+    assert res.default is not None and res.default.knobs["ubatch"] == 512
+    assert best.total_s <= res.default.total_s
+
+
+def test_gpu_fit_nothing_fits():
+    hw = compose_profile("rtx-3060-12gb", "ryzen-7-5800x", 8)
+    with pytest.raises(InfeasibleError, match="none of the"):
+        fit_gpu(hw, load_model("mixtral"), 2048, 64, ubatches=(512,))
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--context", "2048"], "a machine is required"),
+    (["--cpu", "ryzen-9-7950x", "--ram", "64", "--context", "2048"], "no GPU: give --gguf"),
+    (["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "64", "--context", "2048"], "--model is required"),
+    (["--gpu", "rtx-4909", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "mixtral", "--context", "2048"],
+     "did you mean 'rtx-4090'"),
+    (["--hw", str(HOST), "--gguf", str(TABLE), "--context", "64", "--gen", "64"], "context must hold"),
+    (["--hw", str(HOST), "--gguf", str(TABLE), "--context", "640", "--users", "0"], "--users 0"),
+    (["--hw", "l4", "--cpu", "ryzen-9-7950x", "--context", "640"], "not both"),
+])
+def test_cli_refusals(argv, text, capsys):
+    from hrm_cli import main
+
+    assert main(["fit"] + argv) == 2
+    err = capsys.readouterr().err
+    assert text in err and err.count("\n") == 1
+
+
+def test_cli_json(capsys):
+    import json
+
+    from hrm_cli import main
+
+    assert main(["fit", "--hw", str(HOST), "--gguf", str(TABLE), "--context", "300", "--gen", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["path"] == "cpu" and out["command"].startswith("llama-cli -m ")
+    assert "-t 2" in out["best"]["args"] and out["llama_cpp_defaults"] is not None

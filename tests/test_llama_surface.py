@@ -1,0 +1,99 @@
+"""llama.cpp's command surface as hrm import reads it (issue 34 item 3): one user is batch 1
+(llama-cli; llama-server without -np), -np N is N users, ik_llama.cpp's flags and --numa on a
+multi-node machine are refused in one line."""
+
+import pytest
+
+from hrm.errors import HRMError
+from hrm.export.importing import read_command
+from hrm.hardware import load_hardware
+from hrm.model import load_model
+from hrm.parts import compose_profile
+from hrm.workload import make_workload
+
+
+def _read(command, hw="l4"):
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    return read_command("llama.cpp", command, load_model("mixtral"), make_workload(), hw)
+
+
+@pytest.mark.parametrize("command", [
+    "llama-cli -m mixtral-8x7b-v0.1.Q4_K_M.gguf -ngl 99 --n-cpu-moe 8 -c 4096 -p 'hello' -n 64",
+    "llama-server -m mixtral-8x7b.gguf -ngl 99 --n-cpu-moe 8 -c 4096",
+    "./main -m mixtral.gguf -ngl 99 --n-cpu-moe 8 -c 4096 -no-cnv",
+])
+def test_one_user_is_batch_one(command):
+    p = _read(command).policy
+    assert (p.batch_size, p.micro_batch_size, p.num_micro_batches) == (1, 1, 1)
+    assert p.weights_gpu_ratio == pytest.approx((32 - 8) / 32)
+
+
+def test_np_gives_the_users():
+    p = _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 8 -c 16384 -np 4 -kvu").policy
+    assert p.batch_size == 4
+
+
+@pytest.mark.parametrize("flag", ["-rtr", "-fmoe", "-amb 512", "-mla 2"])
+def test_ik_llama_flags_refused_in_one_line(flag):
+    with pytest.raises(HRMError, match="ik_llama.cpp flag") as exc:
+        _read(f"llama-server -m mixtral.gguf -ngl 99 -c 4096 {flag}")
+    assert "\n" not in str(exc.value)
+
+
+def test_numa():
+    two = compose_profile("rtx-4090", "epyc-9654", 512, sockets=2)
+    with pytest.raises(HRMError, match="2 NUMA nodes"):
+        _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 --numa distribute", two)
+    one = compose_profile("rtx-4090", "epyc-9654", 512)
+    assert _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 --numa distribute", one).policy
+
+
+def test_threads_are_read():
+    assert _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 -t 12").engine_fields == \
+        {"cpu_threads": 12}
+
+
+def test_llama_bench_sweep_on_a_gpu_machine():
+    """-t 4,8 -ngl 99 -ncmoe 20,30 is a sweep: every (t, ncmoe) point gets its pp and tg test,
+    each the llama.cpp engine's estimate of that placement."""
+    from hrm.export.llama_tools import bench_runs, gpu_estimate
+
+    runs, _ = bench_runs("llama-bench -m m.gguf -p 512 -n 128 -t 4,8 -ngl 99 -ncmoe 20,30", 8)
+    assert [(r.threads, r.n_cpu_moe, r.prompt_len, r.gen_len) for r in runs] == [
+        (t, c, p, n) for t in (4, 8) for c in (20, 30) for p, n in ((512, 0), (0, 128))]
+    hw = load_hardware("rtx3090")
+    model = load_model("mixtral", weight_dtype="int4").with_weight_format("q4_k_m")
+    tg20 = gpu_estimate(runs[1], hw, model)
+    tg30 = gpu_estimate(runs[3], hw, model)
+    assert tg20[1] > tg30[1] > 0  # more CPU layers, slower decode
+    imported = read_command("llama.cpp", "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 640 -ub 512", model,
+                            make_workload(None, prompt_len=512, gen_len=128), hw)
+    from hrm.engine import load_engine, with_fields
+    from hrm.estimate import estimate
+
+    engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": 4, "prefill.max_tokens_per_pass": 512})
+    same = estimate(hw, model, make_workload(None, prompt_len=1, gen_len=128), imported.policy, engine=engine)
+    assert tg20[1] == pytest.approx(same.decode_throughput_tok_s)
+    with pytest.raises(HRMError, match="-ngl 10"):
+        gpu_estimate(bench_runs("llama-bench -m m.gguf -ngl 10", 8)[0][0], hw, model)
+
+
+def test_a_local_gguf_is_matched_by_its_header(tmp_path):
+    """-m FILE that is here: its header decides, not its name (issue 34: a renamed or oddly named
+    file of the right model is read, one of another model refused in one line)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = Path("/work/main/.ground/models/gt-mixtral-q4_k_m.gguf")
+    if not src.is_file():
+        pytest.skip("the ground-truth GGUFs are not on this machine")
+    odd = tmp_path / "renamed-anything.gguf"
+    odd.symlink_to(src)
+    mixtral = load_model(str(root / "benchmarks/ground_truth/configs/gt-mixtral.json"))
+    qwen = load_model(str(root / "benchmarks/ground_truth/configs/gt-qwen3moe.json"))
+    hw = load_hardware("l4")
+    got = read_command("llama.cpp", f"llama-server -m {odd} -ngl 99 -c 1024", mixtral, make_workload(), hw)
+    assert any("matches" in n and "GGUF header" in n for n in got.notes)
+    with pytest.raises(HRMError, match="its GGUF header") as exc:
+        read_command("llama.cpp", f"llama-server -m {odd} -ngl 99 -c 1024", qwen, make_workload(), hw)
+    assert "\n" not in str(exc.value)
