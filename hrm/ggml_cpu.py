@@ -363,10 +363,18 @@ _TYPE_OF_DTYPE = {"fp16": "f16", "bf16": "f16", "fp32": "f32", "int8": "q8_0", "
 
 
 def ggml_type_of(model) -> str:
-    """The ggml type of a model spec's expert weights (its GGUF format, else its dtype)."""
+    """The ggml type of a model spec's expert weights: its GGUF format (a per-tensor mix: the
+    type holding the most weights; a format that is a ggml type: that type), else its dtype."""
+    from .quantized import GGML_BLOCKS, MIX_PREFIX
+
     fmt = getattr(model, "weight_format", None)
+    if isinstance(fmt, str) and fmt.startswith(MIX_PREFIX):
+        counts = [item.partition("*") for item in fmt[len(MIX_PREFIX):].split(",")]
+        fmt = max(counts, key=lambda c: int(c[2]))[0]
     if fmt in _TYPE_OF_FORMAT:
         return _TYPE_OF_FORMAT[fmt]
+    if isinstance(fmt, str) and fmt.upper() in GGML_BLOCKS:
+        return probe_type(fmt)
     return _TYPE_OF_DTYPE.get(model.weight_dtype, "f16")
 
 

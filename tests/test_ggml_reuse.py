@@ -98,3 +98,17 @@ def test_step_traffic_by_hand():
     assert t.expert_bytes == pytest.approx(256 * 512 * 8 * 34 / 32)
     assert t.touched == pytest.approx(2 / 8)
     assert t.kv_bytes == 100 * 2 * 4 * 128 * 2
+
+
+def test_ggml_type_of_new_formats():
+    from types import SimpleNamespace
+
+    from hrm.ggml_cpu import ggml_type_of
+
+    def spec(fmt, dtype="int4"):
+        return SimpleNamespace(weight_format=fmt, weight_dtype=dtype)
+    assert ggml_type_of(spec("q4_k_m")) == "q4_K"
+    assert ggml_type_of(spec("mix:q4_k*1000,q6_k*300,f32*10")) == "q4_K"  # the most weights
+    assert ggml_type_of(spec("mix:q4_k*100,iq2_xxs*900")) == "iq2_xxs"
+    assert ggml_type_of(spec("mxfp4")) == "mxfp4"
+    assert ggml_type_of(spec(None, "fp16")) == "f16"
