@@ -310,7 +310,7 @@ def plan_dict():
     policy = parse_policy("N=8,mu=4,attn=cpu,rw=0.5")
     plan = Plan(hardware=SpecRef(name="cpu-only", sha256=hw.sha256()),
                 model=SpecRef(name="tiny-mixtral", sha256=spec.sha256()), workload=workload, policy=policy,
-                schedule="cgopipe", estimate=Estimate(**estimate(hw, spec, workload, policy).to_plan_estimate()),
+                schedule="cgopipe", estimate=Estimate(**estimate(hw, spec, workload, policy, engine="ideal").to_plan_estimate()),
                 placement=policy_placement(spec, policy),
                 solver=SolverInfo(name="test", seconds=0.0, optimal=True, candidates_evaluated=1), created_by="test")
     return json.loads(plan.model_dump_json())

@@ -187,7 +187,7 @@ def test_memory_what_if_equals_cpu_mem_flag():
         gpu = None if row["gpu_mem_gib"] == hw.gpu.memory_gib else row["gpu_mem_gib"]
         limits = memory_limits(hw, gpu_mem_gib=gpu, cpu_mem_gib=row["cpu_mem_gib"])
         try:
-            expected = search(hw, model, workload, limits=limits, top=0).best.estimate.generation_throughput_tok_s
+            expected = search(hw, model, workload, limits=limits, top=0, engine="ideal").best.estimate.generation_throughput_tok_s
         except HRMError:
             assert row["status"] == "infeasible"
             continue
@@ -341,7 +341,7 @@ def test_batch_axis_pins_n_like_fix():
     hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload(None, 64, None, 8)
     for _, row in table.iterrows():
         best = search(hw, model, wl, objective="latency", fixed={"batch_size": int(row["pinned_batch_size"])},
-                      top=0).best
+                      top=0, engine="ideal").best
         assert row["batch_size"] == row["pinned_batch_size"] == best.policy.batch_size
         assert row["per_token_latency_s"] == best.estimate.per_token_latency_s
     with pytest.raises(Exception, match="batch_sizes must all be numbers"):
