@@ -13,7 +13,8 @@ over an enumeration instead:
 - a bound per candidate, vectorised over all of them: each layer takes at least the busy
   time of each of its resources (GPU, CPU→GPU, GPU→CPU) — the period of a schedule is never
   below its lane bound — from the very durations the scheduler gets
-  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`), and a pass never
+  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`), nor below the
+  host-KV chain (:func:`_kv_chain_s`, docs/model.md §5 "Klotski's bound"), and a pass never
   below its heads plus its disk read;
 - candidates are scheduled (:func:`hrm.pipelines.expert_level.klotski_times`) in order of their bound
   until the next bound cannot beat the best scheduled one: the result is the optimum of the
