@@ -31,8 +31,8 @@ import numpy as np
 from hrm import latency
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
-from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, expert_load_s, experts_used,
-                         task_dispatch_s)
+from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, batch_kv_s, expert_load_s,
+                         experts_used, task_dispatch_s)
 from hrm.pipelines.expert_level import (expert_buffers, klotski_disk_bytes, klotski_disk_read_s, klotski_memory,
                                        klotski_own_batches, klotski_times)
 from hrm.placement import make_placement
@@ -134,7 +134,8 @@ def candidates(request, rates) -> Candidates:
     step, pre = _lower_bounds(model, rates, engine, mu=mu, n=n, batch_size=batch_size, resident=resident, ratio=ratio,
                               context=context, prompt=prompt, layers=layers)
     # a pass takes at least its heads and the disk read (klotski_times: the layers' max with it)
-    head = n * latency.lm_head_time_s(model, rates, mu)
+    mus, at_mu = np.unique(mu, return_inverse=True)
+    head = n * latency.lm_head_time_s(model, rates, mus)[at_mu]
     return Candidates(mu, n, batch_size, resident, ratio, np.maximum(step, head + disk_s),
                       np.maximum(pre, head + disk_s), disk_s)
 
@@ -143,11 +144,17 @@ def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, c
     """Per candidate: decode step and prefill at least n heads plus, per layer, its busiest
     resource's work (the durations of :func:`hrm.klotski.klotski_layer`, summed)."""
     call = task_dispatch_s(rates, engine)["expert"]
-    head = n * latency.lm_head_time_s(model, rates, mu)
+    # what depends on μ alone is evaluated once per distinct μ (millions of candidates, a
+    # few thousand μ); the KV parts depend on r_c too
+    mus, at_mu = np.unique(mu, return_inverse=True)
+    head = n * latency.lm_head_time_s(model, rates, mus)[at_mu]
     out = []
     for prompt_len, per_token in ((None, 1), (prompt, prompt)):
-        per_batch = batch_durations(model, rates, mu, context, engine, ratio, prompt_len)
-        dense = batch_durations(model, rates, mu, context, engine, ratio, prompt_len, moe=False)
+        kv = batch_kv_s(model, rates, mu, context, engine, ratio, prompt_len)
+        per_batch = {**{k: v[at_mu] for k, v in batch_durations(model, rates, mus, context, engine, 1.0, prompt_len)
+                        .items() if k in ("attention_s", "gate_s")}, **kv}
+        dense = {"attention_s": batch_durations(model, rates, mus, context, engine, 1.0, prompt_len,
+                                                moe=False)["attention_s"][at_mu], **kv}
         groups, at_group = np.unique(batch_size * per_token, return_inverse=True)
         used = experts_used(model, groups)[at_group]
         batches, at_batch = np.unique(mu * per_token, return_inverse=True)
