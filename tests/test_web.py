@@ -278,7 +278,7 @@ def test_infeasible_is_422_naming_the_binding_limit(client, capsys):
     assert hrm_main(["search", "--hw", "l4", "--model", "mixtral", "--gpu-mem", "1", "--cpu-mem", "8"]) == 3
     assert capsys.readouterr().err.strip() == f"error: {message}"
     policy = "N=100000,mu=1000,n=100,attn=gpu,ffn=gpu,rw=1,rc=1"
-    response = client.post("/api/estimate", json={"hw": "l4", "model": "mixtral", "policy": policy})
+    response = client.post("/api/estimate", json={"hw": "l4", "model": "mixtral", "engine": "ideal", "policy": policy})
     assert "physical memory" in one_line_error(response, 422)
     assert response.json()["estimate"]["fits_physical_memory"] is False
 
