@@ -46,7 +46,8 @@ FIGURES = {
     "compare_l4": ["search", "--hw", "l4", "--model", "mixtral", "--compare", "--plot", "docs/figures/compare_l4.png"],
     "roofline_moe_ffn_l4": ["plot", "roofline", "--hw", "l4", "--model", "mixtral", "--op", "moe-ffn", "--out",
                             "docs/figures/roofline_moe_ffn_l4.png"],
-    "policy_map_fig10": ["plot", "policy-map", "--out", "docs/figures/policy_map_fig10.png", "--csv",
+    # the paper's Fig. 10 is the HRM model's map: engine ideal (the default engine is moe-lightning)
+    "policy_map_fig10": ["plot", "policy-map", "--engine", "ideal", "--out", "docs/figures/policy_map_fig10.png", "--csv",
                          "docs/figures/policy_map_fig10.csv"],
     "cpu_memory_l4": ["plot", "cpu-memory", "--hw", "l4", "--model", "mixtral", "--cpu-mems",
                       "100,150,200,250,300,400", "--out", "docs/figures/cpu_memory_l4.png"],
@@ -132,7 +133,7 @@ def figure_numbers() -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         roof = hrm(["plot", "roofline", "--hw", "l4", "--model", "mixtral", "--op", "moe-ffn", "--out",
                     f"{tmp}/roofline.png"])
-        hrm(["plot", "policy-map", "--out", f"{tmp}/map.png", "--csv", f"{tmp}/map.csv"])
+        hrm(["plot", "policy-map", "--engine", "ideal", "--out", f"{tmp}/map.png", "--csv", f"{tmp}/map.csv"])
         with open(f"{tmp}/map.csv", newline="") as handle:
             rates = [float(row["generation_throughput_tok_s"]) for row in csv.DictReader(handle)
                      if row["status"] == "ok"]

@@ -61,7 +61,7 @@ def main() -> None:
                 for _ in range(args.repeats):
                     start = time.perf_counter()
                     try:
-                        result = search(hw, model, wl)
+                        result = search(hw, model, wl, engine="ideal")
                     except HRMError:
                         result = None
                         break
@@ -72,7 +72,7 @@ def main() -> None:
                        "tok_s": result.extras["objective"], "policy": result.best.policy.short(),
                        "modes": result.extras["modes_total"], "solved": result.iterations}
                 if args.verify:
-                    checked = search(hw, model, wl, top=0, verify=True)
+                    checked = search(hw, model, wl, top=0, verify=True, engine="ideal")
                     row["verify_s"] = checked.verify_seconds
                     row["gap"] = 1 - checked.extras["objective"] / checked.verify_objective
                 old = before.get((model_name, hw_name, preset))

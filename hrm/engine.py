@@ -481,6 +481,24 @@ def attention_engine(engine: "Engine", attn_on_gpu: bool) -> "Engine":
 
 IDEAL = Engine(name="ideal", description="the plain HRM roofline (paper eqs. 1-14) - an upper bound")
 
+#: The engine a plan is made for when the caller names none: the API (``hrm.estimate.estimate``,
+#: ``solver.search.search``), every CLI subcommand (``hrm-search``, ``hrm estimate``, ``hrm plot``,
+#: a sweep grid's ``engines``) and the web planner resolve a missing engine here, through
+#: :func:`default_engine_name` (override: ``engine=`` / ``--engine``). Why moe-lightning: its plan
+#: is one a real engine runs (the MoE-Lightning artifact, the paper whose model HRM implements),
+#: while ideal is the plain roofline, an upper bound no engine reaches (hrm-search prints it
+#: beside the plan as the headroom). ideal stays the default where moe-lightning cannot run: a
+#: CPU-only profile (its experts run on the GPU, ``policy.ffn: [gpu]``) and ``--schedule`` (the
+#: lane structure of ideal).
+DEFAULT_ENGINE = "moe-lightning"
+
+
+def default_engine_name(hw=None, schedule: str | None = None) -> str:
+    """The engine name used when none is given: :data:`DEFAULT_ENGINE`, or ``ideal`` on a
+    CPU-only profile ``hw`` or with a ``schedule`` (ideal's lane structure)."""
+    cpu_only = hw is not None and getattr(hw, "gpu", None) is None
+    return "ideal" if cpu_only or schedule is not None else DEFAULT_ENGINE
+
 #: Mechanisms ``--explain`` switches off one at a time (dotted field paths): every engine
 #: field that is not the engine's identity or policy space (a test checks the coverage).
 MECHANISMS: dict[str, str] = {
@@ -554,10 +572,13 @@ def list_engines() -> list[str]:
 
 
 def load_engine(name_or_path: str | Engine | None) -> Engine:
-    """A shipped engine by name, or an engine YAML file; HRMError (one line) otherwise."""
+    """A shipped engine by name, or an engine YAML file (None: :data:`DEFAULT_ENGINE`); HRMError
+    (one line) otherwise."""
     if isinstance(name_or_path, Engine):
         return name_or_path
-    if name_or_path is None or name_or_path == "ideal":
+    if name_or_path is None:
+        name_or_path = default_engine_name()
+    if name_or_path == "ideal":
         return IDEAL
     path = engine_path(str(name_or_path))
     return validated(Engine, read_yaml_mapping(path, "an engine YAML file", "engine fields"), str(path))
@@ -586,10 +607,11 @@ def is_shipped(engine: Engine) -> bool:
     return engine.name in list_engines() and load_engine(engine.name) == engine
 
 
-def resolve_engine(engine: str | Engine | None, schedule: str | None) -> Engine:
+def resolve_engine(engine: str | Engine | None, schedule: str | None, hw=None) -> Engine:
     """The engine of ``--engine`` with ``--schedule``: the schedule is the lane structure of
-    ``ideal``; another engine has its own (a different ``--schedule`` is refused)."""
-    eng = load_engine(engine)
+    ``ideal``; another engine has its own (a different ``--schedule`` is refused). No engine
+    (None): :func:`default_engine_name` for ``hw`` and ``schedule``."""
+    eng = load_engine(default_engine_name(hw, schedule) if engine is None else engine)
     if schedule is None or schedule == eng.schedule:
         return eng
     if eng.name == "ideal":

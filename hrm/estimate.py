@@ -174,12 +174,13 @@ def estimate(
     engine: str | Engine | None = None,
 ) -> EstimateResult:
     """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
-    ``ideal``; ``schedule`` is ideal's lane structure, default cgopipe). Raises HRMError if
+    :func:`hrm.engine.default_engine_name`: moe-lightning on a GPU profile, ideal on a CPU-only
+    one or with ``schedule``, ideal's lane structure, default cgopipe). Raises HRMError if
     the engine cannot run the placement; r_w is snapped to the engine's granularity (noted).
     An attention tier the engine hands to another engine file (``policy.attention_engines``:
     FlexGen's --cpu-cache-compute) is estimated with that engine."""
     check_context_window(model, workload)
-    engine = engine_for_policy(resolve_engine(engine, schedule), policy)
+    engine = engine_for_policy(resolve_engine(engine, schedule, hw), policy)
     return estimate_problem(make_problem(hw, model, workload, engine, options, limits), policy)
 
 

@@ -155,12 +155,7 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
         ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
         rows = latency.attention_rows(model, prompt_len)
     alpha = task_dispatch_s(rates, engine)
-    kv_path = engine.decode.kv_cache if prompt_len is None else engine.prefill.kv_cache
-    kv_token = costs.kv_bytes_per_token(model)
     host_kv = 1.0 - np.asarray(kv_gpu_ratio, dtype=float)
-    loaded = host_kv * mu * costs.attended_context(model, float(context)) * kv_token if prompt_len is None \
-        else 0.0 * host_kv
-    stored = host_kv * tokens * kv_token
     post, gate = _split_router(ops.post_attn, model, tokens) if moe else (ops.post_attn, None)
     attention = (latency.gpu_time_s(ops.pre_attn, rates, tokens, engine)
                  + latency.gpu_time_s(ops.attention, rates, rows, engine)
@@ -168,10 +163,30 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     if not moe:
         attention = attention + latency.gpu_time_s(ops.ffn, rates, tokens, engine)
     zero = 0.0 * (mu + host_kv)
-    kv_in, kv_out = latency.kv_load_s(rates, engine, kv_path, loaded), latency.kv_cache_s(rates, engine, kv_path, stored)
     return {
         "attention_s": attention + zero,
         "gate_s": (latency.gpu_time_s(gate, rates, tokens, engine) + alpha["gate"] if moe else 0.0) + zero,
+        **batch_kv_s(model, rates, mu, context, engine, kv_gpu_ratio, prompt_len),
+    }
+
+
+def batch_kv_s(model: ModelSpec, rates: Rates, micro_batch, context, engine: Engine = IDEAL, kv_gpu_ratio=1.0,
+               prompt_len: int | None = None) -> dict:
+    """The host-resident KV share's part of :func:`batch_durations` (arrays broadcast over μ
+    and r_c): ``kv_load_s``, ``kv_store_s`` and their host-DRAM seconds ``kv_dram_s``. Apart
+    because only these depend on r_c: the search evaluates the rest once per μ."""
+    mu = np.asarray(micro_batch, dtype=float)
+    tokens = mu * (prompt_len if prompt_len is not None else 1)
+    alpha = task_dispatch_s(rates, engine)
+    kv_path = engine.decode.kv_cache if prompt_len is None else engine.prefill.kv_cache
+    kv_token = costs.kv_bytes_per_token(model)
+    host_kv = 1.0 - np.asarray(kv_gpu_ratio, dtype=float)
+    loaded = host_kv * mu * costs.attended_context(model, float(context)) * kv_token if prompt_len is None \
+        else 0.0 * host_kv
+    stored = host_kv * tokens * kv_token
+    zero = 0.0 * (mu + host_kv)
+    kv_in, kv_out = latency.kv_load_s(rates, engine, kv_path, loaded), latency.kv_cache_s(rates, engine, kv_path, stored)
+    return {
         "kv_load_s": np.where(loaded > 0, kv_in["h2d"] + alpha["kv_load"], 0.0) + zero,
         "kv_store_s": np.where(stored > 0, kv_out["d2h"] + alpha["kv_store"], 0.0) + zero,
         # host DRAM seconds of the KV loads and stores (a capacity bound when host_dram is modelled)

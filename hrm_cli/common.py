@@ -46,20 +46,25 @@ def add_workload_args(parser) -> None:
     parser.add_argument("--padding", action="store_true", help="pad prompts to the maximum (FlexGen style)")
 
 
-#: the engine ``hrm-search`` plans for unless --engine (or --schedule, a lane structure of
-#: ideal) says otherwise: the MoE-Lightning paper's own system; ideal on a CPU-only profile
-DEFAULT_SEARCH_ENGINE = "moe-lightning"
+#: the one default engine is hrm.engine.DEFAULT_ENGINE (the API's too); the CLI reads it there
+ENGINE_DEFAULT_HELP = ("default {engine} on a GPU profile, ideal on a CPU-only one or with --schedule "
+                       "(hrm.engine.DEFAULT_ENGINE)")
 
 
-def add_engine_args(parser, schedule_default=None, engine_default: str | None = "ideal") -> None:
-    """--engine NAME|FILE.yaml and --schedule (the lane structure of engine ideal)."""
+def engine_default_help() -> str:
+    from hrm.engine import DEFAULT_ENGINE
+
+    return ENGINE_DEFAULT_HELP.format(engine=DEFAULT_ENGINE)
+
+
+def add_engine_args(parser, schedule_default=None, bound_note: bool = False) -> None:
+    """--engine NAME|FILE.yaml (no default here: :func:`engine_from_args` resolves a missing one
+    with hrm.engine.default_engine_name) and --schedule (the lane structure of engine ideal)."""
     from hrm.engine import list_engines
     from hrm.schedules import SCHEDULES
 
-    default_help = ("default ideal: the plain HRM roofline, an upper bound" if engine_default == "ideal" else
-                    f"default {DEFAULT_SEARCH_ENGINE} on a GPU profile, ideal on a CPU-only one or with --schedule; "
-                    "ideal's bound is printed beside it as the headroom")
-    parser.add_argument("--engine", default=engine_default, metavar="NAME|FILE.yaml",
+    default_help = engine_default_help() + ("; ideal's bound is printed beside it as the headroom" if bound_note else "")
+    parser.add_argument("--engine", default=None, metavar="NAME|FILE.yaml",
                         help=f"engine that runs the plan: {', '.join(list_engines())}, or an engine YAML file "
                              f"({default_help})")
     parser.add_argument("--schedule", default=schedule_default, choices=list(SCHEDULES),
@@ -67,15 +72,11 @@ def add_engine_args(parser, schedule_default=None, engine_default: str | None = 
 
 
 def engine_from_args(args, hw=None):
-    """The engine of --engine/--schedule; with no --engine (None) the search's default for
-    ``hw`` (:data:`DEFAULT_SEARCH_ENGINE`, ideal on a CPU-only profile or with --schedule)."""
+    """The engine of --engine/--schedule; with no --engine (None) the default for ``hw``
+    (hrm.engine.default_engine_name: DEFAULT_ENGINE, ideal on a CPU-only profile or with --schedule)."""
     from hrm.engine import resolve_engine
 
-    name = getattr(args, "engine", None)
-    if name is None:
-        cpu_only = hw is not None and hw.gpu is None
-        name = "ideal" if cpu_only or getattr(args, "schedule", None) else DEFAULT_SEARCH_ENGINE
-    return resolve_engine(name, getattr(args, "schedule", None))
+    return resolve_engine(getattr(args, "engine", None), getattr(args, "schedule", None), hw)
 
 
 def add_memory_args(parser) -> None:

@@ -112,7 +112,7 @@ def run_estimate(args, machine=None) -> EstimateRun:
     workload = workload_from_args(args)
     policy = parse_policy(args.policy)
     options = options_from_args(args)
-    engine = engine_from_args(args)
+    engine = engine_from_args(args, hw)
     limits = limits_from_args(hw, options, args)
     report = explain(hw, model, workload, policy, engine, options, limits) if args.explain else None
     result = report.engine_estimate if report else estimate(hw, model, workload, policy, options=options,

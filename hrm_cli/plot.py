@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
-from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, check_input_file, limits_from_args,
+from hrm_cli.common import (add_machine_args, engine_default_help, add_memory_args, add_workload_args, check_input_file, limits_from_args,
                             machine_from_args, options_from_args, workload_from_args)
 from hrm_cli.sweep import sweep_progress
 from hrm.errors import HRMError
@@ -70,7 +70,7 @@ def build_parser() -> ArgumentParser:
     pmap.add_argument("--bandwidths", default=FIG10["bandwidths"], help="CPU→GPU GB/s values (comma-separated)")
     pmap.add_argument("--cpu-scales", default=FIG10["cpu_scales"], help="CPU scaling ratios (comma-separated)")
     pmap.add_argument("--schedule", choices=SCHEDULES, help="lane structure of --engine ideal (default cgopipe)")
-    pmap.add_argument("--engine", default="ideal", help="engine name or YAML file (default ideal)")
+    pmap.add_argument("--engine", help=f"engine name or YAML file ({engine_default_help()})")
     pmap.add_argument("--objective", default="generation", choices=["generation", "decode"])
     pmap.add_argument("--csv", help="also write the table of best policies")
 
@@ -91,7 +91,7 @@ def build_parser() -> ArgumentParser:
     tl.add_argument("--policy", help="policy, e.g. 'N=2496,mu=192,rw=0.11' (default: the trace's policy when "
                     "--trace is given, else the searched optimum)")
     tl.add_argument("--schedule", choices=SCHEDULES, help="schedule (default: the plan's, else cgopipe)")
-    tl.add_argument("--engine", help="engine name or YAML file (default: the plan's, else ideal)")
+    tl.add_argument("--engine", help=f"engine name or YAML file (default: the plan's, else {engine_default_help()})")
     tl.add_argument("--context", type=bounds.CONTEXT_TOKENS.flag("--context"),
                     help="cached tokens (default: the mean over the decode steps)")
     tl.add_argument("--trace", help="Chrome trace from 'hrm run --trace' to draw below the model")
@@ -136,10 +136,10 @@ def _policy_map(args):
     scales = _floats(args.cpu_scales, "--cpu-scales", bounds.SCALE)
     check_what_if(hw, bandwidths, scales)
     progress, update = sweep_progress("policy map")
+    engine = resolve_engine(args.engine, args.schedule, hw)
     with progress:
-        table = policy_map(make_problem(hw, model, workload, resolve_engine(args.engine, args.schedule)), bandwidths,
-                           scales, args.objective, progress=update)
-    title = (f"best policy ({args.objective} throughput, {args.engine}/{args.schedule or 'cgopipe'}): {model.name} on {hw.name} with the "
+        table = policy_map(make_problem(hw, model, workload, engine), bandwidths, scales, args.objective, progress=update)
+    title = (f"best policy ({args.objective} throughput, {engine.name}/{engine.schedule}): {model.name} on {hw.name} with the "
              f"link and CPU varied; prompt {workload.prompt_len}, gen {workload.gen_len}")
     return plot_policy_map(table, title), table
 
@@ -219,7 +219,7 @@ def _timeline(args):
             plan_engine = resolve_plan_engine(plan)  # its embedded definition, if any
         engine_name = engine_name or plan.engine
         schedule = schedule or (plan.schedule if engine_name == "ideal" else None)
-    engine = plan_engine or resolve_engine(engine_name, schedule)
+    engine = plan_engine or resolve_engine(engine_name, schedule, hw)
     if args.plan:
         pass
     elif args.policy or (args.trace and trace_policy(args.trace)):

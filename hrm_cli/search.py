@@ -54,7 +54,7 @@ def build_parser() -> ArgumentParser:
     add_machine_args(parser)
     add_workload_args(parser)
     add_memory_args(parser)
-    add_engine_args(parser, engine_default=None)
+    add_engine_args(parser, bound_note=True)
     parser.add_argument("--objective", default="generation", choices=list(OBJECTIVES),
                         help="maximise end-to-end generation throughput (default) or decode throughput, or minimise "
                              "the per-token latency (TPOT) at the batch pinned with --fix N=")

@@ -22,7 +22,7 @@ from typing import Iterable, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hrm import bounds
-from hrm.engine import Engine, is_shipped, resolve_engine
+from hrm.engine import DEFAULT_ENGINE, Engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, pydantic_message
 from hrm.hardware import HardwareProfile, load_hardware
 from hrm.model import ModelSpec, load_model
@@ -102,7 +102,7 @@ class SweepGrid(_Strict):
     - ``hardware``: shipped profile names or profile YAML paths (relative to the grid file);
     - ``models``: catalog names or config.json paths;
     - ``workloads``: preset names or mappings ``{preset, prompt_len, max_prompt_len, gen_len, padding}``;
-    - ``engines``: engine names, engine YAML paths, or ``ideal/SCHEDULE``;
+    - ``engines``: engine names, engine YAML paths, or ``ideal/SCHEDULE`` (default: ``DEFAULT_ENGINE``);
     - ``routings``: ``uniform``, ``zipf:S`` or ``trace:FILE`` (``--routing``), applied to every model;
     - ``batch_sizes``: batch sizes N to pin (``null``: searched, the default), as ``--fix N=``;
     - ``what_if``: :class:`WhatIf` axes; ``objective``, ``max_batch``, ``gpu_util``,
@@ -112,7 +112,9 @@ class SweepGrid(_Strict):
     hardware: list[str] = Field(min_length=1)
     models: list[str] = Field(min_length=1)
     workloads: list[WorkloadSpec] = Field(default_factory=lambda: [WorkloadSpec(preset="mtbench")], min_length=1)
-    engines: list[str] = Field(default=["ideal"], min_length=1)
+    # default: the one default engine (hrm.engine.DEFAULT_ENGINE); a cell's hardware is not
+    # known when the list resolves, so a CPU-only profile's grid names ``ideal`` itself
+    engines: list[str] = Field(default_factory=lambda: [DEFAULT_ENGINE], min_length=1)
     routings: list[str] = Field(default=["uniform"], min_length=1)
     batch_sizes: list[Optional[bounds.SEARCH_BATCH.type]] = Field(default=[None], min_length=1)
     what_if: WhatIf = Field(default_factory=WhatIf)

@@ -13,7 +13,8 @@ over an enumeration instead:
 - a bound per candidate, vectorised over all of them: each layer takes at least the busy
   time of each of its resources (GPU, CPU→GPU, GPU→CPU) — the period of a schedule is never
   below its lane bound — from the very durations the scheduler gets
-  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`), and a pass never
+  (:func:`hrm.klotski.batch_durations`, :func:`hrm.klotski.batch_expert_s`), nor below the
+  host-KV chain (:func:`_kv_chain_s`, docs/model.md §5 "Klotski's bound"), and a pass never
   below its heads plus its disk read;
 - candidates are scheduled (:func:`hrm.pipelines.expert_level.klotski_times`) in order of their bound
   until the next bound cannot beat the best scheduled one: the result is the optimum of the
@@ -30,8 +31,8 @@ import numpy as np
 from hrm import latency
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
-from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, expert_load_s, experts_used,
-                         task_dispatch_s)
+from hrm.klotski import (MAX_SCHEDULED_BATCHES, batch_durations, batch_expert_s, batch_kv_s, expert_load_s,
+                         experts_used, task_dispatch_s)
 from hrm.pipelines.expert_level import (expert_buffers, klotski_disk_bytes, klotski_disk_read_s, klotski_memory,
                                        klotski_own_batches, klotski_times)
 from hrm.placement import make_placement
@@ -133,7 +134,8 @@ def candidates(request, rates) -> Candidates:
     step, pre = _lower_bounds(model, rates, engine, mu=mu, n=n, batch_size=batch_size, resident=resident, ratio=ratio,
                               context=context, prompt=prompt, layers=layers)
     # a pass takes at least its heads and the disk read (klotski_times: the layers' max with it)
-    head = n * latency.lm_head_time_s(model, rates, mu)
+    mus, at_mu = np.unique(mu, return_inverse=True)
+    head = n * latency.lm_head_time_s(model, rates, mus)[at_mu]
     return Candidates(mu, n, batch_size, resident, ratio, np.maximum(step, head + disk_s),
                       np.maximum(pre, head + disk_s), disk_s)
 
@@ -142,11 +144,17 @@ def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, c
     """Per candidate: decode step and prefill at least n heads plus, per layer, its busiest
     resource's work (the durations of :func:`hrm.klotski.klotski_layer`, summed)."""
     call = task_dispatch_s(rates, engine)["expert"]
-    head = n * latency.lm_head_time_s(model, rates, mu)
+    # what depends on μ alone is evaluated once per distinct μ (millions of candidates, a
+    # few thousand μ); the KV parts depend on r_c too
+    mus, at_mu = np.unique(mu, return_inverse=True)
+    head = n * latency.lm_head_time_s(model, rates, mus)[at_mu]
     out = []
     for prompt_len, per_token in ((None, 1), (prompt, prompt)):
-        per_batch = batch_durations(model, rates, mu, context, engine, ratio, prompt_len)
-        dense = batch_durations(model, rates, mu, context, engine, ratio, prompt_len, moe=False)
+        kv = batch_kv_s(model, rates, mu, context, engine, ratio, prompt_len)
+        per_batch = {**{k: v[at_mu] for k, v in batch_durations(model, rates, mus, context, engine, 1.0, prompt_len)
+                        .items() if k in ("attention_s", "gate_s")}, **kv}
+        dense = {"attention_s": batch_durations(model, rates, mus, context, engine, 1.0, prompt_len,
+                                                moe=False)["attention_s"][at_mu], **kv}
         groups, at_group = np.unique(batch_size * per_token, return_inverse=True)
         used = experts_used(model, groups)[at_group]
         batches, at_batch = np.unique(mu * per_token, return_inverse=True)
@@ -161,11 +169,32 @@ def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, c
         # layer's last expert); with more buffers the bound is each resource's work alone
         idle = _link_idle_s(model, per_batch, n, used, load, last_s) if expert_buffers(engine) == 1 else 0.0
         link = used * load + kv_in + idle
-        offloaded = np.maximum.reduce([gpu, link, kv_out])
-        kept = np.maximum.reduce([gpu, kv_in, kv_out])
+        chain = _kv_chain_s(model, per_batch, n, cumulative[at_batch, used] + used * call, load, engine)
+        offloaded = np.maximum.reduce([gpu, link, kv_out, chain + model.top_k * load])
+        kept = np.maximum.reduce([gpu, kv_in, kv_out, chain])
         dense_layer = np.maximum.reduce([n * dense["attention_s"], n * dense["kv_load_s"], n * dense["kv_store_s"]])
         out.append(head + (layers - resident) * offloaded + resident * kept + model.first_dense_layers * dense_layer)
     return out[0], out[1]
+
+
+def _kv_chain_s(model, per_batch, n, expert_work_s, load, engine):
+    """A chain every decode layer's period contains when its KV cache is loaded from the host
+    (docs/model.md §5, "Klotski's bound"), less the hot loads (``model.top_k * load``, 0 for a
+    layer whose experts stay on the GPU); 0 where it does not apply. In the scheduled graph
+    (:func:`hrm.klotski.klotski_layer_tasks`, one expert buffer) layer i's gate weights and
+    hot experts wait for layer i−1's last expert (end E_{i−1}), and the link, in order, then
+    loads the KV of batches 1..n−1; the GPU, in order, runs the last batch's attention after
+    its KV, then every gate and every expert call. So E_i − E_{i−1} ≥ K·t_load + (n−f)·t_KV
+    + f·t_A + n·(t_G + Σ experts' calls), f = max(1, n/64) the scheduler's chunk of batches.
+    The period is the spacing of the layers' last ends; E_i is that end when the KV stores
+    (the only tasks after it) cannot outlast the work after the last attention: t_store ≤
+    t_G + Σ calls per batch (then each layer's stores end by its E_i, by induction)."""
+    if expert_buffers(engine) != 1:  # a later layer's loads wait for an older one: no such chain
+        return np.zeros(np.shape(n))
+    f = np.maximum(1.0, n / MAX_SCHEDULED_BATCHES)
+    attention, gate, kv, store = (per_batch[k] for k in ("attention_s", "gate_s", "kv_load_s", "kv_store_s"))
+    applies = (kv > 0) & (n >= 2) & (store <= gate + expert_work_s)
+    return np.where(applies, (n - f) * kv + f * attention + n * (gate + expert_work_s), 0.0)
 
 
 def _link_idle_s(model, per_batch, n, used, load, last_expert_s):
@@ -215,13 +244,14 @@ def branch_and_bound(request, rates, cands: Candidates, everything: bool = False
         alive &= cands.step_lb_s <= limits.tpot_s * (1 + 1e-9)
     if limits.ttft_s is not None:
         alive &= cands.prefill_lb_s <= limits.ttft_s * (1 + 1e-9)
-    order = [int(i) for i in np.argsort(-bound, kind="stable") if alive[i]]
+    order = np.argsort(-bound, kind="stable")
+    order = order[alive[order]]  # an array, not a list: millions of candidates, few scheduled
     best, best_value, scheduled = None, -np.inf, 0
     layers = request.model.num_moe_layers
     with Progress(f"engine {request.engine.name}: branch and bound, candidates scheduled", len(order)) as progress:
-        i = order[0] if order else 0
+        i = int(order[0]) if len(order) else 0
         try:  # a Ctrl-C anywhere in the loop (a schedule, the progress line) keeps the best so far
-            for i in order:
+            for i in map(int, order):
                 if not everything and bound[i] <= best_value + 1e-12 * abs(best_value):
                     break
                 if deadline is not None and best is not None and time.perf_counter() > deadline:

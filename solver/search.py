@@ -99,7 +99,7 @@ def search(hw: HardwareProfile, model: ModelSpec, workload: Workload, **kwargs) 
     :func:`search_engine`). An engine that hands an attention tier to another engine file
     (``policy.attention_engines``: FlexGen's ``--cpu-cache-compute``) is searched over every
     tier, each with the engine that runs it, and the best is kept; an attention pin picks one."""
-    engine = resolve_engine(kwargs.get("engine"), kwargs.get("schedule"))
+    engine = resolve_engine(kwargs.get("engine"), kwargs.get("schedule"), hw)
     tiers = engine.policy.attention_engines
     if not tiers or not is_shipped(engine):
         # an edited engine (a user's file, an --explain variant) keeps its own tiers: the
@@ -159,14 +159,15 @@ def search_engine(
     time_limit_s: float | None = None,
 ) -> SearchResult:
     """Best policy for the model on the machine and workload as ``engine`` runs it (default
-    ``ideal`` with ``schedule``, default cgopipe) among those that meet ``latency_limits``
+    :func:`hrm.engine.default_engine_name`: moe-lightning on a GPU profile; ideal on a CPU-only
+    one or with ``schedule``, default cgopipe) among those that meet ``latency_limits``
     (TPOT, TTFT); ``objective`` one of :data:`OBJECTIVES`. ``time_limit_s``: how long a
     search that is not exact by construction (Klotski's branch and bound) may schedule
     candidates before it returns its best, marked not proven optimal (None: its default).
     Raises InfeasibleError (exit 3) with the binding limit when no policy fits."""
     start = time.perf_counter()
     check_context_window(model, workload)
-    engine = resolve_engine(engine, schedule)
+    engine = resolve_engine(engine, schedule, hw)
     fixed, notes = engine_fixed(engine, model, dict(fixed or {}))
     latency_limits = latency_limits or LatencyLimits()
     solve_for = check_objective(objective, workload.gen_len, fixed, latency_limits, max_batch)

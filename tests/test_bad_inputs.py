@@ -115,7 +115,7 @@ HW_FIELDS = [
 @pytest.mark.parametrize("dotted,value", HW_FIELDS, ids=[f"{p}={v!r}"[:60] for p, v in HW_FIELDS])
 def test_hardware_field_refused(tmp_path, capsys, dotted, value):
     path = profile_file(tmp_path, L4, dotted, value)
-    line = refused(capsys, "estimate", "--hw", path, *TINY, "--policy", POLICY)
+    line = refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *TINY, "--policy", POLICY)
     assert path in line  # names the file ...
     field = dotted.split(".")[0] if value is DELETE or dotted == "bogus_key" else dotted.split(".")[-1]
     if dotted not in ("gpu.tflops", "disk", "efficiency", "gpu.dispatch"):
@@ -129,7 +129,7 @@ def test_hardware_field_refused(tmp_path, capsys, dotted, value):
 ])
 def test_cpu_only_profile_field_refused(tmp_path, capsys, dotted, value):
     path = profile_file(tmp_path, CPU_ONLY, dotted, value)
-    refused(capsys, "estimate", "--hw", path, *TINY, "--policy", POLICY, needle=dotted.split(".")[0])
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *TINY, "--policy", POLICY, needle=dotted.split(".")[0])
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -156,7 +156,7 @@ def test_cpu_only_profile_field_refused(tmp_path, capsys, dotted, value):
 def test_hardware_file_refused(tmp_path, capsys, content, needle):
     path = tmp_path / "hw.yaml"
     path.write_bytes(content)
-    refused(capsys, "estimate", "--hw", path, *TINY, "--policy", POLICY, needle=needle)
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *TINY, "--policy", POLICY, needle=needle)
 
 
 @pytest.mark.parametrize("hw,needle", [
@@ -169,11 +169,11 @@ def test_hardware_file_refused(tmp_path, capsys, content, needle):
     ("/dev/null", "character device"),
 ])
 def test_hardware_path_refused(capsys, hw, needle):
-    refused(capsys, "estimate", "--hw", hw, *TINY, "--policy", POLICY, needle=needle)
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", hw, *TINY, "--policy", POLICY, needle=needle)
 
 
 def test_hardware_directory_given_as_file(tmp_path, capsys):
-    refused(capsys, "estimate", "--hw", tmp_path, *TINY, "--policy", POLICY, needle="a directory")
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", tmp_path, *TINY, "--policy", POLICY, needle="a directory")
 
 
 # the issue's own examples, as files (tests/data/bad/EXPECT: file and the needle of its error line)
@@ -193,7 +193,7 @@ def test_fixture_refused(capsys, name, needle):
 
 
 # --- 2. flags -----------------------------------------------------------------------------
-EST = ["estimate", "--hw", "l4", *TINY, "--policy", POLICY]
+EST = ["estimate", "--engine", "ideal", "--hw", "l4", *TINY, "--policy", POLICY]
 SEARCH = ["search", "--hw", "l4", *TINY, "--gen-len", "8"]
 FLAG_CASES = [
     (EST + ["--gpu-mem", "inf"], "--gpu-mem"), (EST + ["--gpu-mem", "nan"], "--gpu-mem"),
@@ -215,14 +215,14 @@ FLAG_CASES = [
     (["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "32351"], "context window of model mixtral-8x7b"),
     (["search", "--hw", "l4", "--model", "olmoe", "--workload", "summarization", "--gen-len", "2113"],
      "at most --gen-len 2112"),
-    (["estimate", "--hw", "l4", "--model", "deepseek-moe-16b", "--policy", POLICY, "--prompt-len", "4000",
+    (["estimate", "--engine", "ideal", "--hw", "l4", "--model", "deepseek-moe-16b", "--policy", POLICY, "--prompt-len", "4000",
       "--gen-len", "97"], "--max-prompt-len + --gen-len"),
     (EST + ["--workload", "nope"], "--workload"), (EST + ["--engine", "warp-drive"], "warp-drive"),
     (EST + ["--engine", ""], "engine"), (EST + ["--schedule", "warp-drive"], "--schedule"),
     (EST + ["--engine", "flexgen", "--schedule", "sequential"], "--schedule"),
     (EST + ["--weight-dtype", "fp8"], "--weight-dtype"),
-    (["estimate", "--hw", "cpu-only", *TINY, "--policy", POLICY, "--gpu-mem", "8"], "no GPU"),
-    (["estimate", "--hw", "l4", "--model", "", "--policy", POLICY], "model"),
+    (["estimate", "--engine", "ideal", "--hw", "cpu-only", *TINY, "--policy", POLICY, "--gpu-mem", "8"], "no GPU"),
+    (["estimate", "--engine", "ideal", "--hw", "l4", "--model", "", "--policy", POLICY], "model"),
     (SEARCH + ["--top", "-1"], "--top"), (SEARCH + ["--top", "1e9"], "--top"),
     (SEARCH + ["--max-batch", "0"], "--max-batch"), (SEARCH + ["--max-batch", "-1"], "--max-batch"),
     (SEARCH + ["--max-batch", "1000000000000"], "--max-batch"),
@@ -347,7 +347,7 @@ def plan_dict():
     policy = parse_policy("N=8,mu=4,attn=cpu,rw=0.5")
     plan = Plan(hardware=SpecRef(name="cpu-only", sha256=hw.sha256()),
                 model=SpecRef(name="tiny-mixtral", sha256=spec.sha256()), workload=workload, policy=policy,
-                schedule="cgopipe", estimate=Estimate(**estimate(hw, spec, workload, policy).to_plan_estimate()),
+                schedule="cgopipe", estimate=Estimate(**estimate(hw, spec, workload, policy, engine="ideal").to_plan_estimate()),
                 placement=policy_placement(spec, policy),
                 solver=SolverInfo(name="test", seconds=0.0, optimal=True, candidates_evaluated=1), created_by="test")
     return json.loads(plan.model_dump_json())
@@ -540,7 +540,7 @@ def test_config_json_end_to_end(tmp_path, capsys, edit, needle):
     cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "vocab_size": 100, "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2, **edit}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    refused(capsys, "estimate", "--hw", "l4", "--model", tmp_path / "config.json", "--policy", POLICY, needle=needle)
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", "l4", "--model", tmp_path / "config.json", "--policy", POLICY, needle=needle)
 
 
 # --- 7. what needs a real process: pipes, /dev/full, FIFOs ------------------------------------
@@ -589,9 +589,9 @@ def fifo(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["estimate", "--hw", "FIFO", *TINY, "--policy", POLICY], "FIFO"),
+    (["estimate", "--engine", "ideal", "--hw", "FIFO", *TINY, "--policy", POLICY], "FIFO"),
     (["show", "FIFO"], "FIFO"),
-    (["estimate", "--hw", "l4", "--model", "FIFO", "--policy", POLICY], "FIFO"),
+    (["estimate", "--engine", "ideal", "--hw", "l4", "--model", "FIFO", "--policy", POLICY], "FIFO"),
     (["plot", "timeline", "--hw", "l4", *TINY, "--policy", POLICY, "--trace", "FIFO", "--out", "x.png"], "FIFO"),
     (["search", "--hw", "l4", *TINY, "--out", "FIFO"], "FIFO"),
 ])

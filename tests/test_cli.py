@@ -29,38 +29,38 @@ def write_profile(tmp_path, text):
 
 def test_malformed_yaml(tmp_path):
     path = write_profile(tmp_path, "name: x\ncpu: [unclosed\n")
-    one_line_error(run("estimate", "--hw", path, "--model", "mixtral", "--policy", GOOD), needle="malformed YAML")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", path, "--model", "mixtral", "--policy", GOOD), needle="malformed YAML")
 
 
 def test_negative_bandwidth(tmp_path):
     path = write_profile(tmp_path, "name: x\ncpu: {name: c, cores: 2, memory_gib: 8, memory_bandwidth_gbps: -5, tflops: {fp32: 1}}\n")
-    one_line_error(run("estimate", "--hw", path, "--model", "tiny-mixtral", "--policy", GOOD), needle="memory_bandwidth_gbps")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", path, "--model", "tiny-mixtral", "--policy", GOOD), needle="memory_bandwidth_gbps")
 
 
 def test_missing_bandwidth(tmp_path):
     path = write_profile(tmp_path, "name: x\ncpu: {name: c, cores: 2, memory_gib: 8, tflops: {fp32: 1}}\n")
-    one_line_error(run("estimate", "--hw", path, "--model", "tiny-mixtral", "--policy", GOOD), needle="memory_bandwidth_gbps")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", path, "--model", "tiny-mixtral", "--policy", GOOD), needle="memory_bandwidth_gbps")
 
 
 def test_unknown_profile_name():
-    one_line_error(run("estimate", "--hw", "l5", "--model", "mixtral", "--policy", GOOD), needle="not found")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", "l5", "--model", "mixtral", "--policy", GOOD), needle="not found")
 
 
 def test_unknown_model_suggests():
-    one_line_error(run("estimate", "--hw", "l4", "--model", "mixtrall", "--policy", GOOD), needle="did you mean mixtral")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtrall", "--policy", GOOD), needle="did you mean mixtral")
 
 
 def test_config_json_missing_keys(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}))
-    one_line_error(run("estimate", "--hw", "l4", "--model", str(path), "--policy", GOOD), needle="num_hidden_layers")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", "l4", "--model", str(path), "--policy", GOOD), needle="num_hidden_layers")
 
 
 def test_config_json_is_read(tmp_path):
     cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "vocab_size": 100, "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    out = run("estimate", "--hw", "l4", "--model", str(tmp_path), "--policy", GOOD, "--json")
+    out = run("estimate", "--engine", "ideal", "--hw", "l4", "--model", str(tmp_path), "--policy", GOOD, "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["estimate"]["generation_throughput_tok_s"] > 0
 
@@ -74,16 +74,16 @@ def test_config_json_is_read(tmp_path):
     ("N=512 mu", "KEY=VALUE"),
 ])
 def test_policy_typos(policy, needle):
-    one_line_error(run("estimate", "--hw", "l4", "--model", "mixtral", "--policy", policy), needle=needle)
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtral", "--policy", policy), needle=needle)
 
 
 def test_unknown_subcommand_and_flag():
     one_line_error(run("estimat"), needle="did you mean 'estimate'")
-    one_line_error(run("estimate", "--hw", "l4", "--model", "mixtral", "--policy", GOOD, "--bogus"), needle="bogus")
+    one_line_error(run("estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtral", "--policy", GOOD, "--bogus"), needle="bogus")
 
 
 def test_estimate_json_has_plan_names():
-    out = run("estimate", "--hw", "l4.yaml", "--model", "mixtral", "--workload", "mtbench", "--gen-len", "128",
+    out = run("estimate", "--engine", "ideal", "--hw", "l4.yaml", "--model", "mixtral", "--workload", "mtbench", "--gen-len", "128",
               "--policy", GOOD, "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)

@@ -387,7 +387,7 @@ def test_cli_fifo_does_not_block(tmp_path):
 
 @pytest.mark.parametrize("make,needle", [FILE_CASES[0], FILE_CASES[10], FILE_CASES[20]])
 def test_cli_bad_file(make, needle, tmp_path):
-    _one_line_error(_cli("estimate", "--hw", "l4", "--model", str(make(tmp_path)), "--policy",
+    _one_line_error(_cli("estimate", "--engine", "ideal", "--hw", "l4", "--model", str(make(tmp_path)), "--policy",
                          "N=64,mu=16,attn=cpu,ffn=gpu,rw=0,rc=0"), needle)
 
 

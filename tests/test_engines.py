@@ -226,7 +226,7 @@ def test_named_defaults_are_reported():
     est = estimate(hw, load_model("mixtral"), make_workload("mtbench"), parse_policy("N=256,mu=64,attn=cpu"),
                    engine="moe-lightning")
     assert "cpu.memcpy_one_thread_gbps" in est.defaulted
-    assert estimate(hw, load_model("mixtral"), make_workload("mtbench"), parse_policy("N=256,mu=64,attn=cpu")).defaulted == ()
+    assert estimate(hw, load_model("mixtral"), make_workload("mtbench"), parse_policy("N=256,mu=64,attn=cpu"), engine="ideal").defaulted == ()
 
 
 # --- properties --------------------------------------------------------------------------------
@@ -444,3 +444,32 @@ def test_plan_of_an_engine_file_carries_its_definition(tmp_path):
     path.write_text(json.dumps(edited))
     with pytest.raises(HRMError, match="engine_definition.name"):
         load_plan(path)
+
+
+def test_one_default_engine_for_the_api_the_cli_and_sweeps():
+    """Issue 35: one default engine (hrm.engine.DEFAULT_ENGINE), resolved in one place, for the
+    API (search, estimate), the CLI's parsed flags (every subcommand) and a sweep grid; ideal
+    on a CPU-only profile and with a schedule (ideal's lane structure)."""
+    from argparse import Namespace
+
+    from hrm.engine import DEFAULT_ENGINE, resolve_engine
+    from hrm_cli.common import engine_from_args
+    from solver.grid import SweepGrid
+
+    l4, cpu = load_hardware("l4"), load_hardware("cpu-only")
+    assert DEFAULT_ENGINE == "moe-lightning"
+    assert resolve_engine(None, None, l4).name == DEFAULT_ENGINE
+    assert resolve_engine(None, None, cpu).name == "ideal"
+    assert resolve_engine(None, "sequential", l4) == IDEAL.with_schedule("sequential")
+    assert engine_from_args(Namespace(engine=None, schedule=None), l4).name == DEFAULT_ENGINE
+    assert engine_from_args(Namespace(engine=None, schedule=None), cpu).name == "ideal"
+    assert SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"]}).engines == [DEFAULT_ENGINE]
+    model, workload = load_model("mixtral"), make_workload("mtbench")
+    policy = parse_policy("N=64,mu=16,n=4,attn=cpu,ffn=gpu,rw=0,rc=0")
+    default = estimate(l4, model, workload, policy)
+    named = estimate(l4, model, workload, policy, engine=DEFAULT_ENGINE)
+    assert default.engine == DEFAULT_ENGINE and default.generation_throughput_tok_s == named.generation_throughput_tok_s
+    assert estimate(l4, model, workload, policy, engine="ideal").generation_throughput_tok_s \
+        > default.generation_throughput_tok_s  # ideal is the bound, not what the default plans
+    with pytest.raises(HRMError, match="moe-lightning runs attention on the CPU"):
+        estimate(l4, model, workload, parse_policy("N=64,mu=16,n=4,attn=gpu,ffn=gpu,rw=0,rc=1"))

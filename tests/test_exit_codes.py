@@ -90,7 +90,7 @@ def test_a_missing_input_file_exits_2_naming_it(name, tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["search", "--hw", "l4", "--model", "mixtral", "--gpu-mem", "1", "--cpu-mem", "8"],
-    ["estimate", "--hw", "l4", "--model", "mixtral", "--policy", "N=100000,mu=1000,n=100,attn=gpu,ffn=gpu,rw=1,rc=1"],
+    ["estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtral", "--policy", "N=100000,mu=1000,n=100,attn=gpu,ffn=gpu,rw=1,rc=1"],
     ["import", "--from", "llama.cpp", "--hw", "l4", "--model", "mixtral", "-np 256 -c 2000000 -ngl 99"],
 ])
 def test_what_does_not_fit_exits_3(argv, tmp_path):
@@ -102,7 +102,7 @@ def test_what_does_not_fit_exits_3(argv, tmp_path):
 @pytest.mark.parametrize("argv", [
     ["search", "--hw", "l4", "--model", "mixtral"],
     ["search", "--hw", "l4", "--model", "mixtral", "--json"],
-    ["estimate", "--hw", "l4", "--model", "mixtral", "--policy", "N=64,mu=64,n=1,attn=cpu,ffn=gpu,rw=0,rc=0"],
+    ["estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtral", "--policy", "N=64,mu=64,n=1,attn=cpu,ffn=gpu,rw=0,rc=0"],
     ["ops", "--model", "mixtral"],
 ])
 def test_a_closed_standard_output_exits_0_quietly(argv, tmp_path):

@@ -231,7 +231,7 @@ def test_an_owner_names_whose_dispatch_and_keeps_old_hashes():
 def test_bad_owner_is_refused_in_one_line(tmp_path, capsys):
     path = tmp_path / "hw.yaml"
     path.write_text(yaml.safe_dump(_profile_data(owner="../runtime")))
-    assert hrm_cli.main(["estimate", "--hw", str(path), "--model", "mixtral", "--policy", "N=8,mu=8"]) == 2
+    assert hrm_cli.main(["estimate", "--engine", "ideal", "--hw", str(path), "--model", "mixtral", "--policy", "N=8,mu=8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "owner" in err[0], err
 

@@ -169,7 +169,7 @@ def test_size_cap_still_applies_before_parsing(tmp_path):
 ])
 def test_loader_refusals_in_a_profile(tmp_path, capsys, text, needle):
     path = write(tmp_path, "hw.yaml", text)
-    line = refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle=needle)
+    line = refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle=needle)
     assert str(path) in line
 
 
@@ -179,12 +179,12 @@ def test_loader_refusals_in_a_profile(tmp_path, capsys, text, needle):
 ])
 def test_profile_boolean_is_strict(tmp_path, capsys, extra, needle):
     path = write(tmp_path, "hw.yaml", lines_yaml(L4, extra))  # appended under the last section, link
-    refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle=needle)
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle=needle)
 
 
 def test_digit_separator_refused_in_a_numeric_field(tmp_path, capsys):
     text = yaml.safe_dump(L4, sort_keys=False).replace("cores: 24", "cores: 2_4")
-    line = refused(capsys, "estimate", "--hw", write(tmp_path, "hw.yaml", text), *ESTIMATE, needle="cpu.cores")
+    line = refused(capsys, "estimate", "--engine", "ideal", "--hw", write(tmp_path, "hw.yaml", text), *ESTIMATE, needle="cpu.cores")
     assert "'2_4'" in line
 
 
@@ -214,7 +214,7 @@ def curves(**by_dtype):
 ])
 def test_efficiency_curves(tmp_path, capsys, efficiency, needle):
     path = write(tmp_path, "hw.yaml", {**L4, "efficiency": efficiency})
-    line = refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle=needle)
+    line = refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle=needle)
     assert "efficiency" in line
 
 
@@ -226,7 +226,7 @@ def test_curve_up_to_the_peak_accepted(tmp_path):
 
 def test_gpu_curves_on_a_cpu_only_profile(tmp_path, capsys):
     path = write(tmp_path, "hw.yaml", {**CPU_ONLY, "efficiency": curves(fp32=[(1, 0.01)])})
-    refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle="efficiency.gpu_matmul_tflops_vs_m")
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle="efficiency.gpu_matmul_tflops_vs_m")
 
 
 @pytest.mark.parametrize("field,value", [
@@ -237,7 +237,7 @@ def test_gpu_curves_on_a_cpu_only_profile(tmp_path, capsys):
 ])
 def test_implausible_link(tmp_path, capsys, field, value):
     path = write(tmp_path, "hw.yaml", with_field(L4, field, value))
-    refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle=field)
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle=field)
 
 
 # --- names -----------------------------------------------------------------------------
@@ -247,13 +247,13 @@ BAD_NAMES = ["../../x", "a/b", "a\nb", "a\x01b", "", "   ", "x" * 5000, ".hidden
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_profile_name(tmp_path, capsys, name):
     path = write(tmp_path, "hw.yaml", {**L4, "name": name})
-    refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle="name:")
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle="name:")
 
 
 @pytest.mark.parametrize("name", ["a\nb", "x" * 5000, ""])
 def test_device_name(tmp_path, capsys, name):
     path = write(tmp_path, "hw.yaml", with_field(L4, "gpu.name", name))
-    refused(capsys, "estimate", "--hw", path, *ESTIMATE, needle="gpu.name")
+    refused(capsys, "estimate", "--engine", "ideal", "--hw", path, *ESTIMATE, needle="gpu.name")
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)

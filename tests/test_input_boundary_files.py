@@ -89,10 +89,10 @@ def test_trace_size_caps_come_before_any_layer_is_read(tmp_path, capsys):
 def test_estimate_reads_a_trace_or_refuses_it(tmp_path, capsys):
     policy = ["--policy", "N=8,mu=4,attn=gpu,rw=0"]
     good = write(tmp_path, "good.json", trace_text())
-    rc, out, err = call(capsys, "estimate", *MIXTRAL, *policy, "--routing", f"trace:{good}", "--json")
+    rc, out, err = call(capsys, "estimate", "--engine", "ideal", *MIXTRAL, *policy, "--routing", f"trace:{good}", "--json")
     assert rc == 0 and "Traceback" not in err, err
     assert json.loads(out)
-    refused(capsys, "estimate", *MIXTRAL, *policy, "--routing", f"trace:{write(tmp_path, 'nan.json', trace_text(top_k_text='NaN'))}",
+    refused(capsys, "estimate", "--engine", "ideal", *MIXTRAL, *policy, "--routing", f"trace:{write(tmp_path, 'nan.json', trace_text(top_k_text='NaN'))}",
             needle="NaN is not a finite number")
 
 
@@ -276,7 +276,7 @@ def test_import_without_context_on_a_model_that_states_none(capsys):
 
 def test_one_line_end_to_end_in_a_subprocess(tmp_path):
     path = write(tmp_path, "trace.json", trace_text(top_k_text="Infinity"))
-    proc = subprocess.run([sys.executable, "-m", "hrm_cli", "estimate", *MIXTRAL, "--policy", "N=8,mu=4,attn=gpu,rw=0",
+    proc = subprocess.run([sys.executable, "-m", "hrm_cli", "estimate", "--engine", "ideal", *MIXTRAL, "--policy", "N=8,mu=4,attn=gpu,rw=0",
                            "--routing", f"trace:{path}"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"error: {path}: not JSON (Infinity is not a finite number)")

@@ -24,6 +24,7 @@ from hrm.rates import rates_from_profile
 from hrm.routing import parse_routing
 from hrm.units import dtype_bytes
 from hrm.workload import make_workload
+import solver.klotski as solver_klotski
 from solver.klotski import candidates
 from solver.search import SearchRequest, search
 from solver.terms import LatencyLimits
@@ -168,10 +169,13 @@ def test_time_limit_returns_the_best_so_far_with_its_gap():
     """Issue 24: Klotski's branch and bound on a many-expert model schedules for minutes; a
     time limit returns the best scheduled candidate, marked not proven optimal, and the best
     bound left is a true bound: the optimum lies between the result and it."""
-    hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
-    full = search(hw, model, workload, engine="klotski", top=0)
-    assert full.plan.solver.optimal
-    cut = search(hw, model, workload, engine="klotski", top=0, time_limit_s=1e-9)
+    # a case whose first scheduled candidate does not prove the optimum (7 of its 36 are
+    # scheduled): Mixtral's first one does since the host-KV chain (issue 35)
+    hw, model, workload = load_hardware("l4"), load_model("qwen2-57b-a14b"), make_workload()
+    pins = dict(limits=memory_limits(hw, DEFAULT_OPTIONS, cpu_mem_gib=512), fixed={"micro_batch_size": 55})
+    full = search(hw, model, workload, engine="klotski", top=0, **pins)
+    assert full.plan.solver.optimal and full.extras["candidates"] > 1
+    cut = search(hw, model, workload, engine="klotski", top=0, time_limit_s=1e-9, **pins)
     assert not cut.plan.solver.optimal and any("search stopped" in n for n in cut.extras["notes"])
     best, found = full.best.estimate.generation_throughput_tok_s, cut.best.estimate.generation_throughput_tok_s
     assert found <= best * (1 + 1e-9)
@@ -235,3 +239,38 @@ def test_progress_reports_on_stderr_only_when_asked(monkeypatch):
     assert not progress_module.progress_enabled(io.StringIO())
     monkeypatch.setenv(progress_module.PROGRESS_ENV, "1")
     assert progress_module.progress_enabled(io.StringIO())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hw_name,model_name,mu,max_batch", [
+    ("l4", "mixtral", 512, 8192), ("rtx3090", "qwen1.5-moe-a2.7b", 96, 384),
+])
+def test_host_kv_chain_is_a_bound_on_every_candidate(monkeypatch, hw_name, model_name, mu, max_batch):
+    """Issue 35: the tightened bound (the host-KV chain, docs/model.md §5) is a true bound. On
+    a space enumerated whole (μ pinned; every n and number of resident layers; ample host
+    memory, so most of the KV cache is on the host), every candidate's scheduled decode step
+    and prefill are at least its bounds; the chain raises the bound of some candidates above
+    the lane bounds alone; and the branch and bound's optimum is the one of scheduling every
+    candidate (``verify``), i.e. no bound falls below the optimum it prunes."""
+    hw, model, options, _ = _setup(hw_name, model_name)
+    rates = rates_from_profile(hw, options, ENGINE.name)
+    workload = make_workload("mtbench")
+    limits = memory_limits(hw, options, cpu_mem_gib=512)
+    request = SearchRequest(problem=make_problem(hw, model, workload, ENGINE, options, limits),
+                            objective="generation", solve_for="generation", fixed={"micro_batch_size": mu}, notes=[],
+                            max_batch=max_batch, top=0, solver="auto", verify=False, hw_name=None, model_name=None,
+                            latency_limits=LatencyLimits(), start=0.0)
+    cands = candidates(request, rates)
+    assert np.any(cands.kv_ratio < 1) and np.any(cands.n >= 2)
+    for i in range(len(cands)):
+        times = expert_level.klotski_times(model, rates, workload, cands.policy(i, model.num_moe_layers), ENGINE,
+                                           disk_read_s=float(cands.disk_read_s[i]))
+        assert times.decode_step_s >= cands.step_lb_s[i] * (1 - 1e-9), cands.policy(i, model.num_moe_layers).short()
+        assert times.prefill_s >= cands.prefill_lb_s[i] * (1 - 1e-9)
+    monkeypatch.setattr(solver_klotski, "_kv_chain_s", lambda model, per_batch, n, *rest: np.zeros(np.shape(n)))
+    lanes_only = candidates(request, rates)
+    monkeypatch.undo()
+    assert np.all(cands.step_lb_s >= lanes_only.step_lb_s) and np.any(cands.step_lb_s > lanes_only.step_lb_s * 1.01)
+    result = search(hw, model, workload, engine=ENGINE, fixed={"micro_batch_size": mu}, max_batch=max_batch,
+                    limits=limits, top=0, verify=True)
+    assert result.verified, (result.extras["objective"], result.verify_objective)

@@ -38,7 +38,7 @@ def test_bisection_helpers_on_hand_arrays():
 
 @pytest.fixture(scope="module")
 def unconstrained():
-    return search(load_hardware("l4"), load_model("mixtral"), WL, top=0)
+    return search(load_hardware("l4"), load_model("mixtral"), WL, top=0, engine="ideal")
 
 
 @pytest.mark.slow
@@ -47,7 +47,7 @@ def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
     hw, model = load_hardware("l4"), load_model("mixtral")
     free = unconstrained.best.estimate
     limit = free.per_token_latency_s * fraction
-    found = search(hw, model, WL, top=0, latency_limits=LatencyLimits(tpot_s=limit), verify=True)
+    found = search(hw, model, WL, top=0, latency_limits=LatencyLimits(tpot_s=limit), verify=True, engine="ideal")
     est = found.best.estimate
     assert est.per_token_latency_s <= limit * (1 + 1e-9)
     assert found.verified, (found.extras["objective"], found.verify_objective)
@@ -62,29 +62,29 @@ def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
 def test_ttft_limit_and_both_limits():
     hw, model = load_hardware("l4"), load_model("mixtral")
     both = LatencyLimits(tpot_s=3.0, ttft_s=10.0)
-    found = search(hw, model, WL, top=0, latency_limits=both, verify=True)
+    found = search(hw, model, WL, top=0, latency_limits=both, verify=True, engine="ideal")
     est = found.best.estimate
     assert est.per_token_latency_s <= 3.0 * (1 + 1e-9) and est.prefill_latency_s <= 10.0 * (1 + 1e-9)
     assert found.verified
     assert "subject to TPOT <= 3000 ms and TTFT <= 10 s" in found.plan.solver.name
-    looser = search(hw, model, WL, top=0, latency_limits=LatencyLimits(tpot_s=3.0))
+    looser = search(hw, model, WL, top=0, latency_limits=LatencyLimits(tpot_s=3.0), engine="ideal")
     assert est.generation_throughput_tok_s <= looser.best.estimate.generation_throughput_tok_s * (1 + 1e-12)
 
 
 def test_latency_objective_is_least_tpot_at_the_pinned_batch():
     hw, model = load_hardware("l4"), load_model("mixtral")
     for batch in (1, 8):
-        found = search(hw, model, WL, top=0, objective="latency", fixed={"batch_size": batch}, verify=True)
+        found = search(hw, model, WL, top=0, objective="latency", fixed={"batch_size": batch}, verify=True, engine="ideal")
         assert found.best.policy.batch_size == batch and found.verified
         # no policy at this batch has a smaller TPOT: a limit just below it is infeasible
         tpot = found.best.estimate.per_token_latency_s
         with pytest.raises(InfeasibleError, match="latency limit binds"):
-            search(hw, model, WL, top=0, fixed={"batch_size": batch}, latency_limits=LatencyLimits(tpot_s=tpot * 0.999))
+            search(hw, model, WL, top=0, fixed={"batch_size": batch}, latency_limits=LatencyLimits(tpot_s=tpot * 0.999), engine="ideal")
 
 
 def test_latency_objective_needs_a_batch():
     with pytest.raises(HRMError, match="--fix N=1"):
-        search(load_hardware("l4"), load_model("mixtral"), WL, objective="latency")
+        search(load_hardware("l4"), load_model("mixtral"), WL, objective="latency", engine="ideal")
 
 
 @pytest.mark.parametrize("flags,code,needle", [

@@ -33,29 +33,29 @@ def test_cgopipe_never_slower_than_sequential(hw_name, attn, ffn, rw, rc):
 
 def test_gpu_peak_rises_with_mu_and_rw(l4):
     model, wl = load_model("mixtral"), make_workload("mtbench")
-    by_mu = [estimate(l4, model, wl, pol(batch_size=512, mu=mu)).gpu_peak_bytes for mu in (8, 32, 128)]
+    by_mu = [estimate(l4, model, wl, pol(batch_size=512, mu=mu), engine="ideal").gpu_peak_bytes for mu in (8, 32, 128)]
     assert by_mu[0] < by_mu[1] < by_mu[2]
-    by_rw = [estimate(l4, model, wl, pol(rw=rw)).gpu_peak_bytes for rw in (0.0, 0.2, 0.5)]
+    by_rw = [estimate(l4, model, wl, pol(rw=rw), engine="ideal").gpu_peak_bytes for rw in (0.0, 0.2, 0.5)]
     assert by_rw[0] < by_rw[1] < by_rw[2]
 
 
 def test_cpu_peak_rises_with_batch(l4):
     model, wl = load_model("mixtral"), make_workload("mtbench")
-    peaks = [estimate(l4, model, wl, pol(batch_size=batch_size, mu=64)).cpu_peak_bytes for batch_size in (64, 256, 1024)]
+    peaks = [estimate(l4, model, wl, pol(batch_size=batch_size, mu=64), engine="ideal").cpu_peak_bytes for batch_size in (64, 256, 1024)]
     assert peaks[0] < peaks[1] < peaks[2]
 
 
 def test_prefill_grows_with_prompt(l4):
     model = load_model("mixtral")
-    times = [estimate(l4, model, make_workload(None, prompt_len=s, gen_len=8), pol()).prefill_latency_s
+    times = [estimate(l4, model, make_workload(None, prompt_len=s, gen_len=8), pol(), engine="ideal").prefill_latency_s
              for s in (64, 512, 2048)]
     assert times[0] < times[1] < times[2]
 
 
 def test_decode_step_grows_with_context(l4):
     model = load_model("mixtral")
-    short = estimate(l4, model, make_workload(None, prompt_len=64, gen_len=64), pol())
-    long = estimate(l4, model, make_workload(None, prompt_len=4096, gen_len=64), pol())
+    short = estimate(l4, model, make_workload(None, prompt_len=64, gen_len=64), pol(), engine="ideal")
+    long = estimate(l4, model, make_workload(None, prompt_len=4096, gen_len=64), pol(), engine="ideal")
     assert long.resource_layer_s["cpu"] > short.resource_layer_s["cpu"]
 
 
@@ -66,14 +66,14 @@ def test_tensor_parallel_memory_capacity_scales():
 
 def test_throughput_definition(l4):
     model, wl = load_model("mixtral"), make_workload("mtbench", gen_len=32)
-    est = estimate(l4, model, wl, pol())
+    est = estimate(l4, model, wl, pol(), engine="ideal")
     assert est.generation_throughput_tok_s == pytest.approx(512 * 32 / (est.prefill_latency_s + est.decode_time_s))
     assert est.decode_throughput_tok_s == pytest.approx(512 * 31 / est.decode_time_s)
 
 
 def test_cpu_only_host_adds_compute(tiny):
     hw, wl = load_hardware("cpu-only"), make_workload("mtbench", gen_len=8)
-    est = estimate(hw, tiny, wl, pol(batch_size=8, mu=4))
+    est = estimate(hw, tiny, wl, pol(batch_size=8, mu=4), engine="ideal")
     assert est.decode_layer_latency_s == pytest.approx(sum(est.resource_layer_s.values()), rel=1e-9)
 
 

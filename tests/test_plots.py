@@ -151,7 +151,7 @@ def test_policy_map_cells_equal_search():
     table = policy_map(make_problem(hw, model, workload), [100, 500], [1, 3])
     assert len(table) == 4
     for _, row in table.iterrows():
-        best = search(fig10_machine(row["h2d_gbps"], row["cpu_scale"]), model, workload, top=0).best
+        best = search(fig10_machine(row["h2d_gbps"], row["cpu_scale"]), model, workload, top=0, engine="ideal").best
         assert row["feasible"]
         assert row["generation_throughput_tok_s"] == pytest.approx(best.estimate.generation_throughput_tok_s, rel=1e-9)
         assert row["batch_size"] == best.policy.batch_size

@@ -66,7 +66,7 @@ def ok(capsys, *args) -> str:
 def test_hostile_hardware_and_engine_names_print_literally(capsys, files):
     for args in (["search", "--hw", files["hw"], "--model", "mixtral", "--engine", files["engine"]],
                  ["search", "--hw", files["hw"], "--model", "mixtral", "--compare"],
-                 ["estimate", "--hw", files["hw"], "--model", "mixtral", "--policy", POLICY],
+                 ["estimate", "--engine", "ideal", "--hw", files["hw"], "--model", "mixtral", "--policy", POLICY],
                  ["estimate", "--hw", files["hw"], "--model", "mixtral", "--policy", POLICY, "--engine",
                   files["engine"], "--explain"],
                  ["import", "--from", "llama.cpp", "-ngl 99 -np 64 -c 40960 -ub 64 --n-cpu-moe 28", "--hw", files["hw"],
@@ -143,7 +143,7 @@ def test_calibrate_prints_the_runs_path_literally(capsys, files):
 
 def test_styled_cells_are_styles_not_markup_text(capsys):
     """The red 'NO' of a policy that does not fit is a style: no markup tag in the output."""
-    code, out, err = call(capsys, "estimate", "--hw", "l4", "--model", "mixtral", "--policy",
+    code, out, err = call(capsys, "estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtral", "--policy",
                           "N=4096,mu=4096,attn=gpu,ffn=gpu,rw=1,rc=1")
     assert code == 3 and "Traceback" not in err
     assert "NO: exceeds physical memory" in " ".join(out.split()) and "[red]" not in out and "[/red]" not in out
@@ -192,7 +192,7 @@ def test_compare_keeps_every_policy_whole_at_80_columns(capsys, monkeypatch):
 def test_tpot_in_ms_and_ttft_in_s_in_estimate_and_search(capsys, l4):
     model, workload = load_model("mixtral"), make_workload("mtbench")
     expected = estimate(l4, model, workload, parse_policy(POLICY), engine=load_engine("ideal"))
-    out = ok(capsys, "estimate", "--hw", "l4", "--model", "mixtral", "--policy", POLICY)
+    out = ok(capsys, "estimate", "--engine", "ideal", "--hw", "l4", "--model", "mixtral", "--policy", POLICY)
     tpot = re.search(r"TPOT \(per sequence\)\s*│\s*([\d,.]+) ms", out)
     assert tpot and float(tpot.group(1).replace(",", "")) == pytest.approx(expected.per_token_latency_s * 1e3, rel=1e-3)
     ttft = re.search(r"TTFT \(prefill\)\s*│\s*([\d.]+) s", out)

@@ -143,7 +143,7 @@ def test_any_hardware_profile(data):
     profile = perturb(PROFILES[name], data.draw)
     path = WORK / "hw.yaml"
     path.write_text(yaml.safe_dump(profile, sort_keys=False, allow_unicode=True))
-    outcome(["estimate", "--hw", path, "--model", "tiny-mixtral", "--policy", "N=8,mu=4", "--gen-len", "16"])
+    outcome(["estimate", "--engine", "ideal", "--hw", path, "--model", "tiny-mixtral", "--policy", "N=8,mu=4", "--gen-len", "16"])
 
 
 @examples(15)
@@ -151,7 +151,7 @@ def test_any_hardware_profile(data):
 def test_any_hardware_text(text):
     path = WORK / "text.yaml"
     path.write_text(text)
-    outcome(["estimate", "--hw", path, "--model", "tiny-mixtral", "--policy", "N=8,mu=4", "--gen-len", "16"])
+    outcome(["estimate", "--engine", "ideal", "--hw", path, "--model", "tiny-mixtral", "--policy", "N=8,mu=4", "--gen-len", "16"])
 
 
 def at_the_ends(draw, rng):
@@ -203,7 +203,7 @@ POLICY_TEXT = st.tuples(st.lists(ITEM, max_size=6), st.sampled_from([",", " ", "
 @examples(80)
 @given(policy=POLICY_TEXT)
 def test_any_policy_string(policy):
-    outcome(["estimate", "--hw", "l4", "--model", "tiny-mixtral", "--policy", policy, "--gen-len", "16"])
+    outcome(["estimate", "--engine", "ideal", "--hw", "l4", "--model", "tiny-mixtral", "--policy", policy, "--gen-len", "16"])
 
 
 def valid_policy():
@@ -217,7 +217,7 @@ def valid_policy():
 @given(policy=valid_policy(), hw=st.sampled_from(["l4", "cpu-only", "2xt4"]))
 def test_valid_policies_estimate(policy, hw):
     """Valid policies either estimate (0) or are refused by the engine/schedule in one line."""
-    outcome(["estimate", "--hw", hw, "--model", "tiny-mixtral", "--policy", policy, "--gen-len", "16"])
+    outcome(["estimate", "--engine", "ideal", "--hw", hw, "--model", "tiny-mixtral", "--policy", policy, "--gen-len", "16"])
 
 
 # --- 3. flag sets ------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ COMMON = {
 def test_any_estimate_flags(data):
     flags = {**COMMON, "--explain": None, "--json": None}
     args = flag_set(data.draw, flags)
-    outcome(["estimate", "--hw", data.draw(st.sampled_from(["l4", "cpu-only", "2xt4"])), "--model", "tiny-mixtral",
+    outcome(["estimate", "--engine", "ideal", "--hw", data.draw(st.sampled_from(["l4", "cpu-only", "2xt4"])), "--model", "tiny-mixtral",
              "--policy", data.draw(st.one_of(valid_policy(), POLICY_TEXT)), *args])
 
 
@@ -310,7 +310,7 @@ def plan_dict():
     policy = parse_policy("N=8,mu=4,attn=cpu,rw=0.5")
     plan = Plan(hardware=SpecRef(name="cpu-only", sha256=hw.sha256()),
                 model=SpecRef(name="tiny-mixtral", sha256=spec.sha256()), workload=workload, policy=policy,
-                schedule="cgopipe", estimate=Estimate(**estimate(hw, spec, workload, policy).to_plan_estimate()),
+                schedule="cgopipe", estimate=Estimate(**estimate(hw, spec, workload, policy, engine="ideal").to_plan_estimate()),
                 placement=policy_placement(spec, policy),
                 solver=SolverInfo(name="test", seconds=0.0, optimal=True, candidates_evaluated=1), created_by="test")
     return json.loads(plan.model_dump_json())

@@ -62,7 +62,7 @@ def write_plan(path: Path, model: str, workload: Workload, policy_text: str) -> 
     plan = Plan(
         hardware=SpecRef(name="cpu-only", sha256=hw.sha256()), model=SpecRef(name=model, sha256=spec.sha256()),
         workload=workload, policy=policy, schedule="cgopipe",
-        estimate=Estimate(**estimate(hw, spec, workload, policy).to_plan_estimate()),
+        estimate=Estimate(**estimate(hw, spec, workload, policy, engine="ideal").to_plan_estimate()),
         placement=policy_placement(spec, policy),
         solver=SolverInfo(name="test", seconds=0.0, optimal=True, candidates_evaluated=1), created_by="test",
     )

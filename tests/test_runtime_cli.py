@@ -23,7 +23,7 @@ def make_plan(path, policy_text="N=8,mu=4,attn=cpu,rw=0.5", model_sha=None, hw_s
     spec = load_model("tiny-mixtral", "bf16", "bf16")
     workload = Workload(prompt_len=8, max_prompt_len=12, gen_len=3)
     policy = parse_policy(policy_text)
-    est = estimate(hw, spec, workload, policy)
+    est = estimate(hw, spec, workload, policy, engine="ideal")
     plan = Plan(
         hardware=SpecRef(name="cpu-only", sha256=hw_sha or hw.sha256()),
         model=SpecRef(name="tiny-mixtral", sha256=model_sha or spec.sha256()),

@@ -121,8 +121,8 @@ def test_cases_cover_gpu_attention_and_cpu_ffn():
 @pytest.mark.slow
 def test_search_highs_and_cbc_agree():
     hw, model, wl = load_hardware("t4"), load_model("mixtral"), make_workload("mtbench", gen_len=16)
-    a = search(hw, model, wl, max_batch=512, solver="cbc", top=0)
-    b = search(hw, model, wl, max_batch=512, solver="auto", top=0, verify=True)
+    a = search(hw, model, wl, max_batch=512, solver="cbc", top=0, engine="ideal")
+    b = search(hw, model, wl, max_batch=512, solver="auto", top=0, verify=True, engine="ideal")
     assert a.best.estimate.generation_throughput_tok_s == pytest.approx(b.best.estimate.generation_throughput_tok_s, rel=1e-6)
     assert b.verified
 
@@ -130,7 +130,7 @@ def test_search_highs_and_cbc_agree():
 def test_fix_pins_policy():
     hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench", gen_len=16)
     res = search(hw, model, wl, fixed={"micro_batch_size": 36, "num_micro_batches": 14, "attn_on_gpu": False,
-                                       "ffn_on_gpu": True, "weights_gpu_ratio": 0.1, "kv_gpu_ratio": 0.0}, top=1)
+                                       "ffn_on_gpu": True, "weights_gpu_ratio": 0.1, "kv_gpu_ratio": 0.0}, top=1, engine="ideal")
     p = res.best.policy
     assert (p.micro_batch_size, p.num_micro_batches, p.attn_on_gpu) == (36, 14, False)
     assert p.weights_gpu_ratio == pytest.approx(round(0.1 * 256) / 256)
@@ -140,16 +140,16 @@ def test_fixed_static_ratios_imply_the_placement():
     """--fix rw=0.5 alone keeps the experts on the GPU (r_w means nothing for CPU experts);
     --fix rc=0.5 keeps attention on the GPU."""
     hw, model, wl = load_hardware("cpu-only"), load_model("tiny-mixtral"), make_workload("synthetic-reasoning", gen_len=8)
-    p = search(hw, model, wl, fixed={"weights_gpu_ratio": 0.5, "micro_batch_size": 8, "num_micro_batches": 4}, top=0).best.policy
+    p = search(hw, model, wl, fixed={"weights_gpu_ratio": 0.5, "micro_batch_size": 8, "num_micro_batches": 4}, top=0, engine="ideal").best.policy
     assert p.ffn_on_gpu and p.weights_gpu_ratio == pytest.approx(0.5)
-    p = search(hw, model, wl, fixed={"kv_gpu_ratio": 0.5, "micro_batch_size": 8, "num_micro_batches": 4}, top=0).best.policy
+    p = search(hw, model, wl, fixed={"kv_gpu_ratio": 0.5, "micro_batch_size": 8, "num_micro_batches": 4}, top=0, engine="ideal").best.policy
     assert p.attn_on_gpu and p.kv_gpu_ratio == pytest.approx(0.5)
 
 
 def test_model_larger_than_memory_is_infeasible():
     hw, model, wl = load_hardware("cpu-only"), load_model("dbrx"), make_workload("mtbench")
     with pytest.raises(InfeasibleError, match="exceed"):
-        search(hw, model, wl)
+        search(hw, model, wl, engine="ideal")
 
 
 def _cli(*args):

@@ -180,14 +180,14 @@ def test_rows_equal_hrm_search_on_the_what_if_machine():
 
 def test_memory_what_if_equals_cpu_mem_flag():
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench")
-    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"],
+    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "engines": ["ideal"],
                                      "what_if": {"cpu_mem_gib": [48, 1000], "gpu_mem_gib": [None, 48]}})
     table = run_sweep(grid_cells(grid), backend="inline")
     for _, row in table.iterrows():
         gpu = None if row["gpu_mem_gib"] == hw.gpu.memory_gib else row["gpu_mem_gib"]
         limits = memory_limits(hw, gpu_mem_gib=gpu, cpu_mem_gib=row["cpu_mem_gib"])
         try:
-            expected = search(hw, model, workload, limits=limits, top=0).best.estimate.generation_throughput_tok_s
+            expected = search(hw, model, workload, limits=limits, top=0, engine="ideal").best.estimate.generation_throughput_tok_s
         except HRMError:
             assert row["status"] == "infeasible"
             continue
@@ -324,7 +324,7 @@ def test_big_grid_pool_and_ray_identical(tmp_path):
 
 
 def test_routing_axis(tmp_path):
-    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "routings": ["uniform", "zipf:1.5"],
+    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "engines": ["ideal"], "routings": ["uniform", "zipf:1.5"],
                                      "workloads": [{"prompt_len": 64, "gen_len": 8}]})
     table = run_sweep(grid_cells(grid), backend="inline")
     assert list(table["routing"]) == ["uniform", "zipf:1.5"] and table["model_sha256"].nunique() == 2
@@ -335,18 +335,18 @@ def test_routing_axis(tmp_path):
 
 
 def test_batch_axis_pins_n_like_fix():
-    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "batch_sizes": [1, 16],
+    grid = SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "engines": ["ideal"], "batch_sizes": [1, 16],
                                      "workloads": [{"prompt_len": 64, "gen_len": 8}], "objective": "latency"})
     table = run_sweep(grid_cells(grid), backend="inline")
     hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload(None, 64, None, 8)
     for _, row in table.iterrows():
         best = search(hw, model, wl, objective="latency", fixed={"batch_size": int(row["pinned_batch_size"])},
-                      top=0).best
+                      top=0, engine="ideal").best
         assert row["batch_size"] == row["pinned_batch_size"] == best.policy.batch_size
         assert row["per_token_latency_s"] == best.estimate.per_token_latency_s
     with pytest.raises(Exception, match="batch_sizes must all be numbers"):
         SweepGrid.model_validate({**SMALL, "objective": "latency"})
-    free = run_sweep(grid_cells(SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"],
+    free = run_sweep(grid_cells(SweepGrid.model_validate({"hardware": ["l4"], "models": ["mixtral"], "engines": ["ideal"],
                                                           "batch_sizes": [None]})), backend="inline")
     assert free["pinned_batch_size"].isna().all()
 

@@ -278,7 +278,7 @@ def test_infeasible_is_422_naming_the_binding_limit(client, capsys):
     assert hrm_main(["search", "--hw", "l4", "--model", "mixtral", "--gpu-mem", "1", "--cpu-mem", "8"]) == 3
     assert capsys.readouterr().err.strip() == f"error: {message}"
     policy = "N=100000,mu=1000,n=100,attn=gpu,ffn=gpu,rw=1,rc=1"
-    response = client.post("/api/estimate", json={"hw": "l4", "model": "mixtral", "policy": policy})
+    response = client.post("/api/estimate", json={"hw": "l4", "model": "mixtral", "engine": "ideal", "policy": policy})
     assert "physical memory" in one_line_error(response, 422)
     assert response.json()["estimate"]["fits_physical_memory"] is False
 
@@ -397,3 +397,14 @@ def test_a_url_that_held_an_upload_asks_for_the_file(client):
     assert page.status_code == 200
     assert "this URL was made with an uploaded config.json (My-Tiny-MoE)" in page.text
     assert 'data-autorun="no"' in page.text
+
+
+def test_the_page_and_the_api_plan_for_the_one_default_engine(client):
+    """Issue 35: the page's engine select offers hrm.engine.DEFAULT_ENGINE as its default, and
+    a search without an engine plans for it, as hrm-search and the API do."""
+    from hrm.engine import DEFAULT_ENGINE
+
+    page = client.get("/", params={"hw": "l4", "model": "mixtral"}).text
+    assert f'<option value="">default ({DEFAULT_ENGINE})</option>' in page
+    data = client.post("/api/search", json={"hw": "l4", "model": "mixtral"}).json()
+    assert data["engine"] == DEFAULT_ENGINE  # the body is the plan, as hrm-search --json prints it

@@ -82,7 +82,7 @@ def _estimate(hw, model, workload, policy: Policy, engine, options=None):
         result = estimate(hw, model, workload, policy, engine=engine, **kwargs)
     except HRMError:
         return None
-    fits_physical = result.fits(physical_limits(hw, resolve_engine(engine, None)))
+    fits_physical = result.fits(physical_limits(hw, resolve_engine(engine, None, hw)))
     return result.generation_throughput_tok_s, fits_physical, result.feasible
 
 

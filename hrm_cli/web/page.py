@@ -31,12 +31,12 @@ def choices() -> dict:
     from hrm.schedules import SCHEDULES
     from hrm.units import DTYPES
     from hrm.workload import PRESETS
-    from hrm_cli.common import DEFAULT_SEARCH_ENGINE
+    from hrm.engine import DEFAULT_ENGINE
     from solver.search import OBJECTIVES
 
     return {"hw": list_profiles(), "model": list_catalog(), "engine": list_engines(), "schedule": list(SCHEDULES),
             "workload": list(PRESETS), "presets": PRESETS, "objective": list(OBJECTIVES), "dtype": list(DTYPES),
-            "targets": list(EXPORTERS), "default_engine": DEFAULT_SEARCH_ENGINE}
+            "targets": list(EXPORTERS), "default_engine": DEFAULT_ENGINE}
 
 
 def render_page(query: dict) -> str:
