@@ -3,7 +3,8 @@ every case is clean (its expected exit, one ``error:`` line for a refusal, no tr
 hang, nothing left half-written). A case marked ``known_defect`` in the data is a strict
 xfail, so a fix makes this file say to unmark it.
 
-The cases run in subprocesses (one per case, two at a time) once for the module; each test
+The cases run in processes of their own (one per case, two at a time, each forked from a
+server that imported the CLI once: benchmarks/corpus_table.py) once for the module; each test
 then reads its case's outcome. ``benchmarks/corpus_table.py --root DIR`` prints the same as a
 table by surface and outcome.
 """
