@@ -322,19 +322,24 @@ def serve():
         if not msg:
             os._exit(0)
         request = json.loads(msg)
+        started_r, started_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             ctrl.close()
+            os.setsid()  # before the pid is sent: a kill of its session then reaches it
+            os.close(started_r)
+            os.close(started_w)
             return request, fds
-        for fd in fds:
+        for fd in (started_w, *fds):
             os.close(fd)
+        os.read(started_r, 1)  # end of file once the child has its session
+        os.close(started_r)
         ctrl.send(json.dumps({"pid": pid}).encode())
         _, status = os.waitpid(pid, 0)
         ctrl.send(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode())
 
 
 request, fds = serve()
-os.setsid()
 null = os.open(os.devnull, os.O_RDONLY)
 for target, fd in ((0, null), (1, fds[0]), (2, fds[1])):
     os.dup2(fd, target)
