@@ -8,7 +8,13 @@ into an empty temporary folder, the ``hrm`` arguments, and the expected answer: 
 process (``python -m hrm_cli`` with PYTHONPATH = the root under test, cwd = the case's folder)
 and is classified as one of :data:`OUTCOMES`.
 
-    python benchmarks/corpus_table.py --root DIR [--md] [--workers 2] [--timeout 60]
+A case's process is forked from a server (:class:`ForkServer`, one per worker) that has
+imported the root's ``hrm_cli`` and its subcommands once, so each case skips the ~0.5-2 s of
+interpreter start and imports but is still its own process: its own folder, file
+descriptors (a pipe, a closed pipe, /dev/full), session, exit status and interpreter exit.
+``--no-fork`` (or a preload that printed anything) starts each case as a fresh interpreter.
+
+    python benchmarks/corpus_table.py --root DIR [--md] [--workers 2] [--timeout 60] [--no-fork]
 
 tests/test_corpus.py runs the same cases against this checkout and asserts each is clean.
 """
@@ -17,13 +23,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import queue
+import selectors
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,8 +217,9 @@ def child_env(root: Path, scratch: Path) -> dict:
 
 
 def run_case(case: dict, root: str | Path, fixtures_dir: str | Path | None = None,
-             timeout_s: float = CASE_TIMEOUT_S) -> Result:
-    """Run one case in a fresh temporary folder and classify it."""
+             timeout_s: float = CASE_TIMEOUT_S, server: ForkServer | None = None) -> Result:
+    """Run one case in a fresh temporary folder and classify it (forked from ``server``, or a
+    fresh interpreter without one)."""
     root = Path(root).resolve()
     if case.get("needs_non_root") and hasattr(os, "geteuid") and os.geteuid() == 0:
         return Result(case["id"], case["surface"], "skipped", "needs a non-root user (permissions)")
@@ -220,7 +232,10 @@ def run_case(case: dict, root: str | Path, fixtures_dir: str | Path | None = Non
             write_files(case.get("files", []), folder, root, Path(fixtures_dir) if fixtures_dir else None)
             before = snapshot(folder)
             start = time.perf_counter()
-            rc, out, err = _execute(case, root, folder, scratch, timeout_s)
+            if server is not None:
+                rc, out, err = server.execute(case, folder, scratch, timeout_s)
+            else:
+                rc, out, err = _execute(case, root, folder, scratch, timeout_s)
             seconds = time.perf_counter() - start
             after = snapshot(folder)
         finally:  # mode-000 files and read-only folders must not block the clean-up
@@ -264,6 +279,185 @@ def _execute(case: dict, root: Path, folder: Path, scratch: Path, timeout_s: flo
         return None, "", ""
 
 
+# --- the fork server ----------------------------------------------------------------------------
+#: modules a server imports before it forks cases, besides ``hrm_cli`` and every module of its
+#: ``SUBCOMMANDS`` (their imports are what a case pays for), by the case's subcommand: torch for
+#: those that run the runtime (~1.5 s of import a case), and only for them, since a child that
+#: holds torch pays ~0.5 s more to exit (measured on this 2-core machine). One that cannot be
+#: imported is skipped (a case that needs it imports it, and fails, itself). A subcommand
+#: missing here only costs time: the child imports what it needs. Override: edit the table.
+PRELOAD = {"run": ("torch",), "profile": ("torch",), "validate": ("torch",)}
+
+
+def preload_of(case: dict) -> tuple[str, ...]:
+    return PRELOAD.get(str(case["argv"][0]) if case["argv"] else "", ())
+
+#: the server: ``python -c SERVER FD PRELOAD_JSON`` in the case environment. It imports, says
+#: what the imports printed, then forks one child per request (the case's stdout and stderr
+#: come as file descriptors over the socket). The child returns from ``serve()`` and runs
+#: ``python -m hrm_cli ARGV`` as the top-level code, so that its exit (the interpreter's final
+#: flush and exit code) is a fresh process's.
+SERVER = """
+import gc, importlib, io, json, os, socket, sys, warnings
+ctrl = socket.socket(fileno=int(sys.argv[1]))
+printed = io.StringIO()
+real_err, sys.stderr = sys.stderr, printed
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import hrm_cli
+    for name in [module for module, _ in hrm_cli.SUBCOMMANDS.values()] + json.loads(sys.argv[2]):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+sys.stderr = real_err
+gc.freeze()  # the children's collections and exit then skip the preloaded objects (copy-on-write)
+noise = printed.getvalue() + "".join(f"{w.category.__name__}: {w.message}\\n" for w in caught)
+ctrl.send(json.dumps({"noise": noise[-2000:]}).encode())
+
+
+def serve():
+    while True:
+        msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 20, 2)
+        if not msg:
+            os._exit(0)
+        request = json.loads(msg)
+        started_r, started_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            ctrl.close()
+            os.setsid()  # before the pid is sent: a kill of its session then reaches it
+            os.close(started_r)
+            os.close(started_w)
+            return request, fds
+        for fd in (started_w, *fds):
+            os.close(fd)
+        os.read(started_r, 1)  # end of file once the child has its session
+        os.close(started_r)
+        ctrl.send(json.dumps({"pid": pid}).encode())
+        _, status = os.waitpid(pid, 0)
+        ctrl.send(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode())
+
+
+request, fds = serve()
+null = os.open(os.devnull, os.O_RDONLY)
+for target, fd in ((0, null), (1, fds[0]), (2, fds[1])):
+    os.dup2(fd, target)
+for fd in (null, *fds):
+    os.close(fd)
+os.chdir(request["cwd"])
+os.environ.update(request["env"])
+sys.argv = ["-m", *request["argv"]]
+sys.path[0] = request["cwd"]
+import runpy
+runpy.run_module("hrm_cli", run_name="__main__", alter_sys=True)
+"""
+
+
+class ForkServer:
+    """A process that has imported ``root``'s CLI once and forks each case from there (the
+    module docstring says what stays a fresh process's); a context manager. :meth:`ready` is
+    False when the imports printed anything (a warning a fresh process would print into every
+    case's stderr): then the cases must run without it."""
+
+    def __init__(self, root: str | Path, scratch: Path, preload: tuple[str, ...] = ()):
+        scratch.mkdir(parents=True, exist_ok=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ctrl, self.noise = ours, None
+        self.log = open(scratch / "server-stderr.txt", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()), json.dumps(list(preload))],
+                                     cwd=scratch, env=child_env(Path(root).resolve(), scratch),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
+                                     pass_fds=[theirs.fileno()])
+        theirs.close()
+
+    def ready(self) -> bool:
+        if self.noise is None:
+            self.noise = self._receive(600.0)["noise"]
+        return not self.noise
+
+    def _receive(self, timeout_s: float | None) -> dict:
+        self.ctrl.settimeout(timeout_s)
+        try:
+            msg = self.ctrl.recv(1 << 16)
+        except TimeoutError:
+            msg = b""
+        if not msg:
+            self.log.seek(0)
+            raise CorpusError(f"the fork server stopped: {self.log.read()[-500:]}")
+        return json.loads(msg)
+
+    def execute(self, case: dict, folder: Path, scratch: Path, timeout_s: float):
+        """(exit code, or None after a timeout; stdout; stderr) of one case, as :func:`_execute`."""
+        mode = case.get("stdout")
+        err_r, err_w = os.pipe()
+        if mode == "full":
+            out_r, out_w = None, os.open("/dev/full", os.O_WRONLY)
+        else:
+            out_r, out_w = os.pipe()
+            if mode == "closed":  # `| head -c 0`: the reader is gone before the first write
+                os.close(out_r)
+                out_r = None
+        request = {"argv": [str(a) for a in case["argv"]], "cwd": str(folder),
+                   "env": {"MPLCONFIGDIR": str(scratch / "mpl")}}
+        try:
+            socket.send_fds(self.ctrl, [json.dumps(request).encode()], [out_w, err_w])
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        pid = self._receive(60.0)["pid"]
+        reading = [fd for fd in (out_r, err_r) if fd is not None]
+        data = {fd: bytearray() for fd in reading}
+        timed_out = not _drain(reading, data, time.monotonic() + timeout_s)
+        if timed_out:
+            try:
+                os.killpg(pid, 9)  # the case's own session (setsid), nothing else
+            except ProcessLookupError:
+                pass
+            _drain(reading, data, None)
+        rc = self._receive(None)["rc"]
+        if timed_out:
+            return None, "", ""
+        text = (bytes(data.get(fd, b"")).decode(errors="replace") for fd in (out_r, err_r))
+        return (rc, *text)
+
+    def close(self) -> None:
+        self.ctrl.close()  # the server reads the end of the socket and exits
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _drain(reading: list[int], data: dict, deadline: float | None) -> bool:
+    """Read the file descriptors ``reading`` into ``data`` until each ends (closing it and
+    leaving ``reading``; True) or ``deadline`` passes (False)."""
+    with selectors.DefaultSelector() as sel:
+        for fd in reading:
+            sel.register(fd, selectors.EVENT_READ)
+        while reading:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return False
+            for key, _ in sel.select(wait):
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    data[key.fd] += chunk
+                else:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+                    reading.remove(key.fd)
+    return True
+
+
 # --- fixtures and the whole corpus ------------------------------------------------------------
 def build_fixtures(root: str | Path, dest: str | Path, corpus_dir: Path = CORPUS_DIR,
                    timeout_s: float = 300.0) -> Path:
@@ -283,21 +477,52 @@ def build_fixtures(root: str | Path, dest: str | Path, corpus_dir: Path = CORPUS
     return dest
 
 
-def _run_one(args) -> Result:
+def _run_one(args, server: ForkServer | None = None) -> Result:
     case, root, fixtures_dir, timeout_s = args
     try:
-        return run_case(case, root, fixtures_dir, timeout_s)
+        return run_case(case, root, fixtures_dir, timeout_s, server)
     except CorpusError as exc:
         return Result(case["id"], case["surface"], "corpus error", str(exc))
 
 
 def run_corpus(root: str | Path, cases: list[dict] | None = None, workers: int = MAX_WORKERS,
-               timeout_s: float = CASE_TIMEOUT_S, corpus_dir: Path = CORPUS_DIR) -> list[Result]:
-    """Every case against ``root``, ``workers`` processes at a time, in the corpus order."""
+               timeout_s: float = CASE_TIMEOUT_S, corpus_dir: Path = CORPUS_DIR, fork: bool = True) -> list[Result]:
+    """Every case against ``root``, ``workers`` at a time, in the corpus order: forked from
+    one :class:`ForkServer` per worker, or (``fork`` False, or a server's imports printed
+    something) each as a fresh interpreter."""
     cases = load_cases(corpus_dir) if cases is None else cases
-    with tempfile.TemporaryDirectory(prefix="hrm-corpus-fixtures-") as fixtures:
+    with tempfile.TemporaryDirectory(prefix="hrm-corpus-fixtures-") as fixtures, \
+            tempfile.TemporaryDirectory(prefix="hrm-corpus-servers-") as servers_dir:
         build_fixtures(root, fixtures, corpus_dir)
         jobs = [(case, str(root), fixtures, timeout_s) for case in cases]
+        workers = max(1, workers)
+        with ExitStack() as stack:
+            pools = {}  # preload -> idle servers (at most ``workers`` of each)
+            for preload in ({preload_of(case) for case in cases} if fork else ()):
+                count = min(workers, sum(preload_of(case) == preload for case in cases))
+                pools[preload] = [stack.enter_context(ForkServer(root, Path(servers_dir) / f"{len(pools)}-{i}", preload))
+                                  for i in range(count)]
+            servers = [server for pool in pools.values() for server in pool]
+            if servers and not all(server.ready() for server in servers):
+                noisy = next(server for server in servers if server.noise)
+                print(f"note: a fork server's imports printed {noisy.noise.strip()[:300]!r}; "
+                      "each case runs as a fresh interpreter", file=sys.stderr)
+                pools = {}
+            if pools:
+                idle = {preload: queue.SimpleQueue() for preload in pools}
+                for preload, pool in pools.items():
+                    for server in pool:
+                        idle[preload].put(server)
+
+                def forked(job) -> Result:
+                    server = idle[preload_of(job[0])].get()
+                    try:
+                        return _run_one(job, server)
+                    finally:
+                        idle[preload_of(job[0])].put(server)
+
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    return list(pool.map(forked, jobs))
         if workers <= 1:
             return [_run_one(job) for job in jobs]
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -337,12 +562,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S, help="seconds per case")
     ap.add_argument("--only", default="", help="comma-separated case ids or surfaces")
     ap.add_argument("--slowest", type=int, default=0, help="also list the N slowest cases")
+    ap.add_argument("--no-fork", action="store_true", help="each case a fresh interpreter (no fork server)")
     args = ap.parse_args(argv)
     cases = load_cases()
     if args.only:
         keep = set(args.only.split(","))
         cases = [c for c in cases if c["id"] in keep or c["surface"] in keep]
-    results = run_corpus(args.root, cases, min(args.workers, MAX_WORKERS), args.timeout)
+    results = run_corpus(args.root, cases, min(args.workers, MAX_WORKERS), args.timeout, fork=not args.no_fork)
     print(table(results, args.md))
     if args.slowest:
         print("\nSlowest cases:")

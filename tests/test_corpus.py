@@ -3,7 +3,8 @@ every case is clean (its expected exit, one ``error:`` line for a refusal, no tr
 hang, nothing left half-written). A case marked ``known_defect`` in the data is a strict
 xfail, so a fix makes this file say to unmark it.
 
-The cases run in subprocesses (one per case, two at a time) once for the module; each test
+The cases run in processes of their own (one per case, two at a time, each forked from a
+server that imported the CLI once: benchmarks/corpus_table.py) once for the module; each test
 then reads its case's outcome. ``benchmarks/corpus_table.py --root DIR`` prints the same as a
 table by surface and outcome.
 """
@@ -104,3 +105,20 @@ def test_write_files_replace_must_match(tmp_path):
     assert (tmp_path / "out.txt").read_text() == "cores: -2\n"
     with pytest.raises(ct.CorpusError):
         ct.write_files([{"path": "o2.txt", "copy": "src.txt", "replace": [["cores: 3", "x"]]}], tmp_path, tmp_path, None)
+
+
+def test_fork_server_kills_a_case_past_its_timeout_and_goes_on(tmp_path):
+    """The fork server's hang path (no corpus case hangs): the case is killed and counts as a
+    hang; the next case answers as a fresh ``python -m hrm_cli`` does, byte for byte (argparse
+    names the program after sys.argv[0])."""
+    folder = tmp_path / "case"
+    folder.mkdir()
+    usage_error = {"argv": ["search", "--hw", "l4", "--model", "mixtral", "--max-batch", "x"]}
+    with ct.ForkServer(ROOT, tmp_path / "server") as server:
+        assert server.ready(), server.noise
+        assert server.execute({"argv": ["search", "--hw", "l4", "--model", "mixtral"]}, folder, tmp_path, 0.0) == \
+            (None, "", "")
+        forked = server.execute(usage_error, folder, tmp_path, 60.0)
+    assert forked == ct._execute(usage_error, ROOT, folder, tmp_path, 60.0)
+    assert forked[0] == 2 and "--max-batch" in forked[2]
+    assert ct.classify(REFUSED, None, "", "", [])[0] == "hang"
