@@ -35,14 +35,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hrm_cli import SUBCOMMANDS as _CLI_SUBCOMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 #: files that record a past session's exact commands (absolute paths of that host), not examples
 RECORDS = ("docs/validation/", "docs/examples_table.md")
 #: the first words of a command of this project
 PROJECT = re.compile(r"^(hrm|hrm-search|python3? benchmarks/\S+\.py)(\s|$)")
-SUBCOMMANDS = ("estimate", "search", "show", "profile", "run", "validate", "plot", "ops", "export", "import", "sweep",
-               "calibrate", "serve")
+#: every subcommand the CLI registers (a new one's examples are found without a second list)
+SUBCOMMANDS = tuple(_CLI_SUBCOMMANDS)
 #: a usage synopsis, not an example: a placeholder in capitals, an optional part, alternatives, an ellipsis
 SYNOPSIS = re.compile(r"\[|\.\.\.|…|\\\||\|(?!\s*head)|(?<![\w.:/-])(?:[A-Z][A-Z0-9_]+|M|P|S|K|N)(?:\.\w+)?(?![\w=-])")
 
@@ -129,6 +131,8 @@ def _complete(text: str) -> bool:
                                                                     or "--to" in words)
     if words[1] == "run":
         return "--plan" in words and len(words) > 3
+    if words[1] == "fit":
+        return "--context" in words
     if words[1] == "profile":
         return len(words) > 2
     return words[1] == "serve"
