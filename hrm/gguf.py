@@ -298,17 +298,3 @@ def model_fields_from_gguf(path: str | Path) -> dict:
         out["max_context_len"] = int(meta[f"{arch}.context_length"])
     expert_format = _format_of(experts) if experts else _format_of([t for t in mats if ".ffn_" in t.name])
     return out | _dtypes(expert_format or _format_of(mats), _format_of(mats))
-
-
-def model_from_gguf(path: str | Path):
-    """The ModelSpec of a GGUF file (its header: a partial file is enough); HRMError (one line)
-    if the header lacks a size the spec needs."""
-    from pydantic import ValidationError
-
-    from .errors import pydantic_message
-    from .model import ModelSpec
-
-    try:
-        return ModelSpec.model_validate(model_fields_from_gguf(path))
-    except ValidationError as exc:
-        raise HRMError(pydantic_message(str(path), exc)) from None

@@ -950,11 +950,15 @@ def load_model(name_or_path: str, weight_dtype: Optional[str] = None, kv_dtype: 
     """ModelSpec from a config.json path, a directory holding one, or a catalog name/alias.
     Keys neither read nor known to be irrelevant are listed in one warning line on stderr."""
     if str(name_or_path).lower().endswith(".gguf"):  # a GGUF: sizes and tensor types from its header
-        from .gguf import model_from_gguf
+        from .gguf import model_fields_from_gguf
 
         if _stat(Path(name_or_path)) is None:
             raise HRMError(f"{name_or_path}: no such file")
-        return model_from_gguf(name_or_path).with_dtypes(weight_dtype, kv_dtype)
+        try:  # hrm.gguf reads the header into fields; the spec is built here (no import cycle)
+            spec = ModelSpec.model_validate(model_fields_from_gguf(name_or_path))
+        except ValidationError as exc:
+            raise HRMError(pydantic_message(str(name_or_path), exc)) from None
+        return spec.with_dtypes(weight_dtype, kv_dtype)
     path, name = resolve_config_path(name_or_path)
     spec, ignored = model_from_config(read_config_json(path), name, str(path))
     if ignored:
