@@ -61,6 +61,10 @@ NOT_RUN = {
     "hrm run --plan plan.json": "prose: runs the reader's own plan (the README's routing example runs "
                                 "hrm run --plan p.json)",
     "python benchmarks/web_latency.py": "a benchmark: 200 requests to a server (minutes); its table is in the README",
+    "hrm profile --quick": "prose: names the step benchmarks/validate_bench.py runs; the README's own example "
+                           "hrm profile --quick --out my-box.yaml runs the same profile (README.md:70)",
+    "python benchmarks/klotski_catalog_bench.py --cpu-mem 512": "a benchmark: the 16 catalog searches (30 s); "
+                                                                "its table is docs/klotski_bench.md §4",
     "python benchmarks/web_screenshots.py": "a benchmark: drives Chromium and rewrites docs/figures/web_*.png",
     "python benchmarks/engines_bench.py --md": "a benchmark that rewrites docs/engines_bench.md",
     "python benchmarks/engines_bench_delta.py BEFORE.md AFTER.md": "a synopsis (BEFORE.md, AFTER.md)",
