@@ -120,8 +120,11 @@ def _interrupt_after_progress(argv, cwd, started=("Ctrl-C", "%")) -> tuple[int, 
     """Start ``hrm argv`` with progress forced on, send SIGINT once a line on standard error
     holds one of ``started`` (the work has begun), and return (exit code, stdout, stderr)."""
     env = {**os.environ, "HRM_PROGRESS": "1", "COLUMNS": "100"}
+    # as from a terminal: SIGINT at its default in the child, whatever this process inherited or set
+    # (an ignored SIGINT survives exec, and Python then installs no KeyboardInterrupt handler)
     process = subprocess.Popen([sys.executable, "-m", "hrm_cli", *argv], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+                               stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in process.stderr:
         lines.append(line)
