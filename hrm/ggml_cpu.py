@@ -31,7 +31,7 @@ import numpy as np
 
 from .costs import uniform_distinct_experts
 from .errors import HRMError
-from .gguf import GgufTensor, TensorInventory
+from .gguf import GgufTensor, TensorInventory, bits_per_element
 from .hardware import GgmlCpu, GgmlKernel
 
 #: assumption: compute nodes of one transformer layer of llama.cpp's MoE graphs, a count by
@@ -236,8 +236,6 @@ class StepTraffic:
 def kv_bytes_per_token(inventory: TensorInventory) -> float:
     """The cache's bytes per token over all layers, at KV_ELEMENT_TYPE. MLA caches the latent
     once: V is a view of K (src/llama-graph.cpp build_attn_mha with v_mla), so only d_k counts."""
-    from .gguf import bits_per_element
-
     arch = inventory.attention
     width = arch.k_width if arch.kv_heads == 1 else arch.k_width + arch.v_width
     return arch.layers * arch.kv_heads * width * bits_per_element(KV_ELEMENT_TYPE.upper()) / 8
@@ -245,8 +243,6 @@ def kv_bytes_per_token(inventory: TensorInventory) -> float:
 
 def step_traffic(inventory: TensorInventory, tokens: int, sequences: list[tuple[int, float]]) -> StepTraffic:
     """What a step of ``tokens`` tokens reads (uniform, independent routing, as the FFN times)."""
-    from .gguf import bits_per_element
-
     dense = expert = 0.0
     for tensor in inventory.matmul_tensors():
         b = tensor.elements * bits_per_element(tensor.ggml_type) / 8

@@ -36,3 +36,20 @@ def call(capsys, *args) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def interrupt_klotski_schedule(monkeypatch, nth: int) -> list:
+    """Make Klotski's branch and bound raise KeyboardInterrupt (a Ctrl-C) on its ``nth``
+    schedule; returns the list that grows by one per schedule."""
+    import solver.klotski as klotski_search
+
+    real, calls = klotski_search.klotski_times, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == nth:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(klotski_search, "klotski_times", interrupted)
+    return calls

@@ -139,18 +139,9 @@ def test_ctrl_c_in_a_long_search_prints_the_best_so_far(capsys, monkeypatch):
     """Ctrl-C during Klotski's branch and bound (here on its third schedule: every catalog search
     now proves its optimum within seconds, too soon for a signal from outside) prints the best
     scheduled policy, marked stopped, and exits 0."""
-    import solver.klotski as klotski_search
-    from conftest import call
+    from conftest import call, interrupt_klotski_schedule
 
-    real, calls = klotski_search.klotski_times, []
-
-    def interrupted_on_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(klotski_search, "klotski_times", interrupted_on_third)
+    calls = interrupt_klotski_schedule(monkeypatch, 3)
     # 7 of this space's 36 candidates are scheduled before the optimum is proven
     code, out, err = call(capsys, "search", "--hw", "l4", "--model", "qwen2-57b-a14b", "--engine", "klotski",
                           "--cpu-mem", "512", "--fix", "mu=55", "--time-limit", "120")

@@ -186,22 +186,14 @@ def test_time_limit_returns_the_best_so_far_with_its_gap():
 def test_ctrl_c_returns_the_best_so_far_marked_interrupted(monkeypatch):
     """Issue 24: a long branch and bound can be interrupted cleanly: Ctrl-C after the first
     schedules returns the best scheduled candidate, not proven optimal, with the reason."""
-    import solver.klotski as klotski_search
+    from conftest import interrupt_klotski_schedule
 
     # 7 of this space's 36 candidates are scheduled before its optimum is proven (Mixtral's first
     # one proves it since the host-KV chain bound)
     hw, model, workload = load_hardware("l4"), load_model("qwen2-57b-a14b"), make_workload()
     pins = dict(limits=memory_limits(hw, DEFAULT_OPTIONS, cpu_mem_gib=512), fixed={"micro_batch_size": 55})
     full = search(hw, model, workload, engine="klotski", top=0, **pins)
-    real, calls = klotski_search.klotski_times, []
-
-    def interrupted_on_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(klotski_search, "klotski_times", interrupted_on_third)
+    interrupt_klotski_schedule(monkeypatch, 3)
     assert full.plan.solver.candidates_evaluated >= 3
     cut = search(hw, model, workload, engine="klotski", top=0, **pins)
     assert not cut.plan.solver.optimal
