@@ -2,7 +2,7 @@
 
 The shipped hardware profiles live at the top level, ``hardware_profiles/*.yaml`` (one copy in
 git). A plain install has no checkout next to the package, so ``build_py`` copies them into
-the built package as ``hrm/data/hardware_profiles/``, where :mod:`hrm.hardware` looks first;
+the built package as ``hrm/data/hardware_profiles/``, where :mod:`hrm.machine.hardware` looks first;
 MANIFEST.in puts them into the sdist so that a wheel built from it has them too. An editable
 install reads them from the checkout instead.
 """

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from hrm.calibrate import parse_run, predict_run, with_values
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.analysis.calibrate import parse_run, predict_run, with_values
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "calibrate" / "noisy.yaml"
 TRUE = {"link.h2d_gbps": 17.18 * 0.7, "gpu.gemm_efficiency": 0.6}

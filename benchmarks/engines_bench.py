@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from hrm.engine import list_engines, load_engine
+from hrm.engines.engine import list_engines, load_engine
 from hrm.errors import HRMError
-from hrm.explain import explain
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.analysis.explain import explain
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.workload import make_workload
 from solver.search import search
 
@@ -48,7 +48,7 @@ LABELS = {"hrm-runtime": "hrm-runtime (reference runtime)"}
 
 
 def breakdown(report, top: int = 3) -> str:
-    """The largest additive shares of the gap (hrm.explain: they add up to 100%)."""
+    """The largest additive shares of the gap (hrm.analysis.explain: they add up to 100%)."""
     costs = sorted((c for c in report.costs if c.share_of_gap >= 0.005), key=lambda c: -c.share_of_gap)[:top]
     return ", ".join(f"{SHORT.get(c.label, c.label)} {c.share_of_gap:.0%}" for c in costs) or "-"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import hrm.achieved as ach  # noqa: E402
-import hrm.engine as eng  # noqa: E402
-import hrm.rates as rates  # noqa: E402
+import hrm.machine.achieved as ach  # noqa: E402
+import hrm.engines.engine as eng  # noqa: E402
+import hrm.machine.rates as rates  # noqa: E402
 
 
 def undo(which: str) -> None:

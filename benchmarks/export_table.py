@@ -22,8 +22,8 @@ import time
 
 from hrm.errors import HRMError, InfeasibleError
 from hrm.export import EXPORTERS, read_command
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import make_workload
 from solver.retarget import export_for_target
 from solver.search import search

@@ -1,7 +1,7 @@
 """``hrm fit`` against llama.cpp's own ``llama-fit-params``, measured (docs/validation/fit.md).
 
 For each GGUF: llama-fit-params prints the arguments llama.cpp's memory fit sets (on a CPU-only
-build: -c and -ngl); ``hrm fit`` (hrm.fit.fit_cpu on the host's measured profile) prints its
+build: -c and -ngl); ``hrm fit`` (hrm.analysis.fit.fit_cpu on the host's measured profile) prints its
 command. Each is run as one user's request with llama-bench's ``-pg P,G`` test (a prompt of P
 tokens, then G generated: the context ``--context`` = P + G), the commands alternated
 (A B A B A B), each run a separate llama-bench invocation of one repetition with the machine's
@@ -79,9 +79,9 @@ def main() -> int:
     p.add_argument("models", nargs="+", type=Path)
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
-    from hrm.fit import fit_cpu
-    from hrm.gguf import read_inventory
-    from hrm.hardware import load_hardware
+    from hrm.analysis.fit import fit_cpu
+    from hrm.model.gguf import read_inventory
+    from hrm.machine.hardware import load_hardware
 
     hw = load_hardware(a.hw)
     prompt = a.context - a.gen

@@ -1,5 +1,5 @@
 """Klotski's pipeline step by step (paper §4) and its own choice of n (§7, inequalities
-4-7), from the cost model on the expert-level list scheduler (:mod:`hrm.klotski`); then the
+4-7), from the cost model on the expert-level list scheduler (:mod:`hrm.pipelines.expert_level_tasks`); then the
 engine ``klotski`` as the search plans it: its best policy beside the one with Klotski's own
 n at the same μ and placement.
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 
-from hrm.hardware import load_hardware
-from hrm.klotski import klotski_batches, klotski_layer, pipeline_steps
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
-from hrm.rates import rates_from_profile
-from hrm.routing import parse_routing
+from hrm.machine.hardware import load_hardware
+from hrm.pipelines.expert_level_tasks import klotski_batches, klotski_layer, pipeline_steps
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
+from hrm.machine.rates import rates_from_profile
+from hrm.model.routing import parse_routing
 
 
 def main() -> None:
@@ -54,11 +54,11 @@ def engine_table(args) -> None:
     same μ, r_w and r_c (when that n fits memory)."""
     import time
 
-    from hrm.engine import load_engine
+    from hrm.engines.engine import load_engine
     from hrm.errors import HRMError
     from hrm.estimate import estimate
     from hrm.pipelines.expert_level import klotski_own_batches
-    from hrm.memory import memory_limits
+    from hrm.cost.memory import memory_limits
     from hrm.workload import make_workload
     from solver.search import search
 

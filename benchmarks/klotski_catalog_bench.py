@@ -2,7 +2,7 @@
 
 For each catalog MoE model on each machine: the seconds ``hrm-search --engine klotski``
 takes, whether it was proven optimal or stopped at its time limit
-(``solver.klotski.SEARCH_TIME_LIMIT_S``) and the gap it reports. Seconds are of this
+(``solver.expert_level.SEARCH_TIME_LIMIT_S``) and the gap it reports. Seconds are of this
 machine, measured in one run (compare them with each other, not across machines).
 
 Run: python benchmarks/klotski_catalog_bench.py [--hw l4,rtx3090] [--cpu-mem GIB] [--models a,b]
@@ -17,9 +17,9 @@ import statistics
 import time
 
 from hrm.errors import HRMError
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import list_catalog, load_model
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import list_catalog, load_model
 from hrm.workload import make_workload
 from solver.search import search
 

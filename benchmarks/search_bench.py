@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from hrm.errors import HRMError
-from hrm.hardware import list_profiles, load_hardware
-from hrm.model import list_catalog, load_model
+from hrm.machine.hardware import list_profiles, load_hardware
+from hrm.model.spec import list_catalog, load_model
 from hrm.workload import PRESETS, make_workload
 from solver.search import search
 

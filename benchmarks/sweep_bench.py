@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hrm.hardware import list_profiles, load_hardware
+from hrm.machine.hardware import list_profiles, load_hardware
 from solver.grid import SweepGrid, grid_cells, read_grid
 from solver.sweep import MEASURED_COLUMNS, run_sweep
 

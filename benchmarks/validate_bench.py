@@ -23,8 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import make_workload
 from runtime.validate import (render_report, rescore, run_validation, runtime_options, runtime_spec,
                               validation_policies, write_outputs)
@@ -41,7 +41,7 @@ def measured_profile(folder: Path, stem: str = "this-host") -> str:
 def profile_drift(before, after) -> dict[str, float]:
     """after / before of the emulated tier's copy rate, its matmul rate at M = 4 and the
     pre-attention dispatch α: how much the host's speed moved during the runs."""
-    from hrm.hardware import interpolate_curve
+    from hrm.machine.hardware import interpolate_curve
 
     out = {}
     if before.emulation and after.emulation:

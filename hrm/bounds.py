@@ -6,7 +6,7 @@ unit, or the input is refused with one line naming the field. The ranges are the
 constants below, each with the reason for its value; a :class:`Range` ties one to a unit and
 serves all three entry points:
 
-- ``Range.type`` — a pydantic ``Annotated`` type for the frozen models (``hrm.hardware``,
+- ``Range.type`` — a pydantic ``Annotated`` type for the frozen models (``hrm.machine.hardware``,
   ``hrm.workload``, ``hrm.policy``, ``hrm.plan``): the invariant lives on the model;
 - ``Range.flag(name)`` — an argparse ``type=`` that validates through the same range;
 - ``Range.check(value, what)`` — the same test for a value computed in code (HRMError).
@@ -49,7 +49,7 @@ MIN_TFLOPS = 1e-6
 MAX_TFLOPS = 100_000.0
 #: the slowest link a GPU is attached by is PCIe 1.0 x1 (0.25 GB/s); a PCIe 3.0 x16 link written
 #: in MB/s as GB/s (16 -> 0.016) is 1000x slower and is refused (override: reassign before import
-#: of hrm.hardware)
+#: of hrm.machine.hardware)
 MIN_LINK_GBPS = 0.25
 #: a measured matmul curve point may exceed its dtype's peak by the rounding of both (the
 #: profiler writes the peak as the curve's best point); more is a curve of another dtype or unit
@@ -285,7 +285,7 @@ def parse_number(text: str, integer: bool) -> int | float:
 # --- the ranges the models and flags use ------------------------------------------------
 GPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_GPU_MEMORY_GIB, "GiB", why="per GPU; a 1000x unit slip?")
 CPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_CPU_MEMORY_GIB, "GiB", why="a 1000x unit slip?")
-#: a --gpu-mem total over several GPUs (checked per GPU against the profile in hrm.memory)
+#: a --gpu-mem total over several GPUs (checked per GPU against the profile in hrm.cost.memory)
 TOTAL_GPU_MEMORY_GIB = Range(MIN_MEMORY_GIB, MAX_GPU_MEMORY_GIB * MAX_GPU_COUNT, "GiB")
 MEMORY_UTILIZATION = Range(MIN_MEMORY_UTILIZATION, 1.0, why="a fraction of the capacity")
 BANDWIDTH_GBPS = Range(MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s", why="a 1000x unit slip (MB/s vs GB/s)?")

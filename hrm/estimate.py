@@ -3,25 +3,25 @@
 The engine's pipeline (:mod:`hrm.pipelines`) gives the prefill and the decode steps' times
 and the peak memory; generation throughput (the paper's metric) = N·gen / (prefill + Σ_t
 decode step(c_t)) with the context growing every decode step, decode throughput = N·(gen−1)
-/ Σ_t step(c_t) (:mod:`hrm.throughput`); per-token latency = the mean decode step.
+/ Σ_t step(c_t) (:mod:`hrm.cost.throughput`); per-token latency = the mean decode step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .engine import Engine, resolve_engine
+from .engines.engine import Engine, resolve_engine
 from .errors import HRMError
-from .hardware import HardwareProfile
-from .memory import MemoryLimits, fits
-from .model import ModelSpec
-from .options import DEFAULT_OPTIONS, ModelOptions
+from .machine.hardware import HardwareProfile
+from .cost.memory import MemoryLimits, fits
+from .model.spec import ModelSpec
+from .model.options import DEFAULT_OPTIONS, ModelOptions
 from .pipelines import MemoryUse, pipeline_of
 from .policy import Policy
 from .problem import Problem, make_problem
-from .rates import Rates
-from .schedules import SCHEDULES
-from .throughput import end_to_end_time_s, throughput_tok_s
+from .machine.rates import Rates
+from .engines.schedules import SCHEDULES
+from .cost.throughput import end_to_end_time_s, throughput_tok_s
 from .units import GIB
 from .workload import Workload, check_context_window
 
@@ -107,7 +107,7 @@ class EstimateResult:
         return self.fits(MemoryLimits(self.gpu_limit_bytes, self.cpu_limit_bytes, self.shared_memory))
 
     def fits(self, limits: MemoryLimits) -> bool:
-        """Whether the peaks fit ``limits`` (e.g. :func:`hrm.memory.physical_limits`)."""
+        """Whether the peaks fit ``limits`` (e.g. :func:`hrm.cost.memory.physical_limits`)."""
         return fits(self.gpu_peak_bytes, self.cpu_peak_bytes, limits)
 
     @property
@@ -174,7 +174,7 @@ def estimate(
     engine: str | Engine | None = None,
 ) -> EstimateResult:
     """Predict time, throughput and memory of ``policy`` run by ``engine`` (default
-    :func:`hrm.engine.default_engine_name`: moe-lightning on a GPU profile, ideal on a CPU-only
+    :func:`hrm.engines.engine.default_engine_name`: moe-lightning on a GPU profile, ideal on a CPU-only
     one or with ``schedule``, ideal's lane structure, default cgopipe). Raises HRMError if
     the engine cannot run the placement; r_w is snapped to the engine's granularity (noted).
     An attention tier the engine hands to another engine file (``policy.attention_engines``:
@@ -188,7 +188,7 @@ def engine_for_policy(engine: Engine, policy: Policy) -> Engine:
     """The engine that runs ``policy``: ``engine``, or the one its ``policy.attention_engines``
     names for the policy's attention tier (a shipped engine as shipped only: an edited one
     keeps its own tiers, as its search does)."""
-    from .engine import attention_engine, is_shipped
+    from .engines.engine import attention_engine, is_shipped
 
     if not engine.policy.attention_engines or not is_shipped(engine):
         return engine
@@ -223,7 +223,7 @@ def binding_memory(memory: MemoryUse, limits: MemoryLimits) -> str:
 def estimate_problem(problem: Problem, policy: Policy) -> EstimateResult:
     """:func:`estimate` of a problem: the policy as the engine realises it, its times and
     memory from the engine's pipeline (:mod:`hrm.pipelines`), throughput from
-    :mod:`hrm.throughput`."""
+    :mod:`hrm.cost.throughput`."""
     policy, notes = realised_policy(problem.model, problem.engine, policy)
     pipeline = pipeline_of(problem.engine)
     times = pipeline.times(problem, policy)

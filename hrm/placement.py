@@ -8,7 +8,7 @@ experts. One scheme for the solver's plans and the runtime's default.
 
 from __future__ import annotations
 
-from .model import ModelSpec
+from .model.spec import ModelSpec
 from .plan import LayerPlacement, Placement
 from .policy import Policy
 

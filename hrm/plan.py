@@ -21,10 +21,10 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConst
 
 from . import bounds
 from .bounds import Flag
-from .engine import Engine
+from .engines.engine import Engine
 from .errors import HRMError, file_kind, pydantic_message, read_input_text
 from .policy import Policy
-from .routing import Routing
+from .model.routing import Routing
 from .workload import Workload
 
 SCHEMA_VERSION = "1.0"
@@ -170,7 +170,7 @@ class SearchSettings(_Frozen):
     max_batch: bounds.SEARCH_BATCH.type
     gpu_limit_bytes: Amount
     cpu_limit_bytes: Amount
-    #: a CPU-only host: both tiers in one memory (:class:`hrm.memory.MemoryLimits`)
+    #: a CPU-only host: both tiers in one memory (:class:`hrm.cost.memory.MemoryLimits`)
     shared_memory: Flag = False
 
 
@@ -238,7 +238,7 @@ class Plan(_Frozen):
     @field_validator("schedule")
     @classmethod
     def _known_schedule(cls, schedule):
-        from .schedules import SCHEDULES
+        from .engines.schedules import SCHEDULES
 
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
@@ -246,7 +246,7 @@ class Plan(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self):
-        from .schedules import SCHEDULES
+        from .engines.schedules import SCHEDULES
 
         policy, placement = self.policy, self.placement
         problem = SCHEDULES[self.schedule].problem(policy.attn_on_gpu, policy.ffn_on_gpu)
@@ -404,7 +404,7 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
 def resolve_plan_engine(plan: Plan):
     """The plan's engine (its embedded definition, a shipped name, or an engine YAML path),
     with the plan's schedule."""
-    from .engine import list_engines, load_engine
+    from .engines.engine import list_engines, load_engine
 
     name = plan.engine
     if plan.engine_definition is not None:
@@ -425,7 +425,7 @@ def resolve_plan_engine(plan: Plan):
 def resolve_plan_hardware(plan: Plan, name: str | None = None):
     """The hardware profile ``name`` (default: the plan's) if it loads and its hash is the
     plan's, else None."""
-    from .hardware import load_hardware
+    from .machine.hardware import load_hardware
 
     try:
         hw = load_hardware(name or plan.hardware.name)
@@ -440,7 +440,7 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
     the loader are muted."""
     from itertools import product
 
-    from .model import load_model
+    from .model.spec import load_model
     from .units import DTYPES, FLOAT_DTYPES
 
     try:
@@ -455,7 +455,7 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
             return None
     if base.sha256() == plan.model.sha256:
         return base
-    from .quantized import WEIGHT_FORMATS
+    from .model.quantized import WEIGHT_FORMATS
 
     for wd, kd, ad in product(DTYPES, DTYPES, DTYPES):
         spec = base.model_copy(update={"weight_dtype": wd, "kv_dtype": kd, "activation_dtype": ad})
@@ -508,7 +508,7 @@ def estimate_problem(plan: Plan, hw, model, engine) -> Optional[str]:
     """Why the plan's estimate is stale (None if a recomputation matches it within
     :data:`ESTIMATE_RTOL`): names the first field that differs."""
     from .estimate import estimate
-    from .memory import MemoryLimits
+    from .cost.memory import MemoryLimits
 
     # the memory the plan was made in: a spill to disk (and so the times) depends on it
     settings = plan.search

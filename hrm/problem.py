@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from .engine import Engine, IDEAL
-from .hardware import HardwareProfile
-from .memory import MemoryLimits, memory_limits
-from .model import ModelSpec
-from .options import DEFAULT_OPTIONS, ModelOptions
-from .rates import Rates, rates_from_profile
+from .engines.engine import Engine, IDEAL
+from .machine.hardware import HardwareProfile
+from .cost.memory import MemoryLimits, memory_limits
+from .model.spec import ModelSpec
+from .model.options import DEFAULT_OPTIONS, ModelOptions
+from .machine.rates import Rates, rates_from_profile
 from .workload import Workload
 
 

@@ -7,7 +7,7 @@ KIB = 2**10  # 2^10 bytes (cache sizes in /sys and /proc)
 TFLOPS = 1e12  # *_tflops keys: 1e12 FLOP/s
 
 # Bytes per element. int4 counts the packed payload only; a model that names its stored
-# format (ModelSpec.weight_format, hrm.quantized.WEIGHT_FORMATS) counts its scales too.
+# format (ModelSpec.weight_format, hrm.model.quantized.WEIGHT_FORMATS) counts its scales too.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "fp16": 2.0,

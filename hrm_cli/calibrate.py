@@ -1,15 +1,15 @@
 """``hrm calibrate RUNS.yaml --out PROFILE.yaml``: fit a profile's achieved rates to the
-user's own runs (hrm.calibrate; docs/calibrate.md)."""
+user's own runs (hrm.analysis.calibrate; docs/calibrate.md)."""
 
 from __future__ import annotations
 
 import math
 import sys
 
-from hrm.calibrate import Calibration, calibrated_profile, fit, is_shipped_profile, load_runs
+from hrm.analysis.calibrate import Calibration, calibrated_profile, fit, is_shipped_profile, load_runs
 from hrm.errors import HRMError
-from hrm.hardware import dump_hardware_yaml, load_hardware, parse_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import dump_hardware_yaml, load_hardware, parse_hardware
+from hrm.model.spec import load_model
 from hrm_cli.parser import ArgumentParser
 
 HEADER = ("# Hardware profile calibrated by `hrm calibrate` to the user's own runs: source.methods names\n"
@@ -18,7 +18,7 @@ HEADER = ("# Hardware profile calibrated by `hrm calibrate` to the user's own ru
 
 
 def parse_args(argv):
-    from hrm.calibrate import FIELDS
+    from hrm.analysis.calibrate import FIELDS
 
     parser = ArgumentParser(prog="hrm calibrate",
                             description="Fit a hardware profile's achieved rates (link, host copy and DRAM rates, GPU\n"
@@ -72,7 +72,7 @@ def _percent(rms: float | None) -> str:
     return "n/a" if rms is None else f"{100 * (math.exp(rms) - 1):.1f}%"
 
 
-#: quantities printed in another unit than the runs file's (its key, hrm.calibrate.QUANTITIES):
+#: quantities printed in another unit than the runs file's (its key, hrm.analysis.calibrate.QUANTITIES):
 #: the per-token latency in ms, as every view prints it (TTFT stays in s)
 SHOWN_AS = {"tpot_s": ("TPOT ms", 1e3)}
 
@@ -82,7 +82,7 @@ def render(calibration: Calibration, console) -> None:
     (fitted beside start and range) and the fields left as the profile has them."""
     from rich.table import Table
 
-    from hrm.calibrate import QUANTITIES
+    from hrm.analysis.calibrate import QUANTITIES
 
     runs = Table(title=f"runs of {calibration.runs_path} on {calibration.base}: predicted before and after the "
                        f"fit, and leave-one-out (LOO: fitted without the run)", title_justify="left", box=None,
@@ -116,7 +116,7 @@ def render(calibration: Calibration, console) -> None:
                        f"{f.lo:.3g}-{f.hi:.3g}{' ' + f.unit if f.unit else ''}")
     console.print(fields)
     if any(f.defaulted for f in calibration.fields):
-        console.print("* the profile lacks it: the hrm.achieved default", highlight=False)
+        console.print("* the profile lacks it: the hrm.machine.achieved default", highlight=False)
     for f in calibration.left:
         console.print(f"left at the profile's value: {f.name} = {f.start:.4g}{'*' if f.defaulted else ''} "
                       f"({f.reason})", highlight=False)
@@ -162,7 +162,7 @@ def main(argv) -> int:
 
 def _llama_cpu_runs(path: str) -> bool:
     """A runs file of llama.cpp CPU runs (each with ``from: llama.cpp``, a ``command`` and a
-    ``gguf``): calibrated by hrm.validation on the CPU step model (docs/calibrate.md)."""
+    ``gguf``): calibrated by hrm.analysis.validation on the CPU step model (docs/calibrate.md)."""
     from hrm.errors import read_yaml_mapping
 
     data = read_yaml_mapping(path, "a runs file", "hardware, model, runs")
@@ -172,7 +172,7 @@ def _llama_cpu_runs(path: str) -> bool:
 
 
 def _calibrate_llama_cpu(args, out) -> int:
-    from hrm.validation import GGML_FIELDS, compare_runs, fit_ggml_scales, load_runs_file, with_scales
+    from hrm.analysis.validation import GGML_FIELDS, compare_runs, fit_ggml_scales, load_runs_file, with_scales
 
     if args.fields is not None and set(field_list(args.fields)) - {f"ggml_cpu.{f}" for f in GGML_FIELDS}:
         raise HRMError(f"--fields: llama.cpp CPU runs fit {', '.join('ggml_cpu.' + f for f in GGML_FIELDS)} only")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hrm import bounds
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.quantized import WEIGHT_FORMATS
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.model.quantized import WEIGHT_FORMATS
 from hrm.units import DTYPES, GIB
 from hrm.workload import PRESETS, make_workload
 
@@ -31,7 +31,7 @@ def routed_model(model, routing: str | None):
     """``model`` with the ``--routing`` distribution (unchanged without one)."""
     if routing is None:
         return model
-    from hrm.routing import parse_routing
+    from hrm.model.routing import parse_routing
 
     return model.with_routing(parse_routing(routing, model.num_experts, model.top_k, model.name))
 
@@ -46,22 +46,22 @@ def add_workload_args(parser) -> None:
     parser.add_argument("--padding", action="store_true", help="pad prompts to the maximum (FlexGen style)")
 
 
-#: the one default engine is hrm.engine.DEFAULT_ENGINE (the API's too); the CLI reads it there
+#: the one default engine is hrm.engines.engine.DEFAULT_ENGINE (the API's too); the CLI reads it there
 ENGINE_DEFAULT_HELP = ("default {engine} on a GPU profile, ideal on a CPU-only one or with --schedule "
-                       "(hrm.engine.DEFAULT_ENGINE)")
+                       "(hrm.engines.engine.DEFAULT_ENGINE)")
 
 
 def engine_default_help() -> str:
-    from hrm.engine import DEFAULT_ENGINE
+    from hrm.engines.engine import DEFAULT_ENGINE
 
     return ENGINE_DEFAULT_HELP.format(engine=DEFAULT_ENGINE)
 
 
 def add_engine_args(parser, schedule_default=None, bound_note: bool = False) -> None:
     """--engine NAME|FILE.yaml (no default here: :func:`engine_from_args` resolves a missing one
-    with hrm.engine.default_engine_name) and --schedule (the lane structure of engine ideal)."""
-    from hrm.engine import list_engines
-    from hrm.schedules import SCHEDULES
+    with hrm.engines.engine.default_engine_name) and --schedule (the lane structure of engine ideal)."""
+    from hrm.engines.engine import list_engines
+    from hrm.engines.schedules import SCHEDULES
 
     default_help = engine_default_help() + ("; ideal's bound is printed beside it as the headroom" if bound_note else "")
     parser.add_argument("--engine", default=None, metavar="NAME|FILE.yaml",
@@ -73,8 +73,8 @@ def add_engine_args(parser, schedule_default=None, bound_note: bool = False) -> 
 
 def engine_from_args(args, hw=None):
     """The engine of --engine/--schedule; with no --engine (None) the default for ``hw``
-    (hrm.engine.default_engine_name: DEFAULT_ENGINE, ideal on a CPU-only profile or with --schedule)."""
-    from hrm.engine import resolve_engine
+    (hrm.engines.engine.default_engine_name: DEFAULT_ENGINE, ideal on a CPU-only profile or with --schedule)."""
+    from hrm.engines.engine import resolve_engine
 
     return resolve_engine(getattr(args, "engine", None), getattr(args, "schedule", None), hw)
 
@@ -104,7 +104,7 @@ def workload_from_args(args):
 
 def options_from_args(args):
     """ModelOptions from --gpu-util/--cpu-util (ranges: the flags' and the model's, hrm.bounds)."""
-    from hrm.options import ModelOptions
+    from hrm.model.options import ModelOptions
 
     update = {}
     for flag, key in (("gpu_util", "gpu_memory_utilization"), ("cpu_util", "cpu_memory_utilization")):
@@ -136,7 +136,7 @@ def check_input_file(path: str | None, flag: str, allow_dir: bool = False) -> No
 
 
 def limits_from_args(hw, options, args):
-    from hrm.memory import memory_limits
+    from hrm.cost.memory import memory_limits
 
     return memory_limits(hw, options, getattr(args, "gpu_mem", None), getattr(args, "cpu_mem", None))
 

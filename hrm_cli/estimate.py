@@ -13,9 +13,9 @@ from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, 
                             workload_from_args)
 from hrm.errors import InfeasibleError
 from hrm.estimate import EstimateResult, estimate
-from hrm.memory import MemoryLimits, physical_limits
+from hrm.cost.memory import MemoryLimits, physical_limits
 from hrm.pipelines import lane_label
-from hrm.explain import explain
+from hrm.analysis.explain import explain
 from hrm.policy import parse_policy
 
 
@@ -62,7 +62,7 @@ def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits |
     for note in result.notes:
         table.add_row("note", note)
     if result.defaulted:
-        table.add_row("defaulted rates", ", ".join(result.defaulted) + " (hrm.achieved.DEFAULTS has each source)")
+        table.add_row("defaulted rates", ", ".join(result.defaulted) + " (hrm.machine.achieved.DEFAULTS has each source)")
     console().print(table)
 
 
@@ -147,8 +147,8 @@ def ops_main(argv) -> int:
     """``hrm ops --model M [--mu 64 --context 512 --prompt-len 512]``: operator FLOPs/bytes."""
     from rich.table import Table
 
-    from hrm.costs import operator_table
-    from hrm.model import load_model
+    from hrm.cost.costs import operator_table
+    from hrm.model.spec import load_model
 
     parser = ArgumentParser(prog="hrm ops", description="Per-operator FLOPs, bytes and intensity of one layer.")
     parser.add_argument("--model", required=True)
@@ -173,7 +173,7 @@ def ops_main(argv) -> int:
     return 0
 
 
-#: short headers of ``hrm ops`` (hrm.costs.operator_table's columns), so the table fits 80
+#: short headers of ``hrm ops`` (hrm.cost.costs.operator_table's columns), so the table fits 80
 #: columns; OPS_LEGEND under the table spells them out
 OPS_HEADERS = {"flops": "FLOP", "weight_bytes": "weight B", "kv_bytes": "KV B", "act_bytes": "act B",
                "intensity_flop_per_byte": "FLOP/B"}

@@ -1,6 +1,6 @@
 """``hrm fit``: the fastest llama.cpp command for a machine (a profile, or catalog parts), a
 model (catalog name or config.json; a GGUF on a CPU-only machine) and a context length
-(:mod:`hrm.fit`)."""
+(:mod:`hrm.analysis.fit`)."""
 
 from __future__ import annotations
 
@@ -47,31 +47,31 @@ def machine(args):
     if args.hw and (args.gpu or args.cpu):
         raise HRMError("--hw and --gpu/--cpu: give a profile or parts, not both")
     if args.hw:
-        from hrm.hardware import load_hardware
+        from hrm.machine.hardware import load_hardware
 
         return load_hardware(args.hw)
     if not args.cpu or args.ram is None:
         raise HRMError("hrm fit: a machine is required: --hw PROFILE, or --cpu NAME --ram GIB [--gpu NAME]")
-    from hrm.parts import compose_profile
+    from hrm.machine.parts import compose_profile
 
     return compose_profile(args.gpu, args.cpu, args.ram, args.gpus, args.sockets, args.cpu_stream_fraction)
 
 
 def run_fit(args):
-    from hrm.fit import fit_cpu, fit_gpu
+    from hrm.analysis.fit import fit_cpu, fit_gpu
 
     hw = machine(args)
     if hw.gpu is None:
         if not args.gguf:
             raise HRMError(f"hrm fit: {hw.name} has no GPU: give --gguf FILE (the CPU step model reads its tensors)")
-        from hrm.gguf import read_inventory
+        from hrm.model.gguf import read_inventory
 
         if not Path(args.gguf).is_file():
             raise HRMError(f"--gguf {args.gguf}: no such file")
         return hw, fit_cpu(hw, read_inventory(args.gguf), args.context, args.gen, args.users, args.objective)
     if not args.model:
         raise HRMError("hrm fit: --model is required on a machine with a GPU (catalog name or config.json)")
-    from hrm.model import load_model
+    from hrm.model.spec import load_model
 
     model = load_model(args.model, weight_dtype=args.weight_dtype)
     if args.weight_format:

@@ -1,5 +1,5 @@
 """``hrm import --from llama.cpp "llama-bench ..."`` / ``"llama-batched-bench ..."``: every test
-the command runs, predicted on the CPU step model (hrm.ggml_cpu) from the GGUF's own tensors and
+the command runs, predicted on the CPU step model (hrm.cost.ggml_cpu) from the GGUF's own tensors and
 the profile's measured ggml kernels (its ``ggml_cpu`` section: ``hrm profile --llama-cpp DIR``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hrm.errors import HRMError
 from hrm.export.llama_tools import bench_runs, predict
-from hrm.gguf import read_inventory
+from hrm.model.gguf import read_inventory
 
 
 def gguf_path(model_flag: str, given: str | None) -> Path:

@@ -8,10 +8,10 @@ import sys
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
-from hrm.engine import list_engines, load_engine, with_fields
+from hrm.engines.engine import list_engines, load_engine, with_fields
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
-from hrm.memory import physical_limits
+from hrm.cost.memory import physical_limits
 from hrm.export import EXPORTERS, get_exporter, read_command
 from hrm.export.importing import WORKLOAD_FLAGS
 from hrm.workload import DEFAULT_PRESET, PRESETS
@@ -70,7 +70,7 @@ def main(argv) -> int:
 
     if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model
         from hrm_cli import import_bench
-        from hrm.hardware import load_hardware
+        from hrm.machine.hardware import load_hardware
 
         hw = load_hardware(args.hw)
         if hw.gpu is not None and args.model is not None:  # a GPU machine: HRM's llama.cpp engine per point
@@ -105,7 +105,7 @@ def main(argv) -> int:
         engine = with_fields(engine, imported.engine_fields)
     result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     # a command's policy is pinned: it must fit physical memory less the engine's fixed costs
-    # (hrm.memory.physical_limits), as hrm estimate checks; above the planning caps it is said
+    # (hrm.cost.memory.physical_limits), as hrm estimate checks; above the planning caps it is said
     physical = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
     fits_physical = result.fits(physical)
     if args.json:

@@ -13,7 +13,7 @@ from hrm_cli.common import (add_machine_args, engine_default_help, add_memory_ar
                             machine_from_args, options_from_args, workload_from_args)
 from hrm_cli.sweep import sweep_progress
 from hrm.errors import HRMError
-from hrm.latency import SCHEDULES
+from hrm.cost.latency import SCHEDULES
 from hrm.units import DTYPES
 from hrm.workload import PRESETS, make_workload
 
@@ -123,7 +123,7 @@ def _roofline(args):
 def _policy_map(args):
     from solver.sweep import policy_map
 
-    from hrm.engine import resolve_engine
+    from hrm.engines.engine import resolve_engine
     from hrm.plots.policy_map import plot_policy_map
     from hrm.problem import make_problem
 
@@ -150,7 +150,7 @@ def check_what_if(hw, bandwidths, scales) -> None:
     from pydantic import ValidationError
 
     from hrm.errors import pydantic_message
-    from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+    from hrm.machine.whatif import with_cpu_scaled, with_link_bandwidth
 
     for scale in (min(scales), max(scales)):
         try:
@@ -181,7 +181,7 @@ def _cpu_memory(args):
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     if not schedules:
         raise HRMError(f"--schedules: expected comma-separated schedules or engine names, got {args.schedules!r}")
-    from hrm.engine import list_engines
+    from hrm.engines.engine import list_engines
 
     unknown = [s for s in schedules if s not in SCHEDULES and s not in list_engines()]
     if unknown:
@@ -200,7 +200,7 @@ def _cpu_memory(args):
 def _timeline(args):
     from hrm.plan import load_plan, resolve_plan_engine
     from hrm.policy import parse_policy
-    from hrm.rates import rates_from_profile
+    from hrm.machine.rates import rates_from_profile
     from hrm.pipelines import decode_timeline
     from hrm.workload import mean_decode_context
     from hrm.plots.timeline import plot_timeline, trace_policy
@@ -209,7 +209,7 @@ def _timeline(args):
     hw, model = timeline_machine(args, plan)
     options = options_from_args(args)
     workload = workload_from_args(args)
-    from hrm.engine import resolve_engine
+    from hrm.engines.engine import resolve_engine
 
     schedule, engine_name = args.schedule, args.engine
     plan_engine = None

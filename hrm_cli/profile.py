@@ -10,7 +10,7 @@ from pathlib import Path
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
 from hrm.errors import HRMError
-from hrm.hardware import HardwareProfile, dump_hardware_yaml, load_hardware
+from hrm.machine.hardware import HardwareProfile, dump_hardware_yaml, load_hardware
 from hrm.plan import write_atomic
 
 from profiler.config import full_config, quick_config

@@ -158,7 +158,7 @@ def check_executable(plan: Plan, hw, spec) -> None:
     from runtime.model import check_supported
 
     from hrm.estimate import estimate
-    from hrm.options import ModelOptions
+    from hrm.model.options import ModelOptions
 
     check_supported(spec)
     problem = plan_problem(plan, hw, spec)

@@ -11,14 +11,14 @@ from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, 
                             short, tpot_in_words, TPOT_LABEL, workload_from_args)
 from hrm.errors import HRMError
 from hrm import bounds
-from hrm.memory import physical_limits
+from hrm.cost.memory import physical_limits
 from hrm.plan import check_output_path, save_plan
 from hrm.policy import parse_assignments, policy_problem
 
 from solver.request import server_pick, with_server_pick
 from solver.search import OBJECTIVES, SearchResult, search
-from solver.terms import LatencyLimits
-from solver.terms import DEFAULT_MAX_BATCH
+from solver.lanes.terms import LatencyLimits
+from solver.lanes.terms import DEFAULT_MAX_BATCH
 
 
 #: the policy fields that, pinned together with two of N, mu and n, leave the search nothing to choose
@@ -258,7 +258,7 @@ def routing_unchanged_reason(model, engine, policy) -> str:
     """Why a routing leaves the policy's estimate as uniform routing has it: every expert of a
     layer is active in each micro-batch under both, or the engine's cost at this policy does
     not depend on which experts are chosen."""
-    from hrm.routing import expected_distinct_experts, routing_reach, uniform
+    from hrm.model.routing import expected_distinct_experts, routing_reach, uniform
 
     reach = routing_reach(engine, model.num_experts, model.top_k)
     if not reach.can_change_plan:
@@ -280,7 +280,7 @@ ALL_EXPERTS_MARGIN = 0.01
 
 def no_alternatives_reason(result: SearchResult, pinned_placement: bool = False) -> str:
     """Why a search shows no alternative (the best policy of every other placement)."""
-    from solver.terms import allowed_placements
+    from solver.lanes.terms import allowed_placements
 
     engine = result.extras.get("engine")
     if engine is None:
@@ -388,8 +388,8 @@ def compare_engines(hw, model, workload, common, with_reference: bool = False) -
     """Every shipped engine (and ideal's other schedules) at its own best policy: a list of
     (label, SearchResult or the one-line reason it has none), best first. The reference
     runtime (:data:`REFERENCE_ENGINES`) only ``with_reference``, labelled as such."""
-    from hrm.engine import list_engines, load_engine
-    from hrm.schedules import SCHEDULES
+    from hrm.engines.engine import list_engines, load_engine
+    from hrm.engines.schedules import SCHEDULES
 
     runs = [(REFERENCE_ENGINES.get(name, name), load_engine(name)) for name in list_engines()
             if with_reference or name not in REFERENCE_ENGINES]

@@ -9,8 +9,8 @@ import sys
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
 from hrm.errors import HRMError
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import make_workload
 
 

@@ -1,4 +1,4 @@
-"""Turn measurements into a :class:`hrm.hardware.HardwareProfile` (source: measured).
+"""Turn measurements into a :class:`hrm.machine.hardware.HardwareProfile` (source: measured).
 
 Peaks are the best point of each curve; every number gets a ``source.methods`` note that
 says how it was measured, with repeats, median and spread.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hrm.hardware import (CPU, GPU, CurvePoint, Disk, Dispatch, Efficiency, Emulation, Flops, HardwareProfile, Link,
+from hrm.machine.hardware import (CPU, GPU, CurvePoint, Disk, Dispatch, Efficiency, Emulation, Flops, HardwareProfile, Link,
                           Source)
-from hrm.rates import RUNTIME_ENGINE
+from hrm.machine.rates import RUNTIME_ENGINE
 from hrm.units import GIB, MIB
 
 from .cpu import NUMA_NODE_DIR, HostInfo, Measured, MemcpyResult, StreamResult, best_of
@@ -184,7 +184,7 @@ def build_gpu(gpu: GpuResults, methods: dict[str, str]) -> tuple[GPU, Link]:
     for key, peak in (("memory_stream_efficiency", "gpu.memory_bandwidth_gbps (a device copy)"),
                       ("gemm_efficiency", "gpu.tflops (best matmul of each curve)")):
         methods[f"gpu.{key}"] = (f"not set: {peak} is already an achieved rate of this GPU "
-                                 f"(hrm.achieved applies no efficiency to a measured profile)")
+                                 f"(hrm.machine.achieved applies no efficiency to a measured profile)")
     launch = {}
     if gpu.launch is not None:
         launch = {"eager_op_s": float(f"{gpu.launch.eager_op.value:.3g}"),

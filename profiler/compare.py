@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hrm.hardware import HardwareProfile
+from hrm.machine.hardware import HardwareProfile
 
 COMPARED_FIELDS = (
     "cpu.name", "cpu.cores", "cpu.memory_gib", "cpu.memory_bandwidth_gbps", "cpu.tflops.fp32", "cpu.tflops.bf16",

@@ -368,7 +368,7 @@ def best_of(curve: dict[int, Measured]) -> tuple[int, Measured]:
 # --- decode attention ----------------------------------------------------------------
 
 def attention_flops(batch: int, context: int, kv_heads: int, group: int, head_dim: int) -> float:
-    """QK^T and PV: 2*c*d FLOPs each per query head per sequence (as hrm.costs counts)."""
+    """QK^T and PV: 2*c*d FLOPs each per query head per sequence (as hrm.cost.costs counts)."""
     return 4.0 * batch * kv_heads * group * head_dim * context
 
 

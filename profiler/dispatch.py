@@ -1,5 +1,5 @@
 """Dispatch overhead: the fixed cost of one task and of one operator call (the α of the
-α-β cost model, ``hrm.hardware.Dispatch``), measured on the software that executes plans.
+α-β cost model, ``hrm.machine.hardware.Dispatch``), measured on the software that executes plans.
 
 The reference runtime (:mod:`runtime.executor`) runs a *probe model* — a Mixtral layer at
 minimal size (hidden 16, one token per micro-batch, every token routed to every expert) —
@@ -46,7 +46,7 @@ class DispatchResult:
 
 def probe_spec(experts: int):
     """A minimal Mixtral layer stack: all compute negligible next to dispatch."""
-    from hrm.model import ModelSpec
+    from hrm.model.spec import ModelSpec
 
     return ModelSpec(name=f"dispatch-probe-{experts}", hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
                      head_dim=8, vocab_size=32, num_experts=experts, top_k=experts, expert_intermediate_size=16,
@@ -120,7 +120,7 @@ def _spread(values: list[float]) -> str:
 
 
 def measure_dispatch(device: str = "cpu", repeats: int = 3) -> DispatchResult:
-    """Every α of :class:`hrm.hardware.Dispatch` on ``device`` ('cpu' = emulated tier)."""
+    """Every α of :class:`hrm.machine.hardware.Dispatch` on ``device`` ('cpu' = emulated tier)."""
     start = time.perf_counter()
     k0, k1 = PROBE_EXPERTS
     small, large, cpu_ffn, dev_attn = task_durations_s(

@@ -1,5 +1,5 @@
 """The emulated device tier of a CPU-only host, measured with the runtime's own operators
-(``hrm.hardware.Emulation``): torch ``F.linear`` vs rows M and a large torch copy, on the
+(``hrm.machine.hardware.Emulation``): torch ``F.linear`` vs rows M and a large torch copy, on the
 runtime's intra-op thread count (``runtime.device.EMULATED_THREADS``).
 
 Matmul weights are *cold*: every sample uses the next weight of a pool larger than the

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from hrm.errors import HRMError
-from hrm.hardware import CurvePoint, GgmlCpu, GgmlKernel
+from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel
 
 PROBE_SOURCE = Path(__file__).resolve().with_name("ggml_kernels.cpp")
 #: weight types llama.cpp's common GGUF files use for their matrices (f16 and Q8_0 files,
@@ -39,7 +39,7 @@ FA_CONTEXTS = (128, 512, 1024, 4096)
 FA_SHAPES = ("64:64:16:4", "128:128:16:4", "576:512:16:1", "288:256:16:1")
 #: smaller weight pools: the probe cycles its pool, so a pool is its weights' reuse distance, and
 #: the rate against it is the last-level cache's curve that the step model reads each tensor's
-#: reuse distance on (hrm.ggml_cpu.reuse_distances_mib). Spaced around the 32-128 MiB where this
+#: reuse distance on (hrm.cost.ggml_cpu.reuse_distances_mib). Spaced around the 32-128 MiB where this
 #: project's VM turns from cache to DRAM (docs/validation/ground_truth.md); past
 #: SMALL_POOL_ROWS[-1] rows a matmul is compute-bound and the pool no longer matters
 SMALL_POOLS_MIB = (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 256.0)

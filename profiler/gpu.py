@@ -212,7 +212,7 @@ def query_peer_access(device, notes: list[str]) -> bool | None:
         return None
 
 
-#: CUDA compute capability major (or (major, minor)) -> hrm.hardware.GPU.architecture
+#: CUDA compute capability major (or (major, minor)) -> hrm.machine.hardware.GPU.architecture
 ARCHITECTURES = {(7, 5): "turing", 8: "ampere", (8, 9): "ada", 9: "hopper", 10: "blackwell", 11: "blackwell",
                  12: "blackwell"}
 

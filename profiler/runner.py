@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from hrm.errors import HRMError
-from hrm.hardware import HardwareProfile
+from hrm.machine.hardware import HardwareProfile
 
 from . import cpu as cpu_mod
 from . import gpu as gpu_mod

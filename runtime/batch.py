@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hrm.model import ModelSpec
+from hrm.model.spec import ModelSpec
 
 from .device import DeviceTier
 from .requests import Request

@@ -250,7 +250,7 @@ class SharedUnit:
     it waits (:meth:`DeviceTier.wait`) — at each point the earliest-launched lane head whose
     dependencies are done — with :data:`EMULATED_THREADS` intra-op threads.
 
-    This is the machine the model describes for a CPU-only host (``hrm.rates.Rates.
+    This is the machine the model describes for a CPU-only host (``hrm.machine.rates.Rates.
     shared_unit``: one compute unit, one memory bus, so a layer's time is the *sum* of its
     tasks). Lanes on threads of their own would instead compete for the cores and the GIL,
     and idle OpenMP teams of other threads spin on the cores a task needs."""

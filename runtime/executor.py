@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 
 from hrm.errors import HRMError
-from hrm.model import ModelSpec
+from hrm.model.spec import ModelSpec
 from hrm.plan import Placement
 from hrm.policy import Policy, policy_problem
 from hrm.workload import Workload

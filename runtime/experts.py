@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from hrm.errors import HRMError
-from hrm.model import ModelSpec
+from hrm.model.spec import ModelSpec
 from hrm.plan import Placement
 
 from .device import DeviceTier

@@ -1,4 +1,4 @@
-"""A Mixtral-architecture decoder built from a :class:`hrm.model.ModelSpec`, and the plain
+"""A Mixtral-architecture decoder built from a :class:`hrm.model.spec.ModelSpec`, and the plain
 single-device forward pass that every offloaded execution must reproduce (docs/model.md §8).
 
 Architecture: token embedding; per layer RMSNorm → GQA attention with RoPE → residual →
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from hrm.errors import HRMError
-from hrm.model import ModelSpec
+from hrm.model.spec import ModelSpec
 from hrm.units import GIB
 
 from . import ops
@@ -353,7 +353,7 @@ def host_memory_bytes() -> Optional[int]:
 
 def check_fits_host(spec: ModelSpec, fraction: float = 0.8) -> None:
     """Refuse (one line) a model whose weights alone would not fit in host memory."""
-    from hrm.costs import total_params
+    from hrm.cost.costs import total_params
 
     need = total_params(spec) * torch.empty(0, dtype=torch_dtype(spec.weight_dtype)).element_size()
     have = host_memory_bytes()

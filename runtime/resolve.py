@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Optional
 
 from hrm.errors import HRMError
-from hrm.hardware import HardwareProfile, load_hardware
-from hrm.model import ModelSpec, load_model
+from hrm.machine.hardware import HardwareProfile, load_hardware
+from hrm.model.spec import ModelSpec, load_model
 from hrm.plan import Plan, resolve_plan_hardware, resolve_plan_model
 
 

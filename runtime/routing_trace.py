@@ -4,7 +4,7 @@ A :class:`RoutingRecorder` handed to :meth:`runtime.executor.PlanExecutor.run` k
 reference to the expert ids of every router call; nothing is copied or synchronised while
 the run is timed, and without a recorder the executor does no routing bookkeeping at all.
 After the run :meth:`RoutingRecorder.trace` counts them into the JSON that
-:func:`hrm.routing.load_trace` reads (``hrm run --routing-trace FILE``)::
+:func:`hrm.model.routing.load_trace` reads (``hrm run --routing-trace FILE``)::
 
     {"format": "hrm-routing-trace/1", "model", "num_experts", "top_k", "router_skew",
      "layers":        one per MoE layer, every routed token: {"layer", "tokens", "expert_counts"}
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from hrm.plan import write_atomic
-from hrm.routing import TRACE_FORMAT
+from hrm.model.routing import TRACE_FORMAT
 
 from .batch import MicroBatch
 

@@ -22,11 +22,11 @@ from typing import Callable, Optional
 
 from hrm.errors import HRMError
 from hrm.estimate import EstimateResult, estimate
-from hrm.hardware import HardwareProfile
-from hrm.model import ModelSpec
-from hrm.options import ModelOptions
-from hrm.options import options_in_dtype as runtime_options  # noqa: F401 (the runtime's names)
-from hrm.options import spec_in_dtype as runtime_spec  # noqa: F401
+from hrm.machine.hardware import HardwareProfile
+from hrm.model.spec import ModelSpec
+from hrm.model.options import ModelOptions
+from hrm.model.options import options_in_dtype as runtime_options  # noqa: F401 (the runtime's names)
+from hrm.model.options import spec_in_dtype as runtime_spec  # noqa: F401
 from hrm.policy import Policy
 from hrm.workload import Workload
 
@@ -72,7 +72,7 @@ def validation_policies(count: int = 10) -> list[Policy]:
 
 
 # Model variants re-scored on the same measurements, to show what each mechanism is worth:
-# option overrides of hrm.options.ModelOptions (all on = the model as validated).
+# option overrides of hrm.model.options.ModelOptions (all on = the model as validated).
 ABLATIONS = {
     "without dispatch overhead": {"use_dispatch_overhead": False},
     "cpu-section rates instead of the emulated tier": {"use_emulation": False},

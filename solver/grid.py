@@ -22,15 +22,15 @@ from typing import Iterable, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hrm import bounds
-from hrm.engine import DEFAULT_ENGINE, Engine, is_shipped, resolve_engine
+from hrm.engines.engine import DEFAULT_ENGINE, Engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, pydantic_message
-from hrm.hardware import HardwareProfile, load_hardware
-from hrm.model import ModelSpec, load_model
-from hrm.options import ModelOptions
+from hrm.machine.hardware import HardwareProfile, load_hardware
+from hrm.model.spec import ModelSpec, load_model
+from hrm.model.options import ModelOptions
 from hrm.units import DTYPES, GIB
 from hrm.workload import PRESETS, Workload, make_workload
 
-from .terms import DEFAULT_MAX_BATCH
+from .lanes.terms import DEFAULT_MAX_BATCH
 
 #: bumped when a cell's result for the same inputs may change meaning (it is in every key)
 CELL_FORMAT = 1
@@ -82,7 +82,7 @@ def _unique(values: list, what: str) -> list:
 
 
 class WhatIf(_Strict):
-    """What-if axes (``hrm.whatif`` and ``--gpu-mem/--cpu-mem``); ``null`` in a list means
+    """What-if axes (``hrm.machine.whatif`` and ``--gpu-mem/--cpu-mem``); ``null`` in a list means
     the profile as measured (the default, one value)."""
 
     h2d_gbps: list[Optional[bounds.LINK_GBPS.type]] = Field(default=[None], min_length=1)
@@ -112,7 +112,7 @@ class SweepGrid(_Strict):
     hardware: list[str] = Field(min_length=1)
     models: list[str] = Field(min_length=1)
     workloads: list[WorkloadSpec] = Field(default_factory=lambda: [WorkloadSpec(preset="mtbench")], min_length=1)
-    # default: the one default engine (hrm.engine.DEFAULT_ENGINE); a cell's hardware is not
+    # default: the one default engine (hrm.engines.engine.DEFAULT_ENGINE); a cell's hardware is not
     # known when the list resolves, so a CPU-only profile's grid names ``ideal`` itself
     engines: list[str] = Field(default_factory=lambda: [DEFAULT_ENGINE], min_length=1)
     routings: list[str] = Field(default=["uniform"], min_length=1)
@@ -218,7 +218,7 @@ class Cell:
     def machine(self) -> HardwareProfile:
         """The profile with this cell's what-ifs (CPU scaled first, then the link set, as the
         paper's Fig. 10 axes); HRMError when a what-if does not apply or leaves the bounds."""
-        from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+        from hrm.machine.whatif import with_cpu_scaled, with_link_bandwidth
 
         hw = self.hardware
         try:
@@ -265,7 +265,7 @@ def _relative(name: str, base: Path | None) -> str:
 
 def _routing(text: str, model: ModelSpec, base: Path | None):
     """``--routing`` text for ``model``; a trace path relative to the grid file."""
-    from hrm.routing import parse_routing
+    from hrm.model.routing import parse_routing
 
     kind, _, arg = text.partition(":")
     return parse_routing(f"trace:{_relative(arg, base)}" if kind == "trace" and arg else text, model.num_experts,

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hrm.choosers import CHOOSERS
-from hrm.engine import Engine, is_shipped
+from hrm.engines.rules import CHOOSERS
+from hrm.engines.engine import Engine, is_shipped
 from hrm.errors import HRMError
 from hrm.estimate import EstimateResult, estimate
-from hrm.memory import MemoryLimits
-from hrm.options import DEFAULT_OPTIONS, ModelOptions
+from hrm.cost.memory import MemoryLimits
+from hrm.model.options import DEFAULT_OPTIONS, ModelOptions
 from hrm.plan import SCHEMA_VERSION, Plan, SearchSettings, ServerPick, SolverInfo, SpecRef
 from hrm.policy import Policy
 from hrm.problem import Problem
 
-from .terms import Choice, LatencyLimits
+from .lanes.terms import Choice, LatencyLimits
 
 CREATED_BY = "hrm-search 0.1.0"
 
@@ -128,8 +128,8 @@ def describe_limits(latency_limits: LatencyLimits) -> str:
 def server_pick(hw, model, workload, engine: Engine, options: ModelOptions = DEFAULT_OPTIONS,
                 limits: MemoryLimits | None = None) -> ServerPick | None:
     """The policy ``engine`` picks itself at launch (its ``policy.chosen_by``,
-    :data:`hrm.choosers.CHOOSERS`), estimated as a search's best is (same engine and options;
-    ``limits``: the memory it is checked against, e.g. :func:`hrm.memory.physical_limits`);
+    :data:`hrm.engines.rules.CHOOSERS`), estimated as a search's best is (same engine and options;
+    ``limits``: the memory it is checked against, e.g. :func:`hrm.cost.memory.physical_limits`);
     ``unavailable`` holds the one line why there is no pick. None: the engine runs the policy
     it is given."""
     name = engine.policy.chosen_by

@@ -17,17 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from hrm.engine import load_engine
+from hrm.engines.engine import load_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.export import Context, Export, export_plan, export_policy, get_exporter
 from hrm.export.exporting import policy_differences
 from hrm.export.target import EngineFlags
-from hrm.memory import MemoryLimits
-from hrm.options import DEFAULT_OPTIONS, ModelOptions
+from hrm.cost.memory import MemoryLimits
+from hrm.model.options import DEFAULT_OPTIONS, ModelOptions
 from hrm.plan import Plan, resolve_plan_engine, resolve_plan_hardware, resolve_plan_model
 
 from .search import objective_score, search
-from .terms import DEFAULT_MAX_BATCH, LatencyLimits
+from .lanes.terms import DEFAULT_MAX_BATCH, LatencyLimits
 
 
 @dataclass(frozen=True)

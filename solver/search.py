@@ -12,21 +12,21 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hrm.engine import Engine, attention_engine, is_shipped, resolve_engine
+from hrm.engines.engine import Engine, attention_engine, is_shipped, resolve_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import snap_weights_ratio, static_experts_in_words
-from hrm.hardware import HardwareProfile
-from hrm.memory import MemoryLimits
-from hrm.model import ModelSpec
-from hrm.options import DEFAULT_OPTIONS, ModelOptions
+from hrm.machine.hardware import HardwareProfile
+from hrm.cost.memory import MemoryLimits
+from hrm.model.spec import ModelSpec
+from hrm.model.options import DEFAULT_OPTIONS, ModelOptions
 from hrm.problem import make_problem
-from hrm.schedules import get_schedule
+from hrm.engines.schedules import get_schedule
 from hrm.workload import Workload, check_context_window
 
-from .klotski import search_klotski
-from .lanes import SOLVER_NAME, choice_to_policy, pinned_placements, search_lanes
+from .expert_level import search_klotski
+from .lanes.search import SOLVER_NAME, choice_to_policy, pinned_placements, search_lanes
 from .request import CREATED_BY, Candidate, SearchRequest, SearchResult, describe_limits, make_plan
-from .terms import DEFAULT_MAX_BATCH, LatencyLimits
+from .lanes.terms import DEFAULT_MAX_BATCH, LatencyLimits
 
 __all__ = ["OBJECTIVES", "SEARCHES", "CREATED_BY", "SOLVER_NAME", "Candidate", "SearchRequest", "SearchResult",
            "choice_to_policy", "describe_limits", "engine_fixed", "make_plan", "search"]
@@ -36,7 +36,7 @@ __all__ = ["OBJECTIVES", "SEARCHES", "CREATED_BY", "SOLVER_NAME", "Candidate", "
 #: min TPOT, so it is the decode objective with N fixed)
 OBJECTIVES = ("generation", "decode", "latency")
 
-#: the search of each pipeline (:attr:`hrm.schedules.Schedule.pipeline`), by name
+#: the search of each pipeline (:attr:`hrm.engines.schedules.Schedule.pipeline`), by name
 SEARCHES: dict[str, Callable[[SearchRequest], SearchResult]] = {
     "lanes": search_lanes,
     "expert-level": search_klotski,
@@ -105,7 +105,7 @@ def search(hw: HardwareProfile, model: ModelSpec, workload: Workload, **kwargs) 
         # an edited engine (a user's file, an --explain variant) keeps its own tiers: the
         # shipped engine a tier names would not carry the edits
         return search_engine(hw, model, workload, **kwargs)
-    from hrm.engine import load_engine
+    from hrm.engines.engine import load_engine
 
     attn = (kwargs.get("fixed") or {}).get("attn_on_gpu")
     if attn is not None:
@@ -159,7 +159,7 @@ def search_engine(
     time_limit_s: float | None = None,
 ) -> SearchResult:
     """Best policy for the model on the machine and workload as ``engine`` runs it (default
-    :func:`hrm.engine.default_engine_name`: moe-lightning on a GPU profile; ideal on a CPU-only
+    :func:`hrm.engines.engine.default_engine_name`: moe-lightning on a GPU profile; ideal on a CPU-only
     one or with ``schedule``, default cgopipe) among those that meet ``latency_limits``
     (TPOT, TTFT); ``objective`` one of :data:`OBJECTIVES`. ``time_limit_s``: how long a
     search that is not exact by construction (Klotski's branch and bound) may schedule
@@ -187,7 +187,7 @@ def search_engine(
 def weights_levels(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[float, ...] | None:
     """The r_w an engine with a placement rule (``policy.weights_levels``) can realise, or
     None (no rule, or r_w pinned: then it must be one of them)."""
-    from hrm.flexgen import WEIGHT_LEVELS
+    from hrm.engines.flexgen import WEIGHT_LEVELS
 
     if engine.policy.weights_levels is None:
         return None

@@ -59,7 +59,7 @@ MEASURED_COLUMNS = ("solve_s",)
 
 def run_cell(cell: Cell) -> dict:
     """One cell's search as a row (:data:`COLUMNS`)."""
-    from hrm.memory import memory_limits
+    from hrm.cost.memory import memory_limits
 
     from .search import search
 
@@ -355,7 +355,7 @@ def cpu_memory_sweep(problem: Problem, cpu_mem_gib: Iterable[float],
     replace ``problem``'s engine) for each CPU memory capacity (GiB, before the utilisation
     headroom, as ``hrm-search --cpu-mem``), the paper's Fig. 1; column ``schedule`` holds the
     schedule or engine name as given."""
-    from hrm.engine import as_engine
+    from hrm.engines.engine import as_engine
 
     schedules = list(schedules)
     cells = _problem_cells(problem, [as_engine(s) for s in schedules], WhatIf(cpu_mem_gib=list(cpu_mem_gib)),

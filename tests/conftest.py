@@ -1,7 +1,7 @@
 import pytest
 
-from hrm.hardware import load_hardware, parse_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware, parse_hardware
+from hrm.model.spec import load_model
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def call(capsys, *args) -> tuple[int, str, str]:
 def interrupt_klotski_schedule(monkeypatch, nth: int) -> list:
     """Make Klotski's branch and bound raise KeyboardInterrupt (a Ctrl-C) on its ``nth``
     schedule; returns the list that grows by one per schedule."""
-    import solver.klotski as klotski_search
+    import solver.expert_level as klotski_search
 
     real, calls = klotski_search.klotski_times, []
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import call
 import yaml
 
-from hrm.hardware import CHECKOUT_PROFILES_DIR
+from hrm.machine.hardware import CHECKOUT_PROFILES_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "tiny-mixtral"]
@@ -71,7 +71,14 @@ def set_path(data: dict, dotted: str, value):
     return data
 
 
-DELETE = object()
+class _Delete:
+    """The value that deletes a field; its repr is stable, so test ids match across xdist workers."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 L4 = yaml.safe_load((CHECKOUT_PROFILES_DIR / "l4.yaml").read_text())
 CPU_ONLY = yaml.safe_load((CHECKOUT_PROFILES_DIR / "cpu-only.yaml").read_text())
 EMULATION = {"threads": 2, "tflops": {"fp32": 0.05}, "memory_bandwidth_gbps": 10, "copy_gbps": 5}
@@ -335,8 +342,8 @@ def test_policy_outside_the_engine(capsys):
 def plan_dict():
     """A valid plan: cpu-only, tiny-mixtral, N=8 mu=4 attn=cpu rw=0.5 (4 of 8 experts on the GPU)."""
     from hrm.estimate import estimate
-    from hrm.hardware import load_hardware
-    from hrm.model import load_model
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.spec import load_model
     from hrm.placement import policy_placement
     from hrm.plan import Estimate, Plan, SolverInfo, SpecRef
     from hrm.policy import parse_policy

@@ -1,4 +1,4 @@
-"""``hrm calibrate`` (hrm.calibrate): fit a profile's achieved rates to the user's own runs.
+"""``hrm calibrate`` (hrm.analysis.calibrate): fit a profile's achieved rates to the user's own runs.
 
 Synthetic runs are predictions of a "true" machine (the shipped l4 with a slower link and a
 lower GEMM efficiency); calibrating the shipped l4 to them must recover the true fields,
@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from conftest import call
-from hrm.calibrate import (FIELDS, calibrated_profile, fit, identify, load_runs, parse_run, predict_run,
+from hrm.analysis.calibrate import (FIELDS, calibrated_profile, fit, identify, load_runs, parse_run, predict_run,
                            with_values)
 from hrm.errors import HRMError
-from hrm.hardware import PROFILES_DIR, load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import PROFILES_DIR, load_hardware
+from hrm.model.spec import load_model
 
 #: the true machine: the shipped l4 with its pinned link at 0.7x and GEMMs at 0.6 of peak
 TRUE_H2D_GBPS = 17.18 * 0.7
@@ -96,7 +96,7 @@ def test_recovers_the_true_fields(tmp_path, l4, mixtral, truth):
 
 
 def _effective(hw, name):
-    from hrm.calibrate import effective_value
+    from hrm.analysis.calibrate import effective_value
 
     return effective_value(hw, name)
 
@@ -127,7 +127,7 @@ def test_calibrated_profile_keeps_what_was_not_fitted(tmp_path, l4, mixtral, tru
     profile = calibrated_profile(l4, calibration, name="my-l4")
     assert profile.name == "my-l4"
     assert profile.link.d2h_gbps == l4.link.d2h_gbps and profile.cpu == l4.cpu
-    assert profile.gpu.memory_stream_efficiency is None  # still the hrm.achieved default
+    assert profile.gpu.memory_stream_efficiency is None  # still the hrm.machine.achieved default
     with pytest.raises(HRMError, match="another profile"):
         calibrated_profile(load_hardware("t4"), calibration)
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hrm.calibrate import Runs, calibrated_profile, fit, load_runs, predict_run
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.analysis.calibrate import Runs, calibrated_profile, fit, load_runs, predict_run
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import Workload
 
 VALIDATION = Path(__file__).resolve().parent.parent / "docs" / "validation"

@@ -13,11 +13,11 @@ import math
 import pytest
 
 import hrm_cli
-from hrm.engine import load_engine, with_fields
+from hrm.engines.engine import load_engine, with_fields
 from hrm.errors import HRMError
 from hrm.estimate import estimate
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.policy import parse_policy
 from hrm.workload import make_workload
 
@@ -103,9 +103,9 @@ def test_import_estimates_the_commands_budget(capsys):
 
 
 def test_explain_names_chunked_prefill(l4):
-    from hrm.explain import explain
-    from hrm.memory import memory_limits
-    from hrm.options import DEFAULT_OPTIONS
+    from hrm.analysis.explain import explain
+    from hrm.cost.memory import memory_limits
+    from hrm.model.options import DEFAULT_OPTIONS
 
     hw, model, workload = l4
     policy = parse_policy("N=256,mu=256,n=1,attn=gpu,ffn=gpu,rw=0,rc=1")

@@ -106,8 +106,8 @@ def test_a_repeated_x_in_any_curve_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("hw", ["l4"])  # l4 showed all#0 and all#3 (a100-80g, t4, h100 the same lanes)
 def test_compare_bottlenecks_are_words(hw):
     """The lanes cut into pieces for the search (all#0, all#3) are named as their lane."""
-    from hrm.hardware import load_hardware
-    from hrm.model import load_model
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.spec import load_model
     from hrm.pipelines.base import RESOURCE_LABELS
     from hrm.workload import make_workload
     from hrm_cli.search import compare_engines

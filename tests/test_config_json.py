@@ -18,9 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hrm import costs, model as model_mod
+from hrm.cost import costs
+from hrm.model import spec as model_mod
 from hrm.errors import HRMError
-from hrm.model import (ALIASES, FILE_KEYS, KNOWN_IGNORED_KEYS, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE,
+from hrm.model.spec import (ALIASES, FILE_KEYS, KNOWN_IGNORED_KEYS, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE,
                        MAX_INTERMEDIATE_SIZE, MAX_LAYERS, MAX_VOCAB, READ_KEYS, ModelSpec, list_catalog, load_model,
                        model_from_config)
 from hrm.units import DTYPES, dtype_bytes

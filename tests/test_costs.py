@@ -3,8 +3,8 @@ ne=4, k=2, h2=128, vocab 256, fp16 everywhere), parameter counts against publish
 
 import pytest
 
-from hrm import costs
-from hrm.model import load_model
+from hrm.cost import costs
+from hrm.model.spec import load_model
 
 
 def test_pre_attention_by_hand(tiny):

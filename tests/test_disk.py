@@ -5,22 +5,22 @@ E / (L · disk read rate)."""
 import pytest
 
 from conftest import two_level_machine
-from hrm.engine import IDEAL, load_engine, with_fields, without
+from hrm.engines.engine import IDEAL, load_engine, with_fields, without
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
-from hrm.explain import explain
-from hrm.flexgen import disk_percent_for_spill, placed_bytes
-from hrm.hardware import load_hardware, parse_hardware
-from hrm.memory import MemoryLimits, memory_limits
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.analysis.explain import explain
+from hrm.engines.flexgen import disk_percent_for_spill, placed_bytes
+from hrm.machine.hardware import load_hardware, parse_hardware
+from hrm.cost.memory import MemoryLimits, memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.policy import Policy
 from hrm.problem import make_problem
 from hrm.workload import Workload, make_workload
-from solver import milp
+from solver.lanes import milp
 from solver.search import choice_to_policy, search
-from solver.terms import build_terms, enumerate_modes
-from solver.verify import exhaustive
+from solver.lanes.terms import build_terms, enumerate_modes
+from solver.lanes.verify import exhaustive
 
 GIB = 2 ** 30
 DISK = with_fields(IDEAL, {"memory.disk_weights": True})  # the ideal engine that may spill weights to disk
@@ -122,7 +122,7 @@ def test_klotski_spills_whole_layers_of_experts():
     memory is spent, in whole layers: Mixtral-8x22B's layer of experts is
     8 × 3 × 6144 × 16384 × 2 B = 4,831,838,208 B; the spill is the fewest such layers that
     cover the host's excess, read once per pass at the SSD's 1 GB/s."""
-    from hrm import costs
+    from hrm.cost import costs
 
     hw, model, wl = load_hardware("rtx3090"), load_model("mixtral-8x22b"), make_workload("mtbench", gen_len=8)
     layer = 4_831_838_208

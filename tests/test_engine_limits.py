@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import call
-from hrm.engine import Engine, load_engine
+from hrm.engines.engine import Engine, load_engine
 from hrm.errors import HRMError
 from hrm.estimate import estimate
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits, physical_limits
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits, physical_limits
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.policy import parse_policy
 from hrm.units import GIB
 from hrm.workload import make_workload

@@ -1,6 +1,6 @@
 """Every value of a shipped engine YAML cites the source it was checked against.
 
-Our rule (hrm/engine.py, docs/engines/): each value of ``hrm/data/engines/*.yaml`` is
+Our rule (hrm/engines/engine.py, docs/engines/): each value of ``hrm/data/engines/*.yaml`` is
 checked against the engine's own source at a pinned commit and cites it in a trailing
 comment, as ``file:line`` (or ``:line`` of the file the header names, a ``#NNN`` issue or
 pull request, a URL, or a ``§`` section of the paper or document named there). A value
@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from hrm.engine import ENGINES_DIR
+from hrm.engines.engine import ENGINES_DIR
 
 ENGINE_FILES = sorted(ENGINES_DIR.glob("*.yaml"))
 

@@ -12,18 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrm import costs, latency
-from hrm.achieved import COPY_DRAM_BYTES_PER_BYTE, achieved_rates
-from hrm.engine import ENGINES_DIR, IDEAL, Engine, active_mechanisms, list_engines, load_engine, without
+from hrm.cost import costs, latency
+from hrm.machine.achieved import COPY_DRAM_BYTES_PER_BYTE, achieved_rates
+from hrm.engines.engine import ENGINES_DIR, IDEAL, Engine, active_mechanisms, list_engines, load_engine, without
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
-from hrm.explain import explain
-from hrm.hardware import load_hardware, parse_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.analysis.explain import explain
+from hrm.machine.hardware import load_hardware, parse_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.policy import parse_policy
-from hrm.rates import rates_from_profile
+from hrm.machine.rates import rates_from_profile
 from hrm.units import GB
 from hrm.workload import make_workload
 from solver.search import search
@@ -386,7 +386,7 @@ def test_hrm_runtime_engine_predicts_what_validate_predicted_before():
     """hrm validate predicts with the hrm-runtime engine: the runtime runs the plain model's
     mechanisms (pinned pages, CGOPipe, measured dispatch), so on a measured CPU-only profile
     its predictions equal ideal's and the validation scores cannot move."""
-    from hrm.hardware import Dispatch
+    from hrm.machine.hardware import Dispatch
 
     data = load_hardware("cpu-only").model_dump(mode="json", exclude_none=True)
     data["cpu"]["dispatch"] = Dispatch(task_s=2e-5, copy_s=1e-5, expert_s=3e-5).model_dump()
@@ -416,7 +416,7 @@ def test_plan_of_an_engine_file_carries_its_definition(tmp_path):
     """A plan made with ``--engine FILE.yaml`` embeds the engine, so it loads, shows and
     re-estimates without the file; a shipped engine stays a name; an edited definition
     makes the recorded estimate stale and the plan is refused."""
-    from hrm.engine import is_shipped
+    from hrm.engines.engine import is_shipped
     from hrm.plan import load_plan, resolve_plan_engine, save_plan
 
     hw, model, wl = load_hardware("l4"), load_model("mixtral"), make_workload("mtbench", gen_len=32)
@@ -447,12 +447,12 @@ def test_plan_of_an_engine_file_carries_its_definition(tmp_path):
 
 
 def test_one_default_engine_for_the_api_the_cli_and_sweeps():
-    """Issue 35: one default engine (hrm.engine.DEFAULT_ENGINE), resolved in one place, for the
+    """Issue 35: one default engine (hrm.engines.engine.DEFAULT_ENGINE), resolved in one place, for the
     API (search, estimate), the CLI's parsed flags (every subcommand) and a sweep grid; ideal
     on a CPU-only profile and with a schedule (ideal's lane structure)."""
     from argparse import Namespace
 
-    from hrm.engine import DEFAULT_ENGINE, resolve_engine
+    from hrm.engines.engine import DEFAULT_ENGINE, resolve_engine
     from hrm_cli.common import engine_from_args
     from solver.grid import SweepGrid
 

@@ -9,10 +9,10 @@ import hashlib
 import numpy as np
 import pytest
 
-from hrm import timeline as tl
-from hrm.klotski import expert_schedule, klotski_layer_tasks
-from hrm.scheduling import Task, TaskQueues, list_schedule
-from hrm.timeline import TaskTime
+from hrm.pipelines import lanes_timeline as tl
+from hrm.pipelines.expert_level_tasks import expert_schedule, klotski_layer_tasks
+from hrm.pipelines.list_scheduler import Task, TaskQueues, list_schedule
+from hrm.pipelines.lanes_timeline import TaskTime
 
 MS = 1e-3
 TOL = 1e-12
@@ -58,7 +58,7 @@ SECONDS = {"compute": COMPUTE,  # the link rarely binds; "link": weight pages an
                    "Hidden→GPU": 1.0, "StageW": 1.0}}
 # (durations, (schedule, GPU attention, CPU experts, staged weights), layer ends, digest of
 # every task: resource, name, kind, layer, micro-batch, duration, start, end in queue order),
-# recorded from the committed hrm/timeline.py before the scheduler was made generic
+# recorded from the committed hrm/pipelines/lanes_timeline.py before the scheduler was made generic
 # (3 micro-batches, 3 layers)
 PINNED = [
     ("compute", ("cgopipe", False, False, False), [48.0, 83.0, 120.0], "88f0e3eceb856d07a368"),

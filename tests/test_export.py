@@ -19,14 +19,14 @@ import shlex
 import pytest
 
 import hrm_cli
-from hrm.engine import load_engine
+from hrm.engines.engine import load_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
 from hrm.export import (EXPORTERS, Context, export_plan, export_policy, fix_pins, import_command, import_flags,
                         policy_space, read_command)
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.moe_lightning_optimizer import ServerFlags, server_choice
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.engines.moe_lightning import ServerFlags, server_choice
 from hrm.plan import save_plan
 from hrm.policy import parse_policy
 from hrm.workload import Workload, make_workload
@@ -444,7 +444,7 @@ def test_export_prediction_is_for_the_workload_the_target_runs():
     ctx = Context(model=model, workload=workload, hardware=hw)
     policy = parse_policy("N=8,mu=8,n=1,attn=gpu,ffn=gpu,rw=0,rc=0")
     export = export_policy("flexgen", policy, ctx, hw=hw, plan_engine=load_engine("flexgen"))
-    from hrm.engine import with_fields
+    from hrm.engines.engine import with_fields
 
     padded = make_workload(padding=True)
     expected = estimate(hw, model, padded, policy, engine="flexgen").generation_throughput_tok_s
@@ -570,7 +570,7 @@ def test_flexgen_percent_is_a_share_of_every_weight():
     weight, whole tensors by midpoint (flexgen.md §3): the export keeps the GPU bytes as a share
     of the layer, (1 - r_w) x experts = (1 - share) x all, and prints the wg of the largest
     placement FlexGen makes at or below it (the nearest below, without a machine to rank them)."""
-    from hrm import costs
+    from hrm.cost import costs
     from hrm.export import all_weights_ratio
 
     model, workload = load_model("mixtral"), make_workload()

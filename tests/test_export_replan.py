@@ -17,13 +17,13 @@ import hrm_cli
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.export import get_exporter, read_command
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.plan import save_plan
 from hrm.workload import make_workload
 from solver.retarget import export_for_target
 from solver.search import objective_score, search
-from solver.terms import LatencyLimits
+from solver.lanes.terms import LatencyLimits
 
 #: llama-server's most slots: LLAMA_MAX_SEQ (ggml-org/llama.cpp@0349835b src/llama-cparams.h:7)
 LLAMA_MAX_SEQ = 256
@@ -177,7 +177,7 @@ def test_flexgen_replan_uses_only_placements_flexgen_makes_on_padded_prompts(hw_
     exactly the exported GPU share; and it is the best of those pinned searches."""
     import shlex
 
-    from hrm.flexgen import realisable_shares
+    from hrm.engines.flexgen import realisable_shares
     from test_export import hand_layer_share
 
     hw, model = load_hardware(hw_name), load_model("mixtral")

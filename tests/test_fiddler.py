@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm import latency
-from hrm.engine import Engine, load_engine
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
-from hrm.rates import rates_from_profile
-from hrm.routing import expected_misses, zipf
+from hrm.cost import latency
+from hrm.engines.engine import Engine, load_engine
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
+from hrm.machine.rates import rates_from_profile
+from hrm.model.routing import expected_misses, zipf
 from hrm.workload import make_workload
 from solver.search import search
 

@@ -1,4 +1,4 @@
-"""hrm fit (hrm.fit, hrm_cli.fit): the pick is the optimum of an independent enumeration on the
+"""hrm fit (hrm.analysis.fit, hrm_cli.fit): the pick is the optimum of an independent enumeration on the
 same estimators, llama.cpp's defaults are among the candidates, memory and KV by hand, and bad
 inputs end in one line."""
 
@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from hrm.errors import InfeasibleError
-from hrm.fit import fit_cpu, fit_gpu, kv_bytes
-from hrm.ggml_cpu import run_times
-from hrm.gguf import read_inventory
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.parts import compose_profile
+from hrm.analysis.fit import fit_cpu, fit_gpu, kv_bytes
+from hrm.cost.ggml_cpu import run_times
+from hrm.model.gguf import read_inventory
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.machine.parts import compose_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = ROOT / "docs/validation/runs/this-host-llamacpp.yaml"
@@ -87,9 +87,9 @@ def gpu_fit():
 
 
 def test_gpu_fit_fewest_cpu_layers_that_fit(gpu_fit):
-    from hrm.engine import load_engine, with_fields
+    from hrm.engines.engine import load_engine, with_fields
     from hrm.estimate import estimate
-    from hrm.memory import physical_limits
+    from hrm.cost.memory import physical_limits
     from hrm.policy import Policy
     from hrm.workload import make_workload
 

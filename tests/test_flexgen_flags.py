@@ -19,17 +19,17 @@ import pytest
 import yaml
 
 import hrm_cli
-from hrm import latency
-from hrm.achieved import achieved_rates
-from hrm.engine import flag_engine, load_engine
+from hrm.cost import latency
+from hrm.machine.achieved import achieved_rates
+from hrm.engines.engine import flag_engine, load_engine
 from hrm.estimate import estimate
 from hrm.export.importing import read_command
-from hrm.flexgen import realisable_cache_shares
-from hrm.hardware import load_hardware, parse_hardware
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.engines.flexgen import realisable_cache_shares
+from hrm.machine.hardware import load_hardware, parse_hardware
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.policy import parse_policy
-from hrm.rates import rates_from_profile
+from hrm.machine.rates import rates_from_profile
 from hrm.units import GB
 from hrm.workload import make_workload
 from solver.search import search

@@ -1,7 +1,7 @@
 """benchmarks/ground_truth/flexgen_runs.py: the GPU harness's FlexGen results JSONL as a runs
 file that ``hrm calibrate`` reads (docs/validation/flexgen_gpu_plan.md), and the runs format's
 provenance keys (command, from, engine_version, spread) and engine-timer quantities
-(prefill_s, decode_s, total_s) in hrm.calibrate.
+(prefill_s, decode_s, total_s) in hrm.analysis.calibrate.
 
 The fixture tests/data/flexgen_results_sample.jsonl has the record shape of the harness's
 flexgen_bench.py (label, policy_flags, args, num_prompts, cmd, rc, metrics from FlexGen's
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hrm.calibrate import load_runs, predict_run
+from hrm.analysis.calibrate import load_runs, predict_run
 from hrm.errors import HRMError
 from hrm.export import FLEXGEN_VERSION, read_command
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import make_workload
 
 ROOT = Path(__file__).resolve().parents[1]

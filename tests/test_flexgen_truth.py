@@ -3,7 +3,7 @@ padding to --prompt-len, its flags and its one-GPU limit (docs/engines/flexgen.m
 
 Every expected number is derived here by hand from the facts table — tensor shapes of
 flex_moe.py:186-257, :313-333, :508-518, the rule of :79-98 in exact rationals — never
-copied from hrm.flexgen's output."""
+copied from hrm.engines.flexgen's output."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from fractions import Fraction
 import pytest
 
 import hrm_cli
-from hrm.engine import load_engine
+from hrm.engines.engine import load_engine
 from hrm.errors import HRMError, InfeasibleError
 from hrm.export import FLEXGEN, Context, export_policy, import_command
-from hrm.flexgen import (cache_gpu_share, expert_gpu_share, layer_gpu_share, layer_tensors, percent_for_share,
+from hrm.engines.flexgen import (cache_gpu_share, expert_gpu_share, layer_gpu_share, layer_tensors, percent_for_share,
                          placed_bytes, realisable_shares)
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.policy import parse_policy
 from hrm.workload import make_workload
 from solver.search import search
@@ -183,7 +183,7 @@ def test_unpadded_plan_that_does_not_fit_padded_is_refused():
     """A plan that assumed 77-token prompts (FlexGen's engine with its padding switched off);
     FlexGen pads to 418: the KV cache no longer fits. (The shipped flexgen engines pad:
     pads_prompts, flex_moe.py:1207-1211.)"""
-    from hrm.engine import with_fields
+    from hrm.engines.engine import with_fields
 
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
     unpadded = with_fields(load_engine("flexgen"), {"pads_prompts": False})
@@ -272,10 +272,10 @@ def test_bad_commands_are_refused_in_one_line(capsys, text, needle):
 def test_search_plans_flexgen_as_flexgen_runs(hw_name):
     """Issue 25: the flexgen engines plan on padded prompts (pads_prompts) and only at the
     placements FlexGen's midpoint rule makes (policy.weights_levels): the plan's r_w is one
-    of hrm.flexgen's realisable shares, the best of the searches pinned at each of them, and
+    of hrm.engines.flexgen's realisable shares, the best of the searches pinned at each of them, and
     a pin between two placements is refused in one line."""
     from hrm.errors import HRMError as Refusal
-    from hrm.flexgen import realisable_shares
+    from hrm.engines.flexgen import realisable_shares
 
     hw, model, workload = load_hardware(hw_name), load_model("mixtral"), make_workload()
     result = search(hw, model, workload, top=0, engine="flexgen")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from hrm import costs
-from hrm.engine import load_engine
-from hrm.hardware import CurvePoint, GgmlCpu, GgmlKernel, load_hardware
-from hrm.latency import cpu_time_s
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
-from hrm.rates import default_llama_threads, rates_from_profile
+from hrm.cost import costs
+from hrm.engines.engine import load_engine
+from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel, load_hardware
+from hrm.cost.latency import cpu_time_s
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
+from hrm.machine.rates import default_llama_threads, rates_from_profile
 
 
 def _with_ggml(hw, threads):
@@ -44,7 +44,7 @@ def test_llama_default_threads_halve_above_four_cores():
 
 
 def test_a_commands_threads_choose_the_measured_kernel():
-    from hrm.engine import with_fields
+    from hrm.engines.engine import with_fields
     from hrm.export.llama_cpp import cpu_threads_field
 
     assert cpu_threads_field({"-t": ["8"]}, None) == {"cpu_threads": 8}

@@ -1,4 +1,4 @@
-"""The llama.cpp CPU step model's reuse distances (hrm.ggml_cpu, docs/model.md §4.10): each
+"""The llama.cpp CPU step model's reuse distances (hrm.cost.ggml_cpu, docs/model.md §4.10): each
 weight's rate is read on the probe's pool curve at the bytes the steps read between two reads of
 it. Every expected number here is worked by hand."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm.ggml_cpu import (
+from hrm.cost.ggml_cpu import (
     REUSE_STEPS,
     StepTraffic,
     kv_bytes_per_token,
@@ -16,8 +16,8 @@ from hrm.ggml_cpu import (
     seconds_per_element,
     step_traffic,
 )
-from hrm.gguf import AttentionShape, GgufTensor, TensorInventory
-from hrm.hardware import CurvePoint, GgmlCpu, GgmlKernel
+from hrm.model.gguf import AttentionShape, GgufTensor, TensorInventory
+from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel
 
 MIB = 2**20
 
@@ -103,7 +103,7 @@ def test_step_traffic_by_hand():
 def test_ggml_type_of_new_formats():
     from types import SimpleNamespace
 
-    from hrm.ggml_cpu import ggml_type_of
+    from hrm.cost.ggml_cpu import ggml_type_of
 
     def spec(fmt, dtype="int4"):
         return SimpleNamespace(weight_format=fmt, weight_dtype=dtype)

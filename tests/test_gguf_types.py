@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm import costs
+from hrm.cost import costs
 from hrm.errors import HRMError
-from hrm.quantized import GGML_BLOCK_SOURCES, GGML_BLOCKS, GGML_TYPE_IDS, WEIGHT_FORMATS, bits_per_weight
+from hrm.model.quantized import GGML_BLOCK_SOURCES, GGML_BLOCKS, GGML_TYPE_IDS, WEIGHT_FORMATS, bits_per_weight
 
 gguf = pytest.importorskip("gguf")
 
-from hrm.gguf import read_gguf, read_inventory  # noqa: E402
-from hrm.model import load_model  # noqa: E402
+from hrm.model.gguf import read_gguf, read_inventory  # noqa: E402
+from hrm.model.spec import load_model  # noqa: E402
 
 #: bits per weight by hand from the block structs of ggml-common.h (llama.cpp@0c1e5709)
 HAND_BITS = {

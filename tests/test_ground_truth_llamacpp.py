@@ -13,8 +13,8 @@ import pytest
 
 from hrm.errors import HRMError
 from hrm.export.llama_tools import bench_runs, int_list
-from hrm.ggml_cpu import prefill_steps, seconds_per_element
-from hrm.validation import compare_runs, load_runs_file, ratios
+from hrm.cost.ggml_cpu import prefill_steps, seconds_per_element
+from hrm.analysis.validation import compare_runs, load_runs_file, ratios
 
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "validation" / "runs" / "llamacpp-cpu.yaml"
 #: the documented tolerance (docs/validation/ground_truth.md): every predicted prefill and decode
@@ -76,7 +76,7 @@ def test_prefill_is_cut_into_micro_batches_by_hand():
 
 
 def test_kernel_curve_interpolates_and_extrapolates_linearly():
-    from hrm.hardware import CurvePoint, GgmlCpu, GgmlKernel
+    from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel
 
     k = GgmlKernel(type="q4_K", op="mm", threads=1,
                    s_per_elem_vs_rows=[CurvePoint(x=1, y=1e-10), CurvePoint(x=64, y=8e-10), CurvePoint(x=512, y=6e-9)])
@@ -89,7 +89,7 @@ def test_kernel_curve_interpolates_and_extrapolates_linearly():
 
 
 def test_calibrating_three_runs_fits_them_within_the_scale_range():
-    from hrm.validation import GGML_SCALE_RANGE, fit_ggml_scales
+    from hrm.analysis.validation import GGML_SCALE_RANGE, fit_ggml_scales
 
     three = load_runs_file(RUNS.with_name("llamacpp-cpu-3runs.yaml"))
     cal = fit_ggml_scales(three, (0, 1, 2))
@@ -99,8 +99,8 @@ def test_calibrating_three_runs_fits_them_within_the_scale_range():
 
 
 def test_calibration_factor_blends_the_two_scales_by_rows():
-    from hrm.ggml_cpu import calibration_factor
-    from hrm.hardware import CurvePoint, GgmlCpu
+    from hrm.cost.ggml_cpu import calibration_factor
+    from hrm.machine.hardware import CurvePoint, GgmlCpu
 
     sec = GgmlCpu(llama_cpp="t", pool_mib=1024, node_s_vs_threads=[CurvePoint(x=1, y=1e-7)], kernels=(),
                   stream_scale=0.5, compute_scale=2.0)
@@ -148,7 +148,7 @@ def test_reuse_distance_moves_the_cached_decodes_onto_their_runs():
     """Runs and probe from one quiet window (one_window.py). The same profile without its small
     pools (every weight read cold) is the control: the reuse-distance curve takes each of these
     decodes to within 1.10x, from up to 1.30x, and moves an f16 decode (130-250 MiB a step) by under 5%."""
-    from hrm.validation import compare_runs
+    from hrm.analysis.validation import compare_runs
 
     window = load_runs_file(WINDOW)
     sec = window.hardware.ggml_cpu

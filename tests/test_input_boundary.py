@@ -14,9 +14,9 @@ import yaml
 from conftest import call
 
 from hrm import bounds
-from hrm.engine import ENGINES_DIR, engine_path, list_engines, load_engine
+from hrm.engines.engine import ENGINES_DIR, engine_path, list_engines, load_engine
 from hrm.errors import MAX_YAML_ALIASES, MAX_YAML_DEPTH, HRMError, read_yaml_mapping, strict_yaml_load
-from hrm.hardware import CHECKOUT_PROFILES_DIR, list_profiles, load_hardware
+from hrm.machine.hardware import CHECKOUT_PROFILES_DIR, list_profiles, load_hardware
 from solver.grid import MAX_SWEEP_CELLS, read_grid
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ import pytest
 from conftest import call
 
 from hrm.errors import HRMError
-from hrm.model import MAX_LAYERS
-from hrm.routing import MAX_TRACE_COUNTS, TRACE_FORMAT
+from hrm.model.spec import MAX_LAYERS
+from hrm.model.routing import MAX_TRACE_COUNTS, TRACE_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 #: mixtral-8x7b: 32 MoE layers, 8 experts, top-2 (its config.json in the catalog)
@@ -97,8 +97,8 @@ def test_estimate_reads_a_trace_or_refuses_it(tmp_path, capsys):
 
 
 def test_routing_reach_says_which_costs_routing_changes():
-    from hrm.engine import load_engine
-    from hrm.routing import routing_reach
+    from hrm.engines.engine import load_engine
+    from hrm.model.routing import routing_reach
 
     streamed = load_engine("moe-lightning")
     assert streamed.decode.offloaded_experts == "streamed" and not streamed.moe_reads_all_experts
@@ -180,7 +180,7 @@ def test_plan_path_with_markup_is_printed_as_it_is(tmp_path, capsys, tiny_plan):
 def test_checkpoint_with_non_finite_weights_refused(tmp_path, capsys, tiny_plan, value, needle):
     torch = pytest.importorskip("torch")
     safetensors = pytest.importorskip("safetensors.torch")
-    from hrm.model import load_model
+    from hrm.model.spec import load_model
     from runtime.model import random_weights, save_safetensors
 
     spec = load_model("tiny-mixtral")
@@ -208,7 +208,7 @@ def test_finite_weights_that_overflow_the_compute_dtype_refused():
 
 # --- model config.json -------------------------------------------------------------------------------
 def tiny_config() -> dict:
-    from hrm.model import CATALOG_DIR
+    from hrm.model.spec import CATALOG_DIR
 
     return json.loads((CATALOG_DIR / "tiny-mixtral.json").read_text())
 
@@ -223,12 +223,12 @@ def test_model_name_is_plain_text(tmp_path, capsys):
 
 
 def test_model_config_numbers_finite_and_size_capped(tmp_path, capsys, monkeypatch):
-    import hrm.model
+    import hrm.model.spec
 
     config = {k: v for k, v in tiny_config().items() if k != "rope_theta"}
     path = write(tmp_path, "nan.json", json.dumps(config)[:-1] + ', "rope_theta": NaN}')
     refused(capsys, "search", "--hw", "l4", "--model", path, needle="rope_theta: must be finite")
-    monkeypatch.setattr(hrm.model, "MAX_CONFIG_BYTES", 64)  # the cap is read before the JSON is parsed
+    monkeypatch.setattr(hrm.model.spec, "MAX_CONFIG_BYTES", 64)  # the cap is read before the JSON is parsed
     big = write(tmp_path, "big.json", "{" + " " * 100 + "not json")
     refused(capsys, "search", "--hw", "l4", "--model", big, needle="expected a config.json (at most MAX_CONFIG_BYTES)")
 

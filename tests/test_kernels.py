@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from hrm import costs, latency
-from hrm.engine import load_engine, with_fields
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.rates import rates_from_profile
+from hrm.cost import costs, latency
+from hrm.engines.engine import load_engine, with_fields
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.machine.rates import rates_from_profile
 
 #: vLLM PR #44152: Mixtral shape, default over tuned config time, by tokens M of the call
 #: (its 0.99x at 2048 is read as 1: a tuned config is at worst the default)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from hrm.hardware import load_hardware
-from hrm.klotski import (PIPELINE_STEPS, KlotskiLayer, expert_compute_s, inequalities_hold, klotski_batches,
+from hrm.machine.hardware import load_hardware
+from hrm.pipelines.expert_level_tasks import (PIPELINE_STEPS, KlotskiLayer, expert_compute_s, inequalities_hold, klotski_batches,
                          klotski_layer, pipeline_steps)
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
-from hrm.rates import rates_from_profile
-from hrm.routing import zipf
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
+from hrm.machine.rates import rates_from_profile
+from hrm.model.routing import zipf
 
 
 def paper_layer(n: int) -> KlotskiLayer:
@@ -43,8 +43,8 @@ def mixtral_3090():
 def test_layer_durations_from_the_cost_model(mixtral_3090):
     model, rates = mixtral_3090
     layer = klotski_layer(model, rates, 16, 512, 4)
-    from hrm import latency
-    from hrm.engine import IDEAL
+    from hrm.cost import latency
+    from hrm.engines.engine import IDEAL
 
     link = latency.link_bytes_s(rates, IDEAL, "h2d")  # the profile's pinned CPU→GPU rate
     expert_bytes = 3 * model.hidden_size * model.expert_intermediate_size * 2

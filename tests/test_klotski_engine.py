@@ -9,25 +9,25 @@ import re
 import numpy as np
 import pytest
 
-import hrm.klotski as klotski
+import hrm.pipelines.expert_level_tasks as klotski
 import hrm.pipelines.expert_level as expert_level
-from hrm import costs, latency
-from hrm.engine import load_engine
+from hrm.cost import costs, latency
+from hrm.engines.engine import load_engine
 from hrm.errors import HRMError
 from hrm.estimate import estimate
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
 from hrm.problem import make_problem
-from hrm.rates import rates_from_profile
-from hrm.routing import parse_routing
+from hrm.machine.rates import rates_from_profile
+from hrm.model.routing import parse_routing
 from hrm.units import dtype_bytes
 from hrm.workload import make_workload
-import solver.klotski as solver_klotski
-from solver.klotski import candidates
+import solver.expert_level as solver_klotski
+from solver.expert_level import candidates
 from solver.search import SearchRequest, search
-from solver.terms import LatencyLimits
+from solver.lanes.terms import LatencyLimits
 
 ENGINE = load_engine("klotski")
 
@@ -47,7 +47,7 @@ def test_host_kv_load_and_store_per_batch_from_the_profile():
     kv_token = 2 * model.num_kv_heads * model.head_dim * dtype_bytes(model.kv_dtype)
     h2d = latency.link_bytes_s(rates, ENGINE, "h2d", pageable=True)
     d2h = latency.link_bytes_s(rates, ENGINE, "d2h", pageable=True)
-    issue = 2 * rates.op_costs.gpu_op_s  # the K and V copies' launches (klotski.yaml launches; hrm.launches)
+    issue = 2 * rates.op_costs.gpu_op_s  # the K and V copies' launches (klotski.yaml launches; hrm.machine.launches)
     assert layer.kv_load_s == pytest.approx(0.75 * 16 * 300 * kv_token / h2d + issue, rel=1e-12)
     assert layer.kv_store_s == pytest.approx(0.75 * 16 * kv_token / d2h + issue, rel=1e-12)
     assert (layer.attention_load_s, layer.gate_load_s) == (0.0, 0.0)  # non-expert weights resident
@@ -68,7 +68,7 @@ def test_memory_by_hand():
     layer = model.num_experts * expert
     kv_token = costs.kv_bytes_per_token(model)
     kv_seq = 15 * kv_token * model.num_layers  # max context: prompt 10 + gen 5
-    from hrm.memory import gpu_workspace_bytes
+    from hrm.cost.memory import gpu_workspace_bytes
 
     q_max = model.top_k / model.num_experts  # uniform
     call = 2 * 10 * q_max * (2 * model.hidden_size + 3 * model.expert_intermediate_size) * ab  # one batch's call
@@ -203,7 +203,7 @@ def test_ctrl_c_returns_the_best_so_far_marked_interrupted(monkeypatch):
 
 def test_ctrl_c_before_any_schedule_is_an_interrupt(monkeypatch):
     """With nothing scheduled there is no answer: Ctrl-C stays an interrupt (exit 130)."""
-    import solver.klotski as klotski_search
+    import solver.expert_level as klotski_search
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

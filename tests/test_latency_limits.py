@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from hrm.errors import HRMError, InfeasibleError
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import make_workload
 from hrm_cli import main
-from solver.exact import convex_argmin, first_where, last_where
+from solver.lanes.exact import convex_argmin, first_where, last_where
 from solver.search import search
-from solver.terms import LatencyLimits
+from solver.lanes.terms import LatencyLimits
 
 WL = make_workload("mtbench", gen_len=16)
 
@@ -116,8 +116,8 @@ def test_cli_prints_the_limits_and_compare_shows_latency(capsys):
 
 
 def test_compare_plot_every_engine(tmp_path, capsys):
-    from hrm.engine import list_engines
-    from hrm.schedules import SCHEDULES
+    from hrm.engines.engine import list_engines
+    from hrm.engines.schedules import SCHEDULES
 
     png = tmp_path / "compare.png"
     assert main(["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "16", "--compare", "--plot", str(png)]) == 0

@@ -1,4 +1,4 @@
-"""Per-op framework overhead (hrm.launches): counts from the engines' YAML, costs from the
+"""Per-op framework overhead (hrm.machine.launches): counts from the engines' YAML, costs from the
 public figures, charged only where the profile has no measured dispatch. Expected numbers
 are computed by hand from the counts written in the engine files."""
 
@@ -9,14 +9,15 @@ import json
 import pytest
 import yaml
 
-from hrm import klotski, latency
-from hrm.engine import IDEAL, MECHANISMS, Engine, load_engine, without
+from hrm.pipelines import expert_level_tasks as klotski
+from hrm.cost import latency
+from hrm.engines.engine import IDEAL, MECHANISMS, Engine, load_engine, without
 from hrm.errors import HRMError
-from hrm.hardware import Dispatch, load_hardware
-from hrm.launches import EAGER_CPU_OP_S, EAGER_GPU_OP_S, SYNC_BUBBLE_S
-from hrm.model import load_model
-from hrm.options import ModelOptions
-from hrm.rates import rates_from_profile
+from hrm.machine.hardware import Dispatch, load_hardware
+from hrm.machine.launches import EAGER_CPU_OP_S, EAGER_GPU_OP_S, SYNC_BUBBLE_S
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
+from hrm.machine.rates import rates_from_profile
 
 MIXTRAL = load_model("mixtral")
 
@@ -152,7 +153,7 @@ def test_bad_counts_are_refused_in_one_line(tmp_path):
 def test_every_counted_engine_and_every_uncounted_one_says_why():
     """Engines with launch counts cite op_counts.md; the others carry a comment saying why
     they have none (graphs, C++, a measured dispatch)."""
-    from hrm.engine import ENGINES_DIR, list_engines
+    from hrm.engines.engine import ENGINES_DIR, list_engines
 
     for name in list_engines():
         engine = load_engine(name)

@@ -220,7 +220,7 @@ def test_no_cli_modules_outside_the_cli_layer():
 
 def test_relative_imports_resolve_from_modules_and_packages():
     assert resolve_relative("hrm.plan", False, 1, "placement") == "hrm.placement"
-    assert resolve_relative("hrm.plots.timeline", False, 2, "latency") == "hrm.latency"
+    assert resolve_relative("hrm.plots.timeline", False, 2, "cost.latency") == "hrm.cost.latency"
     assert resolve_relative("hrm.plots", True, 1, None) == "hrm.plots"
     assert resolve_relative("hrm", True, 1, "plan") == "hrm.plan"
 

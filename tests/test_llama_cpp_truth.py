@@ -12,11 +12,11 @@ import shlex
 
 import pytest
 
-from hrm.engine import load_engine
+from hrm.engines.engine import load_engine
 from hrm.errors import HRMError
 from hrm.export import LLAMA_CPP, Context, export_policy, import_command, split_flags
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.workload import make_workload
 from solver.search import search
 

@@ -6,9 +6,9 @@ import pytest
 
 from hrm.errors import HRMError
 from hrm.export.importing import read_command
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.parts import compose_profile
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.machine.parts import compose_profile
 from hrm.workload import make_workload
 
 
@@ -68,7 +68,7 @@ def test_llama_bench_sweep_on_a_gpu_machine():
     assert tg20[1] > tg30[1] > 0  # more CPU layers, slower decode
     imported = read_command("llama.cpp", "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 640 -ub 512", model,
                             make_workload(None, prompt_len=512, gen_len=128), hw)
-    from hrm.engine import load_engine, with_fields
+    from hrm.engines.engine import load_engine, with_fields
     from hrm.estimate import estimate
 
     engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": 4, "prefill.max_tokens_per_pass": 512})

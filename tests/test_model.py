@@ -5,9 +5,9 @@ import itertools
 import pytest
 
 from hrm.estimate import estimate
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
 from hrm.policy import Policy
 from hrm.workload import make_workload
 
@@ -79,8 +79,8 @@ def test_cpu_only_host_adds_compute(tiny):
 
 def test_float_weights_set_activations_and_compute_dtype():
     """Kernels compute in the weights' float type; quantised weights dequantise to fp16."""
-    from hrm.options import ModelOptions
-    from hrm.rates import rates_from_profile
+    from hrm.model.options import ModelOptions
+    from hrm.machine.rates import rates_from_profile
 
     base = load_model("mixtral")
     fp32 = base.with_dtypes("fp32")

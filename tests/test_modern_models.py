@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from hrm import costs
-from hrm.model import CATALOG_DIR, load_model
-from hrm.quantized import bits_per_weight
+from hrm.cost import costs
+from hrm.model.spec import CATALOG_DIR, load_model
+from hrm.model.quantized import bits_per_weight
 
 #: (catalog name, total, active, active counts the embedding table, where the totals are published)
 PUBLISHED = [

@@ -15,15 +15,15 @@ import pytest
 from pydantic import ValidationError
 
 import hrm_cli
-from hrm.choosers import CHOOSERS
-from hrm.engine import Engine, list_engines, load_engine
+from hrm.engines.rules import CHOOSERS
+from hrm.engines.engine import Engine, list_engines, load_engine
 from hrm.errors import HRMError
 from hrm.estimate import estimate
 from hrm.export import Context, export_plan, export_policy, import_command
 from hrm.export.moe_lightning import CLIENT, FLAG_FACTS, SERVER, client_counts, prompts_sent
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.moe_lightning_optimizer import (FALLBACK_HARDWARE, ServerFlags, ServerModel, best_candidates,
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.engines.moe_lightning import (FALLBACK_HARDWARE, ServerFlags, ServerModel, best_candidates,
                                          largest_feasible_count, micro_batch_sizes, recognised_hardware,
                                          server_choice, server_model, server_policy, solve_candidate)
 from hrm.plan import Plan, ServerPick, load_plan, save_plan

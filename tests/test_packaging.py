@@ -101,7 +101,7 @@ def test_wheel_carries_every_data_file(built):
     wanted = {f"hrm/data/hardware_profiles/{p}" for p in PROFILES}
     wanted |= {f"hrm/data/models/{m}" for m in MODELS}
     wanted |= {f"hrm/data/engines/{e}" for e in ENGINES}
-    wanted |= {"hrm/data/plan.schema.json", "hrm/hardware.py", "hrm_cli/__init__.py"}
+    wanted |= {"hrm/data/plan.schema.json", "hrm/machine/hardware.py", "hrm_cli/__init__.py"}
     assert wanted <= names, sorted(wanted - names)
     assert not any(n.startswith(("tests/", "hardware_profiles/")) for n in names)
     # the same files whether built from the tree (pip install .) or from the sdist (python -m build)
@@ -135,7 +135,7 @@ def test_installed_wheel_plans_from_another_folder(built, tmp_path):
           "--force-reinstall", wheel], cwd=tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _run([python, "-c", "import hrm, hrm.hardware as h; print(hrm.__file__); print(h.PROFILES_DIR)"],
+    where = _run([python, "-c", "import hrm, hrm.machine.hardware as h; print(hrm.__file__); print(h.PROFILES_DIR)"],
                  cwd=elsewhere).stdout.split()
     assert all(Path(p).resolve().is_relative_to(venv.resolve()) for p in where), where  # the wheel, not the checkout
     result = _run([venv / "bin" / "hrm-search", "--hw", "l4.yaml", "--model", "mixtral"], cwd=elsewhere)

@@ -1,4 +1,4 @@
-"""The consumer parts catalog (hrm.parts): counts the issue asks for, peaks by hand from the
+"""The consumer parts catalog (hrm.machine.parts): counts the issue asks for, peaks by hand from the
 spec-sheet numbers, the composed profile, its priors checked against the committed measurements,
 and one-line refusals."""
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hrm.errors import HRMError
-from hrm.hardware import load_hardware
-from hrm.parts import GGML_OVER_STREAM, LINK_EFFICIENCY, catalog, compose_profile
+from hrm.machine.hardware import load_hardware
+from hrm.machine.parts import GGML_OVER_STREAM, LINK_EFFICIENCY, catalog, compose_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import pytest
 
-import hrm.klotski as klotski
+import hrm.pipelines.expert_level_tasks as klotski
 import hrm.pipelines.expert_level as expert_level
-from hrm import costs, latency
-from hrm.engine import (IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, MECHANISMS, Engine, _leaf_fields, ideal_field_values,
+from hrm.cost import costs, latency
+from hrm.engines.engine import (IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, MECHANISMS, Engine, _leaf_fields, ideal_field_values,
                         list_engines, load_engine)
 from hrm.errors import HRMError
 from hrm.estimate import estimate, estimate_problem
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
 from hrm.pipelines import PIPELINES, decode_timeline, pipeline_of
 from hrm.policy import parse_policy
 from hrm.problem import make_problem
-from hrm.rates import rates_from_profile
-from hrm.schedules import PIPELINE_FIELDS, SCHEDULES
-from hrm.throughput import throughput_tok_s
+from hrm.machine.rates import rates_from_profile
+from hrm.engines.schedules import PIPELINE_FIELDS, SCHEDULES
+from hrm.cost.throughput import throughput_tok_s
 from hrm.units import dtype_bytes
 from hrm.workload import make_workload, mean_decode_context
 
@@ -108,7 +108,7 @@ def test_an_unmodelled_field_on_the_expert_level_pipeline_is_refused(tmp_path, c
 def test_modelled_mechanisms_change_the_klotski_answer_and_explain_reports_them(change, mechanism, dram_gbps):
     """What the issue measured as ignored (the same 11.168 tok/s whatever the file said):
     each mechanism now costs time where its resource binds, and --explain charges it."""
-    from hrm.explain import explain
+    from hrm.analysis.explain import explain
 
     engine, hw = _klotski(**change), _host(dram_gbps)
     slower, base = _case(engine, hw), _case(KLOTSKI, hw)
@@ -127,7 +127,7 @@ def test_staged_weight_path_is_the_lanes_weight_path():
     for path in ("pinned", "pageable-staged", "pageable-driver"):
         engine = _klotski(decode={"weight_path": path, "kv_cache": "pageable"})
         expected = latency.weight_transfer_s(rates, engine, path, costs.expert_bytes(model))["h2d"]
-        expected += rates.op_costs.gpu_op_s  # one copy's launch (klotski.yaml launches; hrm.launches)
+        expected += rates.op_costs.gpu_op_s  # one copy's launch (klotski.yaml launches; hrm.machine.launches)
         assert klotski.expert_load_s(model, rates, engine) == pytest.approx(expected, rel=1e-15)
 
 
@@ -189,7 +189,7 @@ def test_double_buffered_experts_schedule_no_slower():
 @pytest.mark.parametrize("engine_name,hw_name", [("ideal", "l4"), ("flexgen", "t4"), ("klotski", "rtx3090"),
                                                  ("llama.cpp", "l4")])
 def test_estimate_is_the_pipelines_times_and_memory(engine_name, hw_name):
-    """The estimate of every pipeline is its times and memory, throughput by hrm.throughput."""
+    """The estimate of every pipeline is its times and memory, throughput by hrm.cost.throughput."""
     hw, model, workload = load_hardware(hw_name), load_model("mixtral"), make_workload("mtbench")
     engine = load_engine(engine_name)
     policy = parse_policy("N=64,mu=16,n=4,attn=gpu,ffn=gpu,rw=0,rc=1")

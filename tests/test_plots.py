@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 import yaml
 
-from hrm.hardware import PROFILES_DIR, load_hardware, parse_hardware
-from hrm.latency import decode_resources
-from hrm.model import load_model
+from hrm.machine.hardware import PROFILES_DIR, load_hardware, parse_hardware
+from hrm.cost.latency import decode_resources
+from hrm.model.spec import load_model
 from hrm.plots import plot_cpu_memory, plot_policy_map, plot_roofline, plot_timeline, roofline_data, trace_boxes
 from hrm.plots.policy_map import grid
 from hrm.plots.timeline import trace_policy
 from hrm.policy import parse_policy
 from hrm.problem import make_problem
-from hrm.rates import rates_from_profile
-from hrm.roofline import hrm_from_profile, turning_points
+from hrm.machine.rates import rates_from_profile
+from hrm.cost.roofline import hrm_from_profile, turning_points
 from hrm.pipelines import decode_timeline
-from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+from hrm.machine.whatif import with_cpu_scaled, with_link_bandwidth
 from hrm.workload import make_workload
 
 from conftest import two_level_machine
@@ -74,7 +74,7 @@ def test_moe_ffn_turning_points_by_hand():
     assert points["point:p2"].intensity == pytest.approx(min(gpu_peak, gpu_bw * i_gpu) / link)
     assert points["point:p1"].intensity == pytest.approx(cpu_peak / link)  # CPU bandwidth > link
     assert data.kernel_flops == pytest.approx(min(gpu_peak, gpu_bw * i_gpu))
-    # the same points from hrm.roofline (eqs. 9-11)
+    # the same points from hrm.cost.roofline (eqs. 9-11)
     tp = turning_points(hrm_from_profile(load_hardware("l4")), i_gpu, cpu_peak / link)
     assert points["point:p2"].intensity == pytest.approx(tp.p2_intensity)
     assert points["point:p1"].intensity == pytest.approx(tp.p1_intensity)
@@ -133,7 +133,7 @@ def test_cpu_scaling_drops_the_measured_rates_of_the_old_cpu():
 
 
 def fig10_machine(h2d_gbps, ratio):
-    """The 2×A100-80G ablation machine built from the YAML by hand (not via hrm.whatif)."""
+    """The 2×A100-80G ablation machine built from the YAML by hand (not via hrm.machine.whatif)."""
     raw = yaml.safe_load((Path(PROFILES_DIR) / "2xa100-80g.yaml").read_text())
     raw["cpu"]["memory_bandwidth_gbps"] *= ratio
     raw["cpu"]["memory_gib"] *= ratio

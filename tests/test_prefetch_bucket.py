@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm import latency
-from hrm.engine import IDEAL, load_engine, without
-from hrm.hardware import load_hardware
-from hrm.model import load_model
-from hrm.options import ModelOptions
-from hrm.rates import rates_from_profile
+from hrm.cost import latency
+from hrm.engines.engine import IDEAL, load_engine, without
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
+from hrm.machine.rates import rates_from_profile
 
 DS = load_engine("deepspeed-zero")
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from hrm.errors import HRMError
-from hrm.hardware import dump_hardware_yaml, load_hardware, parse_hardware
+from hrm.machine.hardware import dump_hardware_yaml, load_hardware, parse_hardware
 from hrm_cli import profile as profiler_cli
 from profiler import cpu as cpu_mod
 from profiler.compare import comparison_rows
@@ -484,7 +484,7 @@ def test_tiny_profile_has_dispatch_and_emulation_sections():
 
 
 def load_hardware_roundtrip(profile):
-    from hrm.hardware import parse_hardware
+    from hrm.machine.hardware import parse_hardware
 
     import yaml
 
@@ -495,8 +495,8 @@ def test_emulation_measures_each_runtime_dtype():
     """The emulated tier's F.linear curve is measured per dtype the runtime may compute in
     (fp32 first); a dtype the profile lacks falls back to fp32 for both peak and curve."""
     torch = pytest.importorskip("torch")
-    from hrm.hardware import parse_hardware
-    from hrm.rates import rates_from_profile
+    from hrm.machine.hardware import parse_hardware
+    from hrm.machine.rates import rates_from_profile
     from profiler.emulation import measure_emulation
 
     result = measure_emulation(torch, 1, (1, 4), 64, 64, 1 << 20, 1 << 16, warmup=1, repeats=2, budget=None,

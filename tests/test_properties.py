@@ -26,7 +26,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hrm.hardware import CHECKOUT_PROFILES_DIR
+from hrm.machine.hardware import CHECKOUT_PROFILES_DIR
 from hrm_cli import main
 
 SCALE = float(os.environ.get("HRM_PROPERTY_SCALE", "1"))
@@ -298,8 +298,8 @@ def test_any_plot_timeline_flags(data):
 @pytest.fixture(scope="module")
 def plan_dict():
     from hrm.estimate import estimate
-    from hrm.hardware import load_hardware
-    from hrm.model import load_model
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.spec import load_model
     from hrm.placement import policy_placement
     from hrm.plan import Estimate, Plan, SolverInfo, SpecRef
     from hrm.policy import parse_policy

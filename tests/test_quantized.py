@@ -1,20 +1,21 @@
 """Quantized weights (docs/model.md §4.8): bits per weight of GGUF types from ggml's block
 structs, the bytes of a quantized expert with its scales, the dequantizing kernel's roofline
-(hrm.quantized) by hand, and its wiring into gpu_time_s, the estimate and the search."""
+(hrm.model.quantized) by hand, and its wiring into gpu_time_s, the estimate and the search."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hrm import costs, latency, quantized
-from hrm.engine import IDEAL, load_engine, with_fields
+from hrm.cost import costs, latency
+from hrm.model import quantized
+from hrm.engines.engine import IDEAL, load_engine, with_fields
 from hrm.errors import HRMError
 from hrm.estimate import estimate
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.policy import parse_policy
-from hrm.rates import rates_from_profile
+from hrm.machine.rates import rates_from_profile
 from hrm.workload import make_workload
 from solver.search import search
 

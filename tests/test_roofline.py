@@ -2,7 +2,7 @@
 
 import pytest
 
-from hrm.roofline import attainable, hrm_from_profile, turning_points
+from hrm.cost.roofline import attainable, hrm_from_profile, turning_points
 
 from conftest import two_level_machine
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrm import costs
+from hrm.cost import costs
 from hrm.errors import HRMError
-from hrm.model import load_model
-from hrm.routing import (TRACE_FORMAT, cache_hit_rate, capped_marginals, expected_distinct_experts, expected_misses,
+from hrm.model.spec import load_model
+from hrm.model.routing import (TRACE_FORMAT, cache_hit_rate, capped_marginals, expected_distinct_experts, expected_misses,
                          from_counts, hottest_experts, load_trace, parse_routing, sample_top_k_sets, uniform, zipf)
 
 TOKENS = [1, 2, 4, 8, 16, 32, 64]
@@ -158,7 +158,7 @@ def test_model_routing_drives_the_cost_model_and_keeps_uniform_hashes():
 
 def test_skew_never_slows_a_policy_and_plans_keep_their_routing(tmp_path):
     from hrm.estimate import estimate
-    from hrm.hardware import load_hardware
+    from hrm.machine.hardware import load_hardware
     from hrm.plan import load_plan, resolve_plan_model, save_plan
     from hrm.workload import make_workload
     from solver.search import search
@@ -193,7 +193,7 @@ def test_routing_flag(tmp_path, capsys):
 
 
 def test_hot_and_cold_bytes():
-    from hrm.routing import hot_and_cold_bytes
+    from hrm.model.routing import hot_and_cold_bytes
 
     routing = zipf(8, 2, 1.2)
     hot, cold = hot_and_cold_bytes(routing, 100.0, 0, 16)

@@ -1,6 +1,6 @@
 """Skew measured, not assumed (issue 13, part 1): the reference runtime's skewed test router
 (``hrm run --router-skew S``) and its expert activation trace (``--routing-trace FILE``),
-checked against the planner's routing formulas (:mod:`hrm.routing`).
+checked against the planner's routing formulas (:mod:`hrm.model.routing`).
 
 The quantitative checks run a 16-expert variant of tiny-mixtral (the tiny model's config
 with ``num_local_experts`` = 16, written here): with tiny-mixtral's own 4 experts and top-2 a
@@ -25,12 +25,12 @@ from scipy import stats  # noqa: E402
 
 from hrm.errors import HRMError  # noqa: E402
 from hrm.estimate import estimate  # noqa: E402
-from hrm.hardware import load_hardware  # noqa: E402
-from hrm.model import load_model  # noqa: E402
+from hrm.machine.hardware import load_hardware  # noqa: E402
+from hrm.model.spec import load_model  # noqa: E402
 from hrm.placement import policy_placement  # noqa: E402
 from hrm.plan import Estimate, Plan, SolverInfo, SpecRef, save_plan  # noqa: E402
 from hrm.policy import parse_policy  # noqa: E402
-from hrm.routing import (TRACE_FORMAT, cache_hit_rate, expected_distinct_experts, from_counts,  # noqa: E402
+from hrm.model.routing import (TRACE_FORMAT, cache_hit_rate, expected_distinct_experts, from_counts,  # noqa: E402
                          hottest_experts, load_trace, uniform)
 from hrm.workload import Workload  # noqa: E402
 from hrm_cli import main  # noqa: E402

@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 
 from hrm.errors import HRMError  # noqa: E402
 from hrm.estimate import estimate  # noqa: E402
-from hrm.hardware import load_hardware  # noqa: E402
-from hrm.model import ModelSpec, load_model  # noqa: E402
+from hrm.machine.hardware import load_hardware  # noqa: E402
+from hrm.model.spec import ModelSpec, load_model  # noqa: E402
 from hrm.policy import Policy, parse_policy  # noqa: E402
 from hrm.workload import Workload  # noqa: E402
 from runtime.executor import PlanExecutor, run_plan_once  # noqa: E402

@@ -10,8 +10,8 @@ pytest.importorskip("torch")
 
 from hrm_cli import main as hrm_main  # noqa: E402
 from hrm.estimate import estimate  # noqa: E402
-from hrm.hardware import load_hardware  # noqa: E402
-from hrm.model import load_model  # noqa: E402
+from hrm.machine.hardware import load_hardware  # noqa: E402
+from hrm.model.spec import load_model  # noqa: E402
 from hrm.plan import Estimate, Plan, SolverInfo, SpecRef, save_plan  # noqa: E402
 from hrm.policy import parse_policy  # noqa: E402
 from hrm.workload import Workload  # noqa: E402

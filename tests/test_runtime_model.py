@@ -10,21 +10,21 @@ import json
 import numpy as np
 import pytest
 
-from hrm import latency
-from hrm.engine import as_engine
+from hrm.cost import latency
+from hrm.engines.engine import as_engine
 from hrm.estimate import estimate
-from hrm.hardware import Dispatch, Emulation, load_hardware, parse_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.machine.hardware import Dispatch, Emulation, load_hardware, parse_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.policy import Policy
 from hrm.problem import make_problem
-from hrm.rates import rates_from_profile
+from hrm.machine.rates import rates_from_profile
 from hrm.workload import make_workload
-from solver import milp
+from solver.lanes import milp
 from solver.search import choice_to_policy
-from solver.terms import build_terms, enumerate_modes
-from solver.verify import exhaustive
+from solver.lanes.terms import build_terms, enumerate_modes
+from solver.lanes.verify import exhaustive
 
 US = 1e-6
 # distinct α per field so that every count shows up in the sums
@@ -59,7 +59,7 @@ def legacy_sha256(profile) -> str:
     data.pop("ggml_cpu", None)  # hrm profile --llama-cpp's section, did not exist then
     if data["source"].get("runs_sha256") is None:  # hrm calibrate's field, did not exist then
         data["source"].pop("runs_sha256", None)
-    from hrm.hardware import ACHIEVED_FIELDS
+    from hrm.machine.hardware import ACHIEVED_FIELDS
 
     for section, keys in ACHIEVED_FIELDS.items():  # fields that did not exist then
         for key in keys:

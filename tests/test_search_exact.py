@@ -13,16 +13,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hrm.engine import resolve_engine
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.options import DEFAULT_OPTIONS
+from hrm.engines.engine import resolve_engine
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import DEFAULT_OPTIONS
 from hrm.problem import make_problem
 from hrm.workload import make_workload
-from solver.exact import best_in_mode, best_in_modes, throughput_upper_bounds
+from solver.lanes.exact import best_in_mode, best_in_modes, throughput_upper_bounds
 from solver.search import search
-from solver.terms import (STEP_COEFFICIENTS, WEIGHTS_COEFFICIENT, affine_in_step, affine_pieces, build_terms,
+from solver.lanes.terms import (STEP_COEFFICIENTS, WEIGHTS_COEFFICIENT, affine_in_step, affine_pieces, build_terms,
                           enumerate_modes, max_micro_batches, piece_sum_weights, total_time_s)
 
 # hw, model, preset, gen, engine, max_batch, objective, fixed, gpu GiB override

@@ -6,20 +6,20 @@ import sys
 
 import pytest
 
-from hrm.engine import as_engine
+from hrm.engines.engine import as_engine
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.options import ModelOptions
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.model.options import ModelOptions
 from hrm.problem import make_problem
 from hrm.workload import make_workload
-from solver import milp
-from solver.exact import throughput_upper_bounds
+from solver.lanes import milp
+from solver.lanes.exact import throughput_upper_bounds
 from solver.search import choice_to_policy, search
-from solver.terms import build_terms, enumerate_modes
-from solver.verify import exhaustive
+from solver.lanes.terms import build_terms, enumerate_modes
+from solver.lanes.verify import exhaustive
 
 MAX_BATCH = 1024
 # The MILP and the enumeration are compared on the same set of modes: these μ values.

@@ -17,10 +17,10 @@ from conftest import call
 import yaml
 
 from hrm.errors import HRMError
-from hrm.hardware import load_hardware
-from hrm.memory import memory_limits
-from hrm.model import load_model
-from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+from hrm.machine.hardware import load_hardware
+from hrm.cost.memory import memory_limits
+from hrm.model.spec import load_model
+from hrm.machine.whatif import with_cpu_scaled, with_link_bandwidth
 from hrm.workload import make_workload
 from solver import sweep as sweep_mod
 from solver.grid import SweepGrid, grid_cells, read_grid
@@ -256,7 +256,7 @@ def test_cli_sweep_dry_run_run_and_resume(tmp_path, capsys):
 def test_dry_run_counts_done_cells_as_the_keys_do(tmp_path, capsys):
     """A wider grid over a partial output: the done count is the grid's keys found in the
     file (by expanding the grid here), the distinct count sees two names of one profile."""
-    from hrm.hardware import resolve_profile_path
+    from hrm.machine.hardware import resolve_profile_path
 
     half = {**SMALL, "hardware": ["l4"], "what_if": {"h2d_gbps": [8.0]}}
     out = tmp_path / "r.parquet"

@@ -13,11 +13,11 @@ import shlex
 import pytest
 
 import hrm_cli
-from hrm.engine import load_engine
+from hrm.engines.engine import load_engine
 from hrm.errors import HRMError
 from hrm.export import SGLANG, VLLM, Context, export_plan, export_policy, fix_pins, import_command, split_flags
-from hrm.hardware import load_hardware
-from hrm.model import load_model
+from hrm.machine.hardware import load_hardware
+from hrm.model.spec import load_model
 from hrm.plan import save_plan
 from hrm.policy import parse_policy
 from hrm.workload import make_workload

@@ -400,9 +400,9 @@ def test_a_url_that_held_an_upload_asks_for_the_file(client):
 
 
 def test_the_page_and_the_api_plan_for_the_one_default_engine(client):
-    """Issue 35: the page's engine select offers hrm.engine.DEFAULT_ENGINE as its default, and
+    """Issue 35: the page's engine select offers hrm.engines.engine.DEFAULT_ENGINE as its default, and
     a search without an engine plans for it, as hrm-search and the API do."""
-    from hrm.engine import DEFAULT_ENGINE
+    from hrm.engines.engine import DEFAULT_ENGINE
 
     page = client.get("/", params={"hw": "l4", "model": "mixtral"}).text
     assert f'<option value="">default ({DEFAULT_ENGINE})</option>' in page

@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--raw", required=True, type=Path)
     ap.add_argument("--profile", required=True, type=Path)
     args = ap.parse_args()
-    from hrm.hardware import load_hardware
+    from hrm.machine.hardware import load_hardware
     from hrm_cli.profile import profile_yaml
     from profiler.ggml_cpu import measure_ggml_cpu
 

@@ -117,7 +117,7 @@ def main() -> int:
     header = ("# three runs of one model file, as a user has them: hrm calibrate's example (docs/calibrate.md)\n"
               if args.only else "") + ("# Real llama.cpp runs on this project's CPU machine (benchmarks/ground_truth/llama_cpu_runs.py):\n"
               "# each run's exact command (paths reduced to file names), medians of its samples, the samples\n"
-              "# and their spread. Predicted by hrm.export.llama_tools + hrm.ggml_cpu on `hardware`\n"
+              "# and their spread. Predicted by hrm.export.llama_tools + hrm.cost.ggml_cpu on `hardware`\n"
               "# (tests/test_ground_truth_llamacpp.py; docs/validation/ground_truth.md).\n")
     args.out.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
     print(f"{len(runs)} runs -> {args.out}")

@@ -10,7 +10,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from hrm.validation import compare_runs, load_runs_file, ratios, summary
+from hrm.analysis.validation import compare_runs, load_runs_file, ratios, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def main() -> int:
     for q in ("prefill_s", "decode_s"):
         rs = ratios(comparisons, q)
         print(f"  {q}: median {statistics.median(rs):.3f}, min {min(rs):.3f}, max {max(rs):.3f}")
-    from hrm.validation import held_out
+    from hrm.analysis.validation import held_out
 
     runs_file = load_runs_file(args.runs)
     held = held_out(runs_file, group_of, fitted_of)

@@ -71,11 +71,11 @@ class Export(Frozen):
 def _estimate(hw, model, workload, policy: Policy, engine, options=None):
     """(throughput, fits, within the planning caps) of ``policy`` under ``engine``, or None
     when it cannot run it. An exported policy is pinned: it fits when it fits physical memory
-    less the engine's fixed costs (:func:`hrm.memory.physical_limits`); above the planning
+    less the engine's fixed costs (:func:`hrm.cost.memory.physical_limits`); above the planning
     caps (``--gpu-util``/``--cpu-util``) it is only warned about."""
-    from ..engine import resolve_engine
+    from ..engines.engine import resolve_engine
     from ..estimate import estimate
-    from ..memory import physical_limits
+    from ..cost.memory import physical_limits
 
     try:
         kwargs = {"options": options} if options is not None else {}
@@ -88,7 +88,7 @@ def _estimate(hw, model, workload, policy: Policy, engine, options=None):
 
 def _estimate_engine(target: EngineFlags, policy: Policy, plan_engine):
     """The HRM engine to re-estimate with: the target's closest shipped one, else the plan's."""
-    from ..engine import load_engine
+    from ..engines.engine import load_engine
 
     name = target.hrm_engine(policy) if target.hrm_engine else None
     return load_engine(name) if name else plan_engine
@@ -164,7 +164,7 @@ def export_policy(target_name: str, policy: Policy, ctx: Context, hw=None, plan_
     """``policy`` as ``target_name``'s flags (the nearest expressible policy when needed, the
     server's own pick for a target that picks), both policies re-estimated with the target's
     closest HRM engine on the workload the target runs when ``hw`` is given."""
-    from ..engine import load_engine
+    from ..engines.engine import load_engine
 
     target = get_exporter(target_name)
     plan_engine = plan_engine if plan_engine is not None else load_engine("ideal")
@@ -199,7 +199,7 @@ def export_plan(plan, engine_name: str, options=None, hw=None, model=None) -> Ex
     hardware (unless given: the search's own) are resolved from the plan's names and hashes;
     without them the export is not re-estimated (and the model's layer and expert counts are
     needed: an HRMError then)."""
-    from ..options import DEFAULT_OPTIONS
+    from ..model.options import DEFAULT_OPTIONS
     from ..plan import resolve_plan_engine, resolve_plan_hardware, resolve_plan_model
 
     model = model if model is not None else resolve_plan_model(plan)

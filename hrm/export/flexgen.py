@@ -5,7 +5,7 @@ FlexGen's MoE entry point is the fork the MoE-Lightning authors ran (lynnliu030/
 branch ``moe``; upstream FlexLLMGen's ``flex_opt`` refuses non-OPT names: "Invalid model
 name", opt_config.py:123). It runs Mixtral models on one GPU; the placement rule, the padding
 and every flag are facts of ``docs/engines/flexgen.md``, the rule as functions in
-:mod:`hrm.flexgen`. Its policy space: the shipped ``flexgen`` (GPU attention) and
+:mod:`hrm.engines.flexgen`. Its policy space: the shipped ``flexgen`` (GPU attention) and
 ``flexgen-cpu-attn`` (``--cpu-cache-compute``) engines, r_w read as a share of every layer
 weight (``offloaded_weights: all``)."""
 
@@ -17,10 +17,9 @@ from pydantic import ValidationError
 
 from .. import bounds
 from ..errors import HRMError, InfeasibleError, pydantic_message
-from ..flexgen import (EXPERT_TENSORS, cache_gpu_share, cache_percent_for_share, disk_percent_for_spill, expert_gpu_share,
-                       flex_moe_refusal, layer_gpu_share, placed_bytes,
-                       layer_tensors, nearest_levels, padded_workload, percent_for_share, realisable_shares,
-                       realised_levels)
+from ..engines.flexgen import (EXPERT_TENSORS, cache_gpu_share, cache_percent_for_share, disk_percent_for_spill,
+    expert_gpu_share, flex_moe_refusal, layer_gpu_share, placed_bytes, layer_tensors, nearest_levels, padded_workload,
+    percent_for_share, realisable_shares, realised_levels)
 from ..policy import Policy
 from ..units import GIB
 from .target import Context, EngineFlags, FlagSpec
@@ -62,7 +61,7 @@ def check_runs(ctx: Context) -> None:
 def all_weights_ratio(policy: Policy, ctx: Context) -> float:
     """The policy's GPU share of one decoder layer's bytes (FlexGen's reading of r_w): r_w
     itself when it already reads so, else the same GPU bytes, r_w·experts + every non-expert
-    weight, as a share of the layer (:func:`hrm.flexgen.layer_tensors`)."""
+    weight, as a share of the layer (:func:`hrm.engines.flexgen.layer_tensors`)."""
     rw = policy.weights_gpu_ratio if policy.ffn_on_gpu else 0.0
     if ctx.rw_reads == "all":
         return rw
@@ -74,7 +73,7 @@ def all_weights_ratio(policy: Policy, ctx: Context) -> float:
 
 def _candidates(policy: Policy, ctx: Context) -> list[Policy]:
     """The policies FlexGen realises next to ``policy``: r_w at a placement the midpoint rule
-    produces (:func:`hrm.flexgen.nearest_levels`), r_c at a cache split it produces."""
+    produces (:func:`hrm.engines.flexgen.nearest_levels`), r_c at a cache split it produces."""
     levels = nearest_levels(ctx.model, all_weights_ratio(policy, ctx), "layers")
     mu = policy.micro_batch_size
     rcs = [rc for _, rc in cache_percent_for_share(ctx.model, mu, policy.kv_gpu_ratio)] if policy.attn_on_gpu else [0.0]
@@ -86,16 +85,16 @@ def _candidates(policy: Policy, ctx: Context) -> list[Policy]:
 def replan_pins(ctx: Context) -> list[dict]:
     """FlexGen's policy space for a re-plan: r_w (a share of every layer weight: its engines'
     ``offloaded_weights: all``) only at the placements the midpoint rule produces
-    (:func:`hrm.flexgen.realisable_shares`), and the KV cache on the CPU (``--percent .. 0
+    (:func:`hrm.engines.flexgen.realisable_shares`), and the KV cache on the CPU (``--percent .. 0
     100``: a GPU cache share is cut per micro-batch row, which a continuous r_c misses)."""
     return [{"weights_gpu_ratio": share, "kv_gpu_ratio": 0.0} for share in realisable_shares(ctx.model, "layers")]
 
 
 def _padded_estimate(policy: Policy, ctx: Context):
     """The estimate of ``policy`` under the FlexGen engine that runs it, prompts padded."""
-    from ..engine import load_engine
+    from ..engines.engine import load_engine
     from ..estimate import estimate
-    from ..options import DEFAULT_OPTIONS
+    from ..model.options import DEFAULT_OPTIONS
 
     options = DEFAULT_OPTIONS.model_copy(update={"gpu_memory_utilization": ctx.gpu_memory_utilization})
     engine = load_engine("flexgen" if policy.attn_on_gpu else "flexgen-cpu-attn")
@@ -148,7 +147,7 @@ def _spill_bytes(policy: Policy, ctx: Context) -> float:
 
 def _disk_percent(policy: Policy, ctx: Context, wg: int) -> int:
     """The disk share of ``--percent`` (100 − wg − wc): the fewest whole tensors that hold
-    the policy's spill (:func:`hrm.flexgen.disk_percent_for_spill`); 0 when nothing spills."""
+    the policy's spill (:func:`hrm.engines.flexgen.disk_percent_for_spill`); 0 when nothing spills."""
     spill = _spill_bytes(policy, ctx)
     disk = disk_percent_for_spill(ctx.model, wg, spill)
     if disk is None:
@@ -255,8 +254,8 @@ def _mechanism_words(values: dict[str, list[str]], engine) -> dict[str, str]:
 
 def _flag_engine(values: dict[str, list[str]]):
     """The shipped FlexGen engine the command runs (``--cpu-cache-compute``: flexgen-cpu-attn)
-    and the engine fields its mechanism flags set (:func:`hrm.engine.flag_engine`)."""
-    from ..engine import flag_engine, load_engine
+    and the engine fields its mechanism flags set (:func:`hrm.engines.engine.flag_engine`)."""
+    from ..engines.engine import flag_engine, load_engine
 
     engine = load_engine("flexgen-cpu-attn" if "--cpu-cache-compute" in values else "flexgen")
     _, fields = flag_engine(engine, _mechanism_words(values, engine))

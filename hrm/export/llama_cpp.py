@@ -144,7 +144,7 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
 def _notes(policy: Policy, ctx: Context) -> list[str]:
     """What an export's KV cache is: -kvu (GPU) the plan's, padded to 256 tokens; -nkvo (host)
     each slot padded to 256 tokens."""
-    from ..costs import kv_bytes_per_token
+    from ..cost.costs import kv_bytes_per_token
 
     n, longest = policy.batch_size, context_tokens(ctx)
     unified = policy.attn_on_gpu
@@ -456,10 +456,10 @@ def gguf_name_format(command: str) -> tuple[str, str, str] | None:
 
 
 def gguf_model_notes(path, ctx: Context) -> list[str]:
-    """A local GGUF matched against the model being planned by its header (hrm.gguf.read_gguf):
+    """A local GGUF matched against the model being planned by its header (hrm.model.gguf.read_gguf):
     the block count and the routed expert count and top-k must agree (one-line refusal
     otherwise), whatever the file is called."""
-    from ..gguf import read_gguf
+    from ..model.gguf import read_gguf
 
     arch, meta, _ = read_gguf(path)
     m = ctx.model

@@ -6,7 +6,7 @@ sequence per step). Every flag, default and list rule is a fact of ggml-org/llam
 :293-330 (``first-last+step`` / ``*mult`` ranges, comma lists), and common/arg.cpp (batched-bench:
 -npp/-ntg/-npl at :3262-3285, -pps at :3248, -kvu at :1724; -b/-ub defaults common/common.h:454-455).
 
-A run here is what the CPU step model (:mod:`hrm.ggml_cpu`) predicts: its model file, threads,
+A run here is what the CPU step model (:mod:`hrm.cost.ggml_cpu`) predicts: its model file, threads,
 prompt tokens, generated tokens, parallel sequences, depth, and batch sizes. Flags that change
 neither the CPU graph nor its speed are read and ignored with a note; flags that change it in a
 way the model does not cover are refused in one line.
@@ -224,9 +224,9 @@ def bench_runs(command: str, default_threads: int) -> tuple[list[ToolRun], list[
 
 
 def predict(run: ToolRun, inventory, section):
-    """The run's prefill and decode seconds on the CPU step model (:func:`hrm.ggml_cpu.run_times`).
+    """The run's prefill and decode seconds on the CPU step model (:func:`hrm.cost.ggml_cpu.run_times`).
     A shared prompt (-pps) is prefilled once for all sequences."""
-    from ..ggml_cpu import run_times
+    from ..cost.ggml_cpu import run_times
 
     if run.shared_prompt and run.sequences > 1:
         pre = run_times(inventory, section, run.threads, 1, run.prompt_len, 0, run.depth, run.n_batch, run.n_ubatch,
@@ -245,9 +245,9 @@ def gpu_estimate(run: ToolRun, hw, model):
     (``prefill.max_tokens_per_pass``), the CPU experts on ``-t`` threads. ``-ngl`` below every
     layer moves attention too, which the engine's policy space (experts only) cannot express:
     refused in one line. Returns (prefill tok/s, decode tok/s, fits physical memory)."""
-    from ..engine import load_engine, with_fields
+    from ..engines.engine import load_engine, with_fields
     from ..estimate import estimate
-    from ..memory import physical_limits
+    from ..cost.memory import physical_limits
     from ..policy import Policy
     from ..workload import make_workload
 

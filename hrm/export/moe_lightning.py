@@ -1,7 +1,7 @@
 """MoE-Lightning artifact (caoshiyi/artifacts ``fastmoe``): a server, then the mtbench client.
 
 The server takes no policy: at launch it reads the GPU's name and runs its own optimizer
-(:mod:`hrm.moe_lightning_optimizer`), so an export prints the flags the server plans from
+(:mod:`hrm.engines.moe_lightning`), so an export prints the flags the server plans from
 (the workload, the CPU bandwidth, the GPU count) and the policy is the one the server WILL
 pick; the client (``benchmarks/mtbench/bench.py``, run from its folder) is sized to send at
 least the batch the server runs. ``--ubs``/``--n-ub`` are the client's only: they set how
@@ -19,10 +19,10 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict
 
 from .. import bounds
-from ..choosers import moe_lightning_launch_flags
+from ..engines.rules import moe_lightning_launch_flags
 from ..errors import HRMError
-from ..moe_lightning_optimizer import (CPU_MEMORY_CAP, GPU_MEMORY_CAP, RECOGNISED_GPUS, ServerChoice, ServerFlags, artifact_model_class,
-                                       server_choice)
+from ..engines.moe_lightning import (CPU_MEMORY_CAP, GPU_MEMORY_CAP, RECOGNISED_GPUS, ServerChoice, ServerFlags,
+    artifact_model_class, server_choice)
 from ..policy import Policy
 from ..workload import Workload
 from .target import Context, EngineFlags, FlagSpec

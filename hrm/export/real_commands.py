@@ -56,8 +56,8 @@ def load_real_commands(path: str | Path) -> list[RealCommand]:
 
 def read_real_command(entry: RealCommand):
     """(policy, notes, None) as ``hrm import`` reads ``entry``, or (None, (), refusal)."""
-    from ..hardware import load_hardware
-    from ..model import load_model
+    from ..machine.hardware import load_hardware
+    from ..model.spec import load_model
     from ..workload import make_workload
 
     hw = load_hardware(entry.hw)

@@ -86,7 +86,7 @@ def static_fraction(policy: Policy, ctx: Context) -> float:
     """--mem-fraction-static: SGLang's share of GPU memory for weights and the KV pool, the
     activations left outside it (srt/arg_groups/memory_hook.py:52-66): HRM's planning cap less
     the plan's workspace, rounded down to 0.01."""
-    from ..memory import gpu_workspace_bytes
+    from ..cost.memory import gpu_workspace_bytes
 
     gpu = getattr(ctx.hardware, "gpu", None)
     if gpu is None:

@@ -4,7 +4,7 @@ pins that re-plan inside it."""
 
 from __future__ import annotations
 
-from ..engine import PolicySpace, load_engine
+from ..engines.engine import PolicySpace, load_engine
 from .target import EngineFlags
 
 #: the ``--fix`` key (:func:`hrm.policy.parse_assignments`) of each policy field a space can

@@ -17,7 +17,7 @@ from typing import Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ..engine import PolicySpace
+from ..engines.engine import PolicySpace
 from ..policy import Policy
 
 

@@ -71,7 +71,7 @@ def moe_layers(ctx: Context) -> int:
 
 
 def expert_bytes(ctx: Context) -> float:
-    from ..costs import total_expert_bytes
+    from ..cost.costs import total_expert_bytes
 
     return float(total_expert_bytes(ctx.model))
 
@@ -128,7 +128,7 @@ def served_model_notes(named: str | None, ctx: Context, engine: str, flag: str) 
     """Refuse (one line) a model a server command names that is not the model being planned;
     a command's model matches when its last path part starts with the planned model's name
     or one of its catalog aliases, the longest catalog name that matches deciding."""
-    from ..model import ALIASES, list_catalog
+    from ..model.spec import ALIASES, list_catalog
 
     if named is None or named == "MODEL":
         return [] if named else [f"{engine}: no model in the command: read as {ctx.model.name}"]

@@ -83,9 +83,9 @@ def offload_gib(policy: Policy, ctx: Context) -> float:
 
 def batched_tokens(policy: Policy, ctx: Context) -> int:
     """--max-num-batched-tokens for a plan of N sequences: the plan's prefill batch (N prompts
-    of the workload's length, at least the longest: hrm.memory.prefill_tokens) in one step,
+    of the workload's length, at least the longest: hrm.cost.memory.prefill_tokens) in one step,
     and never below N (scheduler.py:331: max_num_batched_tokens >= max_num_seqs)."""
-    from ..memory import prefill_tokens
+    from ..cost.memory import prefill_tokens
 
     return max(policy.batch_size, int(math.ceil(float(prefill_tokens(ctx.workload, policy.batch_size)))))
 

@@ -3,17 +3,17 @@ registry :data:`PIPELINES`, the pipeline of an engine, and every pipeline's time
 
 from __future__ import annotations
 
-from ..engine import IDEAL, Engine
-from ..model import ModelSpec
+from ..engines.engine import IDEAL, Engine
+from ..model.spec import ModelSpec
 from ..policy import Policy
-from ..rates import Rates
-from ..schedules import get_schedule
-from ..scheduling import Timeline
+from ..machine.rates import Rates
+from ..engines.schedules import get_schedule
+from .list_scheduler import Timeline
 from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
 from .expert_level import EXPERT_LEVEL
 from .lanes import LANES
 
-#: every pipeline by name (:attr:`hrm.schedules.Schedule.pipeline` names one)
+#: every pipeline by name (:attr:`hrm.engines.schedules.Schedule.pipeline` names one)
 PIPELINES: dict[str, Pipeline] = {p.name: p for p in (LANES, EXPERT_LEVEL)}
 
 

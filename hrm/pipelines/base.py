@@ -2,12 +2,12 @@
 
 A pipeline is how an engine's schedule turns a layer's work into time: ``lanes`` (the max of
 affine lanes, eq. 12 of MoE-Lightning) or ``expert-level`` (Klotski's list-scheduled task
-graph). Each gives, from the same mechanism functions of :mod:`hrm.latency` (one weight path,
+graph). Each gives, from the same mechanism functions of :mod:`hrm.cost.latency` (one weight path,
 one KV path, one host-DRAM charge, one dispatch α per task):
 
 - :attr:`Pipeline.times` — the prefill and decode time of a policy (:class:`PhaseTimes`);
 - :attr:`Pipeline.memory` — its peak bytes per tier (:class:`MemoryUse`);
-- :attr:`Pipeline.timeline` — list-scheduled decode layers (:class:`hrm.scheduling.Timeline`);
+- :attr:`Pipeline.timeline` — list-scheduled decode layers (:class:`hrm.pipelines.list_scheduler.Timeline`);
 - :attr:`Pipeline.fields` — the engine fields it models (an engine setting another is refused).
 
 :func:`hrm.estimate.estimate` turns times and memory into the one
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..schedules import PipelineFields
+from ..engines.schedules import PipelineFields
 
 #: resources and lanes in words
 RESOURCE_LABELS = {

@@ -1,25 +1,25 @@
 """The expert-level pipeline (Klotski, engine ``klotski``): a whole policy on the expert-level
-list schedule of :mod:`hrm.klotski`.
+list schedule of :mod:`hrm.pipelines.expert_level_tasks`.
 
 A Klotski policy in the toolkit's terms: μ sequences per batch, n batches per group
 (N = n·μ), attention and experts on the GPU, r_w the share of MoE layers whose experts stay
 on the GPU (whole layers: the greedy fill's unit,
 mindspore-lab/models@220d9e77 ``research/SYSU/Klotski/mixtral/configuration_mixtral.py:63-182``),
 r_c the share of the KV cache on the GPU. Per layer kind (offloaded, resident MoE layers,
-dense layers) one layer is list-scheduled (:func:`hrm.klotski.schedule_layer`); decode is
+dense layers) one layer is list-scheduled (:func:`hrm.pipelines.expert_level_tasks.schedule_layer`); decode is
 taken at the mean decode context (:func:`hrm.workload.mean_decode_context`).
 
 Mechanisms beyond the paper's pipeline, from the same functions the lanes use: the weight
-path (pinned, driver-staged or staged by a copy team: :func:`hrm.latency.weight_transfer_s`),
-the KV path (:func:`hrm.latency.kv_load_s`, :func:`hrm.latency.kv_cache_s`), host DRAM and
+path (pinned, driver-staged or staged by a copy team: :func:`hrm.cost.latency.weight_transfer_s`),
+the KV path (:func:`hrm.cost.latency.kv_load_s`, :func:`hrm.cost.latency.kv_cache_s`), host DRAM and
 the staging-copy team as capacity bounds of the period, ``sync: per-step`` (each decode step
 starts with an empty pipeline: its first layer takes its makespan from empty, not the
 steady-state period), and the engine's expert buffers (``memory.gpu_weight_buffer_layers``
 whole layers: the scheduler's prefetch slots and their GPU bytes). The paper's own disk
 tier (§6.1, ``memory.disk_weights``): whole layers of experts beyond host memory on disk
-(:func:`klotski_disk_bytes`, with :func:`hrm.memory.disk_spill_allowed` of the lanes), read
+(:func:`klotski_disk_bytes`, with :func:`hrm.cost.memory.disk_spill_allowed` of the lanes), read
 once per pass overlapping the whole pass (:func:`klotski_times`). Its search is
-:mod:`solver.klotski`.
+:mod:`solver.expert_level`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import costs, latency
-from ..engine import IDEAL, Engine
+from ..cost import costs, latency
+from ..engines.engine import IDEAL, Engine
 from ..errors import HRMError
-from ..klotski import KV_BUFFERS, ExpertSchedule, klotski_batches, klotski_layer, schedule_layer
-from ..memory import MemoryLimits, disk_spill_allowed, gpu_workspace_bytes, kv_bytes_per_sequence
-from ..model import ModelSpec
+from .expert_level_tasks import KV_BUFFERS, ExpertSchedule, klotski_batches, klotski_layer, schedule_layer
+from ..cost.memory import MemoryLimits, disk_spill_allowed, gpu_workspace_bytes, kv_bytes_per_sequence
+from ..model.spec import ModelSpec
 from ..policy import Policy
 from ..problem import Problem
-from ..rates import Rates
-from ..routing import Routing, uniform
-from ..schedules import PIPELINE_FIELDS
+from ..machine.rates import Rates
+from ..model.routing import Routing, uniform
+from ..engines.schedules import PIPELINE_FIELDS
 from ..units import dtype_bytes
 from ..workload import mean_decode_context
 from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
@@ -94,7 +94,7 @@ def _kind_options(kind: str) -> dict:
 
 def expert_buffers(engine: Engine) -> int:
     """Layers of experts the GPU buffers for loads (``memory.gpu_weight_buffer_layers``; the
-    expert-level pipeline models whole layers: :data:`hrm.schedules.PIPELINE_FIELDS`)."""
+    expert-level pipeline models whole layers: :data:`hrm.engines.schedules.PIPELINE_FIELDS`)."""
     return int(engine.memory.gpu_weight_buffer_layers)
 
 
@@ -209,7 +209,7 @@ def klotski_disk_bytes(model: ModelSpec, memory: KlotskiMemory, kv_gpu_ratio, en
     ⌈max(0, C − C_usable) / (one layer's experts)⌉ layers — as its placement does once the
     CPU budget is spent (``expert_offload_map[i] = 2`` for the last layers,
     mindspore-lab/models@220d9e77 research/SYSU/Klotski/mixtral/configuration_mixtral.py:63-182;
-    paper §6.1). 0 where nothing may spill (:func:`hrm.memory.disk_spill_allowed`). A policy
+    paper §6.1). 0 where nothing may spill (:func:`hrm.cost.memory.disk_spill_allowed`). A policy
     fits only if they are at most the offloaded layers' experts."""
     cpu = np.asarray(memory.cpu_bytes(kv_gpu_ratio), dtype=float)
     if not disk_spill_allowed(engine, rates.disk_read_bytes_s, limits):
@@ -237,7 +237,7 @@ def klotski_own_batches(model: ModelSpec, rates: Rates, workload, policy, engine
 
 def policy_timeline(model: ModelSpec, rates: Rates, policy, engine: Engine, context: float, layers: int = 6,
                     moe: bool = True):
-    """The list-scheduled decode layers of ``policy`` (:class:`hrm.scheduling.Timeline`): its
+    """The list-scheduled decode layers of ``policy`` (:class:`hrm.pipelines.list_scheduler.Timeline`): its
     offloaded MoE layers, or its resident ones when every layer's experts are on the GPU (a
     dense layer with ``moe=False``)."""
     kinds = layer_kinds(model, policy.weights_gpu_ratio)
@@ -299,5 +299,5 @@ def expert_level_memory(problem: Problem, policy: Policy) -> MemoryUse:
 
 
 EXPERT_LEVEL = Pipeline("expert-level", "Klotski's expert-level list schedule per layer, searched by branch and "
-                        "bound (solver.klotski)", PIPELINE_FIELDS["expert-level"], expert_level_times,
+                        "bound (solver.expert_level)", PIPELINE_FIELDS["expert-level"], expert_level_times,
                         expert_level_memory, policy_timeline)

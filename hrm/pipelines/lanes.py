@@ -1,28 +1,28 @@
 """The lanes pipeline (CGOPipe, FlexGen, DeepSpeed, llama.cpp, MoE-Infinity and Fiddler
 schedules): each layer's resources combine into concurrently running affine lanes and the
-layer takes the max over them (MoE-Lightning eq. 12, :mod:`hrm.latency`); decode steps are
+layer takes the max over them (MoE-Lightning eq. 12, :mod:`hrm.cost.latency`); decode steps are
 summed over the growing context, prefill is one pass. Memory is the affine forms of
-:mod:`hrm.memory`; the timeline is :func:`hrm.timeline.lanes_timeline`. It models every
-engine field. Its search is the exact branch and bound of :mod:`solver.exact`."""
+:mod:`hrm.cost.memory`; the timeline is :func:`hrm.pipelines.lanes_timeline.lanes_timeline`. It models every
+engine field. Its search is the exact branch and bound of :mod:`solver.lanes.exact`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import latency
-from ..memory import (cpu_memory_form, disk_spill_allowed, disk_spill_bytes, gpu_memory_form, host_floor_form,
-                      spillable_weights_form)
+from ..cost import latency
+from ..cost.memory import (cpu_memory_form, disk_spill_allowed, disk_spill_bytes, gpu_memory_form, host_floor_form,
+    spillable_weights_form)
 from ..policy import Policy
 from ..problem import Problem
-from ..schedules import PIPELINE_FIELDS
-from ..timeline import lanes_timeline
+from ..engines.schedules import PIPELINE_FIELDS
+from .lanes_timeline import lanes_timeline
 from ..workload import decode_contexts
 from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
 
 
 def disk_lanes(problem: Problem, micro_batch, attn_on_gpu, ffn_on_gpu, resources: dict) -> list:
-    """The ``disk`` lanes of a layer (:func:`hrm.latency.disk_lanes`) of the mode (μ, A_g,
-    F_g) — arrays broadcast — when weights may spill (:func:`hrm.memory.disk_spill_allowed`);
+    """The ``disk`` lanes of a layer (:func:`hrm.cost.latency.disk_lanes`) of the mode (μ, A_g,
+    F_g) — arrays broadcast — when weights may spill (:func:`hrm.cost.memory.disk_spill_allowed`);
     [] otherwise. The search's terms and the estimate both take them from here."""
     if not disk_spill_allowed(problem.engine, problem.rates.disk_read_bytes_s, problem.limits):
         return []
@@ -99,9 +99,9 @@ def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
 
 
 def lanes_memory(problem: Problem, policy: Policy) -> MemoryUse:
-    """The affine memory forms of :mod:`hrm.memory` at the policy; where weights may spill
-    (:func:`hrm.memory.disk_spill_allowed`), the minimal spill on disk
-    (:func:`hrm.memory.disk_spill_bytes`) and the host tier less it."""
+    """The affine memory forms of :mod:`hrm.cost.memory` at the policy; where weights may spill
+    (:func:`hrm.cost.memory.disk_spill_allowed`), the minimal spill on disk
+    (:func:`hrm.cost.memory.disk_spill_bytes`) and the host tier less it."""
     args = (problem.model, problem.workload, policy.micro_batch_size, policy.attn_on_gpu, policy.ffn_on_gpu,
             problem.engine)
     gpu_form, cpu_form = gpu_memory_form(*args), cpu_memory_form(*args)
@@ -118,5 +118,5 @@ def lanes_memory(problem: Problem, policy: Policy) -> MemoryUse:
     return MemoryUse(float(gpu_form.bytes(*point)), cpu_bytes - disk, components, disk)
 
 
-LANES = Pipeline("lanes", "the max of affine lanes per layer (eq. 12), searched exactly by solver.exact",
+LANES = Pipeline("lanes", "the max of affine lanes per layer (eq. 12), searched exactly by solver.lanes.exact",
                  PIPELINE_FIELDS["lanes"], lanes_times, lanes_memory, lanes_timeline)

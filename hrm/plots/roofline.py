@@ -1,7 +1,7 @@
 """The HRM plot of one operator (paper §3.3: Fig. 4 attention, Fig. 5 MoE FFN).
 
 :func:`roofline_data` computes everything drawn — roofs, operator points, turning points —
-from :mod:`hrm.roofline` and :mod:`hrm.costs`; :func:`plot_roofline` only draws it. Tests
+from :mod:`hrm.cost.roofline` and :mod:`hrm.cost.costs`; :func:`plot_roofline` only draws it. Tests
 compare the drawn lines with the data and the data with the profile.
 
 Intensities (FLOP/byte) follow the paper's general operational intensity I_x^i:
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import costs
-from ..hardware import HardwareProfile
-from ..model import ModelSpec
-from ..options import DEFAULT_OPTIONS, ModelOptions
-from ..roofline import attainable, balance_point, hrm_from_profile, turning_point_p1, turning_point_p2
+from ..cost import costs
+from ..machine.hardware import HardwareProfile
+from ..model.spec import ModelSpec
+from ..model.options import DEFAULT_OPTIONS, ModelOptions
+from ..cost.roofline import attainable, balance_point, hrm_from_profile, turning_point_p1, turning_point_p2
 from ..units import TFLOPS
 from ._common import new_figure, si_rate
 

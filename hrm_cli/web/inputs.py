@@ -57,7 +57,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "explain": ("--explain", "flag"),
 }
 #: the web planner's own fields: uploads (the file's text, and a name for it) and what-ifs
-#: of the profile (hrm.whatif), applied before the search
+#: of the profile (hrm.machine.whatif), applied before the search
 EXTRA_FIELDS = ("hw_yaml", "hw_name", "model_config", "model_name", "link_gbps", "cpu_scale")
 
 _MACHINE = ("hw", "model", "weight_dtype", "kv_dtype", "routing", "workload", "prompt_len", "max_prompt_len",
@@ -156,9 +156,9 @@ UPLOAD_PREFIX = "upload:"
 
 def check_machine_names(values: dict) -> None:
     """hw, model and engine name shipped data; routing is not a trace file on the server."""
-    from hrm.engine import list_engines
-    from hrm.hardware import list_profiles
-    from hrm.model import ALIASES, list_catalog
+    from hrm.engines.engine import list_engines
+    from hrm.machine.hardware import list_profiles
+    from hrm.model.spec import ALIASES, list_catalog
 
     for name, upload, what in (("hw", "hw_yaml", "profile YAML"), ("model", "model_config", "config.json")):
         text = values.get(name) or ""

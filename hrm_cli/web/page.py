@@ -24,14 +24,14 @@ def _environment():
 def choices() -> dict:
     """The options of the page's selects: shipped profiles, catalog models, engines, presets,
     objectives, dtypes and export targets."""
-    from hrm.engine import list_engines
+    from hrm.engines.engine import list_engines
     from hrm.export import EXPORTERS
-    from hrm.hardware import list_profiles
-    from hrm.model import list_catalog
-    from hrm.schedules import SCHEDULES
+    from hrm.machine.hardware import list_profiles
+    from hrm.model.spec import list_catalog
+    from hrm.engines.schedules import SCHEDULES
     from hrm.units import DTYPES
     from hrm.workload import PRESETS
-    from hrm.engine import DEFAULT_ENGINE
+    from hrm.engines.engine import DEFAULT_ENGINE
     from solver.search import OBJECTIVES
 
     return {"hw": list_profiles(), "model": list_catalog(), "engine": list_engines(), "schedule": list(SCHEDULES),

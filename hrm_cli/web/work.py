@@ -58,7 +58,7 @@ def _machine(request: Request):
         if "hw_yaml" not in up:
             args.hw = str(shipped_profile(args.hw))
         if "model_config" not in up:
-            from hrm.model import catalog_config_path
+            from hrm.model.spec import catalog_config_path
 
             args.model = str(catalog_config_path(args.model))
         if "hw_yaml" in up:
@@ -90,7 +90,7 @@ def _machine(request: Request):
 
 def shipped_profile(name: str):
     """The shipped profile file of ``name`` (``l4`` or ``l4.yaml``) in the package's data."""
-    from hrm.hardware import list_profiles, profile_dirs
+    from hrm.machine.hardware import list_profiles, profile_dirs
 
     stem = name[:-5] if name.endswith(".yaml") else name[:-4] if name.endswith(".yml") else name
     for folder in profile_dirs():
@@ -106,11 +106,11 @@ def _write(path: str, text: str) -> None:
 
 
 def _what_if(hw, whatif: dict):
-    """The profile with the page's what-ifs (hrm.whatif): link bandwidth, CPU scaling."""
+    """The profile with the page's what-ifs (hrm.machine.whatif): link bandwidth, CPU scaling."""
     from pydantic import ValidationError
 
     from hrm.errors import pydantic_message
-    from hrm.whatif import with_cpu_scaled, with_link_bandwidth
+    from hrm.machine.whatif import with_cpu_scaled, with_link_bandwidth
 
     try:
         if whatif.get("link_gbps") is not None:
@@ -176,7 +176,7 @@ def exports(args, machine) -> dict:
 def view(args, machine) -> dict:
     """What the page shows first: the plan (``hrm-search --json``), ``--explain`` of its policy,
     the memory per tier against capacity and the alternatives (the exports: :func:`exports`)."""
-    from hrm.explain import explain
+    from hrm.analysis.explain import explain
     from hrm_cli.search import run_search, search_json
 
     run = run_search(args, machine)
@@ -216,7 +216,7 @@ def plot(args, machine, kind: str) -> str:
     best policy, drawn by :mod:`hrm.plots` as SVG text."""
     from hrm.plots import plot_roofline, plot_timeline, roofline_data
     from hrm.pipelines import decode_timeline
-    from hrm.rates import rates_from_profile
+    from hrm.machine.rates import rates_from_profile
     from hrm.workload import mean_decode_context
     from hrm_cli.search import run_search
 

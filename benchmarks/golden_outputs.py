@@ -1,0 +1,114 @@
+"""Golden outputs for a behaviour-neutral refactor: every shipped engine x hardware profile x eight
+catalog models (Klotski on three pairs), as `hrm-search --json` prints them, and every workload
+preset on nine pairs as `hrm-search` prints its table.
+
+    python benchmarks/golden_outputs.py capture OUT.json   # before the refactor
+    python benchmarks/golden_outputs.py check OUT.json     # after it: numbers equal at rel 1e-12
+
+Runs the CLI in-process (about 10 min on one core). Only the solver's wall time is left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+from hrm_cli import search_main
+
+HARDWARE = sorted(p.stem for p in Path(__file__).resolve().parents[1].glob("hardware_profiles/*.yaml"))
+MODELS = ("mixtral", "dbrx", "deepseek-v2-lite", "deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "olmoe-1b-7b",
+          "tiny-mixtral")
+ENGINES = sorted(p.stem for p in Path(__file__).resolve().parents[1].glob("hrm/data/engines/*.yaml"))
+#: the expert-level search is exact but slow on big grids (docs/klotski_bench.md): a few pairs
+KLOTSKI_PAIRS = (("l4", "mixtral"), ("t4", "tiny-mixtral"), ("a100-80g", "olmoe-1b-7b"))
+WORKLOADS = ("mtbench", "synthetic-reasoning", "summarization")
+REL_TOL = 1e-12
+# what a clock decides, not the model: the solver's seconds, and the text table's solve line
+WALL_KEYS = {"seconds"}
+WALL_LINE = re.compile(r"\d+\.\d+ s, optimal|solve .*\d s")
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = search_main(argv)
+        except SystemExit as e:
+            code = e.code
+    return int(code or 0), out.getvalue() + err.getvalue()
+
+
+def _cases():
+    for hw in HARDWARE:
+        for model in MODELS:
+            for engine in ENGINES:
+                if engine != "klotski" or (hw, model) in KLOTSKI_PAIRS:
+                    yield f"{hw}/{model}/{engine}", ["--hw", hw, "--model", model, "--engine", engine, "--json"]
+    for hw in ("l4", "a100-80g", "cpu-only"):
+        for model in ("mixtral", "deepseek-v2-lite", "qwen3-30b-a3b"):
+            for wl in WORKLOADS:
+                yield f"{hw}/{model}/{wl}/text", ["--hw", hw, "--model", model, "--workload", wl]
+
+
+def capture() -> dict:
+    got = {}
+    for key, argv in _cases():
+        start = time.perf_counter()
+        code, text = _cli(argv)
+        try:
+            body = json.loads(text) if "--json" in argv and code == 0 else text
+        except json.JSONDecodeError:
+            body = text
+        got[key] = {"exit": code, "out": body}
+        print(f"{key}: exit {code} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    return got
+
+
+def _diff(a, b, path: str, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k in WALL_KEYS:
+                continue
+            if k not in a or k not in b:
+                out.append(f"{path}.{k}: only in {'before' if k in a else 'after'}")
+            else:
+                _diff(a[k], b[k], f"{path}.{k}", out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            _diff(x, y, f"{path}[{i}]", out)
+    elif isinstance(a, float) and isinstance(b, (int, float)):
+        if not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0) and not (math.isnan(a) and math.isnan(b)):
+            out.append(f"{path}: {a!r} -> {b!r}")
+    elif isinstance(a, str) and isinstance(b, str):
+        la = [s for s in a.splitlines() if not WALL_LINE.search(s)]
+        lb = [s for s in b.splitlines() if not WALL_LINE.search(s)]
+        if la != lb:
+            first = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
+            out.append(f"{path}: text differs at line {first}: {la[first:first + 1]} -> {lb[first:first + 1]}")
+    elif a != b:
+        out.append(f"{path}: {a!r} -> {b!r}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("capture", "check"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    mode, path = argv
+    if mode == "capture":
+        Path(path).write_text(json.dumps(capture(), indent=1, sort_keys=True))
+        return 0
+    before = json.loads(Path(path).read_text())
+    diffs: list[str] = []
+    _diff(before, capture(), "", diffs)
+    print("\n".join(diffs[:50]) or f"golden outputs equal at rel {REL_TOL} ({len(before)} cases)")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

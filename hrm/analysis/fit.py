@@ -1,0 +1,354 @@
+"""``hrm fit``: the fastest llama.cpp command for a machine, a model and a context length, for
+one user (batch 1) or N parallel users, searched over the command's own knobs with the existing
+estimators (no second model):
+
+- a machine with a GPU (a profile, or parts composed by :mod:`hrm.machine.parts`) and a model spec:
+  every ``--n-cpu-moe`` (0 .. the MoE layers), the KV cache on the GPU or in host memory
+  (``-nkvo``), ``-ub`` (the prefill's pass: the engine's ``prefill.max_tokens_per_pass``, each
+  pass re-reads the CPU layers' experts) and, where the profile measured llama.cpp's CPU kernels,
+  ``-t``; each candidate estimated by :func:`hrm.estimate.estimate` under the shipped
+  ``llama.cpp`` / ``llama.cpp-nkvo`` engines, within the machine's physical memory less the
+  engine's reserve (:func:`hrm.cost.memory.physical_limits`);
+- a CPU-only machine whose profile has a ``ggml_cpu`` section, and a GGUF (its tensors):
+  ``-t`` (decode steps), ``-tb`` and ``-ub`` (prefill), each candidate predicted by the CPU step
+  model :func:`hrm.cost.ggml_cpu.run_times`.
+
+The best is the one that finishes the users' requests first (prefill + decode of ``gen``
+tokens), or by ``objective`` the fastest decode or prefill. llama.cpp's defaults are among the
+candidates, so the answer also says what it gains over them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from ..errors import HRMError
+from ..units import GIB
+
+Objective = Literal["latency", "decode", "prefill"]
+OBJECTIVES = ("latency", "decode", "prefill")
+#: -ub values searched: powers of two from llama.cpp's ubatch floor for its BLAS path
+#: (common/common.h:454 "must be >=32 to use BLAS") to the logical batch's default 2048 and
+#: one step above; the default 512 (common/common.h:454) is always among them
+UBATCHES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+DEFAULT_UBATCH, DEFAULT_BATCH = 512, 2048
+#: llama.cpp's default -t on Linux: one thread per physical core (common/common.cpp:77-103 at
+#: ggml-org/llama.cpp@0c1e5709 counts distinct thread_siblings; a profile's cpu.cores are the
+#: usable CPUs, the physical cores of a catalog part); the halving fallback of :144-145
+#: (hrm.machine.rates.default_llama_threads) is for hosts where that count fails
+def linux_default_threads(hw) -> int:
+    return int(hw.cpu.cores)
+
+
+#: the KV cache element type llama.cpp uses unless -ctk/-ctv say otherwise (common/common.h
+#: cache_type_k/v = F16); the only one the estimators price (hrm.cost.ggml_cpu.KV_ELEMENT_TYPE)
+KV_TYPE = "f16"
+RUNNERS_UP = 5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One command: its flags (in order), predicted rates and memory per device."""
+
+    flags: tuple[tuple[str, str], ...]
+    prefill_tok_s: float
+    decode_tok_s: float
+    total_s: float
+    memory_bytes: dict = field(default_factory=dict)
+    fits: bool = True
+    knobs: dict = field(default_factory=dict)
+    bottleneck: str = ""
+
+    def args(self) -> str:
+        return " ".join(f"{k} {v}".strip() for k, v in self.flags)
+
+    def command(self, program: str = "llama-server", model_path: str = "MODEL.gguf") -> str:
+        return f"{program} -m {model_path} {self.args()}"
+
+
+@dataclass(frozen=True)
+class FitResult:
+    best: Candidate
+    runners_up: tuple[Candidate, ...]
+    default: Optional[Candidate]
+    why: tuple[str, ...]
+    notes: tuple[str, ...]
+    searched: int
+    infeasible: int
+    objective: str
+    users: int
+    context_tokens: int
+    gen_tokens: int
+    path: str
+
+    def to_json(self) -> dict:
+        def c(x: Candidate | None):
+            if x is None:
+                return None
+            return {"args": x.args(), "prefill_tok_s": x.prefill_tok_s, "decode_tok_s": x.decode_tok_s,
+                    "total_s": x.total_s, "memory_bytes": x.memory_bytes, "knobs": x.knobs, "bottleneck": x.bottleneck}
+        return {"best": c(self.best), "runners_up": [c(x) for x in self.runners_up], "llama_cpp_defaults": c(self.default),
+                "why": list(self.why), "notes": list(self.notes), "searched": self.searched,
+                "infeasible": self.infeasible, "objective": self.objective, "users": self.users,
+                "context_tokens": self.context_tokens, "gen_tokens": self.gen_tokens, "path": self.path}
+
+
+def _score(c: Candidate, objective: str) -> float:
+    """Smaller is better."""
+    if objective == "decode":
+        return -c.decode_tok_s
+    if objective == "prefill":
+        return -c.prefill_tok_s
+    return c.total_s
+
+
+def _check(context: int, gen: int, users: int, objective: str) -> int:
+    if objective not in OBJECTIVES:
+        raise HRMError(f"--objective {objective}: one of {', '.join(OBJECTIVES)}")
+    if users < 1 or users > 256:
+        raise HRMError(f"--users {users}: 1 to 256 (llama.cpp's n_seq_max limit, src/llama-cparams.h:7)")
+    if gen < 1 or context <= gen:
+        raise HRMError(f"--context {context} --gen {gen}: the context must hold the prompt and the {gen} generated "
+                       "tokens (context > gen >= 1)")
+    return context - gen
+
+
+def useful_ubatches(ubatches: tuple[int, ...], tokens: int) -> list[int]:
+    """The -ub values that differ for a prefill of ``tokens``: those below it, and the smallest
+    at or above it (any larger one runs the same single pass), and the default 512 (llama.cpp's
+    own choice is always a candidate)."""
+    out = {u for u in ubatches if u < tokens}
+    above = [u for u in ubatches if u >= tokens]
+    out |= {min(above)} if above else set()
+    out |= {DEFAULT_UBATCH} & set(ubatches)
+    return sorted(out)
+
+
+def _ranked(cands: list[Candidate], objective: str) -> list[Candidate]:
+    return sorted((c for c in cands if c.fits), key=lambda c: (_score(c, objective), c.args()))
+
+
+def _pct(new: float, old: float) -> str:
+    return f"{(new / old - 1) * 100:+.1f}%" if old > 0 else "n/a"
+
+
+def _result(cands: list[Candidate], default: Candidate | None, objective: str, users: int, context: int, gen: int,
+            path: str, why_of, notes: list[str]) -> FitResult:
+    ranked = _ranked(cands, objective)
+    if not ranked:
+        from ..errors import InfeasibleError
+
+        raise InfeasibleError(f"hrm fit: none of the {len(cands)} llama.cpp commands searched fits this machine's "
+                              f"memory at context {context} for {users} user(s); lower --context or pick more memory")
+    best = ranked[0]
+    runners = []
+    for c in ranked[1:]:
+        if len(runners) >= RUNNERS_UP:
+            break
+        runners.append(c)
+    why = why_of(best, ranked, default)
+    return FitResult(best, tuple(runners), default, tuple(why), tuple(notes), len(cands),
+                     sum(not c.fits for c in cands), objective, users, context, gen, path)
+
+
+# --- a machine with a GPU: the lanes estimate under HRM's llama.cpp engines ------------------
+
+def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
+            ubatches: tuple[int, ...] = UBATCHES, threads: tuple[int, ...] | None = None) -> FitResult:
+    """Every (``--n-cpu-moe``, KV on GPU or ``-nkvo``, ``-ub``, ``-t``) estimated; see the module."""
+    from ..engines.engine import load_engine, with_fields
+    from ..estimate import estimate
+    from ..cost.memory import physical_limits
+    from ..model.options import DEFAULT_OPTIONS
+    from ..policy import Policy
+    from ..workload import make_workload
+
+    if hw.gpu is None:
+        raise HRMError(f"hrm fit: {hw.name} has no GPU: give a GGUF (--gguf) and a profile with a ggml_cpu section "
+                       f"(hrm profile --llama-cpp) for the CPU-only search")
+    prompt = _check(context, gen, users, objective)
+    workload = make_workload(None, prompt_len=prompt, gen_len=gen)
+    layers = max(int(model.num_moe_layers), 1)
+    dense_first = int(model.first_dense_layers)
+    measured = sorted({k.threads for k in hw.ggml_cpu.kernels}) if hw.ggml_cpu is not None else []
+    default_t = linux_default_threads(hw)
+    if threads is None:
+        # without measured ggml kernels the CPU roofline has no thread count: llama.cpp's default
+        threads = tuple(t for t in measured if t <= hw.cpu.cores) or (default_t,)
+    notes = []
+    if not measured:
+        notes.append(f"-t {default_t}: llama.cpp's default on {hw.cpu.cores} physical cores (common/common.cpp:77-103); this "
+                     "profile has no measured ggml kernels (hrm profile --llama-cpp), so the CPU layers run at its "
+                     "DRAM rate whatever -t is, and -t is not searched")
+    cands: list[Candidate] = []
+    default = None
+    for attn_gpu in (True, False):
+        base = load_engine("llama.cpp" if attn_gpu else "llama.cpp-nkvo")
+        for cpu_layers in range(layers + 1):
+            rw = (layers - cpu_layers) / layers
+            policy = Policy(batch_size=users, micro_batch_size=users, num_micro_batches=1, attn_on_gpu=attn_gpu,
+                            ffn_on_gpu=True, weights_gpu_ratio=rw, kv_gpu_ratio=1.0 if attn_gpu else 0.0)
+            for t in threads:
+                for ub in useful_ubatches(ubatches, prompt * users):
+                    engine = with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
+                    limits = physical_limits(hw, engine)
+                    r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
+                    blocks = cpu_layers + dense_first if cpu_layers else 0
+                    flags = [("-ngl", str(int(model.num_layers) + 1)), ("--n-cpu-moe", str(blocks)),
+                             ("-c", str(users * context)), ("-np", str(users)), ("-b", str(max(DEFAULT_BATCH, ub))),
+                             ("-ub", str(ub)), ("-t", str(t)), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
+                    if users > 1:
+                        flags.append(("-kvu", ""))
+                    if not attn_gpu:
+                        flags.append(("-nkvo", ""))
+                    flags.append(("--fit", "off"))
+                    prefill_tok_s = users * prompt / r.prefill_latency_s if r.prefill_latency_s else 0.0
+                    c = Candidate(tuple(flags), prefill_tok_s, r.decode_throughput_tok_s, r.total_time_s,
+                                  {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(limits),
+                                  {"n_cpu_moe": blocks, "cpu_layers": cpu_layers, "kv": "gpu" if attn_gpu else "host",
+                                   "ubatch": ub, "threads": t}, r.bottleneck)
+                    cands.append(c)
+                    if attn_gpu and ub == DEFAULT_UBATCH and t == (default_t if default_t in threads else threads[0]):
+                        # llama.cpp's own memory fit keeps the KV on the GPU and moves whole
+                        # layers' experts to the CPU until the rest fits (tools/fit-params):
+                        # the fewest CPU layers that fit, at the default -ub and -t
+                        if c.fits and (default is None or cpu_layers < default.knobs["cpu_layers"]):
+                            default = c
+    return _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
+
+
+def _why_gpu(layers: int):
+    def why(best: Candidate, ranked: list[Candidate], default: Candidate | None) -> list[str]:
+        k = best.knobs
+        out = [f"--n-cpu-moe {k['n_cpu_moe']}: {k['cpu_layers']} of {layers} MoE layers' experts on the CPU; "
+               f"GPU {best.memory_bytes['gpu'] / GIB:.2f} GiB, host {best.memory_bytes['cpu'] / GIB:.2f} GiB; "
+               f"bottleneck: {best.bottleneck}"]
+        fewer = [c for c in ranked if c.knobs["cpu_layers"] < k["cpu_layers"] and c.knobs["kv"] == k["kv"]]
+        if k["cpu_layers"] and not fewer:
+            out.append(f"{k['cpu_layers'] - 1} CPU layers or fewer do not fit the GPU with this KV cache and -ub")
+        same = [c for c in ranked if c.knobs["cpu_layers"] == k["cpu_layers"] and c.knobs["kv"] == k["kv"]
+                and c.knobs["threads"] == k["threads"] and c.knobs["ubatch"] == DEFAULT_UBATCH]
+        if same and k["ubatch"] != DEFAULT_UBATCH:
+            out.append(f"-ub {k['ubatch']}: prefill {best.prefill_tok_s:,.0f} tok/s vs {same[0].prefill_tok_s:,.0f} at the "
+                       f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes, each "
+                       "re-reading the CPU layers' experts over PCIe")
+        if default is not None and default is not best:
+            out.append(f"vs llama.cpp's own fit (fewest CPU layers, -ub 512): {default.args()}: decode "
+                       f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "
+                       f"{_pct(best.prefill_tok_s, default.prefill_tok_s)}, request {_pct(default.total_s, best.total_s)} "
+                       "faster")
+        elif default is best:
+            out.append("it is what llama.cpp's own fit picks (fewest CPU layers at the default -ub)")
+        return out
+    return why
+
+
+# --- a CPU-only machine: the ggml CPU step model on the GGUF's own tensors --------------------
+
+def kv_bytes(inventory, tokens: int) -> float:
+    """The f16 KV cache of ``tokens`` cached tokens: every layer's K and V rows (MLA: the latent
+    and its rope part, V a view of it)."""
+    a = inventory.attention
+    mla = a.kv_heads == 1  # hrm.model.gguf's MLA shape (as hrm.cost.ggml_cpu.attention_kernel reads it)
+    per_token = a.layers * (a.k_width if mla else a.kv_heads * (a.k_width + a.v_width))
+    return per_token * tokens * 2
+
+
+def measured_ubatch(section, inventory, threads: int, ubatch: int) -> bool:
+    """Whether a prefill pass of ``ubatch`` tokens stays within the rows the profile's matmul
+    curves were measured at (dense MUL_MAT rows = ubatch; MUL_MAT_ID rows per touched expert =
+    ubatch x top-k / expected touched experts). Past them hrm.cost.ggml_cpu extrapolates linearly, and
+    that extrapolation is what docs/validation/fit.md measured wrong on this project's host
+    (-ub 2048 ran 8-15% slower than -ub 512 where the model predicted 1-2% faster), so hrm fit does
+    not pick such a -ub."""
+    from ..cost.costs import uniform_distinct_experts
+
+    def reach(op):
+        xs = [max(p.x for p in k.s_per_elem_vs_rows) for k in section.kernels if k.op == op and k.threads == threads]
+        return max(xs) if xs else 0.0
+    touched = float(uniform_distinct_experts(inventory.num_experts, inventory.top_k, ubatch))
+    expert_rows = ubatch * inventory.top_k / touched if inventory.num_experts > 1 else 0.0
+    return ubatch <= reach("mm") and expert_rows <= (reach("mmid") if inventory.num_experts > 1 else 0.0) + 1e-9
+
+
+def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
+            ubatches: tuple[int, ...] = UBATCHES, extrapolate: bool = False) -> FitResult:
+    """Every (``-t``, ``-tb``, ``-ub``) on the CPU step model; see the module. A ``-ub`` past the
+    measured rows (:func:`measured_ubatch`) is predicted and shown but not picked unless
+    ``extrapolate``."""
+    from ..cost.ggml_cpu import run_times
+
+    if hw.ggml_cpu is None:
+        raise HRMError(f"hrm fit: {hw.name} has no ggml_cpu section: measure llama.cpp's kernels on this machine with "
+                       "hrm profile --llama-cpp DIR")
+    prompt = _check(context, gen, users, objective)
+    section = hw.ggml_cpu
+    threads = sorted({k.threads for k in section.kernels if k.threads <= hw.cpu.cores})
+    default_t = linux_default_threads(hw)
+    decode = {t: run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=t) for t in threads}
+    cands: list[Candidate] = []
+    default = None
+    memory = {"cpu": inventory.weight_bytes + kv_bytes(inventory, users * context)}
+    fits = memory["cpu"] <= hw.cpu.memory_gib * GIB
+    for tb in threads:
+        for ub in useful_ubatches(ubatches, users * prompt):
+            b = max(DEFAULT_BATCH, ub)
+            pre = run_times(inventory, section, tb, users, prompt, 0, 0, b, ub, tb)
+            for t in threads:
+                # one user's decode steps run on -t; several users' on -tb (src/llama-context.cpp:
+                # n_threads for a one-token ubatch, n_threads_batch otherwise)
+                dec = decode[t] if users == 1 else run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=tb)
+                if users > 1 and t != tb:
+                    continue  # -t does not act on batched decode: one candidate per -tb
+                flags = [("-c", str(users * context)), ("-np", str(users)), ("-b", str(b)), ("-ub", str(ub)),
+                         ("-t", str(t)), ("-tb", str(tb)), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
+                if users > 1:
+                    flags.append(("-kvu", ""))
+                within = measured_ubatch(section, inventory, tb, ub)
+                c = Candidate(tuple(flags), pre.prefill_tok_s, dec.decode_tok_s, pre.prefill_s + dec.decode_s, memory,
+                              fits and (within or extrapolate),
+                              {"threads": t, "threads_batch": tb, "ubatch": ub, "batch": b, "measured_rows": within},
+                              "cpu (ggml kernels)")
+                cands.append(c)
+                if t == default_t and tb == default_t and ub == DEFAULT_UBATCH:
+                    default = c
+    notes = [f"CPU-only: every layer on the CPU (-ngl has nothing to place); KV cache {memory['cpu'] / GIB:.2f} GiB with "
+             f"the weights, compute buffers not counted",
+             "-fa on: the CPU step model prices flash attention only (hrm.cost.ggml_cpu), as llama.cpp's default -fa auto "
+             "runs it on the CPU backend; -ctk/-ctv other than f16 are not priced"]
+    past = sorted({c.knobs["ubatch"] for c in cands if not c.knobs["measured_rows"]})
+    if past and not extrapolate:
+        notes.append(f"-ub {', '.join(map(str, past))}: past the rows this profile's matmul curves were measured at; "
+                     "not picked (hrm.analysis.fit.measured_ubatch: the extrapolation measured wrong, docs/validation/fit.md)")
+    if default_t not in threads:
+        notes.append(f"llama.cpp's default -t {default_t} was not measured in this profile (threads {threads})")
+    return _result(cands, default, objective, users, context, gen, "cpu", _why_cpu(default_t), notes)
+
+
+def _why_cpu(default_t: int):
+    def why(best: Candidate, ranked: list[Candidate], default: Candidate | None) -> list[str]:
+        k = best.knobs
+        out = [f"-t {k['threads']}: decode {best.decode_tok_s:,.1f} tok/s; -tb {k['threads_batch']} -ub {k['ubatch']}: "
+               f"prefill {best.prefill_tok_s:,.1f} tok/s"]
+        if default is not None and default is not best:
+            out.append(f"vs llama.cpp's defaults (-t {default_t} -ub 512 -b 2048): decode "
+                       f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "
+                       f"{_pct(best.prefill_tok_s, default.prefill_tok_s)}; the request finishes "
+                       f"{_pct(default.total_s, best.total_s)} sooner")
+        elif default is best:
+            out.append("llama.cpp's defaults are already the best command this model predicts")
+        return out
+    return why
+
+
+def fit_summary(result: FitResult) -> dict:
+    """The numbers a table of fits shows."""
+    b, d = result.best, result.default
+    gain = (d.total_s / b.total_s - 1) if d is not None and b.total_s else math.nan
+    return {"args": b.args(), "decode_tok_s": b.decode_tok_s, "prefill_tok_s": b.prefill_tok_s,
+            "predicted_gain_over_defaults": gain}
+
+
+__all__ = ["Candidate", "FitResult", "fit_gpu", "fit_cpu", "kv_bytes", "fit_summary", "UBATCHES", "OBJECTIVES"]

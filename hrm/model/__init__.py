@@ -1,0 +1,9 @@
+"""The model being planned: what its weights are and how tokens use them.
+
+- :mod:`hrm.model.spec`: the model spec (docs/model.md §3.2) from a Hugging Face ``config.json``
+  or a catalog name;
+- :mod:`hrm.model.gguf`: a GGUF file's tensors and header facts, as llama.cpp will run them;
+- :mod:`hrm.model.quantized`: quantized weights' bytes and their dequantizing kernels;
+- :mod:`hrm.model.routing`: which experts a micro-batch touches;
+- :mod:`hrm.model.options`: modelling choices that are not physics, each with a source.
+"""
