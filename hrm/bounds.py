@@ -144,7 +144,7 @@ Flag = Annotated[bool, BeforeValidator(strict_bool)]
 MAX_NAME_CHARS = 255
 
 
-def name_problem(value, identifier: bool = False) -> str | None:
+def name_refusal(value, identifier: bool = False) -> str | None:
     """Why ``value`` is not a plain name (None if it is): one line of printable text, not
     blank, at most :data:`MAX_NAME_CHARS`; an ``identifier`` (a profile or engine name, which
     plans record and exports may put in file names) also has no folder separator and does
@@ -165,7 +165,7 @@ def name_problem(value, identifier: bool = False) -> str | None:
 
 def _checked_name(identifier: bool):
     def check(value):
-        problem = name_problem(value, identifier)
+        problem = name_refusal(value, identifier)
         if problem:
             raise ValueError(problem)
         return value

@@ -25,16 +25,16 @@ from .cost.throughput import end_to_end_time_s, throughput_tok_s
 from .units import GIB
 from .workload import Workload, check_context_window
 
-def schedule_problem(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
+def schedule_refusal(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
     """Why a placement is not allowed under ``schedule`` (None if it is)."""
     if schedule not in SCHEDULES:
         return f"unknown schedule '{schedule}' (one of {', '.join(SCHEDULES)})"
     return SCHEDULES[schedule].problem(policy_attn, policy_ffn)
 
 
-def engine_problem(engine: Engine, policy_attn: bool, policy_ffn: bool) -> str | None:
+def engine_refusal(engine: Engine, policy_attn: bool, policy_ffn: bool) -> str | None:
     """Why a placement is not one ``engine`` can run (its schedule's and its own policy space)."""
-    problem = schedule_problem(policy_attn, policy_ffn, engine.schedule)
+    problem = schedule_refusal(policy_attn, policy_ffn, engine.schedule)
     if problem:
         return problem if engine.name == "ideal" else f"engine {engine.name}: {problem}"
     tier = {True: "gpu", False: "cpu"}
@@ -145,7 +145,7 @@ class EstimateResult:
 def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[Policy, list[str]]:
     """``policy`` as ``engine`` runs it (r_w snapped to its static-weight granularity), with
     a note for each change; HRMError for a policy outside the engine's space."""
-    problem = engine_problem(engine, policy.attn_on_gpu, policy.ffn_on_gpu)
+    problem = engine_refusal(engine, policy.attn_on_gpu, policy.ffn_on_gpu)
     if problem:
         raise HRMError(problem)
     for key, value in engine.policy.fixed.items():

@@ -47,7 +47,7 @@ _ONE_LINE = r"^[^\x00-\x1f\x7f]+$"
 def _one_line(text):
     """One line of printable text, not blank, at most :data:`MAX_TEXT_CHARS` (Unicode's
     non-printable characters too: U+2028 line separator, U+202E bidi override, C1 controls);
-    hrm.bounds.name_problem's rule with room for a path."""
+    hrm.bounds.name_refusal's rule with room for a path."""
     if not isinstance(text, str):
         raise ValueError(f"expected text, got {bounds.kind_of(text)}")
     if not text.strip():
@@ -204,7 +204,7 @@ class Plan(_Frozen):
     """A plan (docs/model.md §6). Validated whole: known schema version and schedule, the policy's
     placement one the schedule runs, ``weight_pages`` = n, no GPU experts when the experts
     run on the CPU. What needs the model or the hardware (layers and experts of the model,
-    the realised ratio, a recomputed estimate) is :func:`plan_problem`, run by :func:`load_plan`."""
+    the realised ratio, a recomputed estimate) is :func:`plan_refusal`, run by :func:`load_plan`."""
 
     schema_version: str = SCHEMA_VERSION
     hardware: SpecRef
@@ -468,7 +468,7 @@ def resolve_plan_model(plan: Plan, name: str | None = None):
     return None
 
 
-def placement_problem(plan: Plan, model) -> Optional[str]:
+def placement_refusal(plan: Plan, model) -> Optional[str]:
     """Why the plan's placement does not fit ``model`` and its policy (None if it does):
     layers must be MoE layers of the model, experts below its expert count, the realised
     ratio the placement's count / slots and the policy's r_w in whole experts."""
@@ -504,7 +504,7 @@ def _snapped(model, plan: Plan, rw: float) -> float:
         return rw
 
 
-def estimate_problem(plan: Plan, hw, model, engine) -> Optional[str]:
+def estimate_refusal(plan: Plan, hw, model, engine) -> Optional[str]:
     """Why the plan's estimate is stale (None if a recomputation matches it within
     :data:`ESTIMATE_RTOL`): names the first field that differs."""
     from .estimate import estimate
@@ -529,7 +529,7 @@ def estimate_problem(plan: Plan, hw, model, engine) -> Optional[str]:
     return None
 
 
-def plan_problem(plan: Plan, hw=None, model=None) -> Optional[str]:
+def plan_refusal(plan: Plan, hw=None, model=None) -> Optional[str]:
     """What :func:`load_plan` checks beyond the schema: the engine is known and runs the
     plan's schedule; with the model (given, or resolved from the plan's name and hash) the
     placement fits it; with the hardware too, the estimate equals a recomputation. Checks
@@ -541,22 +541,22 @@ def plan_problem(plan: Plan, hw=None, model=None) -> Optional[str]:
     model = model if model is not None else resolve_plan_model(plan)
     if model is None:
         return None
-    problem = placement_problem(plan, model)
+    problem = placement_refusal(plan, model)
     if problem:
         return problem
     hw = hw if hw is not None else resolve_plan_hardware(plan)
     if hw is None:
         return None
-    return estimate_problem(plan, hw, model, engine)
+    return estimate_refusal(plan, hw, model, engine)
 
 
 def load_plan(path: str | Path, check: bool = True) -> Plan:
-    """Read, parse and validate a plan file whole (schema, then :func:`plan_problem` when
+    """Read, parse and validate a plan file whole (schema, then :func:`plan_refusal` when
     ``check``); one-line HRMError naming the file and the field otherwise."""
     text = read_input_text(path, "a plan JSON file")
     plan = parse_plan(text, str(path))
     if check:
-        problem = plan_problem(plan)
+        problem = plan_refusal(plan)
         if problem:
             raise HRMError(f"{path}: {problem}")
     return plan

@@ -9,7 +9,7 @@ from .bounds import Flag
 from .errors import HRMError
 
 
-def policy_problem(fields: dict) -> str | None:
+def policy_refusal(fields: dict) -> str | None:
     """The policy rules, in one place: N = mu x n; rc > 0 needs attn=gpu; rw > 0 needs
     ffn=gpu. ``fields`` (Policy field names) may be partial — ``hrm-search --fix`` pins part
     of a policy — and then only the rules whose fields are all given apply."""
@@ -34,7 +34,7 @@ class Policy(BaseModel):
     n = N/μ. ``weights_gpu_ratio`` r_w is the fraction of routed-expert weights kept on the
     GPU statically; ``kv_gpu_ratio`` r_c the fraction of the KV cache kept on the GPU.
     Ranges: :mod:`hrm.bounds`; rules (N = μ·n, r_c needs GPU attention, r_w GPU experts):
-    :func:`policy_problem`, checked on every construction."""
+    :func:`policy_refusal`, checked on every construction."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,7 +48,7 @@ class Policy(BaseModel):
 
     @model_validator(mode="after")
     def _rules(self):
-        problem = policy_problem(dict(self))
+        problem = policy_refusal(dict(self))
         if problem:
             raise ValueError(problem)
         return self
@@ -113,7 +113,7 @@ def parse_policy(text: str, what: str = "policy") -> Policy:
     batch_size, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
     if (batch_size is None) + (mu is None) + (n is None) > 1:
         raise HRMError(f"{what}: give two of N (batch size), mu (micro-batch size), n (micro-batches)")
-    problem = policy_problem(fields)
+    problem = policy_refusal(fields)
     if problem:
         raise HRMError(f"{what}: {problem}")
     if mu is None:

@@ -14,7 +14,7 @@ from hrm import bounds
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import check_input_file
 from hrm.errors import HRMError, InfeasibleError
-from hrm.plan import Plan, check_output_path, load_plan, plan_problem, resolve_plan_engine
+from hrm.plan import Plan, check_output_path, load_plan, plan_refusal, resolve_plan_engine
 
 from runtime.report import comparison_rows, render_comparison
 
@@ -161,7 +161,7 @@ def check_executable(plan: Plan, hw, spec) -> None:
     from hrm.model.options import ModelOptions
 
     check_supported(spec)
-    problem = plan_problem(plan, hw, spec)
+    problem = plan_refusal(plan, hw, spec)
     if problem:
         raise HRMError(f"plan: {problem}")
     whole = ModelOptions(gpu_memory_utilization=1.0, cpu_memory_utilization=1.0)  # the capacity, no headroom

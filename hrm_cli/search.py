@@ -13,7 +13,7 @@ from hrm.errors import HRMError
 from hrm import bounds
 from hrm.cost.memory import physical_limits
 from hrm.plan import check_output_path, save_plan
-from hrm.policy import parse_assignments, policy_problem
+from hrm.policy import parse_assignments, policy_refusal
 
 from solver.request import server_pick, with_server_pick
 from solver.search import OBJECTIVES, SearchResult, search
@@ -32,12 +32,12 @@ def fully_pinned(fixed: dict) -> bool:
 
 
 def parse_fix(items: list[str] | None) -> dict:
-    """``--fix`` pins: Policy fields, the policy rules of :func:`hrm.policy.policy_problem`
+    """``--fix`` pins: Policy fields, the policy rules of :func:`hrm.policy.policy_refusal`
     applied to what is given; N with n gives mu."""
     if items is not None and not " ".join(items).strip():
         raise HRMError("--fix: empty: give KEY=VALUE pins, e.g. --fix N=64 attn=cpu")
     fixed = parse_assignments(" ".join(items or []), what="--fix")
-    problem = policy_problem(fixed)
+    problem = policy_refusal(fixed)
     if problem:
         raise HRMError(f"--fix: {problem}")
     big, mu, n = (fixed.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))

@@ -36,7 +36,7 @@ import torch
 from hrm.errors import HRMError
 from hrm.model.spec import ModelSpec
 from hrm.plan import Placement
-from hrm.policy import Policy, policy_problem
+from hrm.policy import Policy, policy_refusal
 from hrm.workload import Workload
 
 from . import ops
@@ -59,7 +59,7 @@ class PlanExecutor:
                  placement: Optional[Placement] = None, device: str = "auto", track_memory: bool = True,
                  keep_logits: bool = True, lanes: str = "auto"):
         check_supported(spec)
-        problem = policy_problem(policy.model_dump())  # the one home of the rules (an unvalidated copy too)
+        problem = policy_refusal(policy.model_dump())  # the one home of the rules (an unvalidated copy too)
         if problem:
             raise HRMError(f"policy: {problem}")
         self.spec, self.policy, self.workload = spec, policy, workload

@@ -265,12 +265,12 @@ def test_engine_name(tmp_path, capsys, name):
 @pytest.mark.parametrize("name", ["l4", "2xa100-80g", "llama.cpp-nkvo", "l4@cpu×2", "l4@link32GBps",
                                   "measured-host-1", "NVIDIA A100-SXM4-80GB"])
 def test_plain_names_accepted(name):
-    assert bounds.name_problem(name, identifier=True) is None
+    assert bounds.name_refusal(name, identifier=True) is None
 
 
 def test_name_bound_is_the_named_constant():
-    assert bounds.name_problem("x" * bounds.MAX_NAME_CHARS) is None
-    assert "at most" in bounds.name_problem("x" * (bounds.MAX_NAME_CHARS + 1))
+    assert bounds.name_refusal("x" * bounds.MAX_NAME_CHARS) is None
+    assert "at most" in bounds.name_refusal("x" * (bounds.MAX_NAME_CHARS + 1))
 
 
 # --- engine leftovers ------------------------------------------------------------------

@@ -267,7 +267,7 @@ def test_refusals_are_one_line_hrm_errors():
         build_weights(load_model("mixtral-8x22b"))
     spec = fp32("tiny-mixtral")
     weights, _, _ = model_and_reference(spec)
-    # the Policy model refuses this (hrm.policy.policy_problem); the executor's own check is
+    # the Policy model refuses this (hrm.policy.policy_refusal); the executor's own check is
     # reached only by an unvalidated copy
     bad = Policy.model_construct(batch_size=4, micro_batch_size=2, num_micro_batches=2, attn_on_gpu=False,
                                  ffn_on_gpu=True, weights_gpu_ratio=0.0, kv_gpu_ratio=0.5)

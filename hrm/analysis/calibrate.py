@@ -463,7 +463,7 @@ def predict_run(hw: HardwareProfile, model: ModelSpec, run: Run, limits: MemoryL
 # --- the fit --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class FitProblem:
+class CalibrationFit:
     """What a fit needs: the base profile, model, runs, their limits, the candidate fields
     with their start values, ranges and parameter bounds."""
 
@@ -545,31 +545,31 @@ def runs_limits(hw: HardwareProfile, runs: Runs) -> tuple[Optional[MemoryLimits]
     return tuple(out)
 
 
-def make_problem(hw: HardwareProfile, model: ModelSpec, runs: Runs, fields=None) -> FitProblem:
+def make_fit(hw: HardwareProfile, model: ModelSpec, runs: Runs, fields=None) -> CalibrationFit:
     names = check_fields(hw, fields)
     ranges = [FIELDS[n].range_of(hw) for n in names]
-    return FitProblem(hw=hw, model=model, runs=runs.runs, limits=runs_limits(hw, runs), fields=names,
+    return CalibrationFit(hw=hw, model=model, runs=runs.runs, limits=runs_limits(hw, runs), fields=names,
                       start=np.array([effective_value(hw, n) for n in names]),
                       lo=np.array([r[0] for r in ranges]), hi=np.array([r[1] for r in ranges]))
 
 
-def predictions(problem: FitProblem, values: dict[str, float], runs: tuple[int, ...]) -> list[np.ndarray]:
+def predictions(problem: CalibrationFit, values: dict[str, float], runs: tuple[int, ...]) -> list[np.ndarray]:
     """Each of ``runs``' predictions on the base profile with ``values`` set."""
     hw = with_values(problem.hw, values) if values else problem.hw
     return [predict_run(hw, problem.model, problem.runs[i], problem.limits[i]) for i in runs]
 
 
-def measured_of(problem: FitProblem, runs: tuple[int, ...]) -> np.ndarray:
+def measured_of(problem: CalibrationFit, runs: tuple[int, ...]) -> np.ndarray:
     return np.concatenate([[m.value for m in problem.runs[i].measured] for i in runs])
 
 
-def residuals(problem: FitProblem, theta: np.ndarray, which: tuple[int, ...], runs: tuple[int, ...]) -> np.ndarray:
+def residuals(problem: CalibrationFit, theta: np.ndarray, which: tuple[int, ...], runs: tuple[int, ...]) -> np.ndarray:
     """ln(predicted / measured) of every measurement of ``runs``."""
     predicted = np.concatenate(predictions(problem, problem.to_values(theta, which), runs))
     return np.log(predicted / measured_of(problem, runs))
 
 
-def identification_jacobian(problem: FitProblem) -> np.ndarray:
+def identification_jacobian(problem: CalibrationFit) -> np.ndarray:
     """d ln(prediction) / d parameter at the start, one row per measurement of every run, one
     column per field: one-sided differences of :data:`IDENTIFY_STEP` each way the range
     allows, the larger in magnitude (a kink of max() within the step still shows)."""
@@ -592,7 +592,7 @@ def identification_jacobian(problem: FitProblem) -> np.ndarray:
     return np.column_stack(columns)
 
 
-def measurement_rows(problem: FitProblem, runs: tuple[int, ...]) -> np.ndarray:
+def measurement_rows(problem: CalibrationFit, runs: tuple[int, ...]) -> np.ndarray:
     """Row indices (into the identification Jacobian) of the measurements of ``runs``."""
     starts = np.cumsum([0] + [len(r.measured) for r in problem.runs])
     return np.concatenate([np.arange(starts[i], starts[i + 1]) for i in runs]).astype(int)
@@ -632,7 +632,7 @@ def identify(jacobian: np.ndarray, candidates: tuple[int, ...]) -> tuple[tuple[i
     return kept, {**why, **collinear}
 
 
-def solve(problem: FitProblem, which: tuple[int, ...], runs: tuple[int, ...]) -> tuple[np.ndarray, int]:
+def solve(problem: CalibrationFit, which: tuple[int, ...], runs: tuple[int, ...]) -> tuple[np.ndarray, int]:
     """Bounded least squares (scipy trf) of the parameters ``which`` on ``runs``; returns the
     parameters and the evaluation count."""
     from scipy.optimize import least_squares
@@ -715,7 +715,7 @@ def _refuse_size(source: str, run_count: int, names: list[str]) -> HRMError:
                     f"({', '.join(names)}); add runs or choose fewer with --fields")
 
 
-def leave_one_out(problem: FitProblem, jacobian: np.ndarray, fitted: tuple[int, ...], left_out: int) -> Optional[np.ndarray]:
+def leave_one_out(problem: CalibrationFit, jacobian: np.ndarray, fitted: tuple[int, ...], left_out: int) -> Optional[np.ndarray]:
     """Predictions of run ``left_out`` by a fit of the other runs (the same fields, less those
     the others cannot identify, from the same start); None where they cannot fit one."""
     others = tuple(i for i in range(len(problem.runs)) if i != left_out)
@@ -730,7 +730,7 @@ def leave_one_out(problem: FitProblem, jacobian: np.ndarray, fitted: tuple[int, 
     return predictions(problem, problem.to_values(theta, which), (left_out,))[0]
 
 
-def base_predictions(problem: FitProblem, source: str, index: int) -> np.ndarray:
+def base_predictions(problem: CalibrationFit, source: str, index: int) -> np.ndarray:
     """Run ``index``'s predictions on the base profile; HRMError naming the file and the run
     when the model cannot predict it (a policy outside the engine's space, a context beyond
     the model's window) or predicts no positive value (a decode throughput with gen_len 1)."""
@@ -751,7 +751,7 @@ def fit(hw: HardwareProfile, model: ModelSpec, runs: Runs, fields=None, with_loo
     them (:func:`identify`); HRMError (one line) when none is left or the runs are fewer than
     the fields left. ``with_loo``: also refit without each run in turn and predict it (one more
     fit per run)."""
-    problem = make_problem(hw, model, runs, fields)
+    problem = make_fit(hw, model, runs, fields)
     all_runs = tuple(range(len(problem.runs)))
     before = [base_predictions(problem, runs.path, i) for i in all_runs]
     jacobian = identification_jacobian(problem)
@@ -776,7 +776,7 @@ def fit(hw: HardwareProfile, model: ModelSpec, runs: Runs, fields=None, with_loo
                        measurements=measurement_fits(problem, before, after, loo), evaluations=evaluations)
 
 
-def field_fits(problem: FitProblem, values: dict[str, float], ended: dict[str, int],
+def field_fits(problem: CalibrationFit, values: dict[str, float], ended: dict[str, int],
                why: dict[int, str]) -> tuple[FieldFit, ...]:
     """Every candidate field: start, range, fitted value (or why it was left), and whether it
     ended on a bound that is not a physical zero (a dispatch α of 0 is the plain roofline)."""
@@ -793,7 +793,7 @@ def field_fits(problem: FitProblem, values: dict[str, float], ended: dict[str, i
     return tuple(out)
 
 
-def measurement_fits(problem: FitProblem, before, after, loo) -> tuple[MeasurementFit, ...]:
+def measurement_fits(problem: CalibrationFit, before, after, loo) -> tuple[MeasurementFit, ...]:
     return tuple(MeasurementFit(run=run.label, quantity=m.quantity, measured=m.value, before=float(before[i][q]),
                                 after=float(after[i][q]), loo=None if loo[i] is None else float(loo[i][q]))
                  for i, run in enumerate(problem.runs) for q, m in enumerate(run.measured))

@@ -237,7 +237,7 @@ class PolicySpace(_Frozen):
         for tier, name in self.attention_engines.items():
             if tier in self.attention:
                 raise ValueError(f"policy.attention_engines: {tier} is a tier this engine runs itself")
-            if bounds.name_problem(name, identifier=True) or not (ENGINES_DIR / f"{name}.yaml").is_file():
+            if bounds.name_refusal(name, identifier=True) or not (ENGINES_DIR / f"{name}.yaml").is_file():
                 raise ValueError(f"policy.attention_engines.{tier}: {name!r} is no shipped engine")
         return self
 
@@ -362,8 +362,8 @@ class Engine(_Frozen):
         if self.launches is not None and len(self.policy.attention) != 1:
             # the counts are of one attention path (GPU kernels vs CPU ops differ between them)
             raise ValueError("launches: counts are per attention path; give policy.attention one tier")
-        problem = (unmodelled_field(self) or unrunnable_tier(self) or buffer_problem(self)
-                   or flag_problem(self))
+        problem = (unmodelled_field(self) or unrunnable_tier(self) or buffer_refusal(self)
+                   or flag_refusal(self))
         if problem:
             raise ValueError(f"{problem} (schedule {self.schedule})")
         return self
@@ -435,7 +435,7 @@ def unrunnable_tier(engine: "Engine") -> str | None:
     return None
 
 
-def buffer_problem(engine: "Engine") -> str | None:
+def buffer_refusal(engine: "Engine") -> str | None:
     """A schedule that overlaps (prefetches the next layer's weights while this one runs)
     copies streamed experts into the GPU weight buffer: an engine that streams them there
     needs one (``memory.gpu_weight_buffer_layers`` > 0). The serial schedule may read them
@@ -448,7 +448,7 @@ def buffer_problem(engine: "Engine") -> str | None:
     return None
 
 
-def flag_problem(engine: "Engine") -> str | None:
+def flag_refusal(engine: "Engine") -> str | None:
     """A flag effect naming a field no engine has (the effects are applied by
     :func:`flag_engine`, which validates the result)."""
     known = set(ideal_field_values()) | {"schedule"}
@@ -592,7 +592,7 @@ def engine_path(text: str) -> Path:
     path_like = "/" in text or os.sep in text or path.suffix.lower() in (".yaml", ".yml")
     if path_like or path.is_file():
         return path
-    problem = bounds.name_problem(text, identifier=True)
+    problem = bounds.name_refusal(text, identifier=True)
     shipped = ENGINES_DIR / f"{text}.yaml"
     if problem is None and shipped.is_file():
         return shipped

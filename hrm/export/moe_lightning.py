@@ -195,7 +195,7 @@ _SERVED_FAMILIES = ("mixtral", "dbrx")
 _OTHER_FAMILIES = ("llama", "deepseek", "qwen", "olmoe", "opt-", "gpt", "phi", "gemma", "falcon", "mistral-7b")
 
 
-def _model_path_problem(path: str, model) -> Optional[str]:
+def _model_path_refusal(path: str, model) -> Optional[str]:
     """Why ``--model-path`` names another model than ``model`` (None: the same, or unknown)."""
     text, ours = path.lower(), str(model.name).lower()
     family = next((f for f in _SERVED_FAMILIES if f in text), None)
@@ -227,7 +227,7 @@ def _server_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     if "--model-path" not in values:
         return ["moe-lightning: no server command (--model-path): assumed the server the export prints, "
                 f"--avg-prompt-len {ctx.workload.prompt_len} --gen-len {ctx.workload.gen_len}"]
-    problem = _model_path_problem(values["--model-path"][0], ctx.model)
+    problem = _model_path_refusal(values["--model-path"][0], ctx.model)
     if problem:
         raise HRMError(f"moe-lightning: {problem}")
     for flag in ("--avg-prompt-len", "--gen-len"):

@@ -27,7 +27,7 @@ def policy_space(target: EngineFlags) -> PolicySpace:
 
 def _pinned_values(space: PolicySpace) -> dict:
     """The policy fields ``space`` allows one value of, less those a policy rule already
-    implies (:func:`hrm.policy.policy_problem`: attn=cpu gives rc=0, ffn=cpu gives rw=0)."""
+    implies (:func:`hrm.policy.policy_refusal`: attn=cpu gives rc=0, ffn=cpu gives rw=0)."""
     values: dict = dict(space.fixed)
     for field, tiers, ratio in (("attn_on_gpu", space.attention, "kv_gpu_ratio"),
                                 ("ffn_on_gpu", space.ffn, "weights_gpu_ratio")):

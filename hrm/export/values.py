@@ -7,7 +7,7 @@ import math
 
 from .. import bounds
 from ..errors import HRMError
-from ..policy import Policy, policy_problem
+from ..policy import Policy, policy_refusal
 from .target import Context
 
 #: percent of a share; GiB of offloaded weights (per GPU)
@@ -30,7 +30,7 @@ def shown_word(word: str) -> str:
 
 def make_policy(**fields) -> Policy | None:
     """A Policy, or None when the fields break a policy rule (a candidate to drop)."""
-    if policy_problem(fields):
+    if policy_refusal(fields):
         return None
     try:
         return Policy(**fields)

@@ -101,7 +101,7 @@ Curve = Annotated[list[CurvePoint], AfterValidator(_curve_points)]
 DtypeCurves = dict[Literal["fp32", "fp16", "bf16", "int8"], Curve]
 
 
-def curves_problem(curves: dict[str, list[CurvePoint]], peaks: "Flops", where: str) -> str | None:
+def curves_refusal(curves: dict[str, list[CurvePoint]], peaks: "Flops", where: str) -> str | None:
     """Why matmul ``curves`` cannot refine ``peaks`` (None if they can): a curve of a dtype the
     profile has no peak for would be silently unused; a point above its dtype's peak (beyond
     :data:`hrm.bounds.CURVE_PEAK_TOLERANCE`) is a curve of another dtype or unit."""
@@ -310,7 +310,7 @@ class Emulation(_Strict):
 
     @model_validator(mode="after")
     def _curves_below_peaks(self):
-        problem = curves_problem(self.matmul_tflops_vs_m, self.tflops, "matmul_tflops_vs_m")
+        problem = curves_refusal(self.matmul_tflops_vs_m, self.tflops, "matmul_tflops_vs_m")
         if problem:
             raise ValueError(problem)
         return self
@@ -400,7 +400,7 @@ class HardwareProfile(_Strict):
     def _gpu_needs_link(self):
         if self.gpu is not None and self.link is None:
             raise ValueError("a profile with a gpu section needs a link section (h2d_gbps, d2h_gbps)")
-        problem = link_problem(self.link, self.gpu) or efficiency_problem(self)
+        problem = link_refusal(self.link, self.gpu) or efficiency_refusal(self)
         if problem:
             raise ValueError(problem)
         return self
@@ -440,7 +440,7 @@ class HardwareProfile(_Strict):
         return hashlib.sha256(blob).hexdigest()
 
 
-def link_problem(link: Optional[Link], gpu: Optional[GPU]) -> str | None:
+def link_refusal(link: Optional[Link], gpu: Optional[GPU]) -> str | None:
     """A copy over the CPU<->GPU link writes (or reads) the GPU's memory, so no link rate
     can exceed the GPU's memory bandwidth: one that does is a unit slip."""
     if link is None or gpu is None:
@@ -453,17 +453,17 @@ def link_problem(link: Optional[Link], gpu: Optional[GPU]) -> str | None:
     return None
 
 
-def efficiency_problem(profile: "HardwareProfile") -> str | None:
-    """The efficiency curves against the peaks they refine (:func:`curves_problem`); GPU
+def efficiency_refusal(profile: "HardwareProfile") -> str | None:
+    """The efficiency curves against the peaks they refine (:func:`curves_refusal`); GPU
     curves need a gpu section (a CPU-only profile never reads them)."""
     eff = profile.efficiency
     if eff is None:
         return None
     if eff.gpu_matmul_tflops_vs_m and profile.gpu is None:
         return "efficiency.gpu_matmul_tflops_vs_m: a profile without a gpu section never uses GPU curves"
-    gpu = (curves_problem(eff.gpu_matmul_tflops_vs_m, profile.gpu.tflops, "efficiency.gpu_matmul_tflops_vs_m")
+    gpu = (curves_refusal(eff.gpu_matmul_tflops_vs_m, profile.gpu.tflops, "efficiency.gpu_matmul_tflops_vs_m")
            if profile.gpu is not None else None)
-    return gpu or curves_problem(eff.cpu_matmul_tflops_vs_m, profile.cpu.tflops, "efficiency.cpu_matmul_tflops_vs_m")
+    return gpu or curves_refusal(eff.cpu_matmul_tflops_vs_m, profile.cpu.tflops, "efficiency.cpu_matmul_tflops_vs_m")
 
 
 #: optional achieved-rate fields (hashed only when set, so older profiles keep their hash)

@@ -11,7 +11,7 @@ import time
 from hrm.cost import costs
 from hrm.engines.engine import Engine
 from hrm.errors import HRMError, InfeasibleError
-from hrm.estimate import engine_problem, estimate_problem
+from hrm.estimate import engine_refusal, estimate_problem
 from hrm.cost.memory import disk_spill_allowed
 from hrm.placement import make_placement
 from hrm.policy import Policy
@@ -53,7 +53,7 @@ def pinned_placements(engine: Engine, fixed: dict) -> tuple[dict, list[tuple[boo
         fixed.setdefault("attn_on_gpu", True)
     placements = allowed_placements(engine, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
     if not placements:
-        raise HRMError(engine_problem(engine, fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True))
+        raise HRMError(engine_refusal(engine, fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True))
                        or "no placement is allowed by --fix and the engine")
     return fixed, placements
 

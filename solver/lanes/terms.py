@@ -19,7 +19,7 @@ import numpy as np
 
 from hrm.cost import latency
 from hrm.engines.engine import Engine, as_engine
-from hrm.estimate import engine_problem, static_expert_step
+from hrm.estimate import engine_refusal, static_expert_step
 from hrm.cost.memory import (MemoryLimits, cpu_memory_form, disk_spill_allowed, gpu_memory_form, host_floor_form,
                         spillable_weights_form)
 from hrm.model.spec import ModelSpec
@@ -45,7 +45,7 @@ def allowed_placements(engine: Engine, attn=None, ffn=None) -> list[tuple[bool, 
     """The (A_g, F_g) the engine runs, optionally pinned."""
     engine = as_engine(engine)
     return [(a, f) for a in (False, True) for f in (True, False)
-            if (attn is None or a == attn) and (ffn is None or f == ffn) and engine_problem(engine, a, f) is None]
+            if (attn is None or a == attn) and (ffn is None or f == ffn) and engine_refusal(engine, a, f) is None]
 
 
 def enumerate_modes(engine: Engine, mu_values, attn=None, ffn=None) -> list[Mode]:
