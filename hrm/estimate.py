@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .engines.engine import Engine, resolve_engine
-from .errors import HRMError
+from .engines.space import engine_for_policy, realised_policy
 from .machine.hardware import HardwareProfile
 from .cost.memory import MemoryLimits, fits
 from .model.spec import ModelSpec
@@ -20,59 +20,9 @@ from .pipelines import MemoryUse, pipeline_of
 from .policy import Policy
 from .problem import Problem, make_problem
 from .machine.rates import Rates
-from .engines.schedules import SCHEDULES
 from .cost.throughput import end_to_end_time_s, throughput_tok_s
 from .units import GIB
 from .workload import Workload, check_context_window
-
-def schedule_refusal(policy_attn: bool, policy_ffn: bool, schedule: str) -> str | None:
-    """Why a placement is not allowed under ``schedule`` (None if it is)."""
-    if schedule not in SCHEDULES:
-        return f"unknown schedule '{schedule}' (one of {', '.join(SCHEDULES)})"
-    return SCHEDULES[schedule].problem(policy_attn, policy_ffn)
-
-
-def engine_refusal(engine: Engine, policy_attn: bool, policy_ffn: bool) -> str | None:
-    """Why a placement is not one ``engine`` can run (its schedule's and its own policy space)."""
-    problem = schedule_refusal(policy_attn, policy_ffn, engine.schedule)
-    if problem:
-        return problem if engine.name == "ideal" else f"engine {engine.name}: {problem}"
-    tier = {True: "gpu", False: "cpu"}
-    if tier[policy_attn] not in engine.policy.attention:
-        return f"engine {engine.name} runs attention on the {'/'.join(engine.policy.attention).upper()} (attn=...)"
-    if tier[policy_ffn] not in engine.policy.ffn:
-        return f"engine {engine.name} runs the experts on the {'/'.join(engine.policy.ffn).upper()} (ffn=...)"
-    return None
-
-
-#: expert matrices per step of r_w (m = r_w·L·E) for each ``static_experts`` granularity
-STATIC_EXPERT_STEP = {
-    "continuous": lambda model: 1,
-    "whole-experts-per-layer": lambda model: model.num_moe_layers,  # the same whole count per layer
-    "whole-layers": lambda model: model.num_experts,  # all of a layer's experts, or none
-}
-
-
-def static_expert_step(model: ModelSpec, engine: Engine) -> int:
-    """Granularity of r_w in expert matrices over all MoE layers (r_w = m / (L·E))."""
-    return STATIC_EXPERT_STEP[engine.static_experts](model)
-
-
-def snap_weights_ratio(model: ModelSpec, engine: Engine, ratio: float) -> float:
-    """r_w as the engine realises it: the largest multiple of its granularity at or below
-    r_w (``whole-experts-per-layer``: int(E·r_w) experts of every layer, MoE-Lightning's
-    ``num_experts_gpu = int(num_local_experts * wg)``; ``whole-layers``: int(L·r_w) layers)."""
-    if engine.static_experts == "continuous" or model.num_experts <= 1:
-        return ratio
-    units = model.num_moe_layers * model.num_experts // static_expert_step(model, engine)
-    return int(units * ratio + 1e-9) / units
-
-
-def static_experts_in_words(model: ModelSpec, engine: Engine, ratio: float) -> str:
-    """What a snapped r_w keeps on the GPU under the engine's granularity, in words."""
-    if engine.static_experts == "whole-layers":
-        return f"the experts of {round(ratio * model.num_moe_layers)} of {model.num_moe_layers} MoE layers"
-    return f"int({model.num_experts}*rw) = {round(ratio * model.num_experts)} experts of every layer"
 
 
 @dataclass(frozen=True)
@@ -142,27 +92,6 @@ class EstimateResult:
         }
 
 
-def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[Policy, list[str]]:
-    """``policy`` as ``engine`` runs it (r_w snapped to its static-weight granularity), with
-    a note for each change; HRMError for a policy outside the engine's space."""
-    problem = engine_refusal(engine, policy.attn_on_gpu, policy.ffn_on_gpu)
-    if problem:
-        raise HRMError(problem)
-    for key, value in engine.policy.fixed.items():
-        if abs(float(getattr(policy, key)) - value) > 1e-9:
-            raise HRMError(f"engine {engine.name} runs {key}={value:g} (policy has {getattr(policy, key):g})")
-    limit = engine.policy.max_batch_size
-    if limit is not None and policy.batch_size > limit:
-        raise HRMError(f"engine {engine.name} runs at most {limit} sequences at once (policy has N={policy.batch_size})")
-    notes = []
-    snapped = snap_weights_ratio(model, engine, policy.weights_gpu_ratio)
-    if snapped != policy.weights_gpu_ratio:
-        notes.append(f"rw={policy.weights_gpu_ratio:.4g} snapped to {snapped:.4g}: engine {engine.name} keeps "
-                     f"{static_experts_in_words(model, engine, snapped)} on the GPU")
-        policy = policy.model_copy(update={"weights_gpu_ratio": snapped})
-    return policy, notes
-
-
 def estimate(
     hw: HardwareProfile,
     model: ModelSpec,
@@ -182,17 +111,6 @@ def estimate(
     check_context_window(model, workload)
     engine = engine_for_policy(resolve_engine(engine, schedule, hw), policy)
     return estimate_problem(make_problem(hw, model, workload, engine, options, limits), policy)
-
-
-def engine_for_policy(engine: Engine, policy: Policy) -> Engine:
-    """The engine that runs ``policy``: ``engine``, or the one its ``policy.attention_engines``
-    names for the policy's attention tier (a shipped engine as shipped only: an edited one
-    keeps its own tiers, as its search does)."""
-    from .engines.engine import attention_engine, is_shipped
-
-    if not engine.policy.attention_engines or not is_shipped(engine):
-        return engine
-    return attention_engine(engine, policy.attn_on_gpu)
 
 
 def bottleneck_in_words(bottleneck: str, resource_layer_s: dict, lane_layer_s: dict) -> str:

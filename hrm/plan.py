@@ -496,7 +496,7 @@ def placement_refusal(plan: Plan, model) -> Optional[str]:
 
 
 def _snapped(model, plan: Plan, rw: float) -> float:
-    from .estimate import snap_weights_ratio
+    from .engines.space import snap_weights_ratio
 
     try:
         return snap_weights_ratio(model, resolve_plan_engine(plan), rw)

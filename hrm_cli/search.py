@@ -280,7 +280,7 @@ ALL_EXPERTS_MARGIN = 0.01
 
 def no_alternatives_reason(result: SearchResult, pinned_placement: bool = False) -> str:
     """Why a search shows no alternative (the best policy of every other placement)."""
-    from solver.lanes.terms import allowed_placements
+    from hrm.engines.space import allowed_placements
 
     engine = result.extras.get("engine")
     if engine is None:

@@ -13,8 +13,8 @@ import time
 from typing import Callable
 
 from hrm.engines.engine import Engine, attention_engine, is_shipped, resolve_engine
+from hrm.engines.space import engine_fixed, engine_max_batch, weights_levels
 from hrm.errors import HRMError, InfeasibleError
-from hrm.estimate import snap_weights_ratio, static_experts_in_words
 from hrm.machine.hardware import HardwareProfile
 from hrm.cost.memory import MemoryLimits
 from hrm.model.spec import ModelSpec
@@ -24,12 +24,12 @@ from hrm.engines.schedules import get_schedule
 from hrm.workload import Workload, check_context_window
 
 from .expert_level import search_klotski
-from .lanes.search import SOLVER_NAME, choice_to_policy, pinned_placements, search_lanes
+from .lanes.search import SOLVER_NAME, choice_to_policy, search_lanes
 from .request import CREATED_BY, Candidate, SearchRequest, SearchResult, describe_limits, make_plan
 from .lanes.terms import DEFAULT_MAX_BATCH, LatencyLimits
 
 __all__ = ["OBJECTIVES", "SEARCHES", "CREATED_BY", "SOLVER_NAME", "Candidate", "SearchRequest", "SearchResult",
-           "choice_to_policy", "describe_limits", "engine_fixed", "make_plan", "search"]
+           "choice_to_policy", "describe_limits", "make_plan", "search"]
 
 #: what the search maximises: end-to-end generation throughput, decode throughput, or — at a
 #: pinned batch N — the inverse of the per-token latency (max decode throughput at fixed N is
@@ -41,40 +41,6 @@ SEARCHES: dict[str, Callable[[SearchRequest], SearchResult]] = {
     "lanes": search_lanes,
     "expert-level": search_klotski,
 }
-
-
-def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, list[str]]:
-    """The user's pins merged with what the engine fixes (a contradiction is refused), and
-    r_w snapped to the engine's granularity (with a note saying so)."""
-    fixed = dict(fixed)
-    pinned_placements(engine, fixed)  # every pipeline refuses a tier pin its engine cannot run (Klotski's too)
-    for key, value in engine.policy.fixed.items():
-        value = int(value) if key == "num_micro_batches" else float(value)
-        if key in fixed and abs(float(fixed[key]) - value) > 1e-9:
-            raise HRMError(f"--fix {key}={fixed[key]:g}: engine {engine.name} runs {key}={value:g}")
-        fixed[key] = value
-    notes = []
-    if "weights_gpu_ratio" in fixed:
-        snapped = snap_weights_ratio(model, engine, fixed["weights_gpu_ratio"])
-        if snapped != fixed["weights_gpu_ratio"]:
-            notes.append(f"--fix rw={fixed['weights_gpu_ratio']:g} snapped to {snapped:.4g}: engine {engine.name} "
-                         f"keeps {static_experts_in_words(model, engine, snapped)} on the GPU")
-            fixed["weights_gpu_ratio"] = snapped
-    return fixed, notes
-
-
-def engine_max_batch(engine: Engine, max_batch: int, fixed: dict, notes: list) -> tuple[int, list]:
-    """The batch cap within the engine's own limit (``policy.max_batch_size``); a pinned N
-    above the cap asked for, or above the engine's limit, is refused (a conflict of inputs,
-    not a memory limit)."""
-    if fixed.get("batch_size", 0) > max_batch:
-        raise HRMError(f"--fix N={fixed['batch_size']}: above --max-batch {max_batch}; raise --max-batch")
-    limit = engine.policy.max_batch_size
-    if limit is None or max_batch <= limit:
-        return max_batch, notes
-    if fixed.get("batch_size", 0) > limit:
-        raise HRMError(f"--fix N={fixed['batch_size']}: engine {engine.name} runs at most {limit} sequences at once")
-    return limit, [*notes, f"N <= {limit}: engine {engine.name}'s own limit on sequences at once"]
 
 
 def check_objective(objective: str, gen_len: int, fixed: dict, latency_limits: LatencyLimits, max_batch: int) -> str:
@@ -182,22 +148,6 @@ def search_engine(
     if levels is None:
         return run(base)
     return best_of_levels(run, base, levels)
-
-
-def weights_levels(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[float, ...] | None:
-    """The r_w an engine with a placement rule (``policy.weights_levels``) can realise, or
-    None (no rule, or r_w pinned: then it must be one of them)."""
-    from hrm.engines.flexgen import WEIGHT_LEVELS
-
-    if engine.policy.weights_levels is None:
-        return None
-    levels = tuple(WEIGHT_LEVELS[engine.policy.weights_levels](model))
-    if "weights_gpu_ratio" in fixed:
-        if not any(abs(fixed["weights_gpu_ratio"] - level) < 1e-9 for level in levels):
-            raise HRMError(f"--fix rw={fixed['weights_gpu_ratio']:g}: engine {engine.name} places weights only at "
-                           f"rw one of {' '.join(f'{v:.4g}' for v in levels)} ({engine.policy.weights_levels})")
-        return None
-    return levels
 
 
 def objective_score(estimate, objective: str) -> float:

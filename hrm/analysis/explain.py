@@ -96,7 +96,7 @@ class Explanation:
 
 def explain(hw, model, workload, policy, engine: Engine, options, limits) -> Explanation:
     """Each active mechanism's cost for ``policy`` under ``engine`` (see the module doc)."""
-    from ..estimate import engine_for_policy
+    from ..engines.space import engine_for_policy
 
     engine = engine_for_policy(engine, policy)  # FlexGen's CPU attention: flexgen-cpu-attn's mechanisms
     base = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)

@@ -92,6 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .. import bounds
 from ..errors import HRMError, read_yaml_mapping, validated
 from ..machine.launches import Launches
+from .rules import CHOOSERS, KV_LEVELS, WEIGHT_LEVELS
 from .schedules import PIPELINE_FIELDS, SCHEDULES
 
 ENGINES_DIR = Path(__file__).resolve().parents[1] / "data" / "engines"
@@ -193,7 +194,7 @@ class PolicySpace(_Frozen):
     policy but picks its own at launch with this optimizer (a name in
     :data:`hrm.engines.rules.CHOOSERS`); None: it runs the policy it is given.
     ``weights_levels``: the engine places weights only at some r_w (a placement rule in
-    :data:`hrm.engines.flexgen.WEIGHT_LEVELS`: FlexGen's whole-tensor midpoint rule); the search
+    :data:`hrm.engines.rules.WEIGHT_LEVELS`: FlexGen's whole-tensor midpoint rule); the search
     considers those alone. None: any r_w its ``static_experts`` granularity allows."""
 
     attention: tuple[Literal["cpu", "gpu"], ...] = ("cpu", "gpu")
@@ -208,15 +209,12 @@ class PolicySpace(_Frozen):
     #: the engine searches those tiers with that engine as well and keeps the best
     attention_engines: dict[Literal["cpu", "gpu"], str] = Field(default_factory=dict)
     #: the engine splits a micro-batch's KV cache only at some r_c (a rule in
-    #: :data:`hrm.engines.flexgen.KV_LEVELS`: FlexGen's whole rows); the search keeps the largest of
+    #: :data:`hrm.engines.rules.KV_LEVELS`: FlexGen's whole rows); the search keeps the largest of
     #: them that fits. None: any r_c
     kv_gpu_shares: Optional[str] = None
 
     @model_validator(mode="after")
     def _known(self):
-        from .rules import CHOOSERS  # the registry of engines' own optimizers
-        from .flexgen import KV_LEVELS, WEIGHT_LEVELS  # the registries of placement rules
-
         if self.chosen_by is not None and self.chosen_by not in CHOOSERS:
             raise ValueError(f"policy.chosen_by: unknown '{self.chosen_by}' (one of {', '.join(CHOOSERS)})")
         if self.weights_levels is not None and self.weights_levels not in WEIGHT_LEVELS:

@@ -200,11 +200,6 @@ def realisable_shares(model: ModelSpec, reads: Reads = "layers") -> tuple[float,
     return tuple(sorted({lv.share(reads) for lv in realised_levels(model)}))
 
 
-#: placement rules an engine's ``policy.weights_levels`` names: the r_w the engine can realise
-#: for a model, as a share of what its ``offloaded_weights`` offloads (FlexGen: every layer)
-WEIGHT_LEVELS = {"flexgen-midpoint": lambda model: realisable_shares(model, "layers")}
-
-
 def percent_for_share(model: ModelSpec, share: float, reads: Reads = "layers") -> Optional[int]:
     """The smallest ``--percent`` wg whose realised GPU share (of the experts or of all layer
     bytes) is ``share``; None when FlexGen cannot realise it (:func:`nearest_levels`)."""
@@ -278,11 +273,6 @@ def realisable_cache_shares(model: ModelSpec, micro_batch: int) -> tuple[float, 
     realises: int(rows·cg/100) rounded down to a multiple of the query heads, every cg of
     0..100 (:func:`cache_gpu_share`), increasing."""
     return tuple(sorted({cache_gpu_share(model, int(micro_batch), cg) for cg in range(101)}))
-
-
-#: KV split rules an engine's ``policy.kv_gpu_shares`` names: the r_c the engine can realise for
-#: a model at a micro-batch size (FlexGen: whole rows, a multiple of the query heads)
-KV_LEVELS = {"flexgen-rows": realisable_cache_shares}
 
 
 def padded_workload(workload):

@@ -216,9 +216,10 @@ def recognised_hardware(gpu_name: str, available_cpu_gib: float, cpu_mem_bdw_gib
     return FALLBACK_HARDWARE
 
 
-def _scaled(hw: ServerHardware) -> dict[str, float]:
-    """The constants in SI as the optimizer uses them: GPU memory, bandwidth and FLOP/s times
-    tp (backend/utils.py:102,105,107); the link and the CPU as they are."""
+def optimizer_constants(hw: ServerHardware) -> dict[str, float]:
+    """The server's hardware constants in SI as its optimizer uses them (the ``hw`` of
+    :func:`largest_feasible_count`, :func:`best_candidates`): GPU memory, bandwidth and FLOP/s
+    times tp (backend/utils.py:102,105,107); the link and the CPU as they are."""
     tp = hw.tp_size
     return {"gpu_bytes": hw.gpu_gib * GIB * tp, "cpu_bytes": hw.cpu_gib * GIB, "link": hw.link_gib_s * GIB,
             "gpu_bw": hw.gpu_bandwidth_gib_s * GIB * tp, "cpu_bw": hw.cpu_bandwidth_gib_s * GIB,
@@ -362,8 +363,12 @@ def best_candidates(m: ServerModel, hw: dict, s: int, n: int) -> list[Candidate]
     return [c for c in visited if _tied(c.throughput_tok_s, top)]
 
 
-def _resolved_flags(hw, workload, flags: ServerFlags) -> tuple[int, int, ServerHardware]:
-    """(s, n, the server's hardware constants) for a machine and the server's flags."""
+def optimizer_inputs(hw, workload, flags: ServerFlags) -> tuple[int, int, ServerHardware]:
+    """What the server's optimizer starts from on the machine ``hw`` launched with ``flags``:
+    (s, n, hardware): the prompt length s (``--avg-prompt-len``, else the workload's), the
+    generation length n (``--gen-len``, else the workload's) and the hardware constants it
+    builds from the GPU's name (:func:`recognised_hardware`). One-line HRMError where the
+    server would not start (n < 2, no GPU)."""
     s = flags.avg_prompt_len if flags.avg_prompt_len is not None else int(workload.prompt_len)
     n = flags.gen_len if flags.gen_len is not None else int(workload.gen_len)
     if n < 2:
@@ -382,9 +387,9 @@ def server_choice(hw, model, workload, flags: ServerFlags = ServerFlags(),
     overrides the constants it would build from the GPU's name). One-line HRMError when the
     server would not start or finds no policy."""
     m = server_model(model)
-    s, n, recognised = _resolved_flags(hw, workload, flags)
+    s, n, recognised = optimizer_inputs(hw, workload, flags)
     server_hw = hardware or recognised
-    tied = best_candidates(m, _scaled(server_hw), s, n)
+    tied = best_candidates(m, optimizer_constants(server_hw), s, n)
     if not tied:
         raise HRMError(f"moe-lightning: the server's optimizer finds no policy for {model.name} with "
                        f"--avg-prompt-len {s} --gen-len {n} on its reading of the GPU ({server_hw.label}); "

@@ -1,16 +1,20 @@
-"""Policy choosers: engines that pick their own policy at launch (an engine's
-``policy.chosen_by``, :class:`hrm.engines.engine.PolicySpace`).
+"""The registries of engine rules: code an engine YAML names by a rule name, because what the
+engine does there is a computation of its own, not a field value.
 
-Some servers take no policy: at launch they run an optimizer of their own and serve what it
-returns (the MoE-Lightning artifact: ``fastmoe/backend/execution_engine.py:476-495``). HRM's
-search finds the best policy in such an engine's space, but the engine will run its own
-pick; a chooser reproduces that pick so ``hrm-search`` can show both. A chooser is a
-function ``(hw, model, workload) -> (Policy, notes)`` that raises a one-line HRMError when
-the engine would pick nothing (no GPU, a model it cannot serve); :data:`CHOOSERS` is the
-registry by the name an engine YAML gives.
+- :data:`CHOOSERS` (an engine's ``policy.chosen_by``): engines that pick their own policy at
+  launch. Some servers take no policy: at launch they run an optimizer of their own and serve
+  what it returns (the MoE-Lightning artifact: ``fastmoe/backend/execution_engine.py:476-495``).
+  HRM's search finds the best policy in such an engine's space, but the engine will run its
+  own pick; a chooser reproduces that pick so ``hrm-search`` can show both. A chooser is a
+  function ``(hw, model, workload) -> (Policy, notes)`` that raises a one-line HRMError when
+  the engine would pick nothing (no GPU, a model it cannot serve);
+- :data:`WEIGHT_LEVELS` (``policy.weights_levels``): the r_w an engine's weight placement can
+  realise for a model (FlexGen's whole-tensor midpoint rule, :mod:`hrm.engines.flexgen`);
+- :data:`KV_LEVELS` (``policy.kv_gpu_shares``): the r_c an engine's KV split can realise for a
+  model at a micro-batch size (FlexGen's whole rows).
 
-This module is a leaf of the engine: :mod:`hrm.engines.engine` validates ``chosen_by`` against
-:data:`CHOOSERS`, so nothing here imports the engine, the estimate or the exporters.
+This module is a leaf of the engine: :mod:`hrm.engines.engine` validates those names against
+these registries, so nothing here imports the engine, the estimate or the exporters.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import HRMError
-from .moe_lightning import (ServerFlags, _resolved_flags, _scaled, largest_feasible_count, micro_batch_sizes,
-    server_choice, server_model)
 from ..policy import Policy
 from ..units import GIB
+from .flexgen import realisable_cache_shares, realisable_shares
+from .moe_lightning import (ServerFlags, largest_feasible_count, micro_batch_sizes, optimizer_constants,
+                            optimizer_inputs, server_choice, server_model)
 
 #: what a chooser returns: the policy the engine will run and notes on the pick
 ChooserPick = tuple[Policy, tuple[str, ...]]
@@ -65,8 +70,8 @@ def optimizer_candidates_bound(hw, model, workload, flags: ServerFlags, budget: 
     sizes it tries, the most micro-batches of each that fit (its count loop may stop earlier,
     backend/optimizer.py:256-293), counted until the sum passes ``budget``."""
     m = server_model(model)
-    s, n, server_hw = _resolved_flags(hw, workload, flags)
-    scaled = _scaled(server_hw)
+    s, n, server_hw = optimizer_inputs(hw, workload, flags)
+    scaled = optimizer_constants(server_hw)
     total = 0
     for g in micro_batch_sizes():
         most = largest_feasible_count(m, scaled, s, n, g)
@@ -95,4 +100,19 @@ CHOOSERS: dict[str, Chooser] = {
         choose=moe_lightning_optimizer_pick, program="python -m fastmoe.serve.launch_server",
         source="caoshiyi/artifacts@6bc86009 fastmoe/backend/execution_engine.py:476-495, "
                "backend/optimizer.py:256-293"),
+}
+
+
+#: placement rules an engine's ``policy.weights_levels`` names: ``(model) -> r_w levels``, the
+#: r_w the engine can realise for a model, as a share of what its ``offloaded_weights``
+#: offloads (FlexGen: every layer's bytes)
+WEIGHT_LEVELS: dict[str, Callable[..., tuple[float, ...]]] = {
+    "flexgen-midpoint": realisable_shares,
+}
+
+#: KV split rules an engine's ``policy.kv_gpu_shares`` names: ``(model, micro_batch) -> r_c
+#: levels``, the r_c the engine can realise for a model at a micro-batch size (FlexGen: whole
+#: rows, a multiple of the query heads)
+KV_LEVELS: dict[str, Callable[..., tuple[float, ...]]] = {
+    "flexgen-rows": realisable_cache_shares,
 }

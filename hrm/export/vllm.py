@@ -67,7 +67,7 @@ def _layer_expert_bytes_per_gpu(ctx: Context) -> float:
 
 def offloaded_layers(policy: Policy, ctx: Context) -> int:
     """MoE layers whose experts a policy offloads, as the engine realises r_w (whole layers,
-    ``int(L·r_w)`` on the GPU: hrm.estimate.snap_weights_ratio)."""
+    ``int(L·r_w)`` on the GPU: hrm.engines.space.snap_weights_ratio)."""
     layers = moe_layers(ctx)
     return layers - (int(layers * policy.weights_gpu_ratio + 1e-9) if policy.ffn_on_gpu else 0)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 
 from hrm.cost import costs
-from hrm.engines.engine import Engine
-from hrm.errors import HRMError, InfeasibleError
-from hrm.estimate import engine_refusal, estimate_problem
+from hrm.engines.space import pinned_placements
+from hrm.errors import InfeasibleError
+from hrm.estimate import estimate_problem
 from hrm.cost.memory import disk_spill_allowed
 from hrm.placement import make_placement
 from hrm.policy import Policy
@@ -20,8 +20,7 @@ from hrm.units import GIB
 
 from . import exact
 from ..request import Candidate, SearchRequest, SearchResult, describe_limits, make_plan
-from .terms import (Choice, LatencyLimits, Mode, Terms, allowed_placements, build_terms, snapped_expert_count,
-                    tier_bytes)
+from .terms import Choice, LatencyLimits, Mode, Terms, build_terms, snapped_expert_count, tier_bytes
 from .verify import verify_optimum
 
 SOLVER_NAME = "exact B&B"
@@ -40,22 +39,6 @@ def choice_to_policy(terms: Terms, choice: Choice) -> Policy:
         weights_gpu_ratio=choice.gpu_experts / terms.expert_slots,
         kv_gpu_ratio=min(1.0, choice.gpu_kv_sequences / batch_size) if mode.attn_on_gpu else 0.0,
     )
-
-
-def pinned_placements(engine: Engine, fixed: dict) -> tuple[dict, list[tuple[bool, bool]]]:
-    """The pins with the placement pinned static ratios imply (weights on the GPU need
-    experts on the GPU, a KV share on the GPU needs attention there), and the (A_g, F_g) the
-    engine runs under them; HRMError when there is none."""
-    fixed = dict(fixed)
-    if fixed.get("weights_gpu_ratio", 0) > 0:
-        fixed.setdefault("ffn_on_gpu", True)
-    if fixed.get("kv_gpu_ratio", 0) > 0:
-        fixed.setdefault("attn_on_gpu", True)
-    placements = allowed_placements(engine, fixed.get("attn_on_gpu"), fixed.get("ffn_on_gpu"))
-    if not placements:
-        raise HRMError(engine_refusal(engine, fixed.get("attn_on_gpu", False), fixed.get("ffn_on_gpu", True))
-                       or "no placement is allowed by --fix and the engine")
-    return fixed, placements
 
 
 def search_lanes(request: SearchRequest) -> SearchResult:

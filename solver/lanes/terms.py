@@ -18,8 +18,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from hrm.cost import latency
-from hrm.engines.engine import Engine, as_engine
-from hrm.estimate import engine_refusal, static_expert_step
+from hrm.engines.engine import Engine
+from hrm.engines.rules import KV_LEVELS
+from hrm.engines.space import allowed_placements, static_expert_step
 from hrm.cost.memory import (MemoryLimits, cpu_memory_form, disk_spill_allowed, gpu_memory_form, host_floor_form,
                         spillable_weights_form)
 from hrm.model.spec import ModelSpec
@@ -39,13 +40,6 @@ class Mode:
     micro_batch_size: int
     attn_on_gpu: bool
     ffn_on_gpu: bool
-
-
-def allowed_placements(engine: Engine, attn=None, ffn=None) -> list[tuple[bool, bool]]:
-    """The (A_g, F_g) the engine runs, optionally pinned."""
-    engine = as_engine(engine)
-    return [(a, f) for a in (False, True) for f in (True, False)
-            if (attn is None or a == attn) and (ffn is None or f == ffn) and engine_refusal(engine, a, f) is None]
 
 
 def enumerate_modes(engine: Engine, mu_values, attn=None, ffn=None) -> list[Mode]:
@@ -206,12 +200,10 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
 
 def kv_share_levels(problem: Problem, modes: list[Mode]) -> tuple | None:
     """Per mode, the r_c the engine's ``policy.kv_gpu_shares`` rule realises at its μ
-    (:data:`hrm.engines.flexgen.KV_LEVELS`), as arrays; None when the engine has no rule."""
+    (:data:`hrm.engines.rules.KV_LEVELS`), as arrays; None when the engine has no rule."""
     rule = problem.engine.policy.kv_gpu_shares
     if rule is None:
         return None
-    from hrm.engines.flexgen import KV_LEVELS
-
     cache: dict[int, np.ndarray] = {}
     for mode in modes:
         mu = int(mode.micro_batch_size)
