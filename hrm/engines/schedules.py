@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import HRMError
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -94,6 +96,7 @@ PIPELINE_FIELDS: dict[str, PipelineFields] = {
 
 
 def get_schedule(name: str) -> Schedule:
+    """The schedule ``name``; a one-line HRMError for an unknown one."""
     if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name}")
+        raise HRMError(f"unknown schedule '{name}' (one of {', '.join(SCHEDULES)})")
     return SCHEDULES[name]
