@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hrm.machine.achieved as ach  # noqa: E402
 import hrm.engines.engine as eng  # noqa: E402
+import hrm.engines.mechanisms as mechanisms  # noqa: E402
 import hrm.machine.rates as rates  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def undo(which: str) -> None:
         def two_layers(name):
             engine = real(name)
             if getattr(engine, "name", "").startswith("flexgen"):
-                engine = eng.with_fields(engine, {"memory.gpu_weight_buffer_layers": 2})
+                engine = mechanisms.with_fields(engine, {"memory.gpu_weight_buffer_layers": 2})
             return engine
 
         eng.load_engine = two_layers

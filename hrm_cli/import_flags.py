@@ -8,7 +8,8 @@ import sys
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
-from hrm.engines.engine import list_engines, load_engine, with_fields
+from hrm.engines.engine import list_engines, load_engine
+from hrm.engines.mechanisms import with_fields
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.cost.memory import physical_limits

@@ -13,7 +13,8 @@ import math
 import pytest
 
 import hrm_cli
-from hrm.engines.engine import load_engine, with_fields
+from hrm.engines.engine import load_engine
+from hrm.engines.mechanisms import with_fields
 from hrm.errors import HRMError
 from hrm.estimate import estimate
 from hrm.machine.hardware import load_hardware

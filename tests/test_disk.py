@@ -5,7 +5,8 @@ E / (L · disk read rate)."""
 import pytest
 
 from conftest import two_level_machine
-from hrm.engines.engine import IDEAL, load_engine, with_fields, without
+from hrm.engines.engine import IDEAL, load_engine
+from hrm.engines.mechanisms import with_fields, without
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.analysis.explain import explain

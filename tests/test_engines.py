@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from hrm.cost import costs, latency
 from hrm.machine.achieved import COPY_DRAM_BYTES_PER_BYTE, achieved_rates
-from hrm.engines.engine import ENGINES_DIR, IDEAL, Engine, active_mechanisms, list_engines, load_engine, without
+from hrm.engines.engine import ENGINES_DIR, IDEAL, Engine, list_engines, load_engine
+from hrm.engines.mechanisms import active_mechanisms, without
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate
 from hrm.analysis.explain import explain

@@ -444,7 +444,7 @@ def test_export_prediction_is_for_the_workload_the_target_runs():
     ctx = Context(model=model, workload=workload, hardware=hw)
     policy = parse_policy("N=8,mu=8,n=1,attn=gpu,ffn=gpu,rw=0,rc=0")
     export = export_policy("flexgen", policy, ctx, hw=hw, plan_engine=load_engine("flexgen"))
-    from hrm.engines.engine import with_fields
+    from hrm.engines.mechanisms import with_fields
 
     padded = make_workload(padding=True)
     expected = estimate(hw, model, padded, policy, engine="flexgen").generation_throughput_tok_s

@@ -87,7 +87,8 @@ def gpu_fit():
 
 
 def test_gpu_fit_fewest_cpu_layers_that_fit(gpu_fit):
-    from hrm.engines.engine import load_engine, with_fields
+    from hrm.engines.engine import load_engine
+    from hrm.engines.mechanisms import with_fields
     from hrm.estimate import estimate
     from hrm.cost.memory import physical_limits
     from hrm.policy import Policy

@@ -21,7 +21,8 @@ import yaml
 import hrm_cli
 from hrm.cost import latency
 from hrm.machine.achieved import achieved_rates
-from hrm.engines.engine import flag_engine, load_engine
+from hrm.engines.engine import load_engine
+from hrm.engines.mechanisms import flag_engine
 from hrm.estimate import estimate
 from hrm.export.importing import read_command
 from hrm.engines.flexgen import realisable_cache_shares

@@ -183,7 +183,7 @@ def test_unpadded_plan_that_does_not_fit_padded_is_refused():
     """A plan that assumed 77-token prompts (FlexGen's engine with its padding switched off);
     FlexGen pads to 418: the KV cache no longer fits. (The shipped flexgen engines pad:
     pads_prompts, flex_moe.py:1207-1211.)"""
-    from hrm.engines.engine import with_fields
+    from hrm.engines.mechanisms import with_fields
 
     hw, model, workload = load_hardware("l4"), load_model("mixtral"), make_workload()
     unpadded = with_fields(load_engine("flexgen"), {"pads_prompts": False})

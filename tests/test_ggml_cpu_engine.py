@@ -44,7 +44,7 @@ def test_llama_default_threads_halve_above_four_cores():
 
 
 def test_a_commands_threads_choose_the_measured_kernel():
-    from hrm.engines.engine import with_fields
+    from hrm.engines.mechanisms import with_fields
     from hrm.export.llama_cpp import cpu_threads_field
 
     assert cpu_threads_field({"-t": ["8"]}, None) == {"cpu_threads": 8}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hrm.cost import costs, latency
-from hrm.engines.engine import load_engine, with_fields
+from hrm.engines.engine import load_engine
+from hrm.engines.mechanisms import with_fields
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
 from hrm.machine.rates import rates_from_profile

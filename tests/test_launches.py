@@ -11,7 +11,8 @@ import yaml
 
 from hrm.pipelines import expert_level_tasks as klotski
 from hrm.cost import latency
-from hrm.engines.engine import IDEAL, MECHANISMS, Engine, load_engine, without
+from hrm.engines.engine import IDEAL, Engine, load_engine
+from hrm.engines.mechanisms import MECHANISMS, without
 from hrm.errors import HRMError
 from hrm.machine.hardware import Dispatch, load_hardware
 from hrm.machine.launches import EAGER_CPU_OP_S, EAGER_GPU_OP_S, SYNC_BUBBLE_S

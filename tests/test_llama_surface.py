@@ -68,7 +68,8 @@ def test_llama_bench_sweep_on_a_gpu_machine():
     assert tg20[1] > tg30[1] > 0  # more CPU layers, slower decode
     imported = read_command("llama.cpp", "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 640 -ub 512", model,
                             make_workload(None, prompt_len=512, gen_len=128), hw)
-    from hrm.engines.engine import load_engine, with_fields
+    from hrm.engines.engine import load_engine
+    from hrm.engines.mechanisms import with_fields
     from hrm.estimate import estimate
 
     engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": 4, "prefill.max_tokens_per_pass": 512})

@@ -10,8 +10,9 @@ import pytest
 import hrm.pipelines.expert_level_tasks as klotski
 import hrm.pipelines.expert_level as expert_level
 from hrm.cost import costs, latency
-from hrm.engines.engine import (IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, MECHANISMS, Engine, _leaf_fields, ideal_field_values,
-                        list_engines, load_engine)
+from hrm.engines.engine import (IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, Engine, _leaf_fields, ideal_field_values,
+                               list_engines, load_engine)
+from hrm.engines.mechanisms import MECHANISMS
 from hrm.errors import HRMError
 from hrm.estimate import estimate, estimate_problem
 from hrm.machine.hardware import load_hardware

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hrm.cost import latency
-from hrm.engines.engine import IDEAL, load_engine, without
+from hrm.engines.engine import IDEAL, load_engine
+from hrm.engines.mechanisms import without
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
 from hrm.model.options import ModelOptions

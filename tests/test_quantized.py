@@ -9,7 +9,8 @@ import pytest
 
 from hrm.cost import costs, latency
 from hrm.model import quantized
-from hrm.engines.engine import IDEAL, load_engine, with_fields
+from hrm.engines.engine import IDEAL, load_engine
+from hrm.engines.mechanisms import with_fields
 from hrm.errors import HRMError
 from hrm.estimate import estimate
 from hrm.machine.hardware import load_hardware

@@ -2,13 +2,14 @@
 gap to the ideal roofline.
 
 For an engine E and a policy, every active mechanism m (a field that differs from
-``ideal``, :data:`hrm.engines.engine.MECHANISMS`) is switched off in turn (:func:`hrm.engines.engine.without`)
-and the policy re-estimated: m *alone* costs T(E) − T(E without m) of end-to-end time, in
-decode time per layer and in prefill, and the GPU, CPU and disk bytes it adds to the peaks
-(buffers, what is offloaded, what spills beyond host memory: the disk column appears
-only where a mechanism spills). Alone costs need not add up to the gap: mechanisms
-interact through the max over lanes (one hidden behind another bottleneck costs nothing
-alone, and two that share a lane can each cost more than their joint share).
+``ideal``, :data:`hrm.engines.mechanisms.MECHANISMS`) is switched off in turn
+(:func:`hrm.engines.mechanisms.without`) and the policy re-estimated: m *alone* costs
+T(E) − T(E without m) of end-to-end time, in decode time per layer and in prefill, and the
+GPU, CPU and disk bytes it adds to the peaks (buffers, what is offloaded, what spills beyond
+host memory: the disk column appears only where a mechanism spills). Alone costs need not
+add up to the gap: mechanisms interact through the max over lanes (one hidden behind another
+bottleneck costs nothing alone, and two that share a lane can each cost more than their
+joint share).
 
 The **share of the gap** is additive instead (:data:`SHARE_DEFINITION`): the mechanisms are
 switched off one after another, largest alone cost first, and each one's share is the time
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engines.engine import MECHANISMS, Engine, active_mechanisms, without
+from ..engines.engine import Engine
+from ..engines.mechanisms import MECHANISMS, active_mechanisms, without
 from ..estimate import EstimateResult, estimate
 from ..units import GIB
 

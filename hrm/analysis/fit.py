@@ -158,7 +158,8 @@ def _result(cands: list[Candidate], default: Candidate | None, objective: str, u
 def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
             ubatches: tuple[int, ...] = UBATCHES, threads: tuple[int, ...] | None = None) -> FitResult:
     """Every (``--n-cpu-moe``, KV on GPU or ``-nkvo``, ``-ub``, ``-t``) estimated; see the module."""
-    from ..engines.engine import load_engine, with_fields
+    from ..engines.engine import load_engine
+    from ..engines.mechanisms import with_fields
     from ..estimate import estimate
     from ..cost.memory import physical_limits
     from ..model.options import DEFAULT_OPTIONS

@@ -3,9 +3,9 @@
 An engine is its schedule (lanes, overlap, launch order: :mod:`hrm.engines.schedules`) plus its
 execution mechanisms. Every mechanism is one field whose value in the ``ideal`` engine
 switches it off, so ``ideal`` is today's plain HRM roofline and ``hrm estimate --explain``
-can switch each mechanism off in turn (:func:`without`). Shipped engines are YAML files
-in ``hrm/data/engines/`` (a registry in package data); each cites the source lines of the
-engine it describes. ``--engine FILE.yaml`` loads a user's own.
+can switch each mechanism off in turn (:mod:`hrm.engines.mechanisms`). Shipped engines are
+YAML files in ``hrm/data/engines/`` (a registry in package data); each cites the source lines
+of the engine it describes. ``--engine FILE.yaml`` loads a user's own.
 
 Mechanisms (field: what it models; ideal value):
 
@@ -448,7 +448,7 @@ def buffer_refusal(engine: "Engine") -> str | None:
 
 def flag_refusal(engine: "Engine") -> str | None:
     """A flag effect naming a field no engine has (the effects are applied by
-    :func:`flag_engine`, which validates the result)."""
+    :func:`hrm.engines.mechanisms.flag_engine`, which validates the result)."""
     known = set(ideal_field_values()) | {"schedule"}
     for flag, spec in engine.flags.items():
         for word in ("true", "false"):
@@ -457,17 +457,6 @@ def flag_refusal(engine: "Engine") -> str | None:
             if bad is not None:
                 return f"flags.{flag}.when_{word}: unknown engine field {bad!r}"
     return None
-
-
-def flag_engine(engine: "Engine", words: dict[str, str]) -> tuple["Engine", dict]:
-    """``engine`` as a command with the flag values ``words`` (flag -> canonical word) runs
-    it: the fields its :class:`EngineFlag` entries set, and those fields (for a note)."""
-    fields: dict = {}
-    for flag, word in words.items():
-        spec = engine.flags.get(flag)
-        if spec is not None:
-            fields.update(spec.fields(word))
-    return (with_fields(engine, fields) if fields else engine), fields
 
 
 def attention_engine(engine: "Engine", attn_on_gpu: bool) -> "Engine":
@@ -496,74 +485,6 @@ def default_engine_name(hw=None, schedule: str | None = None) -> str:
     CPU-only profile ``hw`` or with a ``schedule`` (ideal's lane structure)."""
     cpu_only = hw is not None and getattr(hw, "gpu", None) is None
     return "ideal" if cpu_only or schedule is not None else DEFAULT_ENGINE
-
-#: Mechanisms ``--explain`` switches off one at a time (dotted field paths): every engine
-#: field that is not the engine's identity or policy space (a test checks the coverage).
-MECHANISMS: dict[str, str] = {
-    "decode.weight_path": "decode weight path",
-    "decode.kv_cache": "decode host-KV path (pinned/pageable)",
-    "decode.offloaded_experts": "experts not on the GPU: run on the CPU or fetched as cache misses",
-    "host_dram": "host DRAM shared by copies, DMA and CPU attention",
-    "achieved_gpu_rates": "achieved GPU memory/GEMM rates",
-    "moe_kernel": "MoE kernel efficiency",
-    "quant_kernel": "dequantizing kernel of quantized weights",
-    "moe_reads_all_experts": "MoE kernel reads every resident expert",
-    "cpu_kernels": "CPU experts at ggml's measured kernel rates",
-    "cpu_threads": "threads of the CPU experts (-t)",
-    "sync": "host synchronisation (pipeline drains)",
-    "prefill.weight_path": "prefill weight path",
-    "prefill.weights_overlap": "prefill weight-load overlap",
-    "prefill.kv_cache": "prefill KV write-back path",
-    "prefill.offloaded_experts": "prefill: experts not on the GPU run on the CPU or fetched as misses",
-    "prefill.kv_reserved_gen_slots": "prefill writes reserved KV slots",
-    "prefill.hidden_round_trip": "prefill hidden-state round trip",
-    "prefill.max_tokens_per_pass": "chunked prefill (each pass re-reads offloaded weights)",
-    "copy_threads": "staging-copy thread team",
-    "numa_aware": "NUMA placement of pinned buffers",
-    "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
-    "tensor_parallel.allreduce": "all-reduce path",
-    "offloaded_weights": "every layer weight offloaded, not only experts",
-    "prefetch_bucket_hidden_sq": "ZeRO-3 prefetch bucket (the rest of a layer fetched on demand)",
-    "pads_prompts": "every prompt padded to the longest",
-    "static_experts": "static experts kept in whole units (r_w snapped)",
-    "op_offload_min_tokens": "CPU-kept experts copied to the GPU from a token count",
-    "offload_min_tokens_per_expert": "missed experts copied to the GPU from tokens per expert",
-    "memory.gpu_weight_buffer_layers": "GPU weight buffer (layers)",
-    "memory.pinned_staging_layers": "pinned CPU staging buffer (layers)",
-    "memory.cpu_holds_all_experts": "CPU tensor holds every expert",
-    "launches": "per-op launch and Python dispatch on the host",
-    "memory.disk_weights": "weights beyond host memory read from disk",
-}
-
-
-def _get(obj, path: str):
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def with_fields(engine: Engine, values: dict) -> Engine:
-    """``engine`` with fields (dotted paths, e.g. ``prefill.max_tokens_per_pass``) set to
-    ``values``, validated again."""
-    data = engine.model_dump()
-    for path, value in values.items():
-        parts = path.split(".")
-        target = data
-        for part in parts[:-1]:
-            target = target[part]
-        target[parts[-1]] = value
-    return Engine.model_validate(data)
-
-
-def without(engine: Engine, mechanism: str) -> Engine:
-    """``engine`` with one mechanism switched to its ideal value."""
-    return with_fields(engine, {mechanism: _get(IDEAL, mechanism)})
-
-
-def active_mechanisms(engine: Engine) -> list[str]:
-    """Mechanisms whose value differs from ideal."""
-    return [m for m in MECHANISMS if _get(engine, m) != _get(IDEAL, m)]
-
 
 def list_engines() -> list[str]:
     return sorted(p.stem for p in ENGINES_DIR.glob("*.yaml"))

@@ -254,8 +254,9 @@ def _mechanism_words(values: dict[str, list[str]], engine) -> dict[str, str]:
 
 def _flag_engine(values: dict[str, list[str]]):
     """The shipped FlexGen engine the command runs (``--cpu-cache-compute``: flexgen-cpu-attn)
-    and the engine fields its mechanism flags set (:func:`hrm.engines.engine.flag_engine`)."""
-    from ..engines.engine import flag_engine, load_engine
+    and the engine fields its mechanism flags set (:func:`hrm.engines.mechanisms.flag_engine`)."""
+    from ..engines.engine import load_engine
+    from ..engines.mechanisms import flag_engine
 
     engine = load_engine("flexgen-cpu-attn" if "--cpu-cache-compute" in values else "flexgen")
     _, fields = flag_engine(engine, _mechanism_words(values, engine))

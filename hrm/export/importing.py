@@ -185,7 +185,7 @@ class Imported(Frozen):
     notes: tuple[str, ...]
     workload: Workload
     #: HRM engine fields the command sets (the target's ``engine_fields`` hook): the estimate
-    #: runs the target's engine with them (:func:`hrm.engines.engine.with_fields`)
+    #: runs the target's engine with them (:func:`hrm.engines.mechanisms.with_fields`)
     engine_fields: dict = {}
 
 

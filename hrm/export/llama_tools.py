@@ -245,7 +245,8 @@ def gpu_estimate(run: ToolRun, hw, model):
     (``prefill.max_tokens_per_pass``), the CPU experts on ``-t`` threads. ``-ngl`` below every
     layer moves attention too, which the engine's policy space (experts only) cannot express:
     refused in one line. Returns (prefill tok/s, decode tok/s, fits physical memory)."""
-    from ..engines.engine import load_engine, with_fields
+    from ..engines.engine import load_engine
+    from ..engines.mechanisms import with_fields
     from ..estimate import estimate
     from ..cost.memory import physical_limits
     from ..policy import Policy
