@@ -486,7 +486,9 @@ def default_engine_name(hw=None, schedule: str | None = None) -> str:
     cpu_only = hw is not None and getattr(hw, "gpu", None) is None
     return "ideal" if cpu_only or schedule is not None else DEFAULT_ENGINE
 
+
 def list_engines() -> list[str]:
+    """The names of the shipped engines (``hrm/data/engines/*.yaml``), sorted."""
     return sorted(p.stem for p in ENGINES_DIR.glob("*.yaml"))
 
 
