@@ -17,8 +17,7 @@ import pytest
 from conftest import call
 
 from hrm.errors import HRMError
-from hrm.model.spec import MAX_LAYERS
-from hrm.model.routing import MAX_TRACE_COUNTS, TRACE_FORMAT
+from hrm.model.routing import MAX_LAYERS, MAX_TRACE_COUNTS, TRACE_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 #: mixtral-8x7b: 32 MoE layers, 8 experts, top-2 (its config.json in the catalog)
