@@ -256,10 +256,10 @@ def test_import_single_flag_hostile_patterns_and_long_commands_refused(capsys, c
 
 
 def test_import_reads_real_override_patterns_and_python_options(capsys):
-    from hrm.export.llama_cpp import _check_pattern
+    from hrm.export.llama_overrides import check_pattern
 
     for pattern in (r"blk\.[0-4]\.ffn.*", r"blk\.(1[0-9]|2[0-9])\.ffn_.*_exps", r"\.ffn_(up|down|gate)_exps", "[(]+x"):
-        assert _check_pattern(pattern).pattern == pattern
+        assert check_pattern(pattern).pattern == pattern
     # python's leading options are dropped; the same option after -m MODULE is the engine's (unknown)
     rc, _, err = call(capsys, *IMPORT, "--from", "flexgen", "--", "python -u -O -m flexgen.flex_moe --gpu-batch-size 4")
     assert rc in (0, 3) and "unknown flag" not in err, err
