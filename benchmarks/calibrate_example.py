@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from hrm.analysis.calibrate import parse_run, predict_run, with_values
+from hrm.analysis.calibrate import predict_run
+from hrm.analysis.calibration_fields import with_values
+from hrm.analysis.calibration_runs import parse_run
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
 

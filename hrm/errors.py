@@ -5,12 +5,14 @@ it is opened, so a FIFO, a device or a directory given as a file is refused inst
 blocking or failing with a traceback, and text that is not UTF-8 is refused by name. YAML
 files are parsed by :func:`strict_yaml_load` (:class:`StrictLoader`): duplicate keys, alias
 bombs and deep nesting are refused before anything is built, and booleans and numbers are
-read as YAML 1.2 reads them (``yes``/``no``/``on``/``off`` and ``1_000`` stay text).
+read as YAML 1.2 reads them (``yes``/``no``/``on``/``off`` and ``1_000`` stay text). JSON
+files are read by :func:`read_json_object`: a JSON object, duplicate keys refused.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import stat
@@ -68,6 +70,36 @@ def file_kind(mode: int) -> str:
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def shown_key(key) -> str:
+    """A key as printed in one-line messages (quoted if it has commas or unprintable characters)."""
+    text = str(key)
+    if not text.isprintable() or "," in text or not text:
+        text = json.dumps(text)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def shown_value(value) -> str:
+    """A JSON value, shortened to 40 characters, for messages."""
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):  # e.g. an int beyond the digit limit of str()
+        text = f"a {value.bit_length()}-bit integer" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def value_kind(value) -> str:
+    """A JSON value's kind for messages: 'the boolean true', 'the string "x"', 'a list', 'null', '42'."""
+    if isinstance(value, bool):
+        return f"the boolean {shown_value(value)}"
+    if isinstance(value, str):
+        return f"the string {shown_value(value)}"
+    if isinstance(value, (list, dict)):
+        return f"{'a list' if isinstance(value, list) else 'an object'}"
+    if value is None:
+        return "null"
+    return shown_value(value)
 
 
 def read_input_text(path: str | Path, expected: str = "a file", max_bytes: int = MAX_INPUT_BYTES) -> str:
@@ -267,6 +299,35 @@ def read_yaml_mapping(path: str | Path, expected: str, fields: str) -> dict:
         raise HRMError(f"{path}: malformed YAML ({' '.join(str(exc).split())[:100] or type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise HRMError(f"{path}: expected a mapping of {fields}, got {type(data).__name__}")
+    return data
+
+
+def read_json_object(path: str | Path, expected: str, max_bytes: int = MAX_INPUT_BYTES,
+                     top_level: str = "at the top level") -> dict:
+    """The JSON object the file ``path`` holds (:func:`read_input_text` first, then JSON with
+    duplicate keys refused); HRMError, one line naming the file (and the line and column of a
+    syntax error, or the duplicate key), when it is not JSON or not an object.
+    ``top_level`` follows "expected a JSON object" in the message for another value."""
+    text = read_input_text(path, expected, max_bytes)
+
+    def no_duplicates(pairs):
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise HRMError(f"{path}: {shown_key(key)}: duplicate key (JSON keeps only one; which was meant?)")
+            seen[key] = value
+        return seen
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise HRMError(f"{path}: malformed JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise HRMError(f"{path}: malformed JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        raise HRMError(f"{path}: malformed JSON ({' '.join(str(exc).split())[:80]})") from None
+    if not isinstance(data, dict):
+        raise HRMError(f"{path}: expected a JSON object {top_level}, got {value_kind(data)}")
     return data
 
 

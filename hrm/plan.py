@@ -16,13 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints,
                       WithJsonSchema, field_validator, model_validator)
 
 from . import bounds
 from .bounds import Flag
 from .engines.engine import Engine
-from .errors import HRMError, file_kind, pydantic_message, read_input_text
+from .errors import HRMError, file_kind, read_json_object, validated
 from .policy import Policy
 from .model.routing import Routing
 from .workload import Workload
@@ -371,36 +371,6 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 # --- reading and checking plans ---------------------------------------------------------
-def _no_duplicate_keys(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise HRMError(f"{key!r}: duplicate key (JSON keeps only one; which was meant?)")
-        seen[key] = value
-    return seen
-
-
-def parse_plan(text: str, source: str = "plan") -> Plan:
-    """A Plan from JSON text: one-line HRMError for malformed JSON, a duplicate key or a
-    field the schema refuses."""
-    try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except HRMError as exc:
-        raise HRMError(f"{source}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise HRMError(f"{source}: malformed JSON (line {exc.lineno}: {exc.msg})") from None
-    except RecursionError:
-        raise HRMError(f"{source}: malformed JSON (nested too deeply)") from None
-    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
-        raise HRMError(f"{source}: malformed JSON ({' '.join(str(exc).split())[:80]})") from None
-    if not isinstance(data, dict):
-        raise HRMError(f"{source}: expected a JSON object (a plan), got {bounds.kind_of(data)}")
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        raise HRMError(pydantic_message(source, exc)) from None
-
-
 def resolve_plan_engine(plan: Plan):
     """The plan's engine (its embedded definition, a shipped name, or an engine YAML path),
     with the plan's schedule."""
@@ -553,8 +523,8 @@ def plan_refusal(plan: Plan, hw=None, model=None) -> Optional[str]:
 def load_plan(path: str | Path, check: bool = True) -> Plan:
     """Read, parse and validate a plan file whole (schema, then :func:`plan_refusal` when
     ``check``); one-line HRMError naming the file and the field otherwise."""
-    text = read_input_text(path, "a plan JSON file")
-    plan = parse_plan(text, str(path))
+    data = read_json_object(path, "a plan JSON file", top_level="(a plan)")
+    plan = validated(Plan, data, str(path))
     if check:
         problem = plan_refusal(plan)
         if problem:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import sys
 
-from hrm.analysis.calibrate import Calibration, calibrated_profile, fit, is_shipped_profile, load_runs
+from hrm.analysis.calibrate import Calibration, calibrated_profile, fit, is_shipped_profile
+from hrm.analysis.calibration_runs import load_runs
 from hrm.errors import HRMError
 from hrm.machine.hardware import dump_hardware_yaml, load_hardware, parse_hardware
 from hrm.model.spec import load_model
@@ -18,7 +19,7 @@ HEADER = ("# Hardware profile calibrated by `hrm calibrate` to the user's own ru
 
 
 def parse_args(argv):
-    from hrm.analysis.calibrate import FIELDS
+    from hrm.analysis.calibration_fields import FIELDS
 
     parser = ArgumentParser(prog="hrm calibrate",
                             description="Fit a hardware profile's achieved rates (link, host copy and DRAM rates, GPU\n"
@@ -72,7 +73,7 @@ def _percent(rms: float | None) -> str:
     return "n/a" if rms is None else f"{100 * (math.exp(rms) - 1):.1f}%"
 
 
-#: quantities printed in another unit than the runs file's (its key, hrm.analysis.calibrate.QUANTITIES):
+#: quantities printed in another unit than the runs file's (its key, hrm.analysis.calibration_runs.QUANTITIES):
 #: the per-token latency in ms, as every view prints it (TTFT stays in s)
 SHOWN_AS = {"tpot_s": ("TPOT ms", 1e3)}
 
@@ -82,7 +83,7 @@ def render(calibration: Calibration, console) -> None:
     (fitted beside start and range) and the fields left as the profile has them."""
     from rich.table import Table
 
-    from hrm.analysis.calibrate import QUANTITIES
+    from hrm.analysis.calibration_runs import QUANTITIES
 
     runs = Table(title=f"runs of {calibration.runs_path} on {calibration.base}: predicted before and after the "
                        f"fit, and leave-one-out (LOO: fitted without the run)", title_justify="left", box=None,

@@ -71,17 +71,30 @@ def resolve_gpu(device: str, gpu_device, torch) -> tuple[object | None, str]:
     return found, ("" if found is not None else f"GPU skipped: {why}; CPU-only profile (no gpu/link section)")
 
 
-def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, pool, budget: Budget,
-              torch, disk_folder: Path | None, notes: list[str], emulate: bool = True) -> list[Step]:
-    """The CPU measurements of the run."""
-    threads = host.cores
-    array_bytes = cfg.stream_bytes or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
-    w, r = cfg.warmup, cfg.repeats
+@dataclass(frozen=True)
+class CpuActions:
+    """The CPU measurements of a run, each an action that stores its result in ``results``
+    (an optional one that drives the reference runtime notes why it failed in ``notes``)."""
 
-    def stream() -> None:
-        results.stream = cpu_mod.measure_stream(array_bytes, cfg.copy_sizes_bytes, threads, pool, w, r, budget)
+    cfg: ProfileConfig
+    host: cpu_mod.HostInfo
+    results: CpuResults
+    pool: object
+    budget: Budget
+    torch: object
+    notes: list[str]
+    disk_folder: Path | None
+    #: the STREAM arrays' size (the config's, else sized past the last-level cache)
+    array_bytes: int
 
-    def matmul(dtype: str) -> Callable[[], None]:
+    def stream(self) -> None:
+        cfg = self.cfg
+        self.results.stream = cpu_mod.measure_stream(self.array_bytes, cfg.copy_sizes_bytes, self.host.cores,
+                                                     self.pool, cfg.warmup, cfg.repeats, self.budget)
+
+    def matmul(self, dtype: str) -> Callable[[], None]:
+        cfg, torch = self.cfg, self.torch
+
         def run() -> None:
             if dtype == "fp32":
                 factory = cpu_mod.numpy_matmul_factory(cfg.matmul_k, cfg.matmul_n)
@@ -89,75 +102,100 @@ def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, p
             else:
                 factory = cpu_mod.torch_matmul_factory(torch, cfg.matmul_k, cfg.matmul_n, dtype)
                 how = f"cpu {dtype} matmul, torch {torch.__version__} ({torch.get_num_threads()} threads)"
-            results.matmul[dtype] = cpu_mod.measure_matmul_curve(factory, cfg.matmul_ms, cfg.matmul_k,
-                                                                 cfg.matmul_n, w, r, budget, how)
+            self.results.matmul[dtype] = cpu_mod.measure_matmul_curve(factory, cfg.matmul_ms, cfg.matmul_k,
+                                                                      cfg.matmul_n, cfg.warmup, cfg.repeats,
+                                                                      self.budget, how)
         return run
 
-    def attention() -> None:
-        shape = cfg.attention
-        results.attention = cpu_mod.measure_decode_attention(
+    def attention(self) -> None:
+        cfg, shape = self.cfg, self.cfg.attention
+        self.results.attention = cpu_mod.measure_decode_attention(
             cfg.attention_contexts, cfg.attention_kv_bytes, shape.kv_heads, shape.group, shape.head_dim,
-            threads, pool, warmup=w, repeats=r, budget=budget)
+            self.host.cores, self.pool, warmup=cfg.warmup, repeats=cfg.repeats, budget=self.budget)
 
-    def emulation() -> None:
+    def emulation(self) -> None:
         from runtime.device import EMULATED_THREADS
 
         from .emulation import measure_emulation
 
-        results.emulation = measure_emulation(torch, EMULATED_THREADS, cfg.emulation_ms, cfg.emulation_k,
-                                              cfg.emulation_n, cfg.emulation_copy_bytes, host.llc_bytes, warmup=w,
-                                              repeats=r, budget=budget, dtypes=cfg.emulation_dtypes)
+        cfg = self.cfg
+        self.results.emulation = measure_emulation(self.torch, EMULATED_THREADS, cfg.emulation_ms, cfg.emulation_k,
+                                                   cfg.emulation_n, cfg.emulation_copy_bytes, self.host.llc_bytes,
+                                                   warmup=cfg.warmup, repeats=cfg.repeats, budget=self.budget,
+                                                   dtypes=cfg.emulation_dtypes)
 
-    def dispatch() -> None:
+    def dispatch(self) -> None:
         from .dispatch import measure_dispatch
 
-        results.dispatch = optional_measurement(lambda: measure_dispatch("cpu", cfg.dispatch_repeats),
-                                                "dispatch overhead", notes)
+        self.results.dispatch = optional_measurement(lambda: measure_dispatch("cpu", self.cfg.dispatch_repeats),
+                                                     "dispatch overhead", self.notes)
 
-    def memcpy() -> None:
-        nbytes = cfg.memcpy_bytes or array_bytes
-        results.memcpy = optional_measurement(
-            lambda: cpu_mod.measure_memcpy(nbytes, threads, pool, w, r, budget), "host memcpy", notes)
+    def memcpy(self) -> None:
+        cfg = self.cfg
+        nbytes = cfg.memcpy_bytes or self.array_bytes
+        self.results.memcpy = optional_measurement(
+            lambda: cpu_mod.measure_memcpy(nbytes, self.host.cores, self.pool, cfg.warmup, cfg.repeats, self.budget),
+            "host memcpy", self.notes)
 
-    def dram_read() -> None:
-        nbytes = cfg.memcpy_bytes or array_bytes
-        results.dram_read = optional_measurement(
-            lambda: cpu_mod.measure_dram_read(nbytes, threads, pool, w, r, budget), "host DRAM read", notes)
+    def dram_read(self) -> None:
+        cfg = self.cfg
+        nbytes = cfg.memcpy_bytes or self.array_bytes
+        self.results.dram_read = optional_measurement(
+            lambda: cpu_mod.measure_dram_read(nbytes, self.host.cores, self.pool, cfg.warmup, cfg.repeats,
+                                              self.budget),
+            "host DRAM read", self.notes)
 
-    def cpu_op() -> None:
-        results.cpu_op = optional_measurement(lambda: cpu_mod.measure_cpu_op(torch, w, r, budget),
-                                              "eager torch op on a CPU tensor", notes)
+    def cpu_op(self) -> None:
+        cfg = self.cfg
+        self.results.cpu_op = optional_measurement(
+            lambda: cpu_mod.measure_cpu_op(self.torch, cfg.warmup, cfg.repeats, self.budget),
+            "eager torch op on a CPU tensor", self.notes)
 
-    def disk() -> None:
-        folder = disk_folder or Path(tempfile.gettempdir())
-        results.disk = cpu_mod.measure_disk_read(folder, cfg.disk_bytes, max(2, r), budget)
+    def disk(self) -> None:
+        folder = self.disk_folder or Path(tempfile.gettempdir())
+        self.results.disk = cpu_mod.measure_disk_read(folder, self.cfg.disk_bytes, max(2, self.cfg.repeats),
+                                                      self.budget)
 
-    steps = [Step("CPU memory bandwidth (STREAM copy + triad)", True, stream),
-             Step("CPU fp32 matmul vs M (numpy)", True, matmul("fp32"))]
-    if cfg.memcpy_bytes >= 0:
-        steps.append(Step("CPU memcpy, one thread vs all threads", False, memcpy))
-        steps.append(Step("host DRAM read, every core", False, dram_read))
+
+def _kernel_cpu_steps(cfg: ProfileConfig, act: CpuActions, emulate: bool) -> list[Step]:
+    """The optional CPU kernel steps: the eager torch op and torch matmuls, decode attention,
+    the emulated device tier and dispatch (a step that needs torch, without it: a note why)."""
+    torch, notes, steps = act.torch, act.notes, []
     if torch is not None:
-        steps.append(Step("eager torch op on a CPU tensor", False, cpu_op))
+        steps.append(Step("eager torch op on a CPU tensor", False, act.cpu_op))
     for dtype in cfg.cpu_torch_dtypes:
         if torch is None:
             notes.append(f"CPU {dtype} matmul not measured (torch not importable); the model uses fp32 for it")
         else:
-            steps.append(Step(f"CPU {dtype} matmul vs M (torch)", False, matmul(dtype)))
+            steps.append(Step(f"CPU {dtype} matmul vs M (torch)", False, act.matmul(dtype)))
     if cfg.attention_contexts:
-        steps.append(Step("CPU decode attention (GQA over a KV cache)", False, attention))
+        steps.append(Step("CPU decode attention (GQA over a KV cache)", False, act.attention))
     if emulate and cfg.emulation_ms:
         if torch is None:
             notes.append("emulated device tier not measured (torch not importable); the model uses the cpu section")
         else:
-            steps.append(Step("emulated device tier (torch F.linear vs M, copy)", False, emulation))
+            steps.append(Step("emulated device tier (torch F.linear vs M, copy)", False, act.emulation))
     if cfg.dispatch_repeats > 0 and emulate:
         if torch is None:
             notes.append("dispatch overhead not measured (torch not importable); the model charges none")
         else:
-            steps.append(Step("dispatch overhead per task / operator (reference runtime)", False, dispatch))
+            steps.append(Step("dispatch overhead per task / operator (reference runtime)", False, act.dispatch))
+    return steps
+
+
+def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, pool, budget: Budget,
+              torch, disk_folder: Path | None, notes: list[str], emulate: bool = True) -> list[Step]:
+    """The CPU measurements of the run."""
+    array_bytes = cfg.stream_bytes or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
+    act = CpuActions(cfg, host, results, pool, budget, torch, notes, disk_folder, array_bytes)
+    steps = [Step("CPU memory bandwidth (STREAM copy + triad)", True, act.stream),
+             Step("CPU fp32 matmul vs M (numpy)", True, act.matmul("fp32"))]
+    if cfg.memcpy_bytes >= 0:
+        steps.append(Step("CPU memcpy, one thread vs all threads", False, act.memcpy))
+        steps.append(Step("host DRAM read, every core", False, act.dram_read))
+    steps += _kernel_cpu_steps(cfg, act, emulate)
     if cfg.disk_bytes > 0:
-        steps.append(Step("disk sequential read", False, disk))
+        steps.append(Step("disk sequential read", False, act.disk))
     return steps
 
 
@@ -210,6 +248,21 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
               Step("D2H pinned vs size", True, transfer("d2h_pinned", "d2h", True, sizes), gpu=True),
               Step("H2D pageable vs size", False, transfer("h2d_pageable", "h2d", False, sizes), gpu=True),
               Step("D2H pageable vs size", False, transfer("d2h_pageable", "d2h", False, sizes), gpu=True)]
+    steps += _host_probe_steps(cfg, device, results, budget, pool, threads, sizes)
+    if results.info.count > 1:
+        steps += _peer_steps(cfg, device, results, budget)
+    return steps
+
+
+def _host_probe_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: Budget, pool, threads: int,
+                      transfer_sizes: tuple[int, ...]) -> list[Step]:
+    """The optional GPU steps that involve the host: the reference runtime's dispatch on CUDA,
+    an eager launch and sync, and a host DRAM read while a DMA of the largest of
+    ``transfer_sizes`` runs."""
+    memory = results.info.memory_bytes
+    w, r = cfg.warmup, cfg.repeats
+    notes = results.notes
+    steps = []
     if cfg.dispatch_repeats > 0 and runs_the_runtime(device):
         def dispatch() -> None:
             from .dispatch import measure_dispatch
@@ -228,23 +281,26 @@ def gpu_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: B
             nbytes = cfg.memcpy_bytes or cfg.stream_bytes or cfg.gpu_copy_bytes
             src = cpu_mod.touched_array(max(threads, nbytes // cpu_mod.F64_BYTES), 1.0)
             read = cpu_mod.read_op(src, pool, threads)
-            dma = gpu_mod.clamp_bytes(max(sizes), memory, 1)
+            dma = gpu_mod.clamp_bytes(max(transfer_sizes), memory, 1)
             results.read_during_dma = optional_measurement(
                 lambda: gpu_mod.measure_read_during_dma(device, read, src.size * cpu_mod.F64_BYTES, dma, w, r, budget),
                 "host DRAM read while a DMA runs", notes)
         steps.append(Step("host DRAM read while pinned H2D copies run", False, read_during_dma, gpu=True))
-    if results.info.count > 1:
-        def peer_access() -> None:
-            results.p2p = gpu_mod.query_peer_access(device, notes)
-
-        # a query, not a measurement (never raises): runs whatever the budget
-        steps.append(Step("GPU peer access (can_device_access_peer)", True, peer_access, gpu=True))
-
-        def peer() -> None:
-            results.peer = gpu_mod.measure_peer(device, gpu_mod.clamp_bytes(cfg.peer_bytes, memory, 1),
-                                                w, r, budget)
-        steps.append(Step("GPU0 -> GPU1 copy", False, peer, gpu=True))
     return steps
+
+
+def _peer_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, budget: Budget) -> list[Step]:
+    """Between GPUs 0 and 1: whether one can access the other, and the copy rate."""
+    def peer_access() -> None:
+        results.p2p = gpu_mod.query_peer_access(device, results.notes)
+
+    def peer() -> None:
+        results.peer = gpu_mod.measure_peer(device, gpu_mod.clamp_bytes(cfg.peer_bytes, results.info.memory_bytes, 1),
+                                            cfg.warmup, cfg.repeats, budget)
+
+    # a query, not a measurement (never raises): runs whatever the budget
+    return [Step("GPU peer access (can_device_access_peer)", True, peer_access, gpu=True),
+            Step("GPU0 -> GPU1 copy", False, peer, gpu=True)]
 
 
 def run_steps(steps: list[Step], budget: Budget, reporter: Reporter, device: str, notes: list[str]) -> bool:

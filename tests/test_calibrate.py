@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from conftest import call
-from hrm.analysis.calibrate import (FIELDS, calibrated_profile, fit, identify, load_runs, parse_run, predict_run,
-                           with_values)
+from hrm.analysis.calibrate import calibrated_profile, fit, identify, predict_run
+from hrm.analysis.calibration_fields import FIELDS, with_values
+from hrm.analysis.calibration_runs import load_runs, parse_run
 from hrm.errors import HRMError
 from hrm.machine.hardware import PROFILES_DIR, load_hardware
 from hrm.model.spec import load_model
@@ -96,7 +97,7 @@ def test_recovers_the_true_fields(tmp_path, l4, mixtral, truth):
 
 
 def _effective(hw, name):
-    from hrm.analysis.calibrate import effective_value
+    from hrm.analysis.calibration_fields import effective_value
 
     return effective_value(hw, name)
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from hrm.analysis.calibrate import Runs, calibrated_profile, fit, load_runs, predict_run
+from hrm.analysis.calibrate import calibrated_profile, fit, predict_run
+from hrm.analysis.calibration_runs import Runs, load_runs
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
 from hrm.workload import Workload

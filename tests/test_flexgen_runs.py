@@ -1,7 +1,7 @@
 """benchmarks/ground_truth/flexgen_runs.py: the GPU harness's FlexGen results JSONL as a runs
 file that ``hrm calibrate`` reads (docs/validation/flexgen_gpu_plan.md), and the runs format's
 provenance keys (command, from, engine_version, spread) and engine-timer quantities
-(prefill_s, decode_s, total_s) in hrm.analysis.calibrate.
+(prefill_s, decode_s, total_s) in hrm.analysis.calibration_runs.
 
 The fixture tests/data/flexgen_results_sample.jsonl has the record shape of the harness's
 flexgen_bench.py (label, policy_flags, args, num_prompts, cmd, rc, metrics from FlexGen's
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hrm.analysis.calibrate import load_runs, predict_run
+from hrm.analysis.calibrate import predict_run
+from hrm.analysis.calibration_runs import load_runs
 from hrm.errors import HRMError
 from hrm.export import FLEXGEN_VERSION, read_command
 from hrm.machine.hardware import load_hardware

@@ -17,8 +17,7 @@ import pytest
 from conftest import call
 
 from hrm.errors import HRMError
-from hrm.model.spec import MAX_LAYERS
-from hrm.model.routing import MAX_TRACE_COUNTS, TRACE_FORMAT
+from hrm.model.routing import MAX_LAYERS, MAX_TRACE_COUNTS, TRACE_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 #: mixtral-8x7b: 32 MoE layers, 8 experts, top-2 (its config.json in the catalog)
@@ -257,10 +256,10 @@ def test_import_single_flag_hostile_patterns_and_long_commands_refused(capsys, c
 
 
 def test_import_reads_real_override_patterns_and_python_options(capsys):
-    from hrm.export.llama_cpp import _check_pattern
+    from hrm.export.llama_overrides import check_pattern
 
     for pattern in (r"blk\.[0-4]\.ffn.*", r"blk\.(1[0-9]|2[0-9])\.ffn_.*_exps", r"\.ffn_(up|down|gate)_exps", "[(]+x"):
-        assert _check_pattern(pattern).pattern == pattern
+        assert check_pattern(pattern).pattern == pattern
     # python's leading options are dropped; the same option after -m MODULE is the engine's (unknown)
     rc, _, err = call(capsys, *IMPORT, "--from", "flexgen", "--", "python -u -O -m flexgen.flex_moe --gpu-batch-size 4")
     assert rc in (0, 3) and "unknown flag" not in err, err

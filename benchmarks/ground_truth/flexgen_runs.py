@@ -177,7 +177,7 @@ def main(argv=None) -> int:
                     help="the profile measured on the box (default: docs/validation/h100-measured.yaml)")
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="the model FlexGen ran (default: 4-layer Mixtral)")
     ap.add_argument("--engine-version", default=FLEXGEN_VERSION)
-    ap.add_argument("--no-check", action="store_true", help="skip reading the file back with hrm.analysis.calibrate.load_runs")
+    ap.add_argument("--no-check", action="store_true", help="skip reading the file back with hrm.analysis.calibration_runs.load_runs")
     args = ap.parse_args(argv)
     tmp = Path(str(args.out) + ".tmp")
     try:
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
         if not args.no_check:
-            from hrm.analysis.calibrate import load_runs
+            from hrm.analysis.calibration_runs import load_runs
 
             load_runs(tmp)
         tmp.replace(args.out)

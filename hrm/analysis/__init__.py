@@ -1,7 +1,9 @@
 """Analyses over estimates and real runs.
 
 - :mod:`hrm.analysis.explain`: what each mechanism of an engine costs (``--explain``);
-- :mod:`hrm.analysis.calibrate`: a profile calibrated to the user's own runs (``hrm calibrate``);
+- :mod:`hrm.analysis.calibrate`: a profile calibrated to the user's own runs (``hrm calibrate``): the fit;
+- :mod:`hrm.analysis.calibration_runs`: the runs file ``hrm calibrate`` reads, validated;
+- :mod:`hrm.analysis.calibration_fields`: the profile fields a calibration fits, their ranges and parameters;
 - :mod:`hrm.analysis.validation`: committed real runs against the model's predictions;
 - :mod:`hrm.analysis.fit`: the fastest llama.cpp command for a machine (``hrm fit``).
 """

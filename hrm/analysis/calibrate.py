@@ -1,150 +1,36 @@
 """Calibrate a hardware profile's achieved rates to the user's own runs (``hrm calibrate``;
 docs/calibrate.md).
 
-A runs file names a profile, a model and runs, each an engine, a workload, a policy and
-what the user measured (throughput, TPOT, TTFT). Only achieved-rate fields of the profile
-move — link rates, host copy and DRAM rates, the GPU's streaming and GEMM efficiencies,
-the GPU task dispatch α — each within a stated physical range (:data:`FIELDS`), by bounded
-least squares on ``ln(predicted / measured)`` (:func:`fit`). A field no run depends on
-cannot be identified and stays as the profile has it. Never fit to published end-to-end
-results: only to runs of the user's own machine.
+A runs file (:mod:`hrm.analysis.calibration_runs`) names a profile, a model and runs, each
+an engine, a workload, a policy and what the user measured (throughput, TPOT, TTFT). Only
+achieved-rate fields of the profile move — link rates, host copy and DRAM rates, the GPU's
+streaming and GEMM efficiencies, the GPU task dispatch α — each within a stated physical
+range (:data:`hrm.analysis.calibration_fields.FIELDS`), by bounded least squares on
+``ln(predicted / measured)`` (:func:`fit`). A field no run depends on cannot be identified
+and stays as the profile has it. Never fit to published end-to-end results: only to runs
+of the user's own machine. This module holds the fit, its result and the calibrated profile.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ..machine.achieved import achieved_rates
-from ..engines.engine import Engine, list_engines, load_engine
-from ..errors import HRMError, read_input_text, read_yaml_mapping
+from ..cost.memory import MemoryLimits, memory_limits
+from ..errors import HRMError
 from ..estimate import estimate
 from ..machine.hardware import HardwareProfile, profile_dirs
-from ..cost.memory import MemoryLimits, memory_limits
-from ..model.spec import ModelSpec
 from ..model.options import DEFAULT_OPTIONS, options_in_dtype, spec_in_dtype
-from ..policy import Policy, parse_policy
-from ..units import FLOAT_DTYPES, GB
-from ..workload import PRESETS, Workload, make_workload
-
-# --- the fitted fields and their physical ranges ----------------------------------------
-
-#: pinned DMA over the profile's figure: down to 0.25x (a x4/x8 slot, or a host buffer on
-#: the far NUMA socket: 3.78 of 12.15 GB/s, hrm.machine.achieved.NUMA_REMOTE_FRACTION) and up to 2x
-#: (a datasheet profile's conservative constant: 16 GiB/s on a PCIe 4.0 x16 link whose
-#: theoretical rate is 31.5 GB/s)
-LINK_PINNED_RANGE = (0.25, 2.0)
-#: a pageable copy over the profile's *pinned* rate: the driver stages it through a pinned
-#: buffer, so it is never faster than pinned (1x); 2-2.5x slower is typical and FlexGen's
-#: fit on L4 (5.4 of 17.2 GB/s) is 3.2x slower (docs/mechanisms.md §1): floor 0.2x
-PAGEABLE_OF_PINNED_RANGE = (0.2, 1.0)
-#: one thread's memcpy, GB/s: ~3 GB/s on old or virtualised cores, ~30 GB/s on the fastest
-#: desktop/server cores (docs/mechanisms.md §1 quotes ~10 for server CPUs)
-MEMCPY_ONE_THREAD_GBPS_RANGE = (2.0, 40.0)
-#: all threads' memcpy over cpu.memory_bandwidth_gbps (STREAM counting): a copy moves at
-#: least 2 DRAM bytes per byte (read + non-temporal write), so at most 1/2; 3 bytes with
-#: write-allocate (hrm.machine.achieved.COPY_DRAM_BYTES_PER_BYTE, the default 1/3); 1/10 floor for a
-#: thread team that reaches only part of the channels
-MEMCPY_ALL_OF_DRAM_RANGE = (0.1, 0.5)
-#: host DRAM rate (CPU attention, staging copies, DMA) over the profile's figure: STREAM
-#: reaches 60-90% of the channels' theoretical rate, a VM or one NUMA node less (0.3x); a
-#: profile may understate it (an artifact's default flag): up to 1.5x
-DRAM_RANGE = (0.3, 1.5)
-#: the emulated tiers' copy rate, x the profile's 256 MiB copy: the runtime's copies are KB to MB
-#: and stay in the caches (measured on this VM: its h2d/d2h lanes took x0.59/x0.68 of the time
-#: predicted at that rate, docs/validation/tiny-mixtral.json term_ratios), or pay more per byte
-#: when tiny; 4x leaves room above that measurement, 0.3x as DRAM_RANGE (our choice)
-EMULATED_COPY_RANGE = (0.3, 4.0)
-#: share of datasheet GPU memory bandwidth a streaming kernel reaches: at most 1 by
-#: definition; 70-90% typical (docs/mechanisms.md §2); 0.4 floor for small, fragmented reads
-STREAM_EFFICIENCY_RANGE = (0.4, 1.0)
-#: share of tensor peak a large GEMM reaches: at most 1; ~0.8 on H100 (docs/facts.md); 0.2
-#: floor for untuned kernels
-GEMM_EFFICIENCY_RANGE = (0.2, 1.0)
-#: fixed cost of one GPU task (launch, dependency hand-off, sync), seconds: from 0 (the
-#: datasheet roofline) to 1 ms (a Python-driven task loop; a CUDA launch alone is ~5 µs)
-TASK_DISPATCH_S_RANGE = (0.0, 1e-3)
-#: the linear parameter of the dispatch α is seconds over this unit (100 µs), so that every
-#: fitted parameter moves predictions on the same scale as a log-rate does
-TASK_DISPATCH_UNIT_S = 1e-4
-#: parameters count from their range's lower bound plus this offset: scipy's trf starts its
-#: trust region at the norm of the start, which must not be ~0 (a dispatch α starting at 0)
-PARAMETER_OFFSET = 1.0
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """A fitted profile field: its path, unit, the parameter it is fitted as (``log`` of a
-    rate, ``linear`` for the dispatch α: :func:`to_parameter`), its profile section, its
-    range (a function of the base profile) and the reason for the range."""
-
-    name: str
-    unit: str
-    scale: Literal["log", "linear"]
-    section: str
-    range_of: Callable[[HardwareProfile], tuple[float, float]]
-    why: str
-
-
-def _relative(field: str, factors: tuple[float, float]) -> Callable[[HardwareProfile], tuple[float, float]]:
-    """A range of ``factors`` times the base profile's effective value of ``field``."""
-    return lambda hw: (factors[0] * effective_value(hw, field), factors[1] * effective_value(hw, field))
-
-
-def _fixed(bounds: tuple[float, float]) -> Callable[[HardwareProfile], tuple[float, float]]:
-    return lambda hw: bounds
-
-
-FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
-    FieldSpec("link.h2d_gbps", "GB/s", "log", "link", _relative("link.h2d_gbps", LINK_PINNED_RANGE),
-              "pinned DMA: x0.25 (x8 slot, far NUMA socket) to x2 (a conservative datasheet constant)"),
-    FieldSpec("link.d2h_gbps", "GB/s", "log", "link", _relative("link.d2h_gbps", LINK_PINNED_RANGE),
-              "as link.h2d_gbps"),
-    FieldSpec("link.h2d_pageable_gbps", "GB/s", "log", "link", _relative("link.h2d_gbps", PAGEABLE_OF_PINNED_RANGE),
-              "x0.2 to x1 the pinned rate: a driver-staged copy is never faster than pinned"),
-    FieldSpec("link.d2h_pageable_gbps", "GB/s", "log", "link", _relative("link.d2h_gbps", PAGEABLE_OF_PINNED_RANGE),
-              "as link.h2d_pageable_gbps"),
-    FieldSpec("cpu.memcpy_one_thread_gbps", "GB/s", "log", "cpu", _fixed(MEMCPY_ONE_THREAD_GBPS_RANGE),
-              "one core's memcpy, old/virtual to the fastest cores"),
-    FieldSpec("cpu.memcpy_all_threads_gbps", "GB/s", "log", "cpu",
-              _relative("cpu.memory_bandwidth_gbps", MEMCPY_ALL_OF_DRAM_RANGE),
-              "1/10 to 1/2 of DRAM bandwidth: a copy moves 2-3 DRAM bytes per byte"),
-    FieldSpec("cpu.memory_bandwidth_gbps", "GB/s", "log", "cpu", _relative("cpu.memory_bandwidth_gbps", DRAM_RANGE),
-              "host DRAM (CPU attention, copies): STREAM reaches 60-90% of theoretical"),
-    FieldSpec("gpu.memory_stream_efficiency", "", "log", "gpu", _fixed(STREAM_EFFICIENCY_RANGE),
-              "at most 1 (a share of the datasheet); 0.7-0.9 typical"),
-    FieldSpec("gpu.gemm_efficiency", "", "log", "gpu", _fixed(GEMM_EFFICIENCY_RANGE),
-              "at most 1 (a share of tensor peak); ~0.8 for large GEMMs"),
-    FieldSpec("gpu.dispatch.task_s", "s", "linear", "gpu", _fixed(TASK_DISPATCH_S_RANGE),
-              "0 (roofline) to 1 ms (a Python task loop); a CUDA launch is ~5 us"),
-    # a CPU-only host's emulated tier (hrm.machine.rates.emulated_rates): its tasks' α and its copy rate
-    FieldSpec("cpu.dispatch.task_s", "s", "linear", "cpu", _fixed(TASK_DISPATCH_S_RANGE),
-              "as gpu.dispatch.task_s, for the CPU's tasks (both tiers of a CPU-only host)"),
-    FieldSpec("emulation.copy_gbps", "GB/s", "log", "emulation", _relative("emulation.copy_gbps", EMULATED_COPY_RANGE),
-              "a copy between the emulated tiers: the profiler measures a 256 MiB copy, the runtime's are "
-              "small and cache-resident (faster)"),
-)}
-
-#: the per-task dispatch α of each tier (0 where the profile has no dispatch section)
-DISPATCH_FIELDS = ("gpu.dispatch.task_s", "cpu.dispatch.task_s")
-
-#: fields whose effective value is an :class:`hrm.machine.achieved.Achieved` rate (a named default
-#: where the profile lacks it), by the Achieved attribute and its scale to the field's unit
-ACHIEVED_ATTRIBUTES = {
-    "link.h2d_pageable_gbps": ("h2d_pageable_bytes_s", 1 / GB),
-    "link.d2h_pageable_gbps": ("d2h_pageable_bytes_s", 1 / GB),
-    "cpu.memcpy_one_thread_gbps": ("memcpy_one_thread_bytes_s", 1 / GB),
-    "cpu.memcpy_all_threads_gbps": ("memcpy_all_threads_bytes_s", 1 / GB),
-    "gpu.memory_stream_efficiency": ("gpu_memory_stream_efficiency", 1.0),
-    "gpu.gemm_efficiency": ("gpu_gemm_efficiency", 1.0),
-}
+from ..model.spec import ModelSpec
+from .calibration_fields import (DISPATCH_FIELDS, FIELDS, check_fields, effective_value, from_parameter,
+                                 profile_value, to_parameter, with_values)
+from .calibration_runs import QUANTITIES, Run, Runs
 
 # --- the fit's numerical settings ----------------------------------------------------------
 
@@ -164,284 +50,7 @@ SIGNIFICANT_DIGITS = 6
 BOUND_TOL = 1e-6
 
 
-def _frozen() -> ConfigDict:
-    return ConfigDict(extra="forbid", frozen=True)
-
-
-# --- the runs file ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Quantity:
-    """A measurable quantity: the :class:`hrm.estimate.EstimateResult` attribute that
-    predicts it, its unit, and what it is."""
-
-    attribute: str
-    unit: str
-    label: str
-
-
-QUANTITIES: dict[str, Quantity] = {
-    "generation_throughput_tok_s": Quantity("generation_throughput_tok_s", "tok/s", "gen tok/s"),
-    "decode_throughput_tok_s": Quantity("decode_throughput_tok_s", "tok/s", "dec tok/s"),
-    "tpot_s": Quantity("per_token_latency_s", "s", "TPOT s"),
-    "ttft_s": Quantity("prefill_latency_s", "s", "TTFT s"),
-    # an engine's own timers (FlexGen's write_benchmark_log, flexgen/utils.py:263-281): for a
-    # batch engine prefill_s is the TTFT, and total_s = prefill_s + decode_s
-    "prefill_s": Quantity("prefill_latency_s", "s", "prefill s"),
-    "decode_s": Quantity("decode_time_s", "s", "decode s"),
-    "total_s": Quantity("total_time_s", "s", "total s"),
-}
-#: what a run records besides what is fitted: the command as run, the ``hrm import --from``
-#: target that reads it, the engine's version, and the spread of repeated measurements
-PROVENANCE_KEYS = ("command", "from", "engine_version", "spread")
-RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured", *PROVENANCE_KEYS)
-WORKLOAD_KEYS = ("preset", "prompt_len", "max_prompt_len", "gen_len", "padding")
-
-
-class Measurement(BaseModel):
-    model_config = _frozen()
-
-    quantity: str
-    value: float
-
-
-class Run(BaseModel):
-    """One measured run: engine, workload, policy, memory overrides and what was measured."""
-
-    model_config = _frozen()
-
-    label: str
-    engine: Engine
-    workload: Workload
-    policy: Policy
-    gpu_mem_gib: Optional[float] = None
-    cpu_mem_gib: Optional[float] = None
-    measured: tuple[Measurement, ...]
-    #: the runs file's ``dtype``: every tensor held and computed in it (the reference runtime's
-    #: ``--dtype``, which ``hrm validate --runs-out`` writes); None: the model's own dtypes
-    dtype: Optional[str] = None
-    #: provenance (:data:`PROVENANCE_KEYS`), None where the file gives none: the engine's
-    #: command as run, the ``hrm import --from`` target that reads it, the engine's version,
-    #: and per quantity the (min, max) of ``spread_n`` repeats whose median is measured
-    command: Optional[str] = None
-    source: Optional[str] = None
-    engine_version: Optional[str] = None
-    spread_n: Optional[int] = None
-    spread: tuple[tuple[str, float, float], ...] = ()
-
-
-class Runs(BaseModel):
-    """A runs file: the profile and model it names (resolved against the file's folder),
-    its runs, and its sha256."""
-
-    model_config = _frozen()
-
-    path: str
-    sha256: str
-    hardware: str
-    model: str
-    runs: tuple[Run, ...]
-
-
-def _resolve_beside(value: str, folder: Path) -> str:
-    """A relative path (a folder in it, or a file suffix) that exists beside the runs file,
-    else ``value`` unchanged (a shipped name, or a path from the working folder)."""
-    path_like = "/" in value or value.endswith((".yaml", ".yml", ".json"))
-    candidate = folder / value
-    return str(candidate) if path_like and not Path(value).is_absolute() and candidate.exists() else value
-
-
-def _text(data: dict, key: str, where: str) -> str:
-    if key not in data:
-        raise HRMError(f"{where}: missing key '{key}'")
-    value = data[key]
-    if not isinstance(value, str) or not value.strip():
-        raise HRMError(f"{where}.{key}: expected a non-empty string, got {type(value).__name__}")
-    return value.strip()
-
-
-def _unknown_keys(data: dict, known: tuple[str, ...], where: str) -> None:
-    extra = [str(k) for k in data if k not in known]
-    if extra:
-        raise HRMError(f"{where}: unknown key '{extra[0]}' (keys: {', '.join(known)})")
-
-
-def _engine(text: str, folder: Path, where: str) -> Engine:
-    path = Path(_resolve_beside(text, folder))
-    if text != "ideal" and text not in list_engines() and not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        raise HRMError(f"{where}: unknown engine '{text}' (shipped: {', '.join(list_engines())}; or a YAML file)")
-    try:
-        return load_engine(str(path) if path.suffix in (".yaml", ".yml") else text)
-    except HRMError as exc:
-        raise HRMError(f"{where}: {exc}") from None
-
-
-def _workload(value, where: str) -> Workload:
-    """A preset name, or a mapping of prompt_len, max_prompt_len, gen_len, padding (and an
-    optional preset the others override)."""
-    if isinstance(value, str):
-        value = {"preset": value}
-    if not isinstance(value, dict):
-        raise HRMError(f"{where}: expected a preset name ({', '.join(PRESETS)}) or a mapping of "
-                       f"{', '.join(WORKLOAD_KEYS)}")
-    _unknown_keys(value, WORKLOAD_KEYS, where)
-    numbers = {k: value.get(k) for k in ("prompt_len", "max_prompt_len", "gen_len")}
-    for key, number in numbers.items():
-        if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
-            raise HRMError(f"{where}.{key}: expected a whole number of tokens, got {number!r}")
-    padding = value.get("padding", False)
-    if not isinstance(padding, bool):
-        raise HRMError(f"{where}.padding: expected true or false, got {padding!r}")
-    try:
-        return make_workload(value.get("preset"), numbers["prompt_len"], numbers["max_prompt_len"],
-                             numbers["gen_len"], padding)
-    except HRMError as exc:
-        raise HRMError(f"{where}: {exc}") from None
-
-
-def _positive_number(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise HRMError(f"{where}: expected a finite positive number, got {value!r}")
-    return float(value)
-
-
-def _measured(value, where: str) -> tuple[Measurement, ...]:
-    if not isinstance(value, dict) or not value:
-        raise HRMError(f"{where}: expected a mapping of one or more of {', '.join(QUANTITIES)}")
-    out = []
-    for key, number in value.items():
-        if key not in QUANTITIES:
-            raise HRMError(f"{where}: unknown quantity '{key}' (one of {', '.join(QUANTITIES)})")
-        out.append(Measurement(quantity=key, value=_positive_number(number, f"{where}.{key}")))
-    return tuple(out)
-
-
-def _spread(value, measured: tuple[Measurement, ...], where: str) -> tuple[Optional[int], tuple]:
-    """``spread: {n: N, QUANTITY: [min, max], ...}``: N ≥ 2 repeats, each quantity one of the
-    run's measured ones, min ≤ measured ≤ max."""
-    if value is None:
-        return None, ()
-    if not isinstance(value, dict):
-        raise HRMError(f"{where}: expected a mapping of n and [min, max] per measured quantity")
-    n = value.get("n")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise HRMError(f"{where}.n: expected the number of repeats (2 or more), got {n!r}")
-    shown = {m.quantity: m.value for m in measured}
-    out = []
-    for key, pair in value.items():
-        if key == "n":
-            continue
-        if key not in shown:
-            raise HRMError(f"{where}: '{key}' is not one of the run's measured quantities ({', '.join(shown)})")
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise HRMError(f"{where}.{key}: expected [min, max], got {pair!r}")
-        lo, hi = (_positive_number(x, f"{where}.{key}") for x in pair)
-        if not lo <= shown[key] <= hi:
-            raise HRMError(f"{where}.{key}: measured {shown[key]} lies outside [{lo}, {hi}]")
-        out.append((key, lo, hi))
-    return n, tuple(out)
-
-
-def _optional_text(data: dict, key: str, where: str) -> Optional[str]:
-    return None if data.get(key) is None else _text(data, key, where)
-
-
-def _source(data: dict, where: str) -> Optional[str]:
-    """``from``: an ``hrm import --from`` target (it reads ``command``)."""
-    from ..export import EXPORTERS
-
-    name = _optional_text(data, "from", where)
-    if name is not None and name not in EXPORTERS:
-        raise HRMError(f"{where}.from: unknown import target '{name}' (one of {', '.join(EXPORTERS)})")
-    if name is not None and data.get("command") is None:
-        raise HRMError(f"{where}: 'from' names the target that reads 'command': give the command")
-    return name
-
-
-def _memory(data: dict, key: str, where: str) -> Optional[float]:
-    return None if data.get(key) is None else _positive_number(data[key], f"{where}.{key}")
-
-
-def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] = None) -> Run:
-    """One entry of ``runs:``; HRMError naming ``source`` and the entry's field."""
-    where = f"{source}: runs[{index}]"
-    if not isinstance(data, dict):
-        raise HRMError(f"{where}: expected a mapping of {', '.join(RUN_KEYS)}")
-    _unknown_keys(data, RUN_KEYS, where)
-    engine = _engine(_text(data, "engine", where), folder, f"{where}.engine")
-    for key in ("workload", "measured"):
-        if key not in data:
-            raise HRMError(f"{where}: missing key '{key}'")
-    workload = _workload(data["workload"], f"{where}.workload")
-    policy = parse_policy(_text(data, "policy", where), f"{where}.policy")
-    label = data.get("name")
-    label = str(label) if label is not None else f"#{index + 1} {engine.name}"
-    measured = _measured(data["measured"], f"{where}.measured")
-    spread_n, spread = _spread(data.get("spread"), measured, f"{where}.spread")
-    return Run(label=label, engine=engine, workload=workload, policy=policy,
-               gpu_mem_gib=_memory(data, "gpu_mem_gib", where), cpu_mem_gib=_memory(data, "cpu_mem_gib", where),
-               measured=measured, dtype=dtype, command=_optional_text(data, "command", where),
-               source=_source(data, where), engine_version=_optional_text(data, "engine_version", where),
-               spread_n=spread_n, spread=spread)
-
-
-def load_runs(path: str | Path) -> Runs:
-    """Read a runs file (YAML through the project's safe reader); HRMError, one line naming
-    the file and the field, for anything missing, unknown or not a finite positive number."""
-    data = read_yaml_mapping(path, "a runs YAML file", "hardware, model and runs")
-    source = str(path)
-    _unknown_keys(data, ("hardware", "model", "dtype", "runs"), source)
-    dtype = data.get("dtype")
-    if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise HRMError(f"{source}: dtype: expected one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
-    folder = Path(path).parent
-    hardware = _resolve_beside(_text(data, "hardware", source), folder)
-    model = _resolve_beside(_text(data, "model", source), folder)
-    entries = data.get("runs")
-    if not isinstance(entries, list) or not entries:
-        raise HRMError(f"{source}: runs: expected a list of one or more runs")
-    runs = tuple(parse_run(entry, i, folder, source, dtype) for i, entry in enumerate(entries))
-    digest = hashlib.sha256(read_input_text(path, "a runs YAML file").encode()).hexdigest()
-    return Runs(path=source, sha256=digest, hardware=hardware, model=model, runs=runs)
-
-
-# --- predictions on a modified profile ---------------------------------------------------------
-
-def effective_value(hw: HardwareProfile, name: str) -> float:
-    """The value ``hw`` runs at for field ``name``: the profile's own, else the named
-    default of :mod:`hrm.machine.achieved` (a measured profile's GPU efficiencies: 1), 0 for an
-    absent dispatch α."""
-    if name in ACHIEVED_ATTRIBUTES:
-        attribute, scale = ACHIEVED_ATTRIBUTES[name]
-        return float(getattr(achieved_rates(hw), attribute)) * scale
-    if name in DISPATCH_FIELDS:
-        dispatch = getattr(hw, FIELDS[name].section).dispatch
-        return float(dispatch.task_s) if dispatch is not None else 0.0
-    section, key = name.split(".")
-    return float(getattr(getattr(hw, section), key))
-
-
-def profile_value(hw: HardwareProfile, name: str) -> Optional[float]:
-    """The value ``hw`` states for field ``name`` (None: a default applies)."""
-    node = hw
-    for part in name.split("."):
-        node = getattr(node, part, None)
-        if node is None:
-            return None
-    return float(node)
-
-
-def with_values(hw: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
-    """``hw`` with the fields ``values`` names set (a validated copy, as :mod:`hrm.machine.whatif`)."""
-    data = hw.model_dump(exclude_none=True)
-    for name, value in values.items():
-        *sections, key = name.split(".")
-        node = data
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[key] = float(value)
-    return HardwareProfile.model_validate(data)
-
+# --- the runs' predictions on a modified profile -----------------------------------------------------
 
 def run_limits(hw: HardwareProfile, run: Run) -> MemoryLimits | None:
     """The run's --gpu-mem/--cpu-mem overrides as limits (None: the profile's)."""
@@ -492,46 +101,6 @@ class CalibrationFit:
         """The start (clipped into the range) as parameters."""
         start = np.clip(self.start, self.lo, self.hi)
         return np.array([to_parameter(self.fields[j], start[j], self.lo[j]) for j in which], dtype=float)
-
-
-def to_parameter(name: str, value: float, lo: float) -> float:
-    """The fitted parameter of field ``name``: :data:`PARAMETER_OFFSET` + ln(value / lo)
-    (a rate) or + (value − lo) / :data:`TASK_DISPATCH_UNIT_S` (the dispatch α), ``lo`` the
-    range's lower bound."""
-    if FIELDS[name].scale == "linear":
-        return PARAMETER_OFFSET + (value - lo) / TASK_DISPATCH_UNIT_S
-    return PARAMETER_OFFSET + math.log(value / lo)
-
-
-def from_parameter(name: str, theta: float, lo: float) -> float:
-    """The field value of parameter ``theta`` (:func:`to_parameter` inverted)."""
-    if FIELDS[name].scale == "linear":
-        return float(lo + (theta - PARAMETER_OFFSET) * TASK_DISPATCH_UNIT_S)
-    return float(lo * math.exp(theta - PARAMETER_OFFSET))
-
-
-def applicable_fields(hw: HardwareProfile) -> tuple[str, ...]:
-    """The fields of :data:`FIELDS` whose profile section ``hw`` has (a CPU-only profile has
-    no link nor gpu section)."""
-    return tuple(name for name, spec in FIELDS.items() if getattr(hw, spec.section) is not None)
-
-
-def check_fields(hw: HardwareProfile, fields) -> tuple[str, ...]:
-    """The requested fields (all applicable ones when None); HRMError for an unknown one or
-    one the profile has no section for."""
-    if fields is None:
-        return applicable_fields(hw)
-    out = []
-    for name in fields:
-        if name not in FIELDS:
-            raise HRMError(f"--fields: unknown field '{name}' (fittable: {', '.join(FIELDS)})")
-        if getattr(hw, FIELDS[name].section) is None:
-            raise HRMError(f"--fields: profile '{hw.name}' has no {FIELDS[name].section} section for {name}")
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise HRMError("--fields: give one or more fields")
-    return tuple(out)
 
 
 def runs_limits(hw: HardwareProfile, runs: Runs) -> tuple[Optional[MemoryLimits], ...]:
@@ -651,7 +220,7 @@ class FieldFit(BaseModel):
     the profile lacks it and a named default applied), range, fitted value (None: left as
     the profile has it, ``reason`` says why) and whether the fit ended on a bound."""
 
-    model_config = _frozen()
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     unit: str
@@ -669,7 +238,7 @@ class MeasurementFit(BaseModel):
     """One measurement: measured, predicted on the base profile, on the fitted one, and
     leave-one-out (the run left out of the fit; None where the other runs cannot fit)."""
 
-    model_config = _frozen()
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     run: str
     quantity: str
@@ -682,7 +251,7 @@ class MeasurementFit(BaseModel):
 class Calibration(BaseModel):
     """What :func:`fit` found: every candidate field, every measurement, and the fit's size."""
 
-    model_config = _frozen()
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     base: str
     base_sha256: str

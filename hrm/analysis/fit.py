@@ -155,24 +155,9 @@ def _result(cands: list[Candidate], default: Candidate | None, objective: str, u
 
 # --- a machine with a GPU: the lanes estimate under HRM's llama.cpp engines ------------------
 
-def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
-            ubatches: tuple[int, ...] = UBATCHES, threads: tuple[int, ...] | None = None) -> FitResult:
-    """Every (``--n-cpu-moe``, KV on GPU or ``-nkvo``, ``-ub``, ``-t``) estimated; see the module."""
-    from ..engines.engine import load_engine
-    from ..engines.mechanisms import with_fields
-    from ..estimate import estimate
-    from ..cost.memory import physical_limits
-    from ..model.options import DEFAULT_OPTIONS
-    from ..policy import Policy
-    from ..workload import make_workload
-
-    if hw.gpu is None:
-        raise HRMError(f"hrm fit: {hw.name} has no GPU: give a GGUF (--gguf) and a profile with a ggml_cpu section "
-                       f"(hrm profile --llama-cpp) for the CPU-only search")
-    prompt = _check(context, gen, users, objective)
-    workload = make_workload(None, prompt_len=prompt, gen_len=gen)
-    layers = max(int(model.num_moe_layers), 1)
-    dense_first = int(model.first_dense_layers)
+def _gpu_threads(hw, threads: tuple[int, ...] | None) -> tuple[tuple[int, ...], int, list[str]]:
+    """(the -t values searched, llama.cpp's default -t, notes): the given ones, else the thread
+    counts of the profile's measured ggml kernels up to its cores, else the default alone."""
     measured = sorted({k.threads for k in hw.ggml_cpu.kernels}) if hw.ggml_cpu is not None else []
     default_t = linux_default_threads(hw)
     if threads is None:
@@ -183,6 +168,51 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
         notes.append(f"-t {default_t}: llama.cpp's default on {hw.cpu.cores} physical cores (common/common.cpp:77-103); this "
                      "profile has no measured ggml kernels (hrm profile --llama-cpp), so the CPU layers run at its "
                      "DRAM rate whatever -t is, and -t is not searched")
+    return threads, default_t, notes
+
+
+def _gpu_flags(model, users: int, context: int, knobs: dict) -> tuple[tuple[str, str], ...]:
+    """The llama-server flags of one GPU candidate (``knobs``: n_cpu_moe, kv, ubatch, threads)."""
+    ub = knobs["ubatch"]
+    flags = [("-ngl", str(int(model.num_layers) + 1)), ("--n-cpu-moe", str(knobs["n_cpu_moe"])),
+             ("-c", str(users * context)), ("-np", str(users)), ("-b", str(max(DEFAULT_BATCH, ub))),
+             ("-ub", str(ub)), ("-t", str(knobs["threads"])), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
+    if users > 1:
+        flags.append(("-kvu", ""))
+    if knobs["kv"] == "host":
+        flags.append(("-nkvo", ""))
+    flags.append(("--fit", "off"))
+    return tuple(flags)
+
+
+def _gpu_candidate(hw, model, workload, policy, engine, prefill_tokens: int, flags, knobs: dict) -> Candidate:
+    """One command estimated under ``engine`` within the machine's physical memory less its reserve."""
+    from ..cost.memory import physical_limits
+    from ..estimate import estimate
+    from ..model.options import DEFAULT_OPTIONS
+
+    limits = physical_limits(hw, engine)
+    r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
+    prefill_tok_s = prefill_tokens / r.prefill_latency_s if r.prefill_latency_s else 0.0
+    return Candidate(flags, prefill_tok_s, r.decode_throughput_tok_s, r.total_time_s,
+                     {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(limits), knobs, r.bottleneck)
+
+
+def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
+            ubatches: tuple[int, ...] = UBATCHES, threads: tuple[int, ...] | None = None) -> FitResult:
+    """Every (``--n-cpu-moe``, KV on GPU or ``-nkvo``, ``-ub``, ``-t``) estimated; see the module."""
+    from ..engines.engine import load_engine
+    from ..engines.mechanisms import with_fields
+    from ..policy import Policy
+    from ..workload import make_workload
+
+    if hw.gpu is None:
+        raise HRMError(f"hrm fit: {hw.name} has no GPU: give a GGUF (--gguf) and a profile with a ggml_cpu section "
+                       f"(hrm profile --llama-cpp) for the CPU-only search")
+    prompt = _check(context, gen, users, objective)
+    workload = make_workload(None, prompt_len=prompt, gen_len=gen)
+    layers = max(int(model.num_moe_layers), 1)
+    threads, default_t, notes = _gpu_threads(hw, threads)
     cands: list[Candidate] = []
     default = None
     for attn_gpu in (True, False):
@@ -194,22 +224,10 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
             for t in threads:
                 for ub in useful_ubatches(ubatches, prompt * users):
                     engine = with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
-                    limits = physical_limits(hw, engine)
-                    r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
-                    blocks = cpu_layers + dense_first if cpu_layers else 0
-                    flags = [("-ngl", str(int(model.num_layers) + 1)), ("--n-cpu-moe", str(blocks)),
-                             ("-c", str(users * context)), ("-np", str(users)), ("-b", str(max(DEFAULT_BATCH, ub))),
-                             ("-ub", str(ub)), ("-t", str(t)), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
-                    if users > 1:
-                        flags.append(("-kvu", ""))
-                    if not attn_gpu:
-                        flags.append(("-nkvo", ""))
-                    flags.append(("--fit", "off"))
-                    prefill_tok_s = users * prompt / r.prefill_latency_s if r.prefill_latency_s else 0.0
-                    c = Candidate(tuple(flags), prefill_tok_s, r.decode_throughput_tok_s, r.total_time_s,
-                                  {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(limits),
-                                  {"n_cpu_moe": blocks, "cpu_layers": cpu_layers, "kv": "gpu" if attn_gpu else "host",
-                                   "ubatch": ub, "threads": t}, r.bottleneck)
+                    knobs = {"n_cpu_moe": cpu_layers + int(model.first_dense_layers) if cpu_layers else 0,
+                             "cpu_layers": cpu_layers, "kv": "gpu" if attn_gpu else "host", "ubatch": ub, "threads": t}
+                    c = _gpu_candidate(hw, model, workload, policy, engine, users * prompt,
+                                       _gpu_flags(model, users, context, knobs), knobs)
                     cands.append(c)
                     if attn_gpu and ub == DEFAULT_UBATCH and t == (default_t if default_t in threads else threads[0]):
                         # llama.cpp's own memory fit keeps the KV on the GPU and moves whole

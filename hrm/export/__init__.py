@@ -5,15 +5,17 @@ its policy; ``import_flags("llama.cpp", "-np 64 -ub 16 --n-cpu-moe 20", model, .
 such flags back into a :class:`~hrm.policy.Policy` (``read_command``: with the workload the
 command itself runs). Each engine is one target module
 (``flexgen``, ``moe_lightning``, ``llama_cpp``, ``vllm``, ``sglang``) over the protocol of
-:mod:`hrm.export.target`, listed once in :data:`EXPORTERS` (:mod:`hrm.export.registry`). A
-target's policy space is its HRM engines' ``policy:`` blocks (:mod:`hrm.export.space`);
-:func:`fix_pins` gives it as ``hrm-search --fix`` pins.
+:mod:`hrm.export.target`, listed once in :data:`EXPORTERS` (:mod:`hrm.export.registry`);
+llama.cpp's tensor overrides (``-ot``, ``--n-cpu-moe``) are read by
+:mod:`hrm.export.llama_overrides`. A target's policy space is its HRM engines' ``policy:``
+blocks (:mod:`hrm.export.space`); :func:`fix_pins` gives it as ``hrm-search --fix`` pins.
 """
 
 from .exporting import Export, FlagValue, choose_nearest, command_lines, export_plan, export_policy
 from .flexgen import FLEXGEN, FLEXGEN_VERSION, all_weights_ratio
 from .importing import Imported, import_command, import_flags, read_command, split_flags
-from .llama_cpp import LLAMA_CPP, LLAMA_CPP_VERSION, LLAMA_EXPS_REGEX
+from .llama_cpp import LLAMA_CPP, LLAMA_CPP_VERSION
+from .llama_overrides import LLAMA_EXPS_REGEX
 from .moe_lightning import MOE_LIGHTNING, MOE_LIGHTNING_VERSION
 from .registry import EXPORTERS, get_exporter
 from .sglang import SGLANG, SGLANG_VERSION
