@@ -3,6 +3,13 @@
 Errors the user can fix print one line and exit 2 (bad input) or 3 (infeasible); the
 subcommands of other packages (profiler, runtime, solver) are imported lazily so that the
 core needs none of them.
+
+One module per subcommand: ``search.py`` (``hrm search``, ``hrm-search``), ``estimate.py``,
+``show.py``, ``export.py``, ``import_flags.py`` (``hrm import`` of a pasted command),
+``import_bench.py`` (``hrm import`` of llama-bench / llama-batched-bench commands), ``fit.py``,
+``calibrate.py``, ``profile.py``, ``run.py``, ``validate.py``, ``sweep.py``, ``plot.py``,
+``serve.py`` (the web planner, ``web/``); ``parser.py`` (the parser every subcommand uses, the
+exit codes), ``common.py`` (argument groups they share), ``__main__.py`` (``python -m hrm_cli``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ command itself runs). Each engine is one target module
 llama.cpp's tensor overrides (``-ot``, ``--n-cpu-moe``) are read by
 :mod:`hrm.export.llama_overrides`. A target's policy space is its HRM engines' ``policy:``
 blocks (:mod:`hrm.export.space`); :func:`fix_pins` gives it as ``hrm-search --fix`` pins.
+:mod:`hrm.export.exporting` exports a plan (re-planned where the target cannot run it) and
+:mod:`hrm.export.importing` reads a pasted command; :mod:`hrm.export.values` holds what the
+targets share (policies from fields, flag values against their ranges, whole counts nearest a
+fraction); :mod:`hrm.export.llama_tools` reads llama-bench / llama-batched-bench commands as
+the runs they make; :mod:`hrm.export.real_commands` reads the real commands users posted
+(tests/data/real_commands.yaml) as ``hrm import`` does.
 """
 
 from .exporting import Export, FlagValue, choose_nearest, command_lines, export_plan, export_policy
