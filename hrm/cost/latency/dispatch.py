@@ -77,7 +77,8 @@ def decode_dispatch(model: ModelSpec, rates: Rates, micro_batch, attn, ffn, moe:
            + attn * device_attention + ffn * ffn_g + routed * (1 - ffn) * task_g)
     cpu = (1 - attn) * (task_c + dispatch_alpha_s(c, "attention_s")) + routed * (1 - ffn) * (task_c + ffn_c)
     d2h = (1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + 3 * copy_g)
-    h2d = (1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + copy_g) + routed * ffn * (task_g + copy_g)
+    h2d = ((1 - attn) * (task_g + copy_g) + attn * task_g + routed * (1 - ffn) * (task_g + copy_g)
+           + routed * ffn * (task_g + copy_g))
     kv_load = attn * (2 * copy_g + dispatch_alpha_s(g, "kv_load_s"))
     kv_store = attn * (2 * copy_g + dispatch_alpha_s(g, "kv_store_s"))
     return {"gpu": (gpu, 0.0), "cpu": (cpu, 0.0), "h2d": (h2d, kv_load), "d2h": (d2h, kv_store)}

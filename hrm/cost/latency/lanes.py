@@ -95,7 +95,8 @@ def disk_lanes(spill: Lane, num_layers: int, rates: Rates, engine: Engine, resou
     per_layer = 1.0 / num_layers
     lanes = [scaled_lane(spill, per_layer / rates.disk_read_bytes_s, "disk")]
     if engine.host_dram and "dram" in resources:
-        lanes.append(sum_lanes("dram+disk", [resources["dram"], scaled_lane(spill, per_layer / dram_bytes_s(rates), "")]))
+        written = scaled_lane(spill, per_layer / dram_bytes_s(rates), "")
+        lanes.append(sum_lanes("dram+disk", [resources["dram"], written]))
     return lanes
 
 

@@ -65,8 +65,10 @@ def seconds_per_miss(model: ModelSpec, rates: Rates, engine: Engine, phase, toke
         return load + 0 * t
     distinct = costs.expected_distinct_experts(model, t)
     per_expert = expert_rows(model, t)  # tokens per touched expert
-    hidden = 2 * per_expert * model.hidden_size * dtype_bytes(model.activation_dtype) / link_bytes_s(rates, engine, "h2d")
-    on_cpu = cpu_time_s(costs.single_expert(model, per_expert), rates, per_expert, engine) + hidden - gpu_experts_s / distinct
+    hidden = (2 * per_expert * model.hidden_size * dtype_bytes(model.activation_dtype)
+              / link_bytes_s(rates, engine, "h2d"))
+    on_cpu = (cpu_time_s(costs.single_expert(model, per_expert), rates, per_expert, engine) + hidden
+              - gpu_experts_s / distinct)
     copied = costs.expert_bytes(model) / link_bytes_s(rates, engine, "h2d", pageable=True)
     threshold = engine.offload_min_tokens_per_expert
     return np.where(per_expert < threshold if threshold is not None else True, on_cpu, copied)

@@ -88,7 +88,8 @@ def prefill_layer_terms(model: ModelSpec, rates: Rates, micro_batch, prompt_len,
         tokens=tokens, zero=zero, ops=ops, rows=rows, moe_s=moe_s, gpu_s=gpu, allreduce_s=reduce, alpha_s=alpha,
         launch=launch, kv_s=kv, kv_chain_s=kv["d2h"] if engine.prefill.kv_cache == "pageable" else 0.0,
         on_cpu=on_cpu, crossing_bytes=crossing,
-        weights_s=weight_transfer_s(rates, engine, engine.prefill.weight_path, prefill_passes(engine, tokens) * crossing),
+        weights_s=weight_transfer_s(rates, engine, engine.prefill.weight_path,
+                                    prefill_passes(engine, tokens) * crossing),
         hidden_bytes=tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0,
         cpu_hidden_bytes=on_cpu * tokens * model.hidden_size * ab,  # each way, for the layers' CPU experts
         miss_pieces=misses)
