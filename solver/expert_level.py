@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from hrm.cost.latency.ops import lm_head_time_s
 from hrm.errors import HRMError, InfeasibleError
 from hrm.estimate import estimate

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from hrm.cost import costs
 from hrm.cost.latency.decode import decode_resources
 from hrm.cost.latency.lane import RESOURCES, sum_lanes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from hrm.cost.latency.decode import decode_resources
 from hrm.cost.latency.offload import offloaded_layer_bytes, on_demand_weights_share
 from hrm.cost.latency.prefill import prefill_resources

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+
 from hrm.cost.latency.decode import decode_resources
 from hrm.cost.latency.dispatch import experts_call_dispatch_s
 from hrm.cost.latency.ops import lm_head_time_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+
 from hrm.cost.latency.decode import decode_resources
 from hrm.cost.latency.lanes import layer_kinds, schedule_lanes, step_sync_s
 from hrm.cost.latency.ops import lm_head_time_s
