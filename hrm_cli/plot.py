@@ -13,7 +13,7 @@ from hrm_cli.common import (add_machine_args, engine_default_help, add_memory_ar
                             machine_from_args, options_from_args, workload_from_args)
 from hrm_cli.sweep import sweep_progress
 from hrm.errors import HRMError
-from hrm.cost.latency import SCHEDULES
+from hrm.engines.schedules import SCHEDULES
 from hrm.units import DTYPES
 from hrm.workload import PRESETS, make_workload
 
@@ -69,7 +69,7 @@ def build_parser() -> ArgumentParser:
     pmap.add_argument("--padding", action="store_true")
     pmap.add_argument("--bandwidths", default=FIG10["bandwidths"], help="CPU→GPU GB/s values (comma-separated)")
     pmap.add_argument("--cpu-scales", default=FIG10["cpu_scales"], help="CPU scaling ratios (comma-separated)")
-    pmap.add_argument("--schedule", choices=SCHEDULES, help="lane structure of --engine ideal (default cgopipe)")
+    pmap.add_argument("--schedule", choices=list(SCHEDULES), help="lane structure of --engine ideal (default cgopipe)")
     pmap.add_argument("--engine", help=f"engine name or YAML file ({engine_default_help()})")
     pmap.add_argument("--objective", default="generation", choices=["generation", "decode"])
     pmap.add_argument("--csv", help="also write the table of best policies")
@@ -90,7 +90,7 @@ def build_parser() -> ArgumentParser:
     tl.add_argument("--plan", help="plan file (hrm-search --out); its policy and schedule are drawn")
     tl.add_argument("--policy", help="policy, e.g. 'N=2496,mu=192,rw=0.11' (default: the trace's policy when "
                     "--trace is given, else the searched optimum)")
-    tl.add_argument("--schedule", choices=SCHEDULES, help="schedule (default: the plan's, else cgopipe)")
+    tl.add_argument("--schedule", choices=list(SCHEDULES), help="schedule (default: the plan's, else cgopipe)")
     tl.add_argument("--engine", help=f"engine name or YAML file (default: the plan's, else {engine_default_help()})")
     tl.add_argument("--context", type=bounds.CONTEXT_TOKENS.flag("--context"),
                     help="cached tokens (default: the mean over the decode steps)")
@@ -200,8 +200,8 @@ def _cpu_memory(args):
 def _timeline(args):
     from hrm.plan import load_plan, resolve_plan_engine
     from hrm.policy import parse_policy
-    from hrm.machine.rates import rates_from_profile
     from hrm.pipelines import decode_timeline
+    from hrm.problem import make_problem
     from hrm.workload import mean_decode_context
     from hrm.plots.timeline import plot_timeline, trace_policy
 
@@ -231,8 +231,7 @@ def _timeline(args):
                         limits=limits_from_args(hw, options, args), top=0)
         policy = result.best.policy
     context = args.context or mean_decode_context(workload)
-    timeline = decode_timeline(model, rates_from_profile(hw, options.for_model(model), engine.name), policy, engine,
-                               context)
+    timeline = decode_timeline(make_problem(hw, model, workload, engine, options), policy, context=context)
     print(f"layer period {timeline.layer_period_s * 1e3:.4g} ms (list-scheduled), "
           f"eq. 12 bound {timeline.lane_bound_s * 1e3:.4g} ms")
     return plot_timeline(timeline, f"{model.name} on {hw.name}, {policy.short()}, context {context:.0f}",

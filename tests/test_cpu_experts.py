@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.transfers import link_bytes_s
 from hrm.engines.engine import Engine, load_engine
 from hrm.estimate import estimate
 from hrm.machine.hardware import load_hardware
@@ -70,9 +72,9 @@ def test_below_op_offload_the_cpu_endpoint_is_the_ffn_cpu_placement():
 def test_op_offload_copies_the_used_experts_over_the_link():
     hw, model, engine = load_hardware("rtx3090"), load_model("mixtral"), llama()
     rates = rates_from_profile(hw, DEFAULT_OPTIONS.for_model(model))
-    link = latency.link_bytes_s(rates, engine, "h2d")
+    link = link_bytes_s(rates, engine, "h2d")
     for mu, on_cpu in ((31.0, True), (32.0, False), (200.0, False)):
-        lanes = latency.decode_resources(model, rates, mu, 500.0, 1.0, 1.0, True, engine)
+        lanes = decode_resources(model, rates, mu, 500.0, 1.0, 1.0, True, engine)
         h2d = float(lanes["h2d"].per_layer_offloaded_weights_s)
         cpu = float(lanes["cpu"].per_layer_offloaded_weights_s)
         hidden = mu * model.hidden_size * 2 / link  # fp16 hidden states back from the CPU experts

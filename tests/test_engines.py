@@ -12,7 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.ops import gpu_time_s
+from hrm.cost.latency.prefill import prefill_resources
 from hrm.machine.achieved import COPY_DRAM_BYTES_PER_BYTE, achieved_rates
 from hrm.engines.engine import ENGINES_DIR, IDEAL, Engine, list_engines, load_engine
 from hrm.engines.mechanisms import active_mechanisms, without
@@ -144,7 +147,7 @@ def test_staging_copy_and_host_dram_lane_by_hand():
     model = load_model("tiny-mixtral")
     rates = rates_from_profile(hw, ModelOptions().for_model(model))
     engine = Engine(name="staged", decode={"weight_path": "pageable-staged"}, host_dram=True, copy_threads=2)
-    lanes = latency.decode_resources(model, rates, 4, 100, False, True, True, engine)
+    lanes = decode_resources(model, rates, 4, 100, False, True, True, engine)
     layer = costs.layer_expert_bytes(model)
     copy_s = layer / (2 * 10 * GB)                       # 2 threads × 10 GB/s, under the 30 GB/s cap
     assert float(lanes["copy"].per_layer_offloaded_weights_s) == pytest.approx(copy_s)
@@ -159,7 +162,7 @@ def test_staging_copy_and_host_dram_lane_by_hand():
     dma = 4 * costs.qkv_width(model) * ab + 4 * model.attn_out_dim * ab
     assert float(lanes["dram"].per_micro_batch_s) == pytest.approx((float(ops.attention.bytes) + dma) / (100 * GB))
     # ideal has neither the copy nor the DRAM lane
-    plain = latency.decode_resources(model, rates, 4, 100, False, True, True, IDEAL)
+    plain = decode_resources(model, rates, 4, 100, False, True, True, IDEAL)
     assert "copy" not in plain and "dram" not in plain
 
 
@@ -171,8 +174,8 @@ def test_two_ranks_sharing_one_host_by_hand():
     rates = rates_from_profile(hw, ModelOptions().for_model(model))
     shared = Engine(name="tp", tensor_parallel={"host_shared": True, "allreduce": "nccl"})
     layer = costs.layer_expert_bytes(model)
-    ideal = latency.decode_resources(model, rates, 8, 50, False, True, True, IDEAL)
-    lanes = latency.decode_resources(model, rates, 8, 50, False, True, True, shared)
+    ideal = decode_resources(model, rates, 8, 50, False, True, True, IDEAL)
+    lanes = decode_resources(model, rates, 8, 50, False, True, True, shared)
     # ideal: each GPU its own 10 GB/s link; shared: both behind one switch, one uplink
     assert float(ideal["h2d"].per_layer_offloaded_weights_s) == pytest.approx(layer / (20 * GB))
     assert float(lanes["h2d"].per_layer_offloaded_weights_s) == pytest.approx(layer / (10 * GB))
@@ -182,7 +185,7 @@ def test_two_ranks_sharing_one_host_by_hand():
     per_gpu = 2 * 2 * (2 - 1) / 2 * payload
     via_host = per_gpu / (5 * GB) + per_gpu / (5 * GB)
     over_link = per_gpu / (50 * GB)
-    gpu_only = latency.decode_resources(model, rates, 8, 50, False, True, True,
+    gpu_only = decode_resources(model, rates, 8, 50, False, True, True,
                                         Engine(name="x", tensor_parallel={"host_shared": True}))
     # gpu_only charges the all-reduce over the 50 GB/s GPU link, as ideal does
     assert float(lanes["gpu"].per_micro_batch_s - gpu_only["gpu"].per_micro_batch_s) == pytest.approx(
@@ -200,13 +203,13 @@ def test_pageable_prefill_weight_load_by_hand():
     rates = rates_from_profile(hw, ModelOptions().for_model(model))
     engine = Engine(name="p", prefill={"weight_path": "pageable-driver", "weights_overlap": "last-micro-batch-moe",
                                        "kv_cache": "pageable", "kv_reserved_gen_slots": True})
-    lanes = latency.prefill_resources(model, rates, 2, 64, True, engine, gen_len=16)
+    lanes = prefill_resources(model, rates, 2, 64, True, engine, gen_len=16)
     layer = costs.layer_expert_bytes(model)
     assert float(lanes["h2d"].per_layer_offloaded_weights_s) == pytest.approx(layer / (4 * GB))  # pageable 4 GB/s
     chain = lanes["gpu+weights"]
     ops = costs.prefill_layer_ops(model, 2, 64)
     rows = 128 * model.top_k / costs.expected_distinct_experts(model, 128)
-    moe_s = latency.gpu_time_s(ops.ffn, rates, rows, engine, kernel=True)
+    moe_s = gpu_time_s(ops.ffn, rates, rows, engine, kernel=True)
     assert float(chain.per_layer_s) == pytest.approx(-float(moe_s))  # overlaps only the last micro-batch's MoE
     assert float(chain.per_layer_offloaded_weights_s) == pytest.approx(layer / (4 * GB))
     # pageable KV write-back of prompt + reserved slots blocks the GPU chain (d2h pageable, no measured

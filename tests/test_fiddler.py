@@ -8,7 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm.cost import latency
+from hrm.cost import costs
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.lane import RESOURCES, sum_lanes
+from hrm.cost.latency.ops import gpu_time_s
+from hrm.cost.latency.transfers import link_bytes_s
 from hrm.engines.engine import Engine, load_engine
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
@@ -23,8 +27,8 @@ WL = make_workload("mtbench", gen_len=16)
 
 def miss_lane_s(model, engine, rates, mu: float, rw: float) -> float:
     """The serial lane's time beyond its value with every expert resident (r_w = 1)."""
-    resources = latency.decode_resources(model, rates, mu, 300.0, 1.0, 1.0, True, engine)
-    lane = latency._sum_lanes("all", [resources[r] for r in latency.RESOURCES])
+    resources = decode_resources(model, rates, mu, 300.0, 1.0, 1.0, True, engine)
+    lane = sum_lanes("all", [resources[r] for r in RESOURCES])
     return float(lane.time_s(1, rw, 1.0) - lane.time_s(1, 1.0, 1.0))
 
 
@@ -43,8 +47,8 @@ def test_a_miss_below_ten_tokens_runs_on_the_cpu(setting):
         per_expert = mu * 2 / distinct
         cpu = max(2 * per_expert * 3 * h * h2 / rates.cpu_flops(per_expert),
                   (eb + per_expert * (2 * h + 3 * h2) * 2) / rates.cpu_bandwidth_bytes_s)
-        hidden = 2 * per_expert * h * 2 / latency.link_bytes_s(rates, engine, "h2d")
-        gpu_share = float(latency.gpu_time_s(latency.costs.routed_experts(model, mu), rates,
+        hidden = 2 * per_expert * h * 2 / link_bytes_s(rates, engine, "h2d")
+        gpu_share = float(gpu_time_s(costs.routed_experts(model, mu), rates,
                                              mu * 2 / distinct, engine, kernel=True)) / distinct
         per_miss = cpu + hidden - gpu_share
         for cached in (0, 3, 8):
@@ -55,12 +59,12 @@ def test_a_miss_below_ten_tokens_runs_on_the_cpu(setting):
 def test_from_ten_tokens_a_miss_is_a_pageable_copy(setting):
     model, rates, engine = setting
     eb = 3 * model.hidden_size * model.expert_intermediate_size * 2
-    copy = eb / latency.link_bytes_s(rates, engine, "h2d", pageable=True)
+    copy = eb / link_bytes_s(rates, engine, "h2d", pageable=True)
     for mu in (48.0, 200.0):  # 48·2/8 = 12 tokens per expert
         for cached in (0, 5):
             want = float(expected_misses(zipf(8, 2, 0.0), cached, mu)) * copy
             assert miss_lane_s(model, engine, rates, mu, cached / 8) == pytest.approx(want, rel=1e-9)
-    assert latency.link_bytes_s(rates, engine, "h2d", pageable=True) < latency.link_bytes_s(rates, engine, "h2d")
+    assert link_bytes_s(rates, engine, "h2d", pageable=True) < link_bytes_s(rates, engine, "h2d")
 
 
 def test_skewed_routing_misses_less(setting):

@@ -19,7 +19,10 @@ import pytest
 import yaml
 
 import hrm_cli
-from hrm.cost import latency
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.lane import RESOURCES
+from hrm.cost.latency.lanes import schedule_lanes
+from hrm.cost.latency.transfers import dram_bytes_s, weight_transfer_s
 from hrm.machine.achieved import achieved_rates
 from hrm.engines.engine import load_engine
 from hrm.engines.mechanisms import flag_engine
@@ -73,9 +76,9 @@ def test_pinned_weights_move_at_the_pinned_rate():
     rates = rates_from_profile(hw, ModelOptions().for_model(model), "flexgen")
     pinned, _ = flag_engine(load_engine("flexgen"), {"--pin-weight": "true"})
     unpinned = load_engine("flexgen")
-    assert latency.weight_transfer_s(rates, pinned, pinned.decode.weight_path, LAYER_BYTES)["h2d"] == \
+    assert weight_transfer_s(rates, pinned, pinned.decode.weight_path, LAYER_BYTES)["h2d"] == \
         pytest.approx(LAYER_BYTES / (55.17 * GB), rel=1e-12)
-    assert latency.weight_transfer_s(rates, unpinned, unpinned.decode.weight_path, LAYER_BYTES)["h2d"] == \
+    assert weight_transfer_s(rates, unpinned, unpinned.decode.weight_path, LAYER_BYTES)["h2d"] == \
         pytest.approx(LAYER_BYTES / (14.13 * GB), rel=1e-12)
 
 
@@ -84,9 +87,9 @@ def test_no_overlap_is_one_serial_lane():
     hw, model = load_hardware(H100), load_model("mixtral")
     rates = rates_from_profile(hw, ModelOptions().for_model(model), "flexgen")
     serial, _ = flag_engine(load_engine("flexgen"), {"--overlap": "false"})
-    res = latency.decode_resources(model, rates, 64, 200, 1.0, 1.0, True, serial)
-    lanes = latency.schedule_lanes(res, serial, rates.shared_unit)
-    tasks = [res[r] for r in res if r in latency.RESOURCES]
+    res = decode_resources(model, rates, 64, 200, 1.0, 1.0, True, serial)
+    lanes = schedule_lanes(res, serial, rates.shared_unit)
+    tasks = [res[r] for r in res if r in RESOURCES]
     total = sum(float(t.per_micro_batch_s) for t in tasks)
     assert float(lanes[0].per_micro_batch_s) == pytest.approx(total, rel=1e-12)
 
@@ -206,7 +209,7 @@ def test_the_runtime_dispatch_is_charged_to_the_runtime_alone():
     assert (flexgen.op_costs.gpu_op_s, flexgen.op_costs.cpu_op_s, flexgen.op_costs.sync_bubble_s) == (8e-6, 2e-6, 20e-6)
     # all on the GPU, one micro-batch of 64: the host issues 29 kernels + 2 copies per layer
     # (flexgen.yaml launches, docs/engines/op_counts.md §2), and no runtime α anywhere
-    res = latency.decode_resources(model, flexgen, 64, 200, 1.0, 1.0, True, load_engine("flexgen"))
+    res = decode_resources(model, flexgen, 64, 200, 1.0, 1.0, True, load_engine("flexgen"))
     assert float(res["host"].per_micro_batch_s) == pytest.approx(8e-6 * (29 + 2), rel=1e-12)
 
 
@@ -275,7 +278,7 @@ def test_host_dram_lane_uses_the_measured_traffic():
     """h100-measured: cpu.dram_gbps 105.8 (its own STREAM copy), not the 35.75 triad."""
     hw = load_hardware(H100)
     rates = rates_from_profile(hw, ModelOptions().for_model(load_model("mixtral")), "flexgen")
-    assert latency.dram_bytes_s(rates) == pytest.approx(105.8 * GB)
+    assert dram_bytes_s(rates) == pytest.approx(105.8 * GB)
     assert hw.cpu.memory_bandwidth_gbps == 35.75
 
 

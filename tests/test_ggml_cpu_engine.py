@@ -8,7 +8,7 @@ import pytest
 from hrm.cost import costs
 from hrm.engines.engine import load_engine
 from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel, load_hardware
-from hrm.cost.latency import cpu_time_s
+from hrm.cost.latency.ops import cpu_time_s
 from hrm.model.spec import load_model
 from hrm.model.options import DEFAULT_OPTIONS
 from hrm.machine.rates import default_llama_threads, rates_from_profile

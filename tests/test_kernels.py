@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.ops import expert_rows, gpu_time_s, kernel_slowdown
 from hrm.engines.engine import load_engine
 from hrm.engines.mechanisms import with_fields
 from hrm.machine.hardware import load_hardware
@@ -33,10 +34,10 @@ def test_untuned_fused_moe_time_is_the_measured_factor(tokens, factor):
     untuned = load_engine("vllm")
     tuned = with_fields(untuned, {"moe_kernel": "cublas"})
     rows = rows_per_expert(tokens)
-    assert float(latency._expert_rows(model, tokens)) == pytest.approx(rows, rel=1e-9)
+    assert float(expert_rows(model, tokens)) == pytest.approx(rows, rel=1e-9)
     op = costs.prefill_layer_ops(model, tokens, 1).ffn
-    slow = float(latency.gpu_time_s(op, rates, rows, untuned, kernel=True))
-    fast = float(latency.gpu_time_s(op, rates, rows, tuned, kernel=True))
+    slow = float(gpu_time_s(op, rates, rows, untuned, kernel=True))
+    fast = float(gpu_time_s(op, rates, rows, tuned, kernel=True))
     assert slow / fast == pytest.approx(factor, rel=2e-3)
 
 
@@ -50,17 +51,17 @@ def test_turing_halves_the_compute_roof_only():
     for tokens, expected in ((2048, 1.0 / 0.5), (1, 1.31)):
         rows = rows_per_expert(tokens)
         op = costs.prefill_layer_ops(model, tokens, 1).ffn
-        ratio = float(latency.gpu_time_s(op, rates, rows, untuned, kernel=True)
-                      / latency.gpu_time_s(op, rates, rows, tuned, kernel=True))
+        ratio = float(gpu_time_s(op, rates, rows, untuned, kernel=True)
+                      / gpu_time_s(op, rates, rows, tuned, kernel=True))
         assert ratio == pytest.approx(expected, rel=0.02), tokens
 
 
 def test_other_ops_and_the_cpu_only_host_pay_nothing():
     hw, model = load_hardware("cpu-only"), load_model("tiny-mixtral")
     rates = rates_from_profile(hw)
-    assert latency.kernel_slowdown(rates, load_engine("vllm"), 8.0) == 1.0
+    assert kernel_slowdown(rates, load_engine("vllm"), 8.0) == 1.0
     hw, model = load_hardware("l4"), load_model("mixtral")
     rates = rates_from_profile(hw)
     op = costs.prefill_layer_ops(model, 32, 1).pre_attn
-    assert float(latency.gpu_time_s(op, rates, 32, load_engine("vllm"))) == float(
-        latency.gpu_time_s(op, rates, 32, with_fields(load_engine("vllm"), {"moe_kernel": "cublas"})))
+    assert float(gpu_time_s(op, rates, 32, load_engine("vllm"))) == float(
+        gpu_time_s(op, rates, 32, with_fields(load_engine("vllm"), {"moe_kernel": "cublas"})))

@@ -43,10 +43,10 @@ def mixtral_3090():
 def test_layer_durations_from_the_cost_model(mixtral_3090):
     model, rates = mixtral_3090
     layer = klotski_layer(model, rates, 16, 512, 4)
-    from hrm.cost import latency
+    from hrm.cost.latency.transfers import link_bytes_s
     from hrm.engines.engine import IDEAL
 
-    link = latency.link_bytes_s(rates, IDEAL, "h2d")  # the profile's pinned CPU→GPU rate
+    link = link_bytes_s(rates, IDEAL, "h2d")  # the profile's pinned CPU→GPU rate
     expert_bytes = 3 * model.hidden_size * model.expert_intermediate_size * 2
     assert layer.expert_load_s == pytest.approx(expert_bytes / link, rel=1e-12)
     assert link == pytest.approx(load_hardware("rtx3090").link.h2d_gbps * 1e9, rel=0.3)

@@ -11,7 +11,8 @@ import pytest
 
 import hrm.pipelines.expert_level_tasks as klotski
 import hrm.pipelines.expert_level as expert_level
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.transfers import link_bytes_s
 from hrm.engines.engine import load_engine
 from hrm.errors import HRMError
 from hrm.estimate import estimate
@@ -45,8 +46,8 @@ def test_host_kv_load_and_store_per_batch_from_the_profile():
     hw, model, _, rates = _setup()
     layer = klotski.klotski_layer(model, rates, 16, 300.0, 4, engine=ENGINE, kv_gpu_ratio=0.25, dense_resident=True)
     kv_token = 2 * model.num_kv_heads * model.head_dim * dtype_bytes(model.kv_dtype)
-    h2d = latency.link_bytes_s(rates, ENGINE, "h2d", pageable=True)
-    d2h = latency.link_bytes_s(rates, ENGINE, "d2h", pageable=True)
+    h2d = link_bytes_s(rates, ENGINE, "h2d", pageable=True)
+    d2h = link_bytes_s(rates, ENGINE, "d2h", pageable=True)
     issue = 2 * rates.op_costs.gpu_op_s  # the K and V copies' launches (klotski.yaml launches; hrm.machine.launches)
     assert layer.kv_load_s == pytest.approx(0.75 * 16 * 300 * kv_token / h2d + issue, rel=1e-12)
     assert layer.kv_store_s == pytest.approx(0.75 * 16 * kv_token / d2h + issue, rel=1e-12)

@@ -10,7 +10,10 @@ import pytest
 import yaml
 
 from hrm.pipelines import expert_level_tasks as klotski
-from hrm.cost import latency
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.lane import lanes_time_s
+from hrm.cost.latency.lanes import schedule_lanes
+from hrm.cost.latency.prefill import prefill_resources
 from hrm.engines.engine import IDEAL, Engine, load_engine
 from hrm.engines.mechanisms import MECHANISMS, without
 from hrm.errors import HRMError
@@ -37,10 +40,10 @@ def test_moe_lightning_host_lane_is_its_counted_ops_at_8us():
     kernel (nothing per expert), 3 CPU ops on the CPU-attention thread, no syncs."""
     engine = load_engine("moe-lightning")
     rates = _rates()
-    lanes = latency.decode_resources(MIXTRAL, rates, 64, 512, 0.0, 1.0, engine=engine)
+    lanes = decode_resources(MIXTRAL, rates, 64, 512, 0.0, 1.0, engine=engine)
     assert float(lanes["host"].per_micro_batch_s) == pytest.approx(23 * 8e-6, rel=1e-12)
     assert float(lanes["host"].per_layer_s) == 0.0
-    bare = latency.decode_resources(MIXTRAL, rates, 64, 512, 0.0, 1.0, engine=without(engine, "launches"))
+    bare = decode_resources(MIXTRAL, rates, 64, 512, 0.0, 1.0, engine=without(engine, "launches"))
     assert "host" not in bare
     assert float(lanes["cpu"].per_micro_batch_s - bare["cpu"].per_micro_batch_s) == pytest.approx(3 * 2e-6, rel=1e-9)
     assert float(lanes["gpu"].per_micro_batch_s) == pytest.approx(float(bare["gpu"].per_micro_batch_s), rel=1e-12)
@@ -53,8 +56,8 @@ def test_deepspeed_counts_per_expert_per_layer_and_syncs(mu):
     engine = load_engine("deepspeed-zero")
     rates = _rates()
     d = _distinct(mu)
-    lanes = latency.decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=engine)
-    bare = latency.decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=without(engine, "launches"))
+    lanes = decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=engine)
+    bare = decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=without(engine, "launches"))
     assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * (9 + 5)), rel=1e-12)
     assert float(lanes["host"].per_layer_s) == pytest.approx(7 * 8e-6, rel=1e-12)
     bubbles = lanes["gpu"].time_s(1, 0.0, 1.0) - bare["gpu"].time_s(1, 0.0, 1.0)
@@ -67,25 +70,25 @@ def test_a_measured_dispatch_replaces_the_counts():
     measured = hw.model_copy(update={"gpu": hw.gpu.model_copy(update={"dispatch": Dispatch(task_s=1e-5)})})
     rates = rates_from_profile(measured, ModelOptions().for_model(MIXTRAL))
     assert rates.op_costs is None
-    lanes = latency.decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=load_engine("moe-lightning"))
+    lanes = decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=load_engine("moe-lightning"))
     assert "host" not in lanes
 
 
 def test_no_charge_for_ideal_switched_off_or_a_cpu_only_host():
     rates = _rates()
-    assert "host" not in latency.decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=IDEAL)
+    assert "host" not in decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=IDEAL)
     off = _rates(use_dispatch_overhead=False)
     assert off.op_costs is None
-    assert "host" not in latency.decode_resources(MIXTRAL, off, 8, 512, 0.0, 1.0, engine=load_engine("moe-lightning"))
+    assert "host" not in decode_resources(MIXTRAL, off, 8, 512, 0.0, 1.0, engine=load_engine("moe-lightning"))
     cpu_only = rates_from_profile(load_hardware("cpu-only"), ModelOptions().for_model(MIXTRAL))
-    assert "host" not in latency.decode_resources(MIXTRAL, cpu_only, 8, 512, 0.0, 1.0,
+    assert "host" not in decode_resources(MIXTRAL, cpu_only, 8, 512, 0.0, 1.0,
                                                   engine=load_engine("moe-lightning"))
 
 
 def test_options_override_the_per_op_costs():
     engine = load_engine("moe-lightning")
     rates = _rates(eager_gpu_op_s=1e-5, eager_cpu_op_s=0.0, sync_bubble_s=0.0)
-    lanes = latency.decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=engine)
+    lanes = decode_resources(MIXTRAL, rates, 8, 512, 0.0, 1.0, engine=engine)
     assert float(lanes["host"].per_micro_batch_s) == pytest.approx(23 * 1e-5, rel=1e-12)
     assert (EAGER_GPU_OP_S, EAGER_CPU_OP_S, SYNC_BUBBLE_S) == (8e-6, 2e-6, 20e-6)
 
@@ -93,8 +96,8 @@ def test_options_override_the_per_op_costs():
 def test_prefill_charges_the_same_ops_per_micro_batch_and_bubbles_in_every_gpu_bound():
     engine = load_engine("deepspeed-zero")  # a prefetch bucket: a gpu+weights bound in prefill
     rates = _rates()
-    lanes = latency.prefill_resources(MIXTRAL, rates, 2, 100, engine=engine)
-    bare = latency.prefill_resources(MIXTRAL, rates, 2, 100, engine=without(engine, "launches"))
+    lanes = prefill_resources(MIXTRAL, rates, 2, 100, engine=engine)
+    bare = prefill_resources(MIXTRAL, rates, 2, 100, engine=without(engine, "launches"))
     d = _distinct(200)
     assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * 14), rel=1e-9)
     for name in ("gpu", "gpu+weights"):
@@ -108,11 +111,11 @@ def test_small_batches_are_bound_by_the_host_when_the_weights_are_resident():
     at least the host's time."""
     engine = load_engine("fiddler")
     rates = _rates("a100-80g")
-    resources = latency.decode_resources(MIXTRAL, rates, 1, 128, 1.0, 1.0, engine=engine)
-    lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+    resources = decode_resources(MIXTRAL, rates, 1, 128, 1.0, 1.0, engine=engine)
+    lanes = schedule_lanes(resources, engine, rates.shared_unit)
     host = 8e-6 * (67 + _distinct(1) * 11)
     assert float(resources["host"].per_micro_batch_s) == pytest.approx(host, rel=1e-12)
-    layer = float(latency.lanes_time_s(lanes, 1, 1.0, 1.0))
+    layer = float(lanes_time_s(lanes, 1, 1.0, 1.0))
     assert layer >= host
 
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.lane import RESOURCES, lanes_time_s, sum_lanes
+from hrm.cost.latency.lanes import schedule_lanes
+from hrm.cost.latency.transfers import link_bytes_s
 from hrm.engines.engine import Engine, load_engine
 from hrm.estimate import estimate
 from hrm.machine.hardware import load_hardware
@@ -27,7 +31,7 @@ WL = make_workload("mtbench", gen_len=16)
 
 def misses_s(model, engine, rates, mu: float, rw: float) -> float:
     """The decode h2d lane's time beyond its r_w-free part (the misses' load)."""
-    h2d = latency.decode_resources(model, rates, mu, 300.0, 1.0, 1.0, True, engine)["h2d"]
+    h2d = decode_resources(model, rates, mu, 300.0, 1.0, 1.0, True, engine)["h2d"]
     return float(h2d.time_s(1, rw, 1.0) - h2d.time_s(1, 1.0, 1.0))
 
 
@@ -35,7 +39,7 @@ def misses_s(model, engine, rates, mu: float, rw: float) -> float:
 def setting():
     model = load_model("mixtral")
     rates = rates_from_profile(load_hardware("rtx3090"), DEFAULT_OPTIONS.for_model(model))
-    return model, rates, load_engine("moe-infinity"), latency.link_bytes_s(rates, load_engine("moe-infinity"), "h2d")
+    return model, rates, load_engine("moe-infinity"), link_bytes_s(rates, load_engine("moe-infinity"), "h2d")
 
 
 @pytest.mark.parametrize("mu", [1.0, 4.0, 16.0])
@@ -70,14 +74,14 @@ def test_skewed_routing_is_the_expected_misses_and_convex(setting, mu):
 def test_lanes_expand_to_affine_pieces_with_the_same_max(setting):
     model, rates, engine, _ = setting
     skewed = model.with_routing(zipf(8, 2, 1.2))
-    resources = latency.decode_resources(skewed, rates, 4.0, 300.0, 1.0, 1.0, True, engine)
-    lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+    resources = decode_resources(skewed, rates, 4.0, 300.0, 1.0, 1.0, True, engine)
+    lanes = schedule_lanes(resources, engine, rates.shared_unit)
     # serial: one lane per piece, plus the host thread issuing the ops (its own lane)
     assert len(lanes) == 9 and not any(lane.pieces for lane in lanes if lane.name != "host")
     lanes = [lane for lane in lanes if lane.name != "host"]
-    total = latency._sum_lanes("all", [resources[r] for r in latency.RESOURCES])
+    total = sum_lanes("all", [resources[r] for r in RESOURCES])
     for rw in (0.0, 0.125, 0.3, 0.75, 1.0):
-        assert float(latency.lanes_time_s(lanes, 1, rw, 1.0)) == pytest.approx(float(total.time_s(1, rw, 1.0)),
+        assert float(lanes_time_s(lanes, 1, rw, 1.0)) == pytest.approx(float(total.time_s(1, rw, 1.0)),
                                                                               rel=1e-12)
 
 

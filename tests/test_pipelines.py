@@ -9,7 +9,8 @@ import pytest
 
 import hrm.pipelines.expert_level_tasks as klotski
 import hrm.pipelines.expert_level as expert_level
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.transfers import weight_transfer_s
 from hrm.engines.engine import (IDENTITY_FIELDS, IDEAL, LIMIT_FIELDS, Engine, _leaf_fields, ideal_field_values,
                                list_engines, load_engine)
 from hrm.engines.mechanisms import MECHANISMS
@@ -127,7 +128,7 @@ def test_staged_weight_path_is_the_lanes_weight_path():
     rates = rates_from_profile(hw, DEFAULT_OPTIONS.for_model(model))
     for path in ("pinned", "pageable-staged", "pageable-driver"):
         engine = _klotski(decode={"weight_path": path, "kv_cache": "pageable"})
-        expected = latency.weight_transfer_s(rates, engine, path, costs.expert_bytes(model))["h2d"]
+        expected = weight_transfer_s(rates, engine, path, costs.expert_bytes(model))["h2d"]
         expected += rates.op_costs.gpu_op_s  # one copy's launch (klotski.yaml launches; hrm.machine.launches)
         assert klotski.expert_load_s(model, rates, engine) == pytest.approx(expected, rel=1e-15)
 
@@ -204,5 +205,5 @@ def test_estimate_is_the_pipelines_times_and_memory(engine_name, hw_name):
                                                                    times.prefill_s, times.decode_s)
     assert result.decode_throughput_tok_s == pytest.approx(policy.batch_size * (workload.gen_len - 1) / times.decode_s)
     assert (result.gpu_peak_bytes, result.cpu_peak_bytes) == (memory.gpu_peak_bytes, memory.cpu_peak_bytes)
-    timeline = decode_timeline(model, problem.rates, result.policy, engine, mean_decode_context(workload))
+    timeline = decode_timeline(problem, result.policy, context=mean_decode_context(workload))
     assert timeline.layer_period_s > 0

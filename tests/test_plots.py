@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
+from hrm.engines.engine import IDEAL
 from hrm.machine.hardware import PROFILES_DIR, load_hardware, parse_hardware
-from hrm.cost.latency import decode_resources
+from hrm.cost.latency.decode import decode_resources
 from hrm.model.spec import load_model
 from hrm.plots import plot_cpu_memory, plot_policy_map, plot_roofline, plot_timeline, roofline_data, trace_boxes
 from hrm.plots.policy_map import grid
@@ -190,6 +191,12 @@ def test_cpu_memory_sweep_equals_hrm_search_cli(capsys):
         assert np.allclose(lines[f"schedule:{schedule}"].get_ydata(), rows["generation_throughput_tok_s"], equal_nan=True)
 
 
+def timeline_problem(hw, model_name: str, schedule: str):
+    """The problem of a timeline: ``schedule`` on engine ideal (a timeline reads the problem's
+    model, rates and engine; the workload is any)."""
+    return make_problem(hw, load_model(model_name), make_workload("mtbench"), IDEAL.with_schedule(schedule))
+
+
 POLICIES = [
     ("N=2496,mu=192,rw=0.1094", "cgopipe"),
     ("N=256,mu=64,attn=gpu,rc=0.25", "flexgen"),
@@ -201,8 +208,9 @@ POLICIES = [
 
 @pytest.mark.parametrize("text,schedule", POLICIES)
 def test_timeline_tasks_add_up_to_the_lanes(text, schedule):
-    model, rates, policy = load_model("mixtral"), rates_from_profile(load_hardware("l4")), parse_policy(text)
-    timeline = decode_timeline(model, rates, policy, schedule, context=300.0, layers=4)
+    problem, policy = timeline_problem(load_hardware("l4"), "mixtral", schedule), parse_policy(text)
+    model, rates = problem.model, problem.rates
+    timeline = decode_timeline(problem, policy, context=300.0, layers=4)
     lanes = decode_resources(model, rates, policy.micro_batch_size, 300.0, policy.attn_on_gpu, policy.ffn_on_gpu)
     for name, lane in lanes.items():
         expected = float(lane.time_s(policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
@@ -229,9 +237,10 @@ def test_timeline_keeps_the_lanes_with_dispatch_overhead(text, schedule):
     raw = raw_l4()
     raw["gpu"]["dispatch"] = DISPATCH
     raw["cpu"]["dispatch"] = {**DISPATCH, "task_s": 3e-5}
-    model, rates, policy = load_model("tiny-mixtral"), rates_from_profile(parse_hardware(raw)), parse_policy(text)
+    problem, policy = timeline_problem(parse_hardware(raw), "tiny-mixtral", schedule), parse_policy(text)
+    model, rates = problem.model, problem.rates
     assert rates.gpu_dispatch is not None
-    timeline = decode_timeline(model, rates, policy, schedule, context=64.0)
+    timeline = decode_timeline(problem, policy, context=64.0)
     lanes = decode_resources(model, rates, policy.micro_batch_size, 64.0, policy.attn_on_gpu, policy.ffn_on_gpu)
     for name, lane in lanes.items():
         expected = float(lane.time_s(policy.num_micro_batches, policy.weights_gpu_ratio, policy.kv_gpu_ratio))
@@ -241,8 +250,8 @@ def test_timeline_keeps_the_lanes_with_dispatch_overhead(text, schedule):
 
 
 def test_cgopipe_timeline_reaches_the_bound_when_one_resource_dominates():
-    model, rates = load_model("mixtral"), rates_from_profile(load_hardware("l4"))
-    timeline = decode_timeline(model, rates, parse_policy("N=2496,mu=192,rw=0.1094"), "cgopipe", 140.0)
+    problem = timeline_problem(load_hardware("l4"), "mixtral", "cgopipe")
+    timeline = decode_timeline(problem, parse_policy("N=2496,mu=192,rw=0.1094"), context=140.0)
     assert timeline.layer_period_s == pytest.approx(timeline.lane_bound_s, rel=1e-6)
     fig = plot_timeline(timeline, "test")
     bars = {c.get_gid(): c for ax in fig.axes for c in ax.collections if c.get_gid()}

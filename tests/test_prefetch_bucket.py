@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm.cost import latency
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.offload import offloaded_layer_bytes, on_demand_weights_share
+from hrm.cost.latency.prefill import prefill_resources
 from hrm.engines.engine import IDEAL, load_engine
 from hrm.engines.mechanisms import without
 from hrm.machine.hardware import load_hardware
@@ -30,11 +32,11 @@ def _mixtral_layer_params_by_hand() -> float:
 
 def test_the_on_demand_share_is_the_layer_beyond_one_hidden_squared():
     model = load_model("mixtral")
-    layer_bytes = latency.offloaded_layer_bytes(model, DS, moe=True)
-    share = float(latency.on_demand_weights_share(model, DS, layer_bytes))
+    layer_bytes = offloaded_layer_bytes(model, DS, moe=True)
+    share = float(on_demand_weights_share(model, DS, layer_bytes))
     assert DS.prefetch_bucket_hidden_sq == 1.0
     assert share == pytest.approx(1 - 4096**2 / _mixtral_layer_params_by_hand(), rel=1e-3)
-    assert float(latency.on_demand_weights_share(model, IDEAL, layer_bytes)) == 0.0
+    assert float(on_demand_weights_share(model, IDEAL, layer_bytes)) == 0.0
 
 
 def _rates(model):
@@ -46,23 +48,23 @@ def _rates(model):
 def test_decode_gpu_waits_for_the_weights_beyond_the_bucket(mu):
     model = load_model("mixtral")
     rates = _rates(model)
-    lanes = latency.decode_resources(model, rates, mu, 512, 1.0, 1.0, engine=DS)
-    share = float(latency.on_demand_weights_share(model, DS, latency.offloaded_layer_bytes(model, DS, moe=True)))
+    lanes = decode_resources(model, rates, mu, 512, 1.0, 1.0, engine=DS)
+    share = float(on_demand_weights_share(model, DS, offloaded_layer_bytes(model, DS, moe=True)))
     load_s = float(lanes["h2d"].per_layer_offloaded_weights_s)
     expected = float(lanes["gpu"].time_s(1, 0.0, 1.0)) + share * load_s
     assert float(lanes["gpu+weights"].time_s(1, 0.0, 1.0)) == pytest.approx(expected, rel=1e-12)
     # all weights on the GPU: nothing is fetched, the bound is the GPU chain
     assert float(lanes["gpu+weights"].time_s(1, 1.0, 1.0)) == pytest.approx(float(lanes["gpu"].time_s(1, 1.0, 1.0)))
     # switched off (every weight prefetched): no such bound
-    assert "gpu+weights" not in latency.decode_resources(model, rates, mu, 512, 1.0, 1.0,
+    assert "gpu+weights" not in decode_resources(model, rates, mu, 512, 1.0, 1.0,
                                                          engine=without(DS, "prefetch_bucket_hidden_sq"))
 
 
 def test_prefill_gpu_waits_for_the_weights_beyond_the_bucket():
     model = load_model("mixtral")
     rates = _rates(model)
-    lanes = latency.prefill_resources(model, rates, 8, 512, engine=DS)
-    share = float(latency.on_demand_weights_share(model, DS, latency.offloaded_layer_bytes(model, DS, moe=True)))
+    lanes = prefill_resources(model, rates, 8, 512, engine=DS)
+    share = float(on_demand_weights_share(model, DS, offloaded_layer_bytes(model, DS, moe=True)))
     gpu = lanes["gpu"]
     bound = lanes["gpu+weights"]
     assert float(np.asarray(bound.per_micro_batch_s)) == pytest.approx(float(np.asarray(gpu.per_micro_batch_s)))

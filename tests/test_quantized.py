@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm.cost import costs, latency
+from hrm.cost import costs
+from hrm.cost.latency.ops import cpu_time_s, gpu_rate_factors, gpu_time_s
 from hrm.model import quantized
 from hrm.engines.engine import IDEAL, load_engine
 from hrm.engines.mechanisms import with_fields
@@ -121,8 +122,8 @@ def check_expert_by_hand(hw, model, engine, weight_bytes, weight_bytes_by_hand, 
     flops = tokens * EXPERT_FLOPS_PER_TOKEN
     by_hand = max(flops / (flops_s * compute_fraction), total_bytes / (bytes_s * bandwidth_fraction))
     assert by_hand == pytest.approx(expected_s, rel=1e-4)
-    assert float(latency.gpu_time_s(op, rates, tokens, engine, kernel=True)) == pytest.approx(by_hand, rel=1e-12)
-    today = float(latency.gpu_time_s(op, rates, tokens, IDEAL, kernel=True))
+    assert float(gpu_time_s(op, rates, tokens, engine, kernel=True)) == pytest.approx(by_hand, rel=1e-12)
+    today = float(gpu_time_s(op, rates, tokens, IDEAL, kernel=True))
     assert today == pytest.approx(max(flops / flops_s, total_bytes / bytes_s), rel=1e-12)
     assert today == pytest.approx(fp16_roofline_s, rel=1e-4)
 
@@ -130,7 +131,7 @@ def check_expert_by_hand(hw, model, engine, weight_bytes, weight_bytes_by_hand, 
 def test_hopper_takes_its_own_bandwidth_fraction():
     rates = rates_from_profile(load_hardware("h100"))
     op = costs.single_expert(int4_mixtral(), 1)
-    got = float(latency.gpu_time_s(op, rates, 1, MARLIN, kernel=True))
+    got = float(gpu_time_s(op, rates, 1, MARLIN, kernel=True))
     expected = float(op.bytes) / (rates.gpu_bandwidth_bytes_s * (4.98 / 2.30) / 4.0)  # humming PR #2
     assert got == pytest.approx(expected, rel=1e-12)
 
@@ -144,11 +145,11 @@ def test_never_faster_than_its_roofs(hw):
     tokens = np.array([1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0])
     for engine in (MARLIN, with_fields(load_engine("vllm"), {"quant_kernel": "gguf-dequant-blas"}), load_engine("vllm")):
         op = costs.single_expert(model, tokens)
-        flops, bandwidth = latency.gpu_rate_factors(rates, engine)
-        t = np.asarray(latency.gpu_time_s(op, rates, tokens, engine, kernel=True))
+        flops, bandwidth = gpu_rate_factors(rates, engine)
+        t = np.asarray(gpu_time_s(op, rates, tokens, engine, kernel=True))
         assert np.all(t >= op.bytes / (rates.gpu_bandwidth_bytes_s * bandwidth) * (1 - 1e-12))
         assert np.all(t >= op.flops / (rates.gpu_flops(tokens) * flops) * (1 - 1e-12))
-        today = np.asarray(latency.gpu_time_s(op, rates, tokens, with_fields(engine, {"quant_kernel": None}),
+        today = np.asarray(gpu_time_s(op, rates, tokens, with_fields(engine, {"quant_kernel": None}),
                                               kernel=False))
         assert np.all(t >= today * (1 - 1e-12))
 
@@ -158,12 +159,12 @@ def test_float_models_and_the_cpu_only_host_are_unchanged():
     rates = rates_from_profile(load_hardware("a100-80g"))
     op = costs.single_expert(load_model("mixtral"), 64)
     assert not op.quantized
-    assert float(latency.gpu_time_s(op, rates, 64, MARLIN, kernel=True)) == float(
-        latency.gpu_time_s(op, rates, 64, IDEAL, kernel=True))
+    assert float(gpu_time_s(op, rates, 64, MARLIN, kernel=True)) == float(
+        gpu_time_s(op, rates, 64, IDEAL, kernel=True))
     cpu = rates_from_profile(load_hardware("cpu-only"))
     op = costs.single_expert(load_model("tiny-mixtral", "int4"), 4)
-    assert float(latency.gpu_time_s(op, cpu, 4, MARLIN, kernel=True)) == float(
-        latency.gpu_time_s(op, cpu, 4, IDEAL, kernel=True))
+    assert float(gpu_time_s(op, cpu, 4, MARLIN, kernel=True)) == float(
+        gpu_time_s(op, cpu, 4, IDEAL, kernel=True))
 
 
 def test_the_quant_kernel_replaces_the_moe_kernel_factor():
@@ -172,8 +173,8 @@ def test_the_quant_kernel_replaces_the_moe_kernel_factor():
     rates = rates_from_profile(load_hardware("a100-80g"))
     op = costs.single_expert(int4_mixtral(), 32)
     vllm = load_engine("vllm")
-    as_marlin = float(latency.gpu_time_s(op, rates, 32, vllm, kernel=True))
-    flops, bandwidth = latency.gpu_rate_factors(rates, vllm)
+    as_marlin = float(gpu_time_s(op, rates, 32, vllm, kernel=True))
+    flops, bandwidth = gpu_rate_factors(rates, vllm)
     expected = max(float(op.flops) / (rates.gpu_flops(32) * flops * MARLIN_C),
                    float(op.bytes) / (rates.gpu_bandwidth_bytes_s * bandwidth * MARLIN_B))
     assert as_marlin == pytest.approx(expected, rel=1e-12)
@@ -243,7 +244,7 @@ def test_one_q4_k_m_expert_on_the_cpu_by_hand():
                   (Q4_K_M_EXPERT_WEIGHT_BYTES + EXPERT_ACT_BYTES_PER_TOKEN) / XEON_5318Y_BYTES_S)
     assert by_hand == pytest.approx(568.792e-6, rel=1e-5)
     for engine in (GGML, load_engine("llama.cpp"), IDEAL):
-        assert float(latency.cpu_time_s(op, rates, 1, engine)) == pytest.approx(by_hand, rel=1e-12)
+        assert float(cpu_time_s(op, rates, 1, engine)) == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_a_family_with_cpu_numbers_prices_the_cpu_experts(monkeypatch):
@@ -257,18 +258,18 @@ def test_a_family_with_cpu_numbers_prices_the_cpu_experts(monkeypatch):
     engine = with_fields(IDEAL, {"quant_kernel": "test-cpu"})
     rates = rates_from_profile(load_hardware("rtx3090"))
     one = costs.single_expert(q4_k_m_mixtral(), 1)
-    assert float(latency.cpu_time_s(one, rates, 1, engine)) == pytest.approx(
+    assert float(cpu_time_s(one, rates, 1, engine)) == pytest.approx(
         (Q4_K_M_EXPERT_WEIGHT_BYTES + EXPERT_ACT_BYTES_PER_TOKEN) / (XEON_5318Y_BYTES_S * 0.5), rel=1e-12)
-    assert float(latency.cpu_time_s(one, rates, 1, engine)) == pytest.approx(1137.58e-6, rel=1e-5)
+    assert float(cpu_time_s(one, rates, 1, engine)) == pytest.approx(1137.58e-6, rel=1e-5)
     many = costs.single_expert(q4_k_m_mixtral(), 512)
-    assert float(latency.cpu_time_s(many, rates, 512, engine)) == pytest.approx(
+    assert float(cpu_time_s(many, rates, 512, engine)) == pytest.approx(
         512 * EXPERT_FLOPS_PER_TOKEN / (XEON_5318Y_FLOPS * 0.5), rel=1e-12)
     # fp16 weights, and the emulated tier of a CPU-only host, do not see it
     fp16 = costs.single_expert(load_model("mixtral"), 1)
-    assert float(latency.cpu_time_s(fp16, rates, 1, engine)) == float(latency.cpu_time_s(fp16, rates, 1))
+    assert float(cpu_time_s(fp16, rates, 1, engine)) == float(cpu_time_s(fp16, rates, 1))
     cpu_only = rates_from_profile(load_hardware("cpu-only"))
     tiny = costs.single_expert(load_model("tiny-mixtral", "int4"), 4)
-    assert float(latency.cpu_time_s(tiny, cpu_only, 4, engine)) == float(latency.cpu_time_s(tiny, cpu_only, 4))
+    assert float(cpu_time_s(tiny, cpu_only, 4, engine)) == float(cpu_time_s(tiny, cpu_only, 4))
 
 
 def test_cpu_fractions_come_together_and_within_one():
@@ -289,14 +290,14 @@ def test_ggml_cuda_never_faster_than_its_roofs(hw):
     tokens = np.array([1.0, 4.0, 16.0, 64.0, 256.0, 512.0, 2048.0])
     op = costs.single_expert(q4_k_m_mixtral(), tokens)
     for engine in (GGML, load_engine("llama.cpp"), load_engine("llama.cpp-nkvo")):
-        flops, bandwidth = latency.gpu_rate_factors(rates, engine)
-        t = np.asarray(latency.gpu_time_s(op, rates, tokens, engine, kernel=True))
+        flops, bandwidth = gpu_rate_factors(rates, engine)
+        t = np.asarray(gpu_time_s(op, rates, tokens, engine, kernel=True))
         assert np.all(t >= op.bytes / (rates.gpu_bandwidth_bytes_s * bandwidth) * (1 - 1e-12))
         assert np.all(t >= op.flops / (rates.gpu_flops(tokens) * flops) * (1 - 1e-12))
-        today = np.asarray(latency.gpu_time_s(op, rates, tokens, with_fields(engine, {"quant_kernel": None}),
+        today = np.asarray(gpu_time_s(op, rates, tokens, with_fields(engine, {"quant_kernel": None}),
                                               kernel=False))
         assert np.all(t >= today * (1 - 1e-12))
-        cpu = np.asarray(latency.cpu_time_s(op, rates, tokens, engine))
+        cpu = np.asarray(cpu_time_s(op, rates, tokens, engine))
         assert np.all(cpu >= np.maximum(op.bytes / rates.cpu_bandwidth_bytes_s,
                                         op.flops / rates.cpu_flops(tokens)) * (1 - 1e-12))
 

@@ -10,7 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from hrm.cost import latency
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.dispatch import experts_call_dispatch_s
+from hrm.cost.latency.ops import lm_head_time_s
+from hrm.cost.latency.prefill import prefill_resources
 from hrm.engines.engine import as_engine
 from hrm.estimate import estimate
 from hrm.machine.hardware import Dispatch, Emulation, load_hardware, parse_hardware
@@ -102,8 +105,8 @@ def test_profiles_without_the_new_sections_keep_hash_and_rates(name):
 def test_decode_dispatch_counts_the_runtime_tasks(attn, ffn, expected_us):
     """μ = 1 token touches exactly k = 2 experts; hand-counted α per lane per micro-batch."""
     spec = tiny()
-    plain = latency.decode_resources(spec, rates_from_profile(cpu_only(), FP32), 1, 40, attn, ffn)
-    with_alpha = latency.decode_resources(spec, rates_from_profile(cpu_only(ALPHA), FP32), 1, 40, attn, ffn)
+    plain = decode_resources(spec, rates_from_profile(cpu_only(), FP32), 1, 40, attn, ffn)
+    with_alpha = decode_resources(spec, rates_from_profile(cpu_only(ALPHA), FP32), 1, 40, attn, ffn)
     for lane in ("gpu", "cpu", "h2d", "d2h"):
         extra = float(with_alpha[lane].per_micro_batch_s - plain[lane].per_micro_batch_s)
         assert extra == pytest.approx(expected_us[lane] * US, abs=1e-12), lane
@@ -117,8 +120,8 @@ def test_expert_dispatch_follows_expected_distinct_experts():
     """μ = 8 tokens, 4 experts, top-2: E = 4·(1 − (1/2)^8) distinct experts."""
     spec = tiny()
     distinct = 4 * (1 - 0.5 ** 8)
-    assert latency.experts_call_dispatch_s(spec, ALPHA, 8) == pytest.approx((7 + 11 * distinct) * US)
-    assert latency.experts_call_dispatch_s(spec, None, 8) == 0.0
+    assert experts_call_dispatch_s(spec, ALPHA, 8) == pytest.approx((7 + 11 * distinct) * US)
+    assert experts_call_dispatch_s(spec, None, 8) == 0.0
 
 
 def test_prefill_and_head_dispatch():
@@ -126,15 +129,15 @@ def test_prefill_and_head_dispatch():
     rates = rates_from_profile(cpu_only(ALPHA), FP32)
     plain = rates_from_profile(cpu_only(), FP32)
     # μ = 2 prompts of 3 tokens: 6 tokens touch 4·(1 − 2^-6) experts; attention once per prompt
-    a = latency.prefill_resources(spec, rates, 2, 3)
-    b = latency.prefill_resources(spec, plain, 2, 3)
+    a = prefill_resources(spec, rates, 2, 3)
+    b = prefill_resources(spec, plain, 2, 3)
     distinct = 4 * (1 - 0.5 ** 6)
     assert float(a["gpu"].per_micro_batch_s - b["gpu"].per_micro_batch_s) == pytest.approx(
         (1 + 2 + 2 * 3 + 5 + 7 + 11 * distinct) * US)
     assert float(a["h2d"].per_micro_batch_s) == pytest.approx((1 + 17 + 1 + 17) * US)  # LoadH + a page
     assert float(a["d2h"].per_micro_batch_s) == pytest.approx((2 * 1 + 17 + 2 * 2 * 17) * US)  # OffloadH + StoreKV
     # head: task + head; on the shared unit also the token copy to the host (task + copy)
-    head = latency.lm_head_time_s(spec, rates, 4) - latency.lm_head_time_s(spec, plain, 4)
+    head = lm_head_time_s(spec, rates, 4) - lm_head_time_s(spec, plain, 4)
     assert float(head) == pytest.approx((1 + 13 + 1 + 17) * US)
 
 
@@ -176,8 +179,8 @@ def test_device_attention_and_kv_indexing_alpha():
     beyond the K/V copies, the latter × (1 − r_c) like the copies."""
     spec = tiny()
     alpha = ALPHA.model_copy(update={"device_attention_s": 19 * US, "kv_load_s": 23 * US, "kv_store_s": 29 * US})
-    plain = latency.decode_resources(spec, rates_from_profile(cpu_only(), FP32), 1, 40, 1.0, 1.0)
-    lanes = latency.decode_resources(spec, rates_from_profile(cpu_only(alpha), FP32), 1, 40, 1.0, 1.0)
+    plain = decode_resources(spec, rates_from_profile(cpu_only(), FP32), 1, 40, 1.0, 1.0)
+    lanes = decode_resources(spec, rates_from_profile(cpu_only(alpha), FP32), 1, 40, 1.0, 1.0)
     assert float(lanes["gpu"].per_micro_batch_s - plain["gpu"].per_micro_batch_s) == pytest.approx(
         (1 + 2 + 19 + 5 + 7 + 22) * US)
     assert float(lanes["h2d"].per_micro_batch_kv_cpu_s - plain["h2d"].per_micro_batch_kv_cpu_s) == pytest.approx(57 * US)

@@ -2,7 +2,7 @@
 
 - :mod:`hrm.cost.costs`: FLOPs and bytes of every operator (docs/model.md §4.1);
 - :mod:`hrm.cost.roofline`: the roofline and the hierarchical roofline (paper §3);
-- :mod:`hrm.cost.latency`: per-layer latency of a schedule as affine lanes (paper §4.2);
+- :mod:`hrm.cost.latency`: per-layer latency of a schedule as affine lanes (paper §4.2), one module per concern;
 - :mod:`hrm.cost.ggml_cpu`: llama.cpp's CPU backend, from the host's measured ggml kernels;
 - :mod:`hrm.cost.memory`: GPU and CPU peak memory as affine forms (docs/model.md §4.5);
 - :mod:`hrm.cost.throughput`: end-to-end time and throughput of a batch.

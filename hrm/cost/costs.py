@@ -40,7 +40,7 @@ class OpCost:
     kv_bytes: np.ndarray | float = 0.0
     act_bytes: np.ndarray | float = 0.0
     #: its weights are quantized (int8/int4): a GEMM in the engine's dequantizing kernel
-    #: family where it names one (:func:`hrm.cost.latency.gpu_time_s`, :mod:`hrm.model.quantized`)
+    #: family where it names one (:func:`hrm.cost.latency.ops.gpu_time_s`, :mod:`hrm.model.quantized`)
     quantized: bool = False
 
     @property

@@ -75,7 +75,7 @@ def gpu_workspace_bytes(model: ModelSpec, workload: Workload, micro_batch, attn_
 def offloadable_weight_bytes(model: ModelSpec, engine: Engine = IDEAL) -> tuple[float, float]:
     """(all layers, one MoE layer) of the weights r_w splits between the tiers: the routed
     experts, or with ``offloaded_weights: all`` every layer's weights (FlexGen ``--percent``)."""
-    from .latency import offloaded_layer_bytes
+    from .latency.offload import offloaded_layer_bytes
 
     layer = float(offloaded_layer_bytes(model, engine, True))
     total = model.num_moe_layers * layer + model.first_dense_layers * float(offloaded_layer_bytes(model, engine, False))

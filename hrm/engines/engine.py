@@ -60,7 +60,7 @@ Mechanisms (field: what it models; ideal value):
   ``all`` (r_w splits all layer weights, FlexGen's ``--percent``);
 - ``copy_threads``: threads of the staging-copy team (``0`` = one per core);
 - ``memory.disk_weights``: weights beyond host memory spill to the profile's disk and are
-  read back through host memory every pass (the ``disk`` lane, :func:`hrm.cost.latency.disk_lanes`;
+  read back through host memory every pass (the ``disk`` lane, :func:`hrm.cost.latency.lanes.disk_lanes`;
   ideal: off, a policy must fit host memory);
 - ``numa_aware``: pinned buffers on the GPU's socket (ideal) or not;
 - ``launches``: the host-side operator calls of a layer counted from the engine's source
@@ -147,7 +147,7 @@ class Kernel(_Frozen):
 #: vLLM PR #44152 (comment of 2026-06-01): the Triton fused-MoE kernel with vLLM's default
 #: config vs the tuned one, Mixtral's shape (E=8, N=14336, K=4096, top-2), bf16, H20: 1.31x
 #: at M=1 token, 1.60x at 32, 1.10x at 128, 1.03x at 512, 0.99x at 2048. Rows per touched
-#: expert under uniform top-2 of 8 (hrm.cost.latency's expert rows: M·k / E(1-(1-k/E)^M)):
+#: expert under uniform top-2 of 8 (hrm.cost.latency.ops.expert_rows: M·k / E(1-(1-k/E)^M)):
 #: 1, 8.0, 32, 128, 512. The 0.99x is taken as 1: the tuner keeps the default when nothing
 #: beats it, so a tuned config is never slower (the 1% is the benchmark's noise).
 UNTUNED_FUSED_MOE_SLOWDOWN = ((1.0, 1.31), (8.0, 1.60), (32.0, 1.10), (128.0, 1.03), (512.0, 1.0))
@@ -312,7 +312,7 @@ class Engine(_Frozen):
     offloaded_weights: Literal["experts", "all"] = "experts"
     #: ZeRO-3's ``stage3_prefetch_bucket_size`` in units of hidden² parameters: that much of
     #: the offloaded weights ahead is fetched while the GPU computes; the rest of a layer's
-    #: is fetched on demand, serial with the GPU (:func:`hrm.cost.latency.on_demand_weights_share`).
+    #: is fetched on demand, serial with the GPU (:func:`hrm.cost.latency.offload.on_demand_weights_share`).
     #: None: a layer's offloaded weights are all prefetched
     prefetch_bucket_hidden_sq: Optional[bounds.NON_NEGATIVE.type] = None
     #: every prompt is padded to the workload's longest (FlexGen pads to --prompt-len): the

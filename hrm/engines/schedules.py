@@ -78,7 +78,7 @@ class PipelineFields:
 
 #: What each pipeline models. The expert-level pipeline (Klotski, :mod:`hrm.pipelines.expert_level_tasks`) runs
 #: attention and every expert on the GPU over the same weight and KV paths as the lanes
-#: (:func:`hrm.cost.latency.weight_transfer_s`, :func:`hrm.cost.latency.kv_load_s`), charges the
+#: (:func:`hrm.cost.latency.transfers.weight_transfer_s`, :func:`hrm.cost.latency.transfers.kv_load_s`), charges the
 #: staging-copy team and host DRAM as capacity bounds, drains its pipeline once per step under
 #: ``sync: per-step`` (its per-batch host reads are dispatch α), keeps whole layers of experts
 #: (``static_experts``), sizes its expert load buffer in whole layers, and keeps whole layers

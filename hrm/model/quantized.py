@@ -23,8 +23,8 @@ Two registries, both data with a source per number (docs/model.md §4.8):
 
   An engine names its family in :attr:`hrm.engines.engine.Engine.quant_kernel` (None: no family,
   today's model — the fp16 roofline on the quantized bytes). The time of a GEMM on
-  quantized weights in that family (:func:`hrm.cost.latency.gpu_time_s`, eq. 14's roofline
-  :func:`hrm.cost.latency.op_time_s` at the scaled rates) is the roofline
+  quantized weights in that family (:func:`hrm.cost.latency.ops.gpu_time_s`, eq. 14's roofline
+  :func:`hrm.cost.latency.ops.op_time_s` at the scaled rates) is the roofline
 
       t = max(FLOPs / (R_fp16(M) · c_arch), bytes / (B_fp16 · b_arch))
 

@@ -3,11 +3,13 @@
 A pipeline is how an engine's schedule turns a layer's work into time: ``lanes`` (the max of
 affine lanes, eq. 12 of MoE-Lightning) or ``expert-level`` (Klotski's list-scheduled task
 graph). Each gives, from the same mechanism functions of :mod:`hrm.cost.latency` (one weight path,
-one KV path, one host-DRAM charge, one dispatch α per task):
+one KV path, one host-DRAM charge, one dispatch α per task), for a problem (the machine's
+rates, the model, the workload, the engine) and a policy:
 
-- :attr:`Pipeline.times` — the prefill and decode time of a policy (:class:`PhaseTimes`);
-- :attr:`Pipeline.memory` — its peak bytes per tier (:class:`MemoryUse`);
-- :attr:`Pipeline.timeline` — list-scheduled decode layers (:class:`hrm.pipelines.list_scheduler.Timeline`);
+- :meth:`Pipeline.times` — the prefill and decode time of a policy (:class:`PhaseTimes`);
+- :meth:`Pipeline.memory` — its peak bytes per tier (:class:`MemoryUse`);
+- :meth:`Pipeline.timeline` — list-scheduled decode layers (:class:`hrm.pipelines.list_scheduler.Timeline`)
+  at a context, with the layers to schedule and the layer kind as keywords;
 - :attr:`Pipeline.fields` — the engine fields it models (an engine setting another is refused).
 
 :func:`hrm.estimate.estimate` turns times and memory into the one
@@ -18,9 +20,12 @@ in :data:`solver.search.SEARCHES` under the pipeline's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 from ..engines.schedules import PipelineFields
+from ..policy import Policy
+from ..problem import Problem
+from .list_scheduler import Timeline
 
 #: resources and lanes in words
 RESOURCE_LABELS = {
@@ -76,14 +81,25 @@ class MemoryUse:
     disk_bytes: float = 0.0
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    """One pipeline (module docstring): ``times(problem, policy)``, ``memory(problem,
-    policy)``, ``timeline(model, rates, policy, engine, context, layers, moe)``."""
+class Pipeline(Protocol):
+    """One pipeline (module docstring): its ``name`` (what :attr:`hrm.engines.schedules.Schedule.pipeline`
+    names), ``help`` in words, the engine ``fields`` it models, and its times, memory and
+    timeline of a policy of a problem."""
 
     name: str
     help: str
     fields: PipelineFields
-    times: Callable
-    memory: Callable
-    timeline: Callable
+
+    def times(self, problem: Problem, policy: Policy) -> PhaseTimes:
+        """The prefill and decode times of ``policy``."""
+        ...
+
+    def memory(self, problem: Problem, policy: Policy) -> MemoryUse:
+        """The peak bytes per tier of ``policy``."""
+        ...
+
+    def timeline(self, problem: Problem, policy: Policy, *, context: float, layers: int = ...,
+                 moe: bool = True) -> Timeline:
+        """``layers`` list-scheduled decode layers of ``policy`` at ``context`` cached tokens
+        (MoE layers, or a dense one with ``moe=False``)."""
+        ...

@@ -10,8 +10,8 @@ dense layers) one layer is list-scheduled (:func:`hrm.pipelines.expert_level_tas
 taken at the mean decode context (:func:`hrm.workload.mean_decode_context`).
 
 Mechanisms beyond the paper's pipeline, from the same functions the lanes use: the weight
-path (pinned, driver-staged or staged by a copy team: :func:`hrm.cost.latency.weight_transfer_s`),
-the KV path (:func:`hrm.cost.latency.kv_load_s`, :func:`hrm.cost.latency.kv_cache_s`), host DRAM and
+path (pinned, driver-staged or staged by a copy team: :func:`hrm.cost.latency.transfers.weight_transfer_s`),
+the KV path (:func:`hrm.cost.latency.transfers.kv_load_s`, :func:`hrm.cost.latency.transfers.kv_cache_s`), host DRAM and
 the staging-copy team as capacity bounds of the period, ``sync: per-step`` (each decode step
 starts with an empty pipeline: its first layer takes its makespan from empty, not the
 steady-state period), and the engine's expert buffers (``memory.gpu_weight_buffer_layers``
@@ -28,10 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost import costs, latency
+from ..cost import costs
+from ..cost.latency.ops import lm_head_time_s
 from ..engines.engine import IDEAL, Engine
 from ..errors import HRMError
 from .expert_level_tasks import KV_BUFFERS, ExpertSchedule, klotski_batches, klotski_layer, schedule_layer
+from .list_scheduler import Timeline
 from ..cost.memory import MemoryLimits, disk_spill_allowed, gpu_workspace_bytes, kv_bytes_per_sequence
 from ..model.spec import ModelSpec
 from ..policy import Policy
@@ -130,7 +132,7 @@ def klotski_times(model: ModelSpec, rates: Rates, workload, policy, engine: Engi
         first = next(kind for kind in KIND_ORDER if counts[kind])
         alone = schedule_layer(layers[first], layers=1, expert_buffers=buffers)
         drain = max(alone.period_s - decode[first].period_s, 0.0)
-    head = n * float(latency.lm_head_time_s(model, rates, mu))
+    head = n * float(lm_head_time_s(model, rates, mu))
     step = head + max(sum(count * decode[kind].period_s for kind, count in counts.items() if count),
                       disk_read_s) + drain
     pre = head + max(sum(count * prefill[kind].period_s for kind, count in counts.items() if count), disk_read_s)
@@ -235,15 +237,17 @@ def klotski_own_batches(model: ModelSpec, rates: Rates, workload, policy, engine
                            engine=engine, kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True)
 
 
-def policy_timeline(model: ModelSpec, rates: Rates, policy, engine: Engine, context: float, layers: int = 6,
-                    moe: bool = True):
-    """The list-scheduled decode layers of ``policy`` (:class:`hrm.pipelines.list_scheduler.Timeline`): its
+def expert_level_timeline(problem: Problem, policy: Policy, *, context: float, layers: int = 6,
+                          moe: bool = True) -> Timeline:
+    """The list-scheduled decode layers of ``policy`` at ``context`` cached tokens: its
     offloaded MoE layers, or its resident ones when every layer's experts are on the GPU (a
-    dense layer with ``moe=False``)."""
+    dense layer with ``moe=False``); at least 3 layers (a steady-state period)."""
+    model, engine = problem.model, problem.engine
     kinds = layer_kinds(model, policy.weights_gpu_ratio)
     kind = "dense" if not moe else "offloaded" if kinds["offloaded"] else "resident"
-    layer = klotski_layer(model, rates, policy.micro_batch_size, context, policy.num_micro_batches, engine=engine,
-                          kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True, **_kind_options(kind))
+    layer = klotski_layer(model, problem.rates, policy.micro_batch_size, context, policy.num_micro_batches,
+                          engine=engine, kv_gpu_ratio=policy.kv_gpu_ratio, dense_resident=True,
+                          **_kind_options(kind))
     return schedule_layer(layer, layers=max(3, layers), expert_buffers=expert_buffers(engine)).timeline
 
 
@@ -298,6 +302,16 @@ def expert_level_memory(problem: Problem, policy: Policy) -> MemoryUse:
                      components, disk)
 
 
-EXPERT_LEVEL = Pipeline("expert-level", "Klotski's expert-level list schedule per layer, searched by branch and "
-                        "bound (solver.expert_level)", PIPELINE_FIELDS["expert-level"], expert_level_times,
-                        expert_level_memory, policy_timeline)
+class ExpertLevelPipeline:
+    """The expert-level pipeline (:class:`hrm.pipelines.base.Pipeline`): :func:`expert_level_times`,
+    :func:`expert_level_memory`, :func:`expert_level_timeline`."""
+
+    name = "expert-level"
+    help = "Klotski's expert-level list schedule per layer, searched by branch and bound (solver.expert_level)"
+    fields = PIPELINE_FIELDS["expert-level"]
+    times = staticmethod(expert_level_times)
+    memory = staticmethod(expert_level_memory)
+    timeline = staticmethod(expert_level_timeline)
+
+
+EXPERT_LEVEL: Pipeline = ExpertLevelPipeline()

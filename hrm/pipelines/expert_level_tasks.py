@@ -10,11 +10,11 @@ and the K hottest experts (K = top-k, §5.1), loads the cold experts the gates p
 demand, and computes hot experts first so cold loads hide behind them.
 
 - :func:`klotski_layer` — one layer's durations from the cost model (GPU roofline of each
-  task, CPU→GPU loads over the engine's weight path, :func:`hrm.cost.latency.weight_transfer_s`),
+  task, CPU→GPU loads over the engine's weight path, :func:`hrm.cost.latency.transfers.weight_transfer_s`),
   with the hot set and the expected number of distinct cold experts from the routing
   distribution (:mod:`hrm.model.routing`); options give the engine's placement: experts of the
   layer resident, non-expert weights resident, a share of the KV cache in host memory
-  loaded per batch (:func:`hrm.cost.latency.kv_load_s`);
+  loaded per batch (:func:`hrm.cost.latency.transfers.kv_load_s`);
 - :func:`klotski_batches` — Klotski's own choice of n: the smallest n that satisfies its
   inequalities (4)-(7) (§7), with the durations taken at each n;
 - :data:`PIPELINE_STEPS` and :func:`pipeline_steps` — the paper's construction step by step
@@ -50,7 +50,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cost import costs, latency
+from ..cost import costs
+from ..cost.latency import transfers  # by module: kv_load_s names a duration here
+from ..cost.latency.dispatch import device_attention_alpha_s, dispatch_alpha_s
+from ..cost.latency.ops import attention_rows, gpu_time_s
 from ..cost.costs import OpCost
 from ..engines.engine import IDEAL, Engine
 from ..machine.launches import charged
@@ -86,7 +89,7 @@ class KlotskiLayer:
     kv_store_s: float = 0.0
     #: per layer, the group's busy seconds on capacity-bound resources (the staging-copy
     #: team ``copy``, its cores' share ``cpu``, host DRAM ``dram``): they limit the period,
-    #: they do not queue (as the lanes pipeline's bounds, :func:`hrm.cost.latency.schedule_lanes`)
+    #: they do not queue (as the lanes pipeline's bounds, :func:`hrm.cost.latency.lanes.schedule_lanes`)
     capacity_s: tuple[tuple[str, float], ...] = ()
 
     @property
@@ -111,7 +114,7 @@ def expert_compute_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = ID
     """One expert's SwiGLU call on ``tokens`` tokens (expected, may be fractional; array) on
     the GPU: its weights read once from HBM, 2·3·h·h2 FLOPs per token."""
     t = np.asarray(tokens, dtype=float)
-    seconds = np.asarray(latency.gpu_time_s(costs.single_expert(model, t), rates, np.maximum(t, 1.0), engine,
+    seconds = np.asarray(gpu_time_s(costs.single_expert(model, t), rates, np.maximum(t, 1.0), engine,
                                             kernel=True), dtype=float)
     return float(seconds) if seconds.ndim == 0 else seconds
 
@@ -132,9 +135,8 @@ def task_dispatch_s(rates: Rates, engine: Engine = IDEAL) -> dict[str, float]:
         return {"attention": issue(ops.gpu_ops + ops.copies, ops.syncs) + op.cpu_op_s * ops.cpu_ops, "gate": 0.0,
                 "expert": issue(ops.expert_gpu_ops + ops.expert_copies, ops.expert_syncs), "copy": op.gpu_op_s,
                 "kv_load": 2 * op.gpu_op_s, "kv_store": 2 * op.gpu_op_s}
-    a = (lambda name: latency._alpha(g, name))
-    attention = a("device_attention_s") if g is not None and g.device_attention_s is not None else a("attention_s")
-    return {"attention": a("task_s") + a("pre_attn_s") + attention + a("post_attn_s"),
+    a = (lambda name: dispatch_alpha_s(g, name))
+    return {"attention": a("task_s") + a("pre_attn_s") + device_attention_alpha_s(g) + a("post_attn_s"),
             "gate": a("task_s"), "expert": a("task_s") + a("expert_s"), "copy": a("copy_s"),
             "kv_load": 2 * a("copy_s") + a("kv_load_s"), "kv_store": 2 * a("copy_s") + a("kv_store_s")}
 
@@ -150,22 +152,22 @@ def batch_durations(model: ModelSpec, rates: Rates, micro_batch, context, engine
     tokens = mu * (prompt_len if prompt_len is not None else 1)
     if prompt_len is None:
         ops = costs.decode_layer_ops(model, mu, context, moe)
-        rows = latency.attention_rows(model)
+        rows = attention_rows(model)
     else:
         ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
-        rows = latency.attention_rows(model, prompt_len)
+        rows = attention_rows(model, prompt_len)
     alpha = task_dispatch_s(rates, engine)
     host_kv = 1.0 - np.asarray(kv_gpu_ratio, dtype=float)
     post, gate = _split_router(ops.post_attn, model, tokens) if moe else (ops.post_attn, None)
-    attention = (latency.gpu_time_s(ops.pre_attn, rates, tokens, engine)
-                 + latency.gpu_time_s(ops.attention, rates, rows, engine)
-                 + latency.gpu_time_s(post, rates, tokens, engine) + alpha["attention"])
+    attention = (gpu_time_s(ops.pre_attn, rates, tokens, engine)
+                 + gpu_time_s(ops.attention, rates, rows, engine)
+                 + gpu_time_s(post, rates, tokens, engine) + alpha["attention"])
     if not moe:
-        attention = attention + latency.gpu_time_s(ops.ffn, rates, tokens, engine)
+        attention = attention + gpu_time_s(ops.ffn, rates, tokens, engine)
     zero = 0.0 * (mu + host_kv)
     return {
         "attention_s": attention + zero,
-        "gate_s": (latency.gpu_time_s(gate, rates, tokens, engine) + alpha["gate"] if moe else 0.0) + zero,
+        "gate_s": (gpu_time_s(gate, rates, tokens, engine) + alpha["gate"] if moe else 0.0) + zero,
         **batch_kv_s(model, rates, mu, context, engine, kv_gpu_ratio, prompt_len),
     }
 
@@ -185,7 +187,8 @@ def batch_kv_s(model: ModelSpec, rates: Rates, micro_batch, context, engine: Eng
         else 0.0 * host_kv
     stored = host_kv * tokens * kv_token
     zero = 0.0 * (mu + host_kv)
-    kv_in, kv_out = latency.kv_load_s(rates, engine, kv_path, loaded), latency.kv_cache_s(rates, engine, kv_path, stored)
+    kv_in = transfers.kv_load_s(rates, engine, kv_path, loaded)
+    kv_out = transfers.kv_cache_s(rates, engine, kv_path, stored)
     return {
         "kv_load_s": np.where(loaded > 0, kv_in["h2d"] + alpha["kv_load"], 0.0) + zero,
         "kv_store_s": np.where(stored > 0, kv_out["d2h"] + alpha["kv_store"], 0.0) + zero,
@@ -196,10 +199,10 @@ def batch_kv_s(model: ModelSpec, rates: Rates, micro_batch, context, engine: Eng
 
 def weight_load_s(rates: Rates, weight_bytes, engine: Engine = IDEAL, prefill: bool = False) -> dict:
     """Seconds per resource to load ``weight_bytes`` over the engine's weight path in the
-    phase: :func:`hrm.cost.latency.weight_transfer_s` (the lanes pipeline's weight path), so a
+    phase: :func:`hrm.cost.latency.transfers.weight_transfer_s` (the lanes pipeline's weight path), so a
     pageable path costs the same here as there."""
     path = engine.prefill.weight_path if prefill else engine.decode.weight_path
-    return latency.weight_transfer_s(rates, engine, path, weight_bytes)
+    return transfers.weight_transfer_s(rates, engine, path, weight_bytes)
 
 
 def expert_load_s(model: ModelSpec, rates: Rates, engine: Engine = IDEAL, prefill: bool = False) -> float:
@@ -424,52 +427,81 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     (one copy engine per direction): the first batch's cache with the attention weights
     during the layer before (line 6), then the gate and hot experts at the layer's start,
     then the other batches' caches one by one, then the cold experts."""
-    experts = [*hot_experts, *cold_experts]
-    _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s, kv_load_s, kv_store_s), experts,
-                   layers, order, expert_buffers)
-    graph = TaskQueues(("gpu", "h2d", "d2h"))
-    n, hot = int(num_batches), len(hot_experts)
-    last_gpu: list[Task] = []          # per layer: its last GPU task (its experts are then all computed)
-    last_attention: list[Task] = []    # per layer: its last attention task
-    batch_done: list[Task | None] = [None] * n  # per batch: its last expert of the layer before
+    _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s, kv_load_s, kv_store_s),
+                   [*hot_experts, *cold_experts], layers, order, expert_buffers)
+    builder = _KlotskiGraph(int(num_batches), attention_s, gate_s, hot_experts, cold_experts, order=order,
+                            prefetch_hot=prefetch_hot, gate_load_s=gate_load_s, attention_load_s=attention_load_s,
+                            expert_buffers=expert_buffers, kv_load_s=kv_load_s, kv_store_s=kv_store_s)
+    for i in range(layers):
+        builder.queue_layer(i)
+    return builder.graph
 
-    def load(name, i, seconds, deps):
-        return graph.add(f"{name} L{i}", "h2d", seconds, deps, layer=i, micro_batch=-1, kind="weights")
 
-    attended: list[Task] = []          # every attention so far, in order (KV buffer reuse)
+class _KlotskiGraph:
+    """The task graph of :func:`klotski_layer_tasks` while it is built (same arguments): the
+    queues, every attention so far (KV buffer reuse), and per layer its last GPU task (its
+    experts are then all computed) and its last attention; per batch its last expert of the
+    layer before."""
 
-    def kv_load(i, b):
-        if not kv_load_s:
+    def __init__(self, num_batches: int, attention_s: float, gate_s: float, hot_experts, cold_experts, *,
+                 order: str, prefetch_hot: bool, gate_load_s: float, attention_load_s: float, expert_buffers: int,
+                 kv_load_s: float, kv_store_s: float):
+        self.graph = TaskQueues(("gpu", "h2d", "d2h"))
+        self.n, self.attention_s, self.gate_s = num_batches, attention_s, gate_s
+        self.hot_experts, self.cold_experts = hot_experts, cold_experts
+        self.order, self.prefetch_hot, self.expert_buffers = order, prefetch_hot, expert_buffers
+        self.gate_load_s, self.attention_load_s = gate_load_s, attention_load_s
+        self.kv_load_s, self.kv_store_s = kv_load_s, kv_store_s
+        self.last_gpu: list[Task] = []
+        self.last_attention: list[Task] = []
+        self.batch_done: list[Task | None] = [None] * num_batches
+        self.attended: list[Task] = []
+
+    def load(self, name: str, i: int, seconds: float, deps) -> Task:
+        """The queued weight load ``name`` of layer i on the link."""
+        return self.graph.add(f"{name} L{i}", "h2d", seconds, deps, layer=i, micro_batch=-1, kind="weights")
+
+    def kv_load(self, i: int, b: int) -> Task | None:
+        """The queued load of batch b's host-resident cache in layer i, into the buffer the
+        attention two batches back frees (None without a host cache)."""
+        if not self.kv_load_s:
             return None
-        buffer_free = attended[-KV_BUFFERS] if len(attended) >= KV_BUFFERS else None
-        return graph.add(f"KV L{i} b{b}", "h2d", kv_load_s, [buffer_free], layer=i, micro_batch=b, kind="kv")
+        buffer_free = self.attended[-KV_BUFFERS] if len(self.attended) >= KV_BUFFERS else None
+        return self.graph.add(f"KV L{i} b{b}", "h2d", self.kv_load_s, [buffer_free], layer=i, micro_batch=b, kind="kv")
 
-    def attend(i, b, deps):
-        task = graph.add(f"Attn L{i} b{b}", "gpu", attention_s, deps, layer=i, micro_batch=b, kind="attention")
-        attended.append(task)
-        if kv_store_s:
-            graph.add(f"KV→CPU L{i} b{b}", "d2h", kv_store_s, [task], layer=i, micro_batch=b, kind="kv")
+    def attend(self, i: int, b: int, deps) -> Task:
+        """The queued attention of batch b in layer i (and the store of its new KV entries)."""
+        task = self.graph.add(f"Attn L{i} b{b}", "gpu", self.attention_s, deps, layer=i, micro_batch=b,
+                              kind="attention")
+        self.attended.append(task)
+        if self.kv_store_s:
+            self.graph.add(f"KV→CPU L{i} b{b}", "d2h", self.kv_store_s, [task], layer=i, micro_batch=b, kind="kv")
         return task
 
-    for i in range(layers):
-        freed = last_gpu[i - expert_buffers] if i >= expert_buffers else None
-        attention_w = load("AttnW", i, attention_load_s, [last_attention[i - 2] if i >= 2 else None])
-        first_kv = kv_load(i, 0)
-        gate_w = load("GateW", i, gate_load_s, [freed])
-        loads = [load(f"Hot{e}", i, hot_experts[e][0], [freed]) for e in range(hot)] if prefetch_hot else []
+    def queue_layer(self, i: int) -> None:
+        """Queue layer i: its weight and KV loads in the host's issue order, the attention and
+        gate of every batch, the cold loads after the first gate, then the expert calls."""
+        hot, n = len(self.hot_experts), self.n
+        freed = self.last_gpu[i - self.expert_buffers] if i >= self.expert_buffers else None
+        attention_w = self.load("AttnW", i, self.attention_load_s, [self.last_attention[i - 2] if i >= 2 else None])
+        first_kv = self.kv_load(i, 0)
+        gate_w = self.load("GateW", i, self.gate_load_s, [freed])
+        loads = [self.load(f"Hot{e}", i, self.hot_experts[e][0], [freed]) for e in range(hot)] \
+            if self.prefetch_hot else []
         attention = []
         for b in range(n):
-            kv = first_kv if b == 0 else kv_load(i, b)
-            attention.append(attend(i, b, [attention_w, batch_done[b], kv]))
-        gates = [graph.add(f"Gate L{i} b{b}", "gpu", gate_s, [attention[b], gate_w], layer=i, micro_batch=b,
-                           kind="post_attn") for b in range(n)]
-        if not prefetch_hot:
-            loads += [load(f"Hot{e}", i, hot_experts[e][0], [gates[0], freed]) for e in range(hot)]
-        loads += [load(f"Cold{e}", i, cold_experts[e][0], [gates[0], freed]) for e in range(len(cold_experts))]
-        batch_done = _queue_expert_compute(graph, i, experts, hot, loads, gates, order)
-        last_gpu.append(graph.queues["gpu"][-1])
-        last_attention.append(attention[-1])
-    return graph
+            kv = first_kv if b == 0 else self.kv_load(i, b)
+            attention.append(self.attend(i, b, [attention_w, self.batch_done[b], kv]))
+        gates = [self.graph.add(f"Gate L{i} b{b}", "gpu", self.gate_s, [attention[b], gate_w], layer=i, micro_batch=b,
+                                kind="post_attn") for b in range(n)]
+        if not self.prefetch_hot:
+            loads += [self.load(f"Hot{e}", i, self.hot_experts[e][0], [gates[0], freed]) for e in range(hot)]
+        loads += [self.load(f"Cold{e}", i, self.cold_experts[e][0], [gates[0], freed])
+                  for e in range(len(self.cold_experts))]
+        experts = [*self.hot_experts, *self.cold_experts]
+        self.batch_done = _queue_expert_compute(self.graph, i, experts, hot, loads, gates, self.order)
+        self.last_gpu.append(self.graph.queues["gpu"][-1])
+        self.last_attention.append(attention[-1])
 
 
 def _queue_expert_compute(graph: TaskQueues, i: int, experts, hot: int, loads: list[Task], gates: list[Task],

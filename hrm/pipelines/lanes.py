@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost import latency
+from ..cost.latency import lanes as cost_lanes
+from ..cost.latency.decode import decode_resources
+from ..cost.latency.lane import lanes_time_s
+from ..cost.latency.lanes import layer_kinds, schedule_lanes, step_sync_s
+from ..cost.latency.ops import lm_head_time_s
+from ..cost.latency.prefill import prefill_resources
 from ..cost.memory import (cpu_memory_form, disk_spill_allowed, disk_spill_bytes, gpu_memory_form, host_floor_form,
     spillable_weights_form)
 from ..policy import Policy
@@ -21,14 +26,14 @@ from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
 
 
 def disk_lanes(problem: Problem, micro_batch, attn_on_gpu, ffn_on_gpu, resources: dict) -> list:
-    """The ``disk`` lanes of a layer (:func:`hrm.cost.latency.disk_lanes`) of the mode (μ, A_g,
+    """The ``disk`` lanes of a layer (:func:`hrm.cost.latency.lanes.disk_lanes`) of the mode (μ, A_g,
     F_g) — arrays broadcast — when weights may spill (:func:`hrm.cost.memory.disk_spill_allowed`);
     [] otherwise. The search's terms and the estimate both take them from here."""
     if not disk_spill_allowed(problem.engine, problem.rates.disk_read_bytes_s, problem.limits):
         return []
     form = cpu_memory_form(problem.model, problem.workload, micro_batch, attn_on_gpu, ffn_on_gpu, problem.engine)
-    spill = latency.disk_spill_lane(form, problem.limits.cpu_bytes, micro_batch)
-    return latency.disk_lanes(spill, problem.model.num_layers, problem.rates, problem.engine, resources)
+    spill = cost_lanes.disk_spill_lane(form, problem.limits.cpu_bytes, micro_batch)
+    return cost_lanes.disk_lanes(spill, problem.model.num_layers, problem.rates, problem.engine, resources)
 
 
 def step_times_s(problem: Problem, policy: Policy):
@@ -39,22 +44,22 @@ def step_times_s(problem: Problem, policy: Policy):
     mu, n = policy.micro_batch_size, policy.num_micro_batches
     rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
     contexts = decode_contexts(workload.effective_prompt_len, workload.gen_len)
-    head = n * latency.lm_head_time_s(model, rates, mu)
+    head = n * lm_head_time_s(model, rates, mu)
     steps = np.full(contexts.shape, float(head))
     prefill = float(head)
     resource_sum: dict[str, float] = {}
     lane_sum: dict[str, float] = {}
-    for moe, count in latency.layer_kinds(model):
-        resources = latency.decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
+    for moe, count in layer_kinds(model):
+        resources = decode_resources(model, rates, mu, contexts, policy.attn_on_gpu, policy.ffn_on_gpu, moe,
                                              engine)
-        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit)
+        lanes = schedule_lanes(resources, engine, rates.shared_unit)
         disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, resources)
         if disk and float(np.max(disk[0].time_s(n, rw, rc))) <= 0:
             disk = []  # nothing spills: the disk lanes are below the others (E < 0) and reported as absent
         lanes = lanes + disk
-        steps = steps + count * latency.lanes_time_s(lanes, n, rw, rc)
+        steps = steps + count * lanes_time_s(lanes, n, rw, rc)
         if moe:
-            steps = steps + latency.step_sync_s(resources, engine)
+            steps = steps + step_sync_s(resources, engine)
         def busy_s(lane):  # over the decode steps (a lane without a step axis, disk, broadcasts)
             return count * float(np.sum(np.broadcast_to(lane.time_s(n, rw, rc), contexts.shape)))
 
@@ -62,10 +67,10 @@ def step_times_s(problem: Problem, policy: Policy):
             resource_sum[name] = resource_sum.get(name, 0.0) + busy_s(lane)
         for lane in lanes:
             lane_sum[lane.name] = lane_sum.get(lane.name, 0.0) + busy_s(lane)
-        pre = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
+        pre = prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine, workload.gen_len)
         pre_disk = disk_lanes(problem, mu, policy.attn_on_gpu, policy.ffn_on_gpu, pre)
-        prefill += count * float(latency.lanes_time_s(
-            latency.schedule_lanes(pre, engine, rates.shared_unit, "prefill") + pre_disk, n, rw, rc))
+        prefill += count * float(lanes_time_s(
+            schedule_lanes(pre, engine, rates.shared_unit, "prefill") + pre_disk, n, rw, rc))
     per_layer = max(len(contexts), 1) * model.num_layers
     resource_layer = {k: v / per_layer for k, v in resource_sum.items()}
     lane_layer = {k: v / per_layer for k, v in lane_sum.items()}
@@ -89,7 +94,7 @@ def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
     decode = float(np.sum(steps))
     n_steps = len(steps)
     # mean per-layer decode latency: the layer part of the steps, per layer
-    head = float(policy.num_micro_batches * latency.lm_head_time_s(model, rates, policy.micro_batch_size))
+    head = float(policy.num_micro_batches * lm_head_time_s(model, rates, policy.micro_batch_size))
     layers_only = decode - n_steps * head
     return PhaseTimes(
         prefill_s=prefill, decode_s=decode, decode_steps=n_steps,
@@ -118,5 +123,16 @@ def lanes_memory(problem: Problem, policy: Policy) -> MemoryUse:
     return MemoryUse(float(gpu_form.bytes(*point)), cpu_bytes - disk, components, disk)
 
 
-LANES = Pipeline("lanes", "the max of affine lanes per layer (eq. 12), searched exactly by solver.lanes.exact",
-                 PIPELINE_FIELDS["lanes"], lanes_times, lanes_memory, lanes_timeline)
+class LanesPipeline:
+    """The lanes pipeline (:class:`hrm.pipelines.base.Pipeline`): :func:`lanes_times`,
+    :func:`lanes_memory`, :func:`hrm.pipelines.lanes_timeline.lanes_timeline`."""
+
+    name = "lanes"
+    help = "the max of affine lanes per layer (eq. 12), searched exactly by solver.lanes.exact"
+    fields = PIPELINE_FIELDS["lanes"]
+    times = staticmethod(lanes_times)
+    memory = staticmethod(lanes_memory)
+    timeline = staticmethod(lanes_timeline)
+
+
+LANES: Pipeline = LanesPipeline()

@@ -8,7 +8,7 @@ function that returns a :class:`matplotlib.figure.Figure`.
   :func:`solver.sweep.cpu_memory_sweep`;
 - :func:`compare_table` / :func:`plot_compare` — every engine at its best policy, throughput
   and per-token latency (``hrm-search --compare --plot``);
-- :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.pipelines.lanes_timeline.decode_timeline`
+- :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.pipelines.decode_timeline`
   and, optionally, a runtime trace.
 
 :func:`save_png` writes a figure atomically; :func:`new_figure` makes one without pyplot.

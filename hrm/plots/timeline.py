@@ -1,5 +1,5 @@
 """Gantt chart of decode layers: one row per resource (GPU, CPU, CPU→GPU, GPU→CPU), one box
-per micro-batch task (paper Fig. 6). From the model (:func:`hrm.pipelines.lanes_timeline.decode_timeline`)
+per micro-batch task (paper Fig. 6). From the model (:func:`hrm.pipelines.decode_timeline`)
 and, when given, from a runtime Chrome trace (``hrm run --trace``) for the same policy."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from matplotlib.patches import Patch
 
 from ..errors import HRMError
-from ..pipelines.lanes_timeline import RESOURCES, Timeline
+from ..cost.latency.lane import RESOURCES
+from ..pipelines.list_scheduler import Timeline
 from ._common import KIND_COLORS, KIND_LABELS, new_figure
 
 RESOURCE_LABELS = {"gpu": "GPU", "cpu": "CPU", "h2d": "CPU→GPU", "d2h": "GPU→CPU"}

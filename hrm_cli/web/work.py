@@ -216,7 +216,7 @@ def plot(args, machine, kind: str) -> str:
     best policy, drawn by :mod:`hrm.plots` as SVG text."""
     from hrm.plots import plot_roofline, plot_timeline, roofline_data
     from hrm.pipelines import decode_timeline
-    from hrm.machine.rates import rates_from_profile
+    from hrm.problem import make_problem
     from hrm.workload import mean_decode_context
     from hrm_cli.search import run_search
 
@@ -228,8 +228,8 @@ def plot(args, machine, kind: str) -> str:
                                           options=run.options))
     else:
         context = mean_decode_context(run.workload)
-        timeline = decode_timeline(run.model, rates_from_profile(run.hw, run.options.for_model(run.model)), policy,
-                                   run.engine, context)
+        problem = make_problem(run.hw, run.model, run.workload, run.engine, run.options)
+        timeline = decode_timeline(problem, policy, context=context)
         fig = plot_timeline(timeline, f"{run.model.name} on {run.hw.name}, {policy.short()}, context {context:.0f}")
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg")

@@ -9,7 +9,7 @@ every whole-expert m and continuous z:
    per_seq·μ / (a lower bound of T/n) (per_seq: :func:`hrm.cost.throughput.tokens_per_sequence`).
    Per lane, T/n = a + s·b + (r·w + c)/n (a, b, w, c: the lane's
    per_micro_batch_s, per_micro_batch_kv_cpu_s, per_layer_offloaded_weights_s and
-   per_layer_s, :class:`hrm.cost.latency.Lane`) with the
+   per_layer_s, :class:`hrm.cost.latency.lane.Lane`) with the
    KV-on-CPU share s = 1 − z/N and the offloaded expert share r = 1 − m/M; each term is
    taken at its least over the mode's policies (n ≤ n̄, m ≤ m_max, z ≤ z_max, any sign of b,
    w, c), and where z is free the GPU bytes that static experts and GPU KV share bound

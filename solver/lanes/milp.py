@@ -16,7 +16,7 @@ with s_{κ,t} ≥ every lane of the schedule (the linearised max of eq. 12) and 
 limits as linear constraints. A lane of kind κ in mode k at step t takes
 n·A + (n − z/μ)·B + (1 − m/M)·W + C seconds, with A, B, W, C the lane's per_micro_batch_s,
 per_micro_batch_kv_cpu_s, per_layer_offloaded_weights_s and per_layer_s
-(:class:`hrm.cost.latency.Lane`, the arrays of :class:`solver.lanes.terms.Terms`).
+(:class:`hrm.cost.latency.lane.Lane`, the arrays of :class:`solver.lanes.terms.Terms`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A *mode* fixes the discrete part of a policy that the model is non-linear in: the
 micro-batch size μ and the placement (A_g, F_g). For a mode, every quantity the search
 needs is affine in the remaining decisions, and the hrm functions hand us exactly those
-affine coefficients (:class:`hrm.cost.latency.Lane`, :class:`hrm.cost.memory.MemoryForm`):
+affine coefficients (:class:`hrm.cost.latency.lane.Lane`, :class:`hrm.cost.memory.MemoryForm`):
 
 - n (micro-batches), N = μ·n;
 - m, the number of routed-expert matrices sets kept on the GPU: r_w = m / M where
@@ -17,7 +17,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from hrm.cost import latency
+from hrm.cost.latency.decode import decode_resources
+from hrm.cost.latency.lanes import layer_kinds, schedule_lanes, step_sync_s
+from hrm.cost.latency.ops import lm_head_time_s
+from hrm.cost.latency.prefill import prefill_resources
 from hrm.engines.engine import Engine
 from hrm.engines.rules import KV_LEVELS
 from hrm.engines.space import allowed_placements, static_expert_step
@@ -82,7 +85,7 @@ class MemoryTerms:
 @dataclass(frozen=True)
 class Terms(MemoryTerms):
     """Arrays indexed [mode, kind, lane, step] (decode) and [mode, kind, lane] (prefill): the
-    coefficients of :class:`hrm.cost.latency.Lane`, named after its fields (``prefill_`` for the
+    coefficients of :class:`hrm.cost.latency.lane.Lane`, named after its fields (``prefill_`` for the
     prefill's).
 
     Decode layer time of kind κ at step t = max_ℓ n·per_micro_batch_s
@@ -139,7 +142,7 @@ def affine_in_step(arr: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
     return np.max(np.abs(line - arr), axis=-1) <= rel_tol * steps * scale
 
 
-#: the coefficients of a lane (:class:`hrm.cost.latency.Lane`'s fields), the names of their arrays
+#: the coefficients of a lane (:class:`hrm.cost.latency.lane.Lane`'s fields), the names of their arrays
 LANE_COEFFICIENTS = ("per_micro_batch_s", "per_micro_batch_kv_cpu_s", "per_layer_offloaded_weights_s", "per_layer_s")
 #: the one that does not change with the decode step (its arrays have no step axis)
 WEIGHTS_COEFFICIENT = "per_layer_offloaded_weights_s"
@@ -179,7 +182,7 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
         step_weight = np.array([float(len(part)) for part in parts])
     else:
         coef = decode_at(contexts)
-    head = np.asarray(latency.lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
+    head = np.asarray(lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
     mem = memory_terms(problem, mu[:, 0], attn[:, 0] > 0, ffn[:, 0] > 0)
     if step_index is not None:
         affine = np.ones(coef["per_micro_batch_s"].shape[:2], dtype=bool)
@@ -189,7 +192,7 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
         affine = np.all(np.logical_and.reduce([affine_in_step(coef[key]) for key in LANE_STEP_COEFFICIENTS]), axis=2)
     return Terms(
         **{f.name: getattr(mem, f.name) for f in fields(MemoryTerms)},
-        modes=modes, kind_layers=np.array([count for _, count in latency.layer_kinds(model)], dtype=float),
+        modes=modes, kind_layers=np.array([count for _, count in layer_kinds(model)], dtype=float),
         **coef, **_prefill_coefficients(problem, mu[:, 0], attn[:, 0], ffn[:, 0], len(modes)), head=head, steps=steps,
         gen_len=workload.gen_len, expert_step=static_expert_step(model, engine),
         step_weight=step_weight, affine=affine, step_index=step_index,
@@ -213,14 +216,14 @@ def kv_share_levels(problem: Problem, modes: list[Mode]) -> tuple | None:
 
 
 def _prefill_coefficients(problem: Problem, mu: np.ndarray, attn: np.ndarray, ffn: np.ndarray, count: int) -> dict:
-    """The prefill's lane coefficients [mode, kind, lane] (:class:`hrm.cost.latency.Lane`'s fields,
+    """The prefill's lane coefficients [mode, kind, lane] (:class:`hrm.cost.latency.lane.Lane`'s fields,
     ``prefill_``-prefixed) of the micro-batch sizes ``mu``."""
     model, workload, engine, rates = problem.model, problem.workload, problem.engine, problem.rates
     per_kind = {name: [] for name in LANE_COEFFICIENTS}
-    for moe, _count in latency.layer_kinds(model):
-        resources = latency.prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine,
+    for moe, _count in layer_kinds(model):
+        resources = prefill_resources(model, rates, mu, workload.effective_prompt_len, moe, engine,
                                               workload.gen_len)
-        plan = (latency.schedule_lanes(resources, engine, rates.shared_unit, "prefill")
+        plan = (schedule_lanes(resources, engine, rates.shared_unit, "prefill")
                 + disk_lanes(problem, mu, attn, ffn, resources))
         for name in LANE_COEFFICIENTS:
             per_kind[name].append([np.broadcast_to(getattr(lane, name), (count,)) for lane in plan])
@@ -229,21 +232,21 @@ def _prefill_coefficients(problem: Problem, mu: np.ndarray, attn: np.ndarray, ff
 
 def _decode_coefficients(model: ModelSpec, rates: Rates, engine: Engine, mu, attn, ffn, contexts: np.ndarray,
                          count: int, problem: Problem) -> dict:
-    """Decode lane coefficients (:class:`hrm.cost.latency.Lane`'s fields) [mode, kind, lane,
+    """Decode lane coefficients (:class:`hrm.cost.latency.lane.Lane`'s fields) [mode, kind, lane,
     column], the weights term [mode, kind, lane] and the per-step sync [mode, column] at
     ``contexts`` [1, column]."""
     shape_t = (count, contexts.shape[1])
     per_kind = {name: [] for name in LANE_COEFFICIENTS}
     sync = np.zeros(shape_t)
-    for moe, _count in latency.layer_kinds(model):
-        resources = latency.decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
-        lanes = latency.schedule_lanes(resources, engine, rates.shared_unit) + disk_lanes(problem, mu, attn, ffn,
+    for moe, _count in layer_kinds(model):
+        resources = decode_resources(model, rates, mu, contexts, attn, ffn, moe, engine)
+        lanes = schedule_lanes(resources, engine, rates.shared_unit) + disk_lanes(problem, mu, attn, ffn,
                                                                                            resources)
         for name in LANE_COEFFICIENTS:
             values = [np.broadcast_to(getattr(lane, name), shape_t) for lane in lanes]
             per_kind[name].append([v[:, 0] for v in values] if name == WEIGHTS_COEFFICIENT else values)
         if moe:
-            sync = sync + np.broadcast_to(latency.step_sync_s(resources, engine), shape_t)
+            sync = sync + np.broadcast_to(step_sync_s(resources, engine), shape_t)
     # kinds may have different lane counts (an engine's bounds): pad with empty lanes
     coef = {name: _stack(arrays, 2 if name == WEIGHTS_COEFFICIENT else 3) for name, arrays in per_kind.items()}
     return {**coef, "sync": sync}

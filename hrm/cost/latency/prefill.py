@@ -1,0 +1,164 @@
+"""A prefill layer, layer-major (every micro-batch of the layer, then the next layer): its
+resources as lanes (:func:`prefill_resources`), with the engine's prefill weight path, KV
+write-back, hidden-state round trip, chunked passes, weight-load overlap, dispatch α and
+launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import costs
+from ..costs import LayerOps
+from ...engines.engine import IDEAL, Engine
+from ...machine.rates import Rates
+from ...model.spec import ModelSpec
+from ...units import dtype_bytes
+from .dispatch import launch_overhead_s, prefill_dispatch, with_launches
+from .lane import Lane, sum_lanes
+from .offload import (cache_miss_pieces, crossing_layer_bytes, offloaded_experts_on_cpu, on_demand_weights_share,
+    seconds_per_miss)
+from .ops import attention_rows, cpu_time_s, expert_rows, gpu_time_s
+from .transfers import allreduce_s, dram_bytes_s, kv_cache_s, link_bytes_s, weight_transfer_s
+
+
+def prefill_passes(engine: Engine, tokens):
+    """Forward passes of one micro-batch's prefill of ``tokens`` prompt tokens: one, or
+    ⌈tokens / prefill.max_tokens_per_pass⌉ under chunked prefill (each re-reads the layer's
+    offloaded weights: vLLM's UVA reads happen inside every pass's kernels)."""
+    cap = engine.prefill.max_tokens_per_pass
+    tokens = np.asarray(tokens, dtype=float)
+    return np.ones(tokens.shape) if cap is None else np.ceil(tokens / cap)
+
+
+@dataclass(frozen=True)
+class PrefillLayerTerms:
+    """What a prefill layer's lanes are built from (arrays over μ): its tokens, operators and
+    expert rows, the GPU chain per micro-batch (``gpu_s``, with its MoE part ``moe_s``), the
+    dispatch α and the engine's launch lanes, the KV write-back's and the weight path's
+    seconds per resource, the share of offloaded experts computed on the CPU, and the bytes
+    of the hidden states' round trips."""
+
+    tokens: np.ndarray
+    zero: np.ndarray
+    ops: LayerOps
+    rows: np.ndarray
+    moe_s: np.ndarray
+    gpu_s: np.ndarray
+    allreduce_s: dict
+    alpha_s: dict
+    launch: dict
+    kv_s: dict
+    kv_chain_s: np.ndarray | float
+    on_cpu: np.ndarray
+    crossing_bytes: np.ndarray
+    weights_s: dict
+    hidden_bytes: np.ndarray | float
+    cpu_hidden_bytes: np.ndarray
+    miss_pieces: tuple
+
+
+def prefill_layer_terms(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True,
+                        engine: Engine = IDEAL, gen_len: int = 0) -> PrefillLayerTerms:
+    """The :class:`PrefillLayerTerms` of a prefill layer as ``engine`` runs it."""
+    mu = np.asarray(micro_batch, dtype=float)
+    tokens = mu * prompt_len
+    ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
+    rows = expert_rows(model, tokens) if moe else tokens
+    ab = dtype_bytes(model.activation_dtype)
+    zero = np.zeros(mu.shape)
+    reduce = allreduce_s(model, rates, engine, tokens)
+    moe_s = gpu_time_s(ops.ffn, rates, rows, engine, kernel=moe)
+    alpha = prefill_dispatch(model, rates, mu, prompt_len, moe)
+    launch = launch_overhead_s(model, rates, engine, tokens, moe)
+    bubbles = launch["gpu"] if launch else Lane("gpu")
+    gpu = (gpu_time_s(ops.pre_attn, rates, tokens, engine)
+           + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
+           + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"]
+           + bubbles.per_micro_batch_s)
+    kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
+    kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
+    on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, tokens) if moe else zero
+    crossing = (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe)
+    misses = cache_miss_pieces(model, engine.prefill, tokens, seconds_per_miss(model, rates, engine, engine.prefill,
+                                                                               tokens, moe_s), zero) if moe else ()
+    return PrefillLayerTerms(
+        tokens=tokens, zero=zero, ops=ops, rows=rows, moe_s=moe_s, gpu_s=gpu, allreduce_s=reduce, alpha_s=alpha,
+        launch=launch, kv_s=kv, kv_chain_s=kv["d2h"] if engine.prefill.kv_cache == "pageable" else 0.0,
+        on_cpu=on_cpu, crossing_bytes=crossing,
+        weights_s=weight_transfer_s(rates, engine, engine.prefill.weight_path,
+                                    prefill_passes(engine, tokens) * crossing),
+        hidden_bytes=tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0,
+        cpu_hidden_bytes=on_cpu * tokens * model.hidden_size * ab,  # each way, for the layers' CPU experts
+        miss_pieces=misses)
+
+
+def prefill_task_lanes(model: ModelSpec, rates: Rates, engine: Engine, t: PrefillLayerTerms,
+                       moe: bool = True) -> dict[str, Lane]:
+    """The lanes of the resources that run a prefill layer's tasks: the GPU chain (a pageable
+    KV write-back blocks: it joins it), the links (hidden states, all-reduces, the weight load,
+    the CPU experts' hidden states, a cache's misses), the CPU (staging, CPU experts) and the
+    staging-copy team."""
+    zero, weights, reduce, alpha = t.zero, t.weights_s, t.allreduce_s, t.alpha_s
+    h2d, d2h = link_bytes_s(rates, engine, "h2d"), link_bytes_s(rates, engine, "d2h")
+    blocking = engine.prefill.kv_cache == "pageable"
+    lanes = {
+        "gpu": Lane("gpu", t.gpu_s + zero, t.kv_chain_s + zero, -t.on_cpu * t.moe_s + zero),
+        "h2d": Lane("h2d", alpha["h2d"] + t.hidden_bytes / h2d + reduce.get("h2d", 0.0) + zero, zero,
+                    weights["h2d"] + t.cpu_hidden_bytes / h2d + zero, pieces=t.miss_pieces),
+        "d2h": Lane("d2h", alpha["d2h"] + t.hidden_bytes / d2h + reduce.get("d2h", 0.0) + zero,
+                    (0.0 if blocking else t.kv_s["d2h"]) + zero, t.cpu_hidden_bytes / d2h + zero),
+    }
+    cpu_weights = weights.get("cpu", 0.0) + (t.on_cpu * cpu_time_s(t.ops.ffn, rates, t.rows, engine, model)
+                                             if moe else 0.0)
+    if "cpu" in weights or np.any(t.on_cpu):
+        lanes["cpu"] = Lane("cpu", zero, zero, cpu_weights + zero)
+    if "copy" in weights:
+        lanes["copy"] = Lane("copy", zero, zero, weights["copy"] + zero)
+    return lanes
+
+
+def prefill_bound_lanes(model: ModelSpec, rates: Rates, engine: Engine, t: PrefillLayerTerms) -> dict[str, Lane]:
+    """A prefill layer's capacity bounds: the GPU chain waiting on the weight load
+    (``gpu+weights``), and host DRAM (``dram``) when the engine charges it.
+
+    The weight load overlaps the layer as ``prefill.weights_overlap`` says: ``full`` — its
+    own lane; ``last-micro-batch-moe`` — issued after the last micro-batch was queued, so
+    the ``gpu+weights`` bound is n·(GPU per micro-batch) − (its MoE) + load; ``none`` —
+    n·(GPU per micro-batch) + load."""
+    zero, weights = t.zero, t.weights_s
+    lanes = {}
+    if engine.prefill.weights_overlap != "full":
+        overlap = {"one-micro-batch": t.gpu_s, "last-micro-batch-moe": t.moe_s,
+                   "none": 0.0}[engine.prefill.weights_overlap]
+        lanes["gpu+weights"] = Lane("gpu+weights", t.gpu_s + zero, t.kv_chain_s + zero, weights["h2d"] + zero,
+                                    -overlap + zero)
+    elif engine.prefetch_bucket_hidden_sq is not None:  # the GPU chain waits for what the bucket does not hold
+        on_demand = on_demand_weights_share(model, engine, t.crossing_bytes) * weights["h2d"]
+        lanes["gpu+weights"] = Lane("gpu+weights", t.gpu_s + zero, t.kv_chain_s + zero, on_demand + zero)
+    if engine.host_dram:
+        lanes["dram"] = Lane("dram", (2 * t.hidden_bytes / dram_bytes_s(rates) + t.allreduce_s.get("dram", 0.0)) + zero,
+                             t.kv_s["dram"] + zero, weights["dram"] + zero)
+    return lanes
+
+
+def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True,
+                      engine: Engine = IDEAL, gen_len: int = 0) -> dict[str, Lane]:
+    """Prefill of one layer, layer-major: all computation on the GPU, the layer's offloaded
+    weights loaded once on the engine's prefill weight path, the prompt's KV written back to
+    the CPU (with the slots reserved for the ``gen_len`` tokens to come when the engine
+    allocates them there), and the hidden states' round trip to pinned CPU memory when the
+    engine parks them there. Under chunked prefill the offloaded weights cross once per pass
+    (:func:`prefill_passes`). The lanes of the resources (:func:`prefill_task_lanes`), then
+    the bounds (:func:`prefill_bound_lanes`), then the engine's launches."""
+    t = prefill_layer_terms(model, rates, micro_batch, prompt_len, moe, engine, gen_len)
+    lanes = {**prefill_task_lanes(model, rates, engine, t, moe), **prefill_bound_lanes(model, rates, engine, t)}
+    # the GPU's sync bubbles are in its chain above (so in every bound built on it); the rest:
+    # the host's issue lane, the CPU ops, the once-per-layer syncs
+    bubbles = t.launch["gpu"] if t.launch else Lane("gpu")
+    for name in ("gpu", "gpu+weights"):
+        if name in lanes and t.launch:
+            lanes[name] = sum_lanes(name, [lanes[name], Lane(name, per_layer_s=bubbles.per_layer_s + t.zero)])
+    return with_launches(lanes, {k: lane for k, lane in t.launch.items() if k != "gpu"}, t.zero)
