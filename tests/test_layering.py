@@ -247,3 +247,34 @@ def test_cycles_are_named_by_their_modules():
     assert cycles(graph) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"], ["c", "a", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: the core's layers, bottom up (docs/ARCHITECTURE.md §4): a wing (a sub-package of ``hrm``) or a
+#: top-level module imports only what comes before it; the foundation modules (units, bounds,
+#: errors, progress, workload, policy) come first
+HRM_LAYERS = ("units", "errors", "bounds", "progress", "workload", "policy", "model/", "machine/", "engines/",
+              "cost/", "problem", "pipelines/", "estimate", "plan", "placement", "export/", "analysis/", "plots/")
+
+
+def hrm_layer(module: str) -> str | None:
+    """The layer of an ``hrm`` module: its wing (``hrm.cost.latency.ops`` -> ``cost/``) or its name."""
+    parts = module.split(".")
+    if parts[0] != "hrm" or len(parts) < 2:
+        return None
+    return parts[1] + "/" if (ROOT / "hrm" / parts[1]).is_dir() else parts[1]
+
+
+def test_hrm_wings_import_only_layers_below():
+    """The walk of any parameter through the core never climbs back: every import between two
+    layers of ``hrm`` goes down HRM_LAYERS, and every module of ``hrm`` has a layer."""
+    modules = {m for m in IMPORTS if m.split(".")[0] == "hrm" and m != "hrm"}
+    assert {hrm_layer(m) for m in modules} == set(HRM_LAYERS)
+    rank = {layer: i for i, layer in enumerate(HRM_LAYERS)}
+    up = sorted(f"{a} -> {b}" for a, targets in module_graph(IMPORTS).items() if a in modules
+                for b in targets if b in modules and rank[hrm_layer(b)] > rank[hrm_layer(a)])
+    assert up == []
+
+
+def test_hrm_layer_names_a_module_by_its_wing():
+    assert hrm_layer("hrm.cost.latency.ops") == "cost/" and hrm_layer("hrm.plan") == "plan"
+    assert hrm_layer("solver.search") is None and hrm_layer("hrm") is None
