@@ -1,11 +1,14 @@
-"""Golden outputs for a behaviour-neutral refactor: every shipped engine x hardware profile x five
-catalog models, eight engines on three big ones, Klotski on three pairs, as `hrm-search --json` prints them, and every workload
-preset on nine pairs as `hrm-search` prints its table.
+"""Golden outputs for a behaviour-neutral refactor: every shipped engine x six hardware profiles x
+five catalog models, eight engines on three big ones, Klotski on three pairs, as
+`hrm-search --json` prints them, and every workload preset on nine pairs as `hrm-search` prints
+its table.
 
-    python benchmarks/golden_outputs.py capture OUT.json   # before the refactor
-    python benchmarks/golden_outputs.py check OUT.json     # after it: numbers equal at rel 1e-12
+    python benchmarks/golden_outputs.py capture OUT.jsonl [--shard I/N]  # before the refactor
+    python benchmarks/golden_outputs.py check OUT.jsonl [--shard I/N]    # after: numbers equal at rel 1e-12
 
-Runs the CLI in-process (about 10 min on one core). Only the solver's wall time is left out.
+Runs the CLI in-process, one JSON line per case; a capture resumes where an OUT it finds left
+off, and shards split the cases for parallel processes (about 30 min on one core). Only the
+solver's wall time is left out.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 
 from hrm_cli import search_main
 
-HARDWARE = sorted(p.stem for p in Path(__file__).resolve().parents[1].glob("hardware_profiles/*.yaml"))
+#: one of each kind: consumer, datacenter, multi-GPU and CPU-only
+HARDWARE = ("l4", "t4", "a100-80g", "h100", "2xa100-80g", "cpu-only")
 MODELS = ("mixtral", "deepseek-v2-lite", "qwen3-30b-a3b", "olmoe-1b-7b", "tiny-mixtral")
 #: big models, without the engines whose search takes minutes on them (fiddler on gpt-oss-120b: 330 s)
 BIG_MODELS = ("dbrx", "deepseek-v3", "gpt-oss-120b")
@@ -67,18 +71,45 @@ def _cases():
                 yield f"{hw}/{model}/{wl}/text", ["--hw", hw, "--model", model, "--workload", wl]
 
 
-def capture() -> dict:
-    got = {}
-    for key, argv in _cases():
-        start = time.perf_counter()
-        code, text = _cli(argv)
-        try:
-            body = json.loads(text) if "--json" in argv and code == 0 else text
-        except json.JSONDecodeError:
-            body = text
-        got[key] = {"exit": code, "out": body}
-        print(f"{key}: exit {code} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
-    return got
+def _shard(cases, shard: str):
+    i, n = (int(x) for x in shard.split("/"))
+    return [c for k, c in enumerate(cases) if k % n == i]
+
+
+def run_case(argv: list[str]) -> dict:
+    code, text = _cli(argv)
+    try:
+        body = json.loads(text) if "--json" in argv and code == 0 else text
+    except json.JSONDecodeError:
+        body = text
+    return {"exit": code, "out": body}
+
+
+def shard_path(path: Path, shard: str) -> Path:
+    """Each shard writes its own file (concurrent appends of long lines may interleave)."""
+    return path if shard == "0/1" else path.with_name(f"{path.name}.{shard.replace('/', 'of')}")
+
+
+def read_lines(path: Path) -> dict:
+    """Every case captured in ``path`` and in its shards' files."""
+    found = {}
+    for part in [path, *sorted(path.parent.glob(path.name + ".*of*"))]:
+        if part.exists():
+            found.update((d["key"], d["value"]) for d in map(json.loads, part.read_text().splitlines()) if d)
+    return found
+
+
+def capture(path: Path, shard: str) -> None:
+    done = read_lines(path)
+    with shard_path(path, shard).open("a") as out:
+        for key, argv in _shard(list(_cases()), shard):
+            if key in done:
+                continue
+            start = time.perf_counter()
+            value = run_case(argv)
+            out.write(json.dumps({"key": key, "value": value}) + "\n")
+            out.flush()
+            print(f"{key}: exit {value['exit']} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
 
 
 def _diff(a, b, path: str, out: list[str]) -> None:
@@ -107,17 +138,25 @@ def _diff(a, b, path: str, out: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    shard = "0/1"
+    if "--shard" in argv:
+        at = argv.index("--shard")
+        shard, argv = argv[at + 1], argv[:at] + argv[at + 2:]
     if len(argv) != 2 or argv[0] not in ("capture", "check"):
         print(__doc__, file=sys.stderr)
         return 2
-    mode, path = argv
+    mode, path = argv[0], Path(argv[1])
     if mode == "capture":
-        Path(path).write_text(json.dumps(capture(), indent=1, sort_keys=True))
+        capture(path, shard)
         return 0
-    before = json.loads(Path(path).read_text())
-    diffs: list[str] = []
-    _diff(before, capture(), "", diffs)
-    print("\n".join(diffs[:50]) or f"golden outputs equal at rel {REL_TOL} ({len(before)} cases)")
+    before, diffs = read_lines(path), []
+    cases = _shard(list(_cases()), shard)
+    for key, argv_case in cases:
+        if key not in before:
+            diffs.append(f"{key}: not captured")
+            continue
+        _diff(before[key], run_case(argv_case), key, diffs)
+    print("\n".join(diffs[:50]) or f"golden outputs equal at rel {REL_TOL} ({len(cases)} cases)")
     return 1 if diffs else 0
 
 
