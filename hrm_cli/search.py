@@ -15,7 +15,7 @@ from hrm.cost.memory import physical_limits
 from hrm.plan import check_output_path, save_plan
 from hrm.policy import parse_assignments, policy_refusal
 
-from solver.request import server_pick, with_server_pick
+from solver.request import server_pick, with_note, with_server_pick
 from solver.search import OBJECTIVES, SearchResult, search
 from solver.lanes.terms import LatencyLimits
 from solver.lanes.terms import DEFAULT_MAX_BATCH
@@ -133,8 +133,8 @@ def run_search(args, machine=None) -> SearchRun:
         common["limits"] = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
     result = search(hw, model, workload, top=args.top, verify=args.verify, engine=engine, **common)
     if fully_pinned(fixed) and not result.best.estimate.fits(limits):
-        result.extras["notes"].append("the pinned policy is above the planning caps (--gpu-util/--cpu-util): it fits "
-                                      "physical memory less the engine's reserve, the search would not choose it")
+        result = with_note(result, "the pinned policy is above the planning caps (--gpu-util/--cpu-util): it fits "
+                                   "physical memory less the engine's reserve, the search would not choose it")
     # an engine that picks its own policy at launch: its pick beside the search's best,
     # checked against physical memory like a pinned policy (it is not the search's choice)
     pick = server_pick(hw, model, workload, engine, options, physical_limits(hw, engine, args.gpu_mem, args.cpu_mem))
@@ -207,7 +207,7 @@ def main(argv) -> int:
             print(f"{export.export.engine} ({export.export.version}):")
             print_export(export, "text")
     if result.verified is False:
-        raise HRMError(f"verifier disagrees: search {result.extras['objective']:.6g} vs verifier {result.verify_objective:.6g}")
+        raise HRMError(f"verifier disagrees: search {result.stats.objective_value:.6g} vs verifier {result.verify_objective:.6g}")
     return 0
 
 
@@ -282,9 +282,7 @@ def no_alternatives_reason(result: SearchResult, pinned_placement: bool = False)
     """Why a search shows no alternative (the best policy of every other placement)."""
     from solver.lanes.terms import allowed_placements
 
-    engine = result.extras.get("engine")
-    if engine is None:
-        return "the search reports none"
+    engine = result.stats.engine
     if engine.schedule == "klotski":
         return (f"engine {engine.name} runs one placement (Klotski's expert-level pipeline); --compare shows "
                 "every engine at its best")
@@ -327,7 +325,7 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
     table.add_row("bottleneck", best.bottleneck + "  (" + ", ".join(
         f"{k} {v:.0%}" for k, v in best.utilization.items()) + " busy)")
     table.add_row("binding memory", best.binding_memory)
-    limits = result.extras.get("latency_limits")
+    limits = result.stats.latency_limits
     if limits:
         met = []
         if limits.tpot_s is not None:
@@ -335,7 +333,7 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
         if limits.ttft_s is not None:
             met.append(f"TTFT {best.prefill_latency_s:,.4g} s <= {limits.ttft_s:g} s")
         table.add_row("latency limits", ", ".join(met))
-    for note in [*result.extras.get("notes", []), *best.notes]:
+    for note in [*result.stats.notes, *best.notes]:
         table.add_row("note", note)
     if best.defaulted:
         table.add_row("defaulted rates", ", ".join(best.defaulted))
@@ -347,9 +345,9 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
         if best.disk_bytes > 0:  # the disk tier (docs/model.md §4.9)
             table.add_row("disk (weights)", f"{gib(best.disk_bytes)} beyond host memory, read every pass")
     proven = "optimal" if result.plan.solver.optimal else "best found (not proven optimal)"
-    table.add_row("solve", f"{result.seconds:.2f} s, {proven} over {result.extras['search_space']}")
+    table.add_row("solve", f"{result.seconds:.2f} s, {proven} over {result.stats.search_space}")
     if result.verified is not None:
-        opened, total = result.extras["verify_modes"]
+        opened, total = result.stats.verify_modes_enumerated, result.stats.verify_modes_total
         table.add_row("verifier", f"{'agrees' if result.verified else 'DISAGREES'}: optimum {result.verify_objective:,.3f} "
                                   f"in {result.verify_seconds:.2f} s ({opened} of {total} modes enumerated and "
                                   f"MILP-certified, the rest bounded per step)")

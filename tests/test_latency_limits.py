@@ -50,7 +50,7 @@ def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
     found = search(hw, model, WL, top=0, latency_limits=LatencyLimits(tpot_s=limit), verify=True, engine="ideal")
     est = found.best.estimate
     assert est.per_token_latency_s <= limit * (1 + 1e-9)
-    assert found.verified, (found.extras["objective"], found.verify_objective)
+    assert found.verified, (found.stats.objective_value, found.verify_objective)
     assert est.generation_throughput_tok_s <= free.generation_throughput_tok_s * (1 + 1e-12)
     if fraction == 1.0:  # the unconstrained optimum meets its own TPOT: same optimum
         assert est.generation_throughput_tok_s == pytest.approx(free.generation_throughput_tok_s, rel=1e-12)

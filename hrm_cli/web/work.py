@@ -202,7 +202,7 @@ def view(args, machine) -> dict:
         "memory": [{"tier": t, "used_bytes": used, "capacity_bytes": cap} for t, used, cap in tiers],
         "alternatives": [{"policy": c.policy.short(), "generation_throughput_tok_s": c.estimate.generation_throughput_tok_s,
                           "bottleneck": c.estimate.bottleneck} for c in run.result.alternatives],
-        "notes": [*run.result.extras.get("notes", []), *est.notes],
+        "notes": [*run.result.stats.notes, *est.notes],
         "explain": why,
         "solve_s": run.result.seconds,
         # what the shareable URL says in place of an upload (hw=upload:NAME, model=upload:NAME)
