@@ -20,7 +20,8 @@ from hrm.model.spec import load_model
 from hrm.model.options import DEFAULT_OPTIONS
 from hrm.problem import make_problem
 from hrm.workload import make_workload
-from solver.lanes.exact import best_in_mode, best_in_modes, throughput_upper_bounds
+from solver.lanes.bounds import throughput_upper_bounds
+from solver.lanes.exact import best_in_mode, best_in_modes
 from solver.search import search
 from solver.lanes.terms import (STEP_COEFFICIENTS, WEIGHTS_COEFFICIENT, affine_in_step, affine_pieces, build_terms,
                           enumerate_modes, max_micro_batches, piece_sum_weights, total_time_s)
