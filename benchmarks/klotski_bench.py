@@ -90,7 +90,7 @@ def engine_table(args) -> None:
                     at_own = f"{est.generation_throughput_tok_s:,.1f}" + ("" if est.feasible else " (does not fit)")
                 print(f"| {hw_name} | {model_name} | {cpu or '-'} | {text} | {policy.short()} | "
                       f"{best.generation_throughput_tok_s:,.1f} | {best.per_token_latency_s:,.2f} | {own} | {at_own} | "
-                      f"{seconds:.2f} | {result.extras['candidates']} / {result.extras['modes_total']:,} |")
+                      f"{seconds:.2f} | {result.stats.candidates_evaluated} / {result.stats.modes_total:,} |")
 
 
 if __name__ == "__main__":

@@ -42,9 +42,9 @@ def main() -> None:
             start = time.perf_counter()
             try:
                 result = search(hw, model, make_workload(), engine="klotski", top=0, limits=limits)
-                gap = re.search(r"at most ([\d.]+%) better", " ".join(result.extras["notes"]))
+                gap = re.search(r"at most ([\d.]+%) better", " ".join(result.stats.notes))
                 what = "optimal" if result.plan.solver.optimal else f"stopped, gap {gap.group(1) if gap else '?'}"
-                what += f" ({result.iterations} of {result.extras['modes_total']:,})"
+                what += f" ({result.iterations} of {result.stats.modes_total:,})"
                 policy = result.best.policy.short()
             except HRMError as exc:
                 what, policy = "refused/infeasible", str(exc)[:60]

@@ -69,12 +69,12 @@ def main() -> None:
                 if result is None:
                     continue
                 row = {"model": model_name, "hw": hw_name, "wl": preset, "s": min(times),
-                       "tok_s": result.extras["objective"], "policy": result.best.policy.short(),
-                       "modes": result.extras["modes_total"], "solved": result.iterations}
+                       "tok_s": result.stats.objective_value, "policy": result.best.policy.short(),
+                       "modes": result.stats.modes_total, "solved": result.iterations}
                 if args.verify:
                     checked = search(hw, model, wl, top=0, verify=True, engine="ideal")
                     row["verify_s"] = checked.verify_seconds
-                    row["gap"] = 1 - checked.extras["objective"] / checked.verify_objective
+                    row["gap"] = 1 - checked.stats.objective_value / checked.verify_objective
                 old = before.get((model_name, hw_name, preset))
                 if old and old.get("tok_s"):
                     row["before_s"] = old["s"]

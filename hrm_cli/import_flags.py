@@ -43,7 +43,8 @@ def parse_args(parser: ArgumentParser, argv):
     return args
 
 
-def main(argv) -> int:
+def build_parser() -> ArgumentParser:
+    """``hrm import``'s parser (--model is optional: a benchmark tool's command needs none)."""
     parser = ArgumentParser(prog="hrm import", description=(
         "Read another engine's flags (one shell string) as the HRM policy they run and print its estimate: "
         "what does my current command reach? The command's own workload flags (and the engine's defaults where "
@@ -66,44 +67,71 @@ def main(argv) -> int:
     # --model is the catalog model the estimate plans; a llama-bench / llama-batched-bench
     # command is predicted from its GGUF's own tensors and needs none
     next(a for a in parser._actions if "--model" in a.option_strings).required = False
+    return parser
+
+
+def _bench_main(args) -> int:
+    """A llama.cpp benchmark tool's command (llama-bench, llama-batched-bench): HRM's llama.cpp
+    engine per point on a GPU machine with --model, else the CPU step model."""
+    from hrm_cli import import_bench
+    from hrm.machine.hardware import load_hardware
+
+    hw = load_hardware(args.hw)
+    if hw.gpu is not None and args.model is not None:  # a GPU machine: HRM's llama.cpp engine per point
+        _, model = machine_from_args(args)
+        return import_bench.gpu_main(args.flags, hw, model, args.json)
+    return import_bench.main(args.flags, hw, args.gguf, args.json)
+
+
+def _with_named_format(args, model):
+    """(model, note): a llama.cpp command whose model file's name says its weights (and no
+    --weight-dtype / --weight-format given) estimates those; note says so (None otherwise)."""
+    if args.source != "llama.cpp" or args.weight_dtype is not None or args.weight_format is not None:
+        return model, None
+    from hrm.export.llama_cpp import gguf_name_format
+
+    named_format = gguf_name_format(args.flags)
+    if named_format is None:
+        return model, None
+    return (model.with_dtypes(named_format[1]).with_weight_format(named_format[2]),
+            f"the model file's name says {named_format[0]}: estimated as --weight-dtype {named_format[1]} "
+            f"--weight-format {named_format[2]} (give either flag to override)")
+
+
+def _engine_of(args, target, imported, policy):
+    """The engine estimated with: --engine, else the target's closest shipped one (ideal without
+    one), with what the command sets of the engine itself."""
+    engine = load_engine(args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal"))
+    if imported.engine_fields and engine.name in target.engines:  # what the command sets of the engine itself
+        engine = with_fields(engine, imported.engine_fields)
+    return engine
+
+
+def main(argv) -> int:
+    """``hrm import``: the engine's flags as a policy, estimated and printed (or the benchmark
+    tool's prediction); exit 3 when the policy does not fit physical memory."""
+    parser = build_parser()
     args = parse_args(parser, argv)
     from hrm.export.llama_tools import tool_of
 
     if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model
-        from hrm_cli import import_bench
-        from hrm.machine.hardware import load_hardware
-
-        hw = load_hardware(args.hw)
-        if hw.gpu is not None and args.model is not None:  # a GPU machine: HRM's llama.cpp engine per point
-            _, model = machine_from_args(args)
-            return import_bench.gpu_main(args.flags, hw, model, args.json)
-        return import_bench.main(args.flags, hw, args.gguf, args.json)
+        return _bench_main(args)
     if args.model is None:
         parser.error("the following arguments are required: --model")
     fields = given_fields(args)
     args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)
-    named_format = None
-    if args.source == "llama.cpp" and args.weight_dtype is None and args.weight_format is None:
-        from hrm.export.llama_cpp import gguf_name_format
-
-        named_format = gguf_name_format(args.flags)
-        if named_format is not None:  # the file's name says its weights: estimate those
-            model = model.with_dtypes(named_format[1]).with_weight_format(named_format[2])
+    model, named_note = _with_named_format(args, model)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
     asked = workload_from_args(args)
     imported = read_command(args.source, args.flags, model, asked, hw, options.gpu_memory_utilization,
                             {field: getattr(asked, field) for field in fields})
     policy, notes, workload = imported.policy, list(imported.notes), imported.workload
-    if named_format is not None:
-        notes.append(f"the model file's name says {named_format[0]}: estimated as --weight-dtype {named_format[1]} "
-                     f"--weight-format {named_format[2]} (give either flag to override)")
+    if named_note is not None:
+        notes.append(named_note)
     target = get_exporter(args.source)
-    engine_name = args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal")
-    engine = load_engine(engine_name)
-    if imported.engine_fields and engine.name in target.engines:  # what the command sets of the engine itself
-        engine = with_fields(engine, imported.engine_fields)
+    engine = _engine_of(args, target, imported, policy)
     result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     # a command's policy is pinned: it must fit physical memory less the engine's fixed costs
     # (hrm.cost.memory.physical_limits), as hrm estimate checks; above the planning caps it is said

@@ -43,10 +43,20 @@ def _floats(text: str, flag: str, rng: bounds.Range = bounds.NON_NEGATIVE) -> li
 
 
 def build_parser() -> ArgumentParser:
+    """``hrm plot``'s parser: one subcommand per figure, each with --out and --dpi."""
     parser = ArgumentParser(prog="hrm plot", description="Draw HRM figures (PNG, headless).")
     sub = parser.add_subparsers(dest="kind", metavar="KIND", parser_class=ArgumentParser)
     sub.required = True
+    figures = (_add_roofline_parser(sub), _add_policy_map_parser(sub), _add_cpu_memory_parser(sub),
+               _add_timeline_parser(sub))
+    for p in figures:
+        p.add_argument("--out", required=True, help="PNG file to write (atomically, with --csv: both or neither)")
+        p.add_argument("--dpi", type=bounds.DPI.flag("--dpi"), default=150, help=f"resolution {bounds.DPI.describe()}")
+    return parser
 
+
+def _add_roofline_parser(sub) -> ArgumentParser:
+    """``hrm plot roofline``: the HRM roofline of one operator."""
     roof = sub.add_parser("roofline", help="HRM roofline of one operator (paper Fig. 4/5)")
     add_machine_args(roof)
     roof.add_argument("--op", default="moe-ffn", choices=["moe-ffn", "attention"], help="operator (default moe-ffn)")
@@ -56,7 +66,11 @@ def build_parser() -> ArgumentParser:
                       help="MoE FFN kernel micro-batch μ (default 128)")
     roof.add_argument("--batch-sizes", default="16,64,256,1024,4096", help="batch sizes N drawn for the MoE FFN")
     roof.add_argument("--kv-dtypes", default="fp16,int4", help="KV dtypes drawn for attention")
+    return roof
 
+
+def _add_policy_map_parser(sub) -> ArgumentParser:
+    """``hrm plot policy-map``: the best policy over link bandwidth × CPU scaling."""
     pmap = sub.add_parser("policy-map", help="best policy over link bandwidth × CPU scaling (paper Fig. 10)")
     pmap.add_argument("--hw", default=FIG10["hw"], help=f"hardware profile (default {FIG10['hw']})")
     pmap.add_argument("--model", default=FIG10["model"], help=f"model (default {FIG10['model']})")
@@ -73,7 +87,11 @@ def build_parser() -> ArgumentParser:
     pmap.add_argument("--engine", help=f"engine name or YAML file ({engine_default_help()})")
     pmap.add_argument("--objective", default="generation", choices=["generation", "decode"])
     pmap.add_argument("--csv", help="also write the table of best policies")
+    return pmap
 
+
+def _add_cpu_memory_parser(sub) -> ArgumentParser:
+    """``hrm plot cpu-memory``: throughput against CPU memory per schedule."""
     mem = sub.add_parser("cpu-memory", help="throughput vs CPU memory per schedule (paper Fig. 1)")
     add_machine_args(mem)
     add_workload_args(mem)
@@ -82,7 +100,11 @@ def build_parser() -> ArgumentParser:
                      help="schedules of engine ideal and/or engine names to compare (comma-separated)")
     mem.add_argument("--objective", default="generation", choices=["generation", "decode"])
     mem.add_argument("--csv", help="also write the table")
+    return mem
 
+
+def _add_timeline_parser(sub) -> ArgumentParser:
+    """``hrm plot timeline``: the Gantt chart of decode layers."""
     tl = sub.add_parser("timeline", help="Gantt chart of decode layers (model; runtime trace if given)")
     add_machine_args(tl, hw_required=False)  # --plan names its own hardware and model
     add_workload_args(tl)
@@ -99,10 +121,7 @@ def build_parser() -> ArgumentParser:
                     help="decode step of the trace to draw (default: the middle one)")
     tl.add_argument("--trace-layer", type=bounds.INDEX.flag("--trace-layer"),
                     help="layer of the trace to draw (default: the middle one)")
-    for p in (roof, pmap, mem, tl):
-        p.add_argument("--out", required=True, help="PNG file to write (atomically, with --csv: both or neither)")
-        p.add_argument("--dpi", type=bounds.DPI.flag("--dpi"), default=150, help=f"resolution {bounds.DPI.describe()}")
-    return parser
+    return tl
 
 
 def _roofline(args):

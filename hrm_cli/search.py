@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from hrm_cli.parser import ArgumentParser
@@ -15,7 +14,8 @@ from hrm.cost.memory import physical_limits
 from hrm.plan import check_output_path, save_plan
 from hrm.policy import parse_assignments, policy_refusal
 
-from solver.request import server_pick, with_server_pick
+from solver.analyses import EngineBest, RoutingEffect, compare_engines, ideal_bound_tok_s, routing_effect
+from solver.request import server_pick, with_note, with_server_pick
 from solver.search import OBJECTIVES, SearchResult, search
 from solver.lanes.terms import LatencyLimits
 from solver.lanes.terms import DEFAULT_MAX_BATCH
@@ -107,25 +107,43 @@ class SearchRun:
     export: object = None
 
 
-def search_inputs(args, machine=None) -> tuple:
-    """(hw, model, workload, options, limits, common) of parsed ``hrm-search`` flags; ``machine``
-    = (hw, model) already loaded (the web planner's uploads), else --hw/--model are loaded."""
+@dataclass(frozen=True)
+class SearchInputs:
+    """What parsed ``hrm-search`` flags search: machine, model, workload, and the keywords of
+    :func:`solver.search.search` (and of the analyses of :mod:`solver.analyses`)."""
+
+    hw: object
+    model: object
+    workload: object
+    #: the model options (dtypes, routing) of the flags
+    options: object
+    #: the planning memory limits of the flags (--gpu-mem, --gpu-util, ...)
+    limits: object
+    #: :func:`solver.search.search`'s keywords but engine and top: objective, pins, caps, limits, names
+    search_kwargs: dict
+
+
+def search_inputs(args, machine=None) -> SearchInputs:
+    """The inputs of parsed ``hrm-search`` flags; ``machine`` = (hw, model) already loaded (the
+    web planner's uploads), else --hw/--model are loaded."""
     hw, model = machine if machine is not None else machine_from_args(args)
     workload = workload_from_args(args)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)
     fixed = parse_fix(args.fix)
     latency_limits = LatencyLimits(args.max_tpot_ms / 1e3 if args.max_tpot_ms is not None else None, args.max_ttft_s)
-    common = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options, limits=limits,
-                  latency_limits=latency_limits, time_limit_s=args.time_limit_s,
-                  solver=args.solver, hw_name=args.hw, model_name=args.model)
-    return hw, model, workload, options, limits, common
+    search_kwargs = dict(objective=args.objective, fixed=fixed, max_batch=args.max_batch, options=options,
+                         limits=limits, latency_limits=latency_limits, time_limit_s=args.time_limit_s,
+                         solver=args.solver, hw_name=args.hw, model_name=args.model)
+    return SearchInputs(hw, model, workload, options, limits, search_kwargs)
 
 
 def run_search(args, machine=None) -> SearchRun:
     """The search of parsed ``hrm-search`` flags (not --compare), the server's pick beside it,
     and the --export rendering: everything ``main`` prints, nothing printed or written."""
-    hw, model, workload, options, limits, common = search_inputs(args, machine)
+    inputs = search_inputs(args, machine)
+    hw, model, workload, options, limits = inputs.hw, inputs.model, inputs.workload, inputs.options, inputs.limits
+    common = dict(inputs.search_kwargs)
     engine = engine_from_args(args, hw)
     fixed = common["fixed"]
     if fully_pinned(fixed):
@@ -133,8 +151,8 @@ def run_search(args, machine=None) -> SearchRun:
         common["limits"] = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
     result = search(hw, model, workload, top=args.top, verify=args.verify, engine=engine, **common)
     if fully_pinned(fixed) and not result.best.estimate.fits(limits):
-        result.extras["notes"].append("the pinned policy is above the planning caps (--gpu-util/--cpu-util): it fits "
-                                      "physical memory less the engine's reserve, the search would not choose it")
+        result = with_note(result, "the pinned policy is above the planning caps (--gpu-util/--cpu-util): it fits "
+                                   "physical memory less the engine's reserve, the search would not choose it")
     # an engine that picks its own policy at launch: its pick beside the search's best,
     # checked against physical memory like a pinned policy (it is not the search's choice)
     pick = server_pick(hw, model, workload, engine, options, physical_limits(hw, engine, args.gpu_mem, args.cpu_mem))
@@ -153,22 +171,13 @@ def search_json(run: SearchRun) -> dict:
     return plan if run.export is None else {"plan": plan, "export": run.export.export.to_json()}
 
 
-def compare_json(rows) -> dict:
+def compare_json(rows: list[EngineBest]) -> dict:
     """What ``hrm-search --compare --json`` prints, as data: each label's plan or the one-line
-    reason it has none, best first."""
+    reason it has none, best first (rows: :func:`solver.analyses.compare_engines`)."""
     import json
 
-    return {s: (r if isinstance(r, str) else json.loads(r.plan.model_dump_json())) for s, r in rows}
-
-
-def run_compare(args, machine=None) -> tuple:
-    """(hw, model, workload, rows) of ``hrm-search --compare`` (rows: :func:`compare_engines`)
-    of parsed flags; HRMError when no engine admits a policy."""
-    hw, model, workload, _, _, common = search_inputs(args, machine)
-    rows = compare_engines(hw, model, workload, common, bool(getattr(args, "with_reference", False)))
-    if not any(not isinstance(r, str) for _, r in rows):
-        raise HRMError("no engine admits a policy: " + "; ".join(f"{s}: {r}" for s, r in rows))
-    return hw, model, workload, rows
+    return {row.label: (row.refusal if row.result is None else json.loads(row.result.plan.model_dump_json()))
+            for row in rows}
 
 
 def main(argv) -> int:
@@ -183,8 +192,11 @@ def main(argv) -> int:
         return _compare(args)
     run = run_search(args)
     result, hw, model, workload, engine = run.result, run.hw, run.model, run.workload, run.engine
-    headroom = _ideal_bound(hw, model, workload, engine, run.common) if not args.json else None
-    routing = routing_effect(hw, model, workload, engine, run.common, result.best) if not args.json else None
+    headroom = routing = None
+    if not args.json:
+        headroom = ideal_bound_in_words(ideal_bound_tok_s(hw, model, workload, engine, **run.common))
+        routing = routing_effect_in_words(routing_effect(hw, model, workload, engine, result.best,
+                                                         run.common["options"], run.common["limits"]))
     export = run.export
     if args.out:
         save_plan(result.plan, args.out)
@@ -207,7 +219,7 @@ def main(argv) -> int:
             print(f"{export.export.engine} ({export.export.version}):")
             print_export(export, "text")
     if result.verified is False:
-        raise HRMError(f"verifier disagrees: search {result.extras['objective']:.6g} vs verifier {result.verify_objective:.6g}")
+        raise HRMError(f"verifier disagrees: search {result.stats.objective_value:.6g} vs verifier {result.verify_objective:.6g}")
     return 0
 
 
@@ -219,72 +231,28 @@ def _export(result: SearchResult, hw, model, workload, engine, options, target: 
     return export_for_target(result.plan, target, options, hw=hw, model=model)
 
 
-def _ideal_bound(hw, model, workload, engine, common) -> str | None:
-    """The ideal machine's best throughput under the same inputs, beside the engine's: the
-    headroom no engine's mechanisms leave (None for engine ideal itself, or when ideal has
-    no policy either)."""
-    if engine.name == "ideal":
+def ideal_bound_in_words(bound_tok_s: float | None) -> str | None:
+    """The ideal machine's bound (:func:`solver.analyses.ideal_bound_tok_s`) as the table's row."""
+    if bound_tok_s is None:
         return None
-    try:
-        ideal = search(hw, model, workload, top=0, engine="ideal", **common).best.estimate
-    except HRMError:
+    return f"{bound_tok_s:,.1f} tok/s (engine ideal, the roofline bound on this machine)"
+
+
+def routing_effect_in_words(effect: RoutingEffect | None) -> str | None:
+    """With ``--routing``: the routing planned with and what it does to the chosen policy
+    against uniform routing (:func:`solver.analyses.routing_effect`); None without it."""
+    if effect is None:
         return None
-    return f"{ideal.generation_throughput_tok_s:,.1f} tok/s (engine ideal, the roofline bound on this machine)"
-
-
-def routing_effect(hw, model, workload, engine, common, best) -> str | None:
-    """With ``--routing``: the routing planned with, and what it does to the chosen policy
-    against uniform routing (one more estimate, not a search); None without it."""
-    if model.routing is None:
-        return None
-    from hrm.estimate import estimate
-
-    uniform = estimate(hw, model.with_routing(None), workload, best.policy, options=common["options"],
-                       limits=common["limits"], engine=engine)
-    planned_tok_s, uniform_tok_s = best.estimate.generation_throughput_tok_s, uniform.generation_throughput_tok_s
-    line = (f"{model.routing.label()}: {planned_tok_s:,.1f} tok/s vs {uniform_tok_s:,.1f} tok/s with uniform routing "
-            f"on the same policy")
-    if not math.isclose(planned_tok_s, uniform_tok_s, rel_tol=SAME_THROUGHPUT_REL):
-        return line
-    return f"{line} (unchanged: {routing_unchanged_reason(model, engine, best.policy)})"
-
-
-#: throughputs closer than this (relative) are "the same" when --routing is compared with
-#: uniform: float noise of two estimates, far below any modelled effect (our choice)
-SAME_THROUGHPUT_REL = 1e-6
-
-
-def routing_unchanged_reason(model, engine, policy) -> str:
-    """Why a routing leaves the policy's estimate as uniform routing has it: every expert of a
-    layer is active in each micro-batch under both, or the engine's cost at this policy does
-    not depend on which experts are chosen."""
-    from hrm.model.routing import expected_distinct_experts, routing_reach, uniform
-
-    reach = routing_reach(engine, model.num_experts, model.top_k)
-    if not reach.can_change_plan:
-        return reach.reason
-    tokens = policy.micro_batch_size  # one decode token per sequence of a micro-batch
-    active = [float(expected_distinct_experts(r, tokens)) for r in
-              (model.routing, uniform(model.num_experts, model.top_k))]
-    if min(active) >= model.num_experts - ALL_EXPERTS_MARGIN:
-        return (f"at mu={tokens} tokens per micro-batch all {model.num_experts} experts of a layer are active under "
-                "either routing, so every layer moves and computes the same experts")
-    return (f"{reach.reason}; none of these binds at this policy ({min(active):.1f}-{max(active):.1f} of "
-            f"{model.num_experts} experts active per micro-batch)")
-
-
-#: fewer than this many expected inactive experts per layer counts as "all active" (our choice:
-#: a hundredth of an expert changes no estimate visibly)
-ALL_EXPERTS_MARGIN = 0.01
+    line = (f"{effect.routing_label}: {effect.planned_tok_s:,.1f} tok/s vs {effect.uniform_tok_s:,.1f} tok/s with "
+            "uniform routing on the same policy")
+    return line if effect.unchanged_reason is None else f"{line} (unchanged: {effect.unchanged_reason})"
 
 
 def no_alternatives_reason(result: SearchResult, pinned_placement: bool = False) -> str:
     """Why a search shows no alternative (the best policy of every other placement)."""
     from hrm.engines.space import allowed_placements
 
-    engine = result.extras.get("engine")
-    if engine is None:
-        return "the search reports none"
+    engine = result.stats.engine
     if engine.schedule == "klotski":
         return (f"engine {engine.name} runs one placement (Klotski's expert-level pipeline); --compare shows "
                 "every engine at its best")
@@ -300,6 +268,19 @@ def no_alternatives_reason(result: SearchResult, pinned_placement: bool = False)
 
 def render(result: SearchResult, title: str, headroom: str | None = None, routing: str | None = None,
            top: int = 3, pinned_placement: bool = False) -> None:
+    """Print a search's result: the table of its best policy (:func:`result_table`), then the
+    alternatives, or why there are none when ``top`` asked for some."""
+    out = console()
+    out.print(result_table(result, title, headroom, routing))
+    if not result.alternatives and top > 0:
+        out.print(f"alternatives: none: {no_alternatives_reason(result, pinned_placement)}", markup=False)
+    if result.alternatives:
+        out.print(alternatives_table(result))
+
+
+def result_table(result: SearchResult, title: str, headroom: str | None = None, routing: str | None = None):
+    """The rich table of the best policy: prediction, the server's own pick, the ideal bound
+    (``headroom``), the routing's effect, bottleneck, limits, notes, memory and the solve."""
     from rich.table import Table
 
     best = result.best.estimate
@@ -327,18 +308,29 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
     table.add_row("bottleneck", best.bottleneck + "  (" + ", ".join(
         f"{k} {v:.0%}" for k, v in best.utilization.items()) + " busy)")
     table.add_row("binding memory", best.binding_memory)
-    limits = result.extras.get("latency_limits")
-    if limits:
-        met = []
-        if limits.tpot_s is not None:
-            met.append(f"TPOT {best.per_token_latency_s * 1e3:,.4g} ms <= {limits.tpot_s * 1e3:g} ms")
-        if limits.ttft_s is not None:
-            met.append(f"TTFT {best.prefill_latency_s:,.4g} s <= {limits.ttft_s:g} s")
-        table.add_row("latency limits", ", ".join(met))
-    for note in [*result.extras.get("notes", []), *best.notes]:
+    if result.stats.latency_limits:
+        table.add_row("latency limits", latency_limits_met(result.stats.latency_limits, best))
+    for note in [*result.stats.notes, *best.notes]:
         table.add_row("note", note)
     if best.defaulted:
         table.add_row("defaulted rates", ", ".join(best.defaulted))
+    _add_memory_rows(table, best)
+    _add_solve_rows(table, result)
+    return table
+
+
+def latency_limits_met(limits: LatencyLimits, best) -> str:
+    """How the best policy meets each latency limit, in one line."""
+    met = []
+    if limits.tpot_s is not None:
+        met.append(f"TPOT {best.per_token_latency_s * 1e3:,.4g} ms <= {limits.tpot_s * 1e3:g} ms")
+    if limits.ttft_s is not None:
+        met.append(f"TTFT {best.prefill_latency_s:,.4g} s <= {limits.ttft_s:g} s")
+    return ", ".join(met)
+
+
+def _add_memory_rows(table, best) -> None:
+    """The memory rows: host memory when shared, else GPU and CPU memory (and the disk tier)."""
     if best.shared_memory:
         table.add_row("host memory", f"{gib(best.gpu_peak_bytes + best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
     else:
@@ -346,28 +338,34 @@ def render(result: SearchResult, title: str, headroom: str | None = None, routin
         table.add_row("CPU memory", f"{gib(best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
         if best.disk_bytes > 0:  # the disk tier (docs/model.md §4.9)
             table.add_row("disk (weights)", f"{gib(best.disk_bytes)} beyond host memory, read every pass")
+
+
+def _add_solve_rows(table, result: SearchResult) -> None:
+    """The solve row (time, optimality, space) and, with --verify, the verifier's."""
     proven = "optimal" if result.plan.solver.optimal else "best found (not proven optimal)"
-    table.add_row("solve", f"{result.seconds:.2f} s, {proven} over {result.extras['search_space']}")
+    table.add_row("solve", f"{result.seconds:.2f} s, {proven} over {result.stats.search_space}")
     if result.verified is not None:
-        opened, total = result.extras["verify_modes"]
+        opened, total = result.stats.verify_modes_enumerated, result.stats.verify_modes_total
         table.add_row("verifier", f"{'agrees' if result.verified else 'DISAGREES'}: optimum {result.verify_objective:,.3f} "
                                   f"in {result.verify_seconds:.2f} s ({opened} of {total} modes enumerated and "
                                   f"MILP-certified, the rest bounded per step)")
-    out = console()
-    out.print(table)
-    if not result.alternatives and top > 0:
-        out.print(f"alternatives: none: {no_alternatives_reason(result, pinned_placement)}", markup=False)
-    if result.alternatives:
-        alt = Table(title="alternatives (the best policy of every other placement)")
-        for col in ("policy", "gen tok/s", "vs best", "bottleneck", "binding memory"):
-            # numbers whole on one line; text wraps between words (never cut with '…')
-            alt.add_column(col, no_wrap=col in ("gen tok/s", "vs best"), overflow="fold")
-        for cand in result.alternatives:
-            est = cand.estimate
-            alt.add_row(policy_cell(cand.policy), f"{est.generation_throughput_tok_s:,.1f}",
-                        f"{est.generation_throughput_tok_s / best.generation_throughput_tok_s:.2f}x",
-                        est.bottleneck, est.binding_memory)
-        out.print(alt)
+
+
+def alternatives_table(result: SearchResult):
+    """The rich table of the alternatives (the best policy of every other placement) beside the best."""
+    from rich.table import Table
+
+    best = result.best.estimate
+    alt = Table(title="alternatives (the best policy of every other placement)")
+    for col in ("policy", "gen tok/s", "vs best", "bottleneck", "binding memory"):
+        # numbers whole on one line; text wraps between words (never cut with '…')
+        alt.add_column(col, no_wrap=col in ("gen tok/s", "vs best"), overflow="fold")
+    for cand in result.alternatives:
+        est = cand.estimate
+        alt.add_row(policy_cell(cand.policy), f"{est.generation_throughput_tok_s:,.1f}",
+                    f"{est.generation_throughput_tok_s / best.generation_throughput_tok_s:.2f}x",
+                    est.bottleneck, est.binding_memory)
+    return alt
 
 
 def server_pick_in_words(pick, best_tok_s: float) -> str:
@@ -378,79 +376,53 @@ def server_pick_in_words(pick, best_tok_s: float) -> str:
             f"HRM's best in its space: {best_tok_s:,.1f})")
 
 
-#: the reference runtime (runtime/, ``hrm run``): it runs the plain model (no engine
-#: mechanism), so on a datasheet profile it ties ``ideal`` row for row; it is not a serving
-#: engine, and --compare lists it only when asked (--with-reference), under this label
-REFERENCE_ENGINES = {"hrm-runtime": "hrm-runtime (reference runtime)"}
-
-
-def compare_engines(hw, model, workload, common, with_reference: bool = False) -> list[tuple[str, object]]:
-    """Every shipped engine (and ideal's other schedules) at its own best policy: a list of
-    (label, SearchResult or the one-line reason it has none), best first. The reference
-    runtime (:data:`REFERENCE_ENGINES`) only ``with_reference``, labelled as such."""
-    from hrm.engines.engine import list_engines, load_engine
-    from hrm.engines.schedules import SCHEDULES
-
-    runs = [(REFERENCE_ENGINES.get(name, name), load_engine(name)) for name in list_engines()
-            if with_reference or name not in REFERENCE_ENGINES]
-    runs += [(f"ideal/{s}", load_engine("ideal").with_schedule(s)) for s in SCHEDULES if s != "cgopipe"]
-    rows = []
-    for label, engine in runs:
-        try:
-            rows.append((label, search(hw, model, workload, top=0, engine=engine, **common)))
-        except HRMError as exc:
-            rows.append((label, str(exc)))
-    rows.sort(key=lambda r: _rank(r[1], common.get("objective", "generation")))
-    return rows
-
-
-def _rank(result, objective: str) -> float:
-    """Sort key of a --compare row: best first by the objective, engines without a policy last."""
-    if isinstance(result, str):
-        return float("inf")
-    from solver.search import objective_score
-
-    return -objective_score(result.best.estimate, objective)
-
-
 def _compare(args) -> int:
     import json
 
-    from rich.table import Table
-    from rich.text import Text
-
-    hw, model, workload, rows = run_compare(args)
-    ok = [r for _, r in rows if not isinstance(r, str)]
-    ref = next((r for s, r in rows if s == "ideal" and not isinstance(r, str)), ok[0])
-    ref_tput = ref.best.estimate.generation_throughput_tok_s
+    inputs = search_inputs(args)
+    rows = compare_engines(inputs.hw, inputs.model, inputs.workload, with_reference=args.with_reference,
+                           **inputs.search_kwargs)
     if args.json:
         print(json.dumps(compare_json(rows), indent=2))
         return 0
-    routing = f", routing {model.routing.label()}" if model.routing is not None else ""
-    # the policy (or the reason there is none) under the engine's name, numbers whole on one
-    # line under two-line headers, text wrapped between words: readable at 80 columns
-    table = Table(title=f"{model.name} on {hw.name}{routing}: every engine at its own best policy", show_lines=True)
-    table.add_column("engine\npolicy", overflow="fold")
-    for col in ("gen\ntok/s", "decode\ntok/s", "vs\nideal", "TPOT/seq\nms", "TTFT\ns"):
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("bottleneck", overflow="fold")
-    for label, res in rows:
-        name = label.replace("/", " / ")  # ideal / flexgen-cpu-attn wraps after ideal
-        if isinstance(res, str):
-            table.add_row(Text(f"{name}\n") + Text(res, style="red"), "-", "-", "-", "-", "-", "-")
-            continue
-        est = res.best.estimate
-        table.add_row(f"{name}\n{policy_cell(res.best.policy)}", short(est.generation_throughput_tok_s),
-                      short(est.decode_throughput_tok_s), f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
-                      short(est.per_token_latency_s * 1e3), short(est.prefill_latency_s), est.bottleneck)
-    console().print(table)
+    console().print(compare_rich_table(rows, inputs.hw, inputs.model))
     console().print("TPOT/seq: per sequence, one decode step of its engine's whole batch N (TTFT: the batch's "
                     "prefill)", markup=False)
     if args.plot:
         from hrm.plots import compare_table, plot_compare, save_png
 
-        title = (f"{model.name} on {hw.name}, prompt {workload.effective_prompt_len}, gen {workload.gen_len}: "
-                 f"every engine at its best policy ({args.objective})")
+        workload = inputs.workload
+        title = (f"{inputs.model.name} on {inputs.hw.name}, prompt {workload.effective_prompt_len}, gen "
+                 f"{workload.gen_len}: every engine at its best policy ({args.objective})")
         save_png(plot_compare(compare_table(rows), title), args.plot)
         print(f"plot written to {args.plot}")
     return 0
+
+
+def compare_rich_table(rows: list[EngineBest], hw, model):
+    """The rich table of ``hrm-search --compare``: the policy (or the reason there is none)
+    under the engine's name, numbers whole on one line under two-line headers, text wrapped
+    between words (readable at 80 columns); "vs ideal" against ideal's row, or the best row
+    when ideal has no policy."""
+    from rich.table import Table
+    from rich.text import Text
+
+    ref = next((row for row in rows if row.label == "ideal" and row.result is not None),
+               next(row for row in rows if row.result is not None))
+    ref_tput = ref.result.best.estimate.generation_throughput_tok_s
+    routing = f", routing {model.routing.label()}" if model.routing is not None else ""
+    table = Table(title=f"{model.name} on {hw.name}{routing}: every engine at its own best policy", show_lines=True)
+    table.add_column("engine\npolicy", overflow="fold")
+    for col in ("gen\ntok/s", "decode\ntok/s", "vs\nideal", "TPOT/seq\nms", "TTFT\ns"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("bottleneck", overflow="fold")
+    for row in rows:
+        name = row.label.replace("/", " / ")  # ideal / flexgen-cpu-attn wraps after ideal
+        if row.result is None:
+            table.add_row(Text(f"{name}\n") + Text(row.refusal, style="red"), "-", "-", "-", "-", "-", "-")
+            continue
+        est = row.result.best.estimate
+        table.add_row(f"{name}\n{policy_cell(row.result.best.policy)}", short(est.generation_throughput_tok_s),
+                      short(est.decode_throughput_tok_s), f"{est.generation_throughput_tok_s / ref_tput:.2f}x",
+                      short(est.per_token_latency_s * 1e3), short(est.prefill_latency_s), est.bottleneck)
+    return table

@@ -43,7 +43,7 @@ from hrm.cost.throughput import decode_steps, throughput_tok_s
 from hrm.units import GIB
 from hrm.workload import mean_decode_context
 
-from .request import Candidate, SearchResult, describe_limits, make_plan
+from .request import Candidate, SearchResult, SearchStats, describe_limits, make_plan
 
 #: --verify schedules every candidate; above this many it is refused (pin part of the policy)
 VERIFY_MAX_CANDIDATES = 4000
@@ -335,13 +335,13 @@ def search_klotski(request):
                      f"{len(cands):,} candidates scheduled; the best left could be at most {_gap(found):.1%} better "
                      "(pin mu or N with --fix to search a smaller space exactly)")
         plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"optimal": False})})
+    stats = SearchStats(objective_value=objective, objective_name=request.objective, notes=tuple(notes),
+                        latency_limits=request.latency_limits, engine=engine, search_space=space,
+                        modes_total=len(cands), candidates_evaluated=found.scheduled, mu_max=int(cands.mu.max()),
+                        verify_modes_enumerated=len(cands) if verify else None,
+                        verify_modes_total=len(cands) if verify else None, klotski_own_num_micro_batches=own)
     return SearchResult(Candidate(policy, result, None), [], plan, "Klotski B&B", seconds, found.scheduled, verified,
-                        verify_objective, verify_seconds,
-                        {"objective": objective, "objective_kind": request.objective, "notes": notes,
-                         "latency_limits": request.latency_limits, "engine": engine, "search_space": space,
-                         "modes_total": len(cands), "candidates": found.scheduled, "mu_max": int(cands.mu.max()),
-                         "klotski_own_batches": own,
-                         "verify_modes": (len(cands), len(cands)) if verify else None})
+                        verify_objective, verify_seconds, stats)
 
 
 def _gap(found: Found) -> float:

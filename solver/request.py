@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from hrm.engines.rules import CHOOSERS
 from hrm.engines.engine import Engine, is_shipped
@@ -28,18 +28,58 @@ class Candidate:
     choice: Choice | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    """What a pipeline's search reports of itself beside its optimum: what it maximised, over
+    which space, how much of it it solved, and the notes a user reads with the result."""
+
+    #: the optimum's value as the search computed it: tok/s of the objective it solved for
+    #: (``SearchRequest.solve_for``; the lanes search solves the latency objective as decode
+    #: tok/s at the pinned N), or for Klotski's search and the latency objective the per-token
+    #: latency in seconds
+    objective_value: float
+    #: the objective asked for (one of :data:`solver.search.OBJECTIVES`)
+    objective_name: str
+    #: the search's notes (pins the engine added, caps it lowered, how it stopped), in order
+    notes: tuple[str, ...]
+    #: the TPOT and TTFT limits every policy searched had to meet
+    latency_limits: LatencyLimits
+    #: the engine searched (its schedule, its placements)
+    engine: Engine
+    #: the space searched, in words (the plan's solver name says it too)
+    search_space: str
+    #: modes of the space: (mu, placement) modes of the lanes search, (mu, n, layers)
+    #: candidates of Klotski's
+    modes_total: int
+    #: candidates evaluated (the plan's ``solver.candidates_evaluated``)
+    candidates_evaluated: int
+    #: the largest micro-batch size mu searched
+    mu_max: int
+    #: with --verify: modes the verifier enumerated and certified, of ``verify_modes_total``
+    verify_modes_enumerated: int | None = None
+    #: with --verify: modes the verifier covered, enumerated or bounded
+    verify_modes_total: int | None = None
+    #: Klotski's search only: the n Klotski's own planner takes at the optimum's mu and
+    #: placement (None: not Klotski's search, or no layer offloaded)
+    klotski_own_num_micro_batches: int | None = None
+
+
 @dataclass(frozen=True)
 class SearchResult:
+    """A pipeline's search, done: the optimum, the best of every other placement, the plan,
+    and the search's own record (:class:`SearchStats`). Changed only with
+    :func:`dataclasses.replace` (:func:`with_note`, :func:`with_server_pick`)."""
+
     best: Candidate
     alternatives: list[Candidate]
     plan: Plan
     solver_name: str
     seconds: float
     iterations: int
-    verified: bool | None = None
-    verify_objective: float | None = None
-    verify_seconds: float | None = None
-    extras: dict = field(default_factory=dict)
+    verified: bool | None
+    verify_objective: float | None
+    verify_seconds: float | None
+    stats: SearchStats
 
 
 def _problem_part(name: str) -> property:
@@ -147,6 +187,11 @@ def server_pick(hw, model, workload, engine: Engine, options: ModelOptions = DEF
     return ServerPick(chosen_by=name, program=chooser.program, policy=policy,
                       generation_throughput_tok_s=result.generation_throughput_tok_s,
                       decode_throughput_tok_s=result.decode_throughput_tok_s, notes=(*notes, *result.notes))
+
+
+def with_note(result: SearchResult, note: str) -> SearchResult:
+    """``result`` with ``note`` after the search's notes."""
+    return replace(result, stats=replace(result.stats, notes=(*result.stats.notes, note)))
 
 
 def with_server_pick(result: SearchResult, pick: ServerPick | None) -> SearchResult:

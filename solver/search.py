@@ -25,7 +25,8 @@ from hrm.workload import Workload, check_context_window
 
 from .expert_level import search_klotski
 from .lanes.search import SOLVER_NAME, choice_to_policy, search_lanes
-from .request import CREATED_BY, Candidate, SearchRequest, SearchResult, describe_limits, make_plan
+from .request import (CREATED_BY, Candidate, SearchRequest, SearchResult, describe_limits, make_plan,
+                      with_note)
 from .lanes.terms import DEFAULT_MAX_BATCH, LatencyLimits
 
 __all__ = ["OBJECTIVES", "SEARCHES", "CREATED_BY", "SOLVER_NAME", "Candidate", "SearchRequest", "SearchResult",
@@ -91,10 +92,8 @@ def search(hw: HardwareProfile, model: ModelSpec, workload: Workload, **kwargs) 
     best = max(results, key=lambda r: objective_score(r[0].best.estimate, objective))
     shown = "; ".join(f"engine {e.name} ({'attention on its own tiers' if t == 'own' else f'attn={t}'}) "
                       f"{_score_words(r.best.estimate, objective)}" for r, e, t in results)
-    best[0].extras["notes"] = [*best[0].extras.get("notes", []),
-                               f"both attention tiers searched, as engine {engine.name}'s flag chooses "
-                               f"(policy.attention_engines): {shown}; kept engine {best[1].name}"]
-    return best[0]
+    return with_note(best[0], f"both attention tiers searched, as engine {engine.name}'s flag chooses "
+                              f"(policy.attention_engines): {shown}; kept engine {best[1].name}")
 
 
 def _score_words(estimate, objective: str) -> str:
@@ -173,7 +172,5 @@ def best_of_levels(run, base: SearchRequest, levels: tuple[float, ...]) -> Searc
         raise failures[0]
     best = max(results, key=lambda r: objective_score(r.best.estimate, base.objective))
     shown = " ".join(f"{v:.4g}" for v in levels)
-    best.extras["notes"] = [*best.extras.get("notes", []),
-                            f"rw searched at the {len(levels)} placements engine {base.engine.name}'s rule makes "
-                            f"({base.engine.policy.weights_levels}): {shown}"]
-    return best
+    return with_note(best, f"rw searched at the {len(levels)} placements engine {base.engine.name}'s rule makes "
+                           f"({base.engine.policy.weights_levels}): {shown}")

@@ -110,10 +110,10 @@ def test_compare_bottlenecks_are_words(hw):
     from hrm.model.spec import load_model
     from hrm.pipelines.base import RESOURCE_LABELS
     from hrm.workload import make_workload
-    from hrm_cli.search import compare_engines
+    from solver.analyses import compare_engines
 
-    rows = compare_engines(load_hardware(hw), load_model("mixtral"), make_workload("mtbench"), {})
-    named = [r.best.estimate.bottleneck for _, r in rows if not isinstance(r, str)]
+    rows = compare_engines(load_hardware(hw), load_model("mixtral"), make_workload("mtbench"))
+    named = [row.result.best.estimate.bottleneck for row in rows if row.result is not None]
     assert named and not any("#" in b for b in named), named
     # each starts with a lane's words
     assert all(any(b.startswith(label) for label in RESOURCE_LABELS.values()) for b in named), named

@@ -97,7 +97,7 @@ def test_whole_layers_granularity_and_placement():
     assert [len(p.gpu_experts) for p in layers] == [0] * (len(layers) - on_gpu) + [model.num_experts] * on_gpu
     noted = search(hw, model, WL, engine=engine, fixed={"batch_size": 1, "weights_gpu_ratio": 0.1}, top=0)
     assert noted.best.policy.weights_gpu_ratio == 3 / 32
-    assert "the experts of 3 of 32 MoE layers" in " ".join(noted.extras["notes"])
+    assert "the experts of 3 of 32 MoE layers" in " ".join(noted.stats.notes)
 
 
 @pytest.mark.slow
@@ -107,7 +107,7 @@ def test_whole_layers_granularity_and_placement():
 ])
 def test_milp_and_enumeration_agree_with_the_search(model_name, hw_name, fixed):
     found = search(load_hardware(hw_name), load_model(model_name), WL, engine=llama(), fixed=fixed, top=0, verify=True)
-    assert found.verified, (found.extras["objective"], found.verify_objective)
+    assert found.verified, (found.stats.objective_value, found.verify_objective)
 
 
 def test_the_engine_needs_one_micro_batch():

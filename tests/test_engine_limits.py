@@ -32,7 +32,7 @@ def test_search_keeps_the_batch_within_the_engines_own_limit():
     assert free.best.policy.batch_size > 256  # the cap below binds
     capped = search(hw, model, workload, engine=_capped(256), top=0)
     assert capped.best.policy.batch_size <= 256
-    assert any("own limit" in note for note in capped.extras["notes"])
+    assert any("own limit" in note for note in capped.stats.notes)
     with pytest.raises(HRMError, match="at most 256"):
         search(hw, model, workload, engine=_capped(256), fixed={"batch_size": 300, "micro_batch_size": 300})
     with pytest.raises(HRMError, match="at most 256"):

@@ -296,7 +296,7 @@ def test_ideal_bounds_every_engine_on_the_same_policy(hw, engine, mu, n, rw, gen
 def test_milp_equals_exhaustive_for_every_engine(engine, hw, model, gen):
     res = search(load_hardware(hw), load_model(model), make_workload("mtbench", gen_len=gen), engine=engine,
                  verify=True, top=0)
-    assert res.verified, (res.extras["objective"], res.verify_objective)
+    assert res.verified, (res.stats.objective_value, res.verify_objective)
     # an engine that hands a tier to another file (flexgen's --cpu-cache-compute) may keep it
     assert res.plan.engine in (engine, *load_engine(engine).policy.attention_engines.values())
     e = load_engine(res.plan.engine)
@@ -309,7 +309,7 @@ def test_whole_expert_granularity_and_snapped_fix():
     res = search(load_hardware("a100-80g"), model, make_workload("mtbench", gen_len=16), engine="moe-lightning",
                  fixed={"weights_gpu_ratio": 0.3}, top=0)
     assert res.best.policy.weights_gpu_ratio == pytest.approx(2 / 8)  # int(8 × 0.3) = 2 experts per layer
-    assert any("snapped" in note for note in res.extras["notes"])
+    assert any("snapped" in note for note in res.stats.notes)
     free = search(load_hardware("a100-80g"), model, make_workload("mtbench", gen_len=16), engine="moe-lightning", top=0)
     assert (free.best.policy.weights_gpu_ratio * 8) == pytest.approx(round(free.best.policy.weights_gpu_ratio * 8))
 

@@ -149,7 +149,7 @@ def test_flexgen_searches_both_attention_tiers(l4_searches):
     assert both.best.estimate.generation_throughput_tok_s == pytest.approx(best, rel=1e-12)
     winner = "flexgen" if gpu.best.estimate.generation_throughput_tok_s >= best else "flexgen-cpu-attn"
     assert both.plan.engine == winner
-    assert any("both attention tiers searched" in n for n in both.extras["notes"])
+    assert any("both attention tiers searched" in n for n in both.stats.notes)
 
 
 def test_an_estimate_of_cpu_attention_under_flexgen_is_flexgen_cpu_attn():

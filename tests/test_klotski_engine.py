@@ -127,8 +127,8 @@ def test_branch_and_bound_equals_scheduling_every_candidate(hw_name, model_name,
     """--verify schedules every feasible candidate; the bounded search finds the same optimum."""
     hw, model, _, _ = _setup(hw_name, model_name, routing)
     result = search(hw, model, make_workload("mtbench"), engine=ENGINE, verify=True, **extra)
-    assert result.verified, (result.extras["objective"], result.verify_objective)
-    assert result.extras["candidates"] < result.extras["modes_total"]
+    assert result.verified, (result.stats.objective_value, result.verify_objective)
+    assert result.stats.candidates_evaluated < result.stats.modes_total
 
 
 def test_plan_estimate_and_klotskis_own_n():
@@ -146,7 +146,7 @@ def test_plan_estimate_and_klotskis_own_n():
     own = expert_level.klotski_own_batches(model, rates, workload, policy, ENGINE)
     assert any(f"Klotski's own planner (inequalities 4-7) at mu={policy.micro_batch_size}: n={own}" in note
                for note in again.notes)
-    assert result.extras["klotski_own_batches"] == own
+    assert result.stats.klotski_own_num_micro_batches == own
 
 
 def test_more_host_kv_is_never_faster():
@@ -175,12 +175,12 @@ def test_time_limit_returns_the_best_so_far_with_its_gap():
     hw, model, workload = load_hardware("l4"), load_model("qwen2-57b-a14b"), make_workload()
     pins = dict(limits=memory_limits(hw, DEFAULT_OPTIONS, cpu_mem_gib=512), fixed={"micro_batch_size": 55})
     full = search(hw, model, workload, engine="klotski", top=0, **pins)
-    assert full.plan.solver.optimal and full.extras["candidates"] > 1
+    assert full.plan.solver.optimal and full.stats.candidates_evaluated > 1
     cut = search(hw, model, workload, engine="klotski", top=0, time_limit_s=1e-9, **pins)
-    assert not cut.plan.solver.optimal and any("search stopped" in n for n in cut.extras["notes"])
+    assert not cut.plan.solver.optimal and any("search stopped" in n for n in cut.stats.notes)
     best, found = full.best.estimate.generation_throughput_tok_s, cut.best.estimate.generation_throughput_tok_s
     assert found <= best * (1 + 1e-9)
-    gap = float(re.search(r"at most ([\d.]+)% better", " ".join(cut.extras["notes"])).group(1)) / 100
+    gap = float(re.search(r"at most ([\d.]+)% better", " ".join(cut.stats.notes)).group(1)) / 100
     assert best <= found * (1 + gap) * (1 + 1e-3)
 
 
@@ -198,7 +198,7 @@ def test_ctrl_c_returns_the_best_so_far_marked_interrupted(monkeypatch):
     assert full.plan.solver.candidates_evaluated >= 3
     cut = search(hw, model, workload, engine="klotski", top=0, **pins)
     assert not cut.plan.solver.optimal
-    assert any("stopped on Ctrl-C" in n for n in cut.extras["notes"])
+    assert any("stopped on Ctrl-C" in n for n in cut.stats.notes)
     assert cut.best.estimate.generation_throughput_tok_s <= full.best.estimate.generation_throughput_tok_s * (1 + 1e-9)
 
 
@@ -268,4 +268,4 @@ def test_host_kv_chain_is_a_bound_on_every_candidate(monkeypatch, hw_name, model
     assert np.all(cands.step_lb_s >= lanes_only.step_lb_s) and np.any(cands.step_lb_s > lanes_only.step_lb_s * 1.01)
     result = search(hw, model, workload, engine=ENGINE, fixed={"micro_batch_size": mu}, max_batch=max_batch,
                     limits=limits, top=0, verify=True)
-    assert result.verified, (result.extras["objective"], result.verify_objective)
+    assert result.verified, (result.stats.objective_value, result.verify_objective)

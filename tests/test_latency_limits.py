@@ -50,7 +50,7 @@ def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
     found = search(hw, model, WL, top=0, latency_limits=LatencyLimits(tpot_s=limit), verify=True, engine="ideal")
     est = found.best.estimate
     assert est.per_token_latency_s <= limit * (1 + 1e-9)
-    assert found.verified, (found.extras["objective"], found.verify_objective)
+    assert found.verified, (found.stats.objective_value, found.verify_objective)
     assert est.generation_throughput_tok_s <= free.generation_throughput_tok_s * (1 + 1e-12)
     if fraction == 1.0:  # the unconstrained optimum meets its own TPOT: same optimum
         assert est.generation_throughput_tok_s == pytest.approx(free.generation_throughput_tok_s, rel=1e-12)
@@ -123,14 +123,15 @@ def test_compare_plot_every_engine(tmp_path, capsys):
     assert main(["search", "--hw", "l4", "--model", "mixtral", "--gen-len", "16", "--compare", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot written to" in capsys.readouterr().out
-    from hrm_cli.search import compare_engines
+    from solver.analyses import compare_engines
 
-    labels = [label for label, _ in compare_engines(load_hardware("l4"), load_model("mixtral"), WL, {})]
+    labels = [row.label for row in compare_engines(load_hardware("l4"), load_model("mixtral"), WL)]
     # every shipped engine but the reference runtime, and ideal's other schedules, are rows
     engines = [e for e in list_engines() if e != "hrm-runtime"]
     assert sorted(labels) == sorted(engines + [f"ideal/{s}" for s in SCHEDULES if s != "cgopipe"])
     # asked for, the reference runtime is a row labelled as such, tied with ideal (datasheet l4; a small model)
-    rows = dict(compare_engines(load_hardware("l4"), load_model("tiny-mixtral"), WL, {}, with_reference=True))
+    rows = {row.label: row.result for row in
+            compare_engines(load_hardware("l4"), load_model("tiny-mixtral"), WL, with_reference=True)}
     reference = rows["hrm-runtime (reference runtime)"]
     assert reference.best.estimate.generation_throughput_tok_s == rows["ideal"].best.estimate.generation_throughput_tok_s
     assert main(["search", "--hw", "l4", "--model", "mixtral", "--plot", str(tmp_path / "x.png")]) == 2
@@ -139,11 +140,11 @@ def test_compare_plot_every_engine(tmp_path, capsys):
 
 def test_compare_table_and_ranking_by_objective():
     from hrm.plots import compare_table, plot_compare
-    from hrm_cli.search import compare_engines
+    from solver.analyses import compare_engines
 
     hw, model = load_hardware("l4"), load_model("mixtral")
     common = dict(objective="latency", fixed={"batch_size": 4}, max_batch=4)
-    rows = compare_engines(hw, model, WL, common)
+    rows = compare_engines(hw, model, WL, **common)
     table = compare_table(rows)
     feasible = table[table["reason"] == ""]
     tpot = feasible["per_token_latency_s"].to_list()

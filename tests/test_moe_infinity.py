@@ -96,7 +96,7 @@ def test_milp_and_enumeration_agree_with_the_search(model_name, hw_name, routing
         model = model.with_routing(zipf(model.num_experts, model.top_k, 1.2))
     found = search(load_hardware(hw_name), model, WL, engine=load_engine("moe-infinity"), fixed=fixed, top=0,
                    verify=True)
-    assert found.verified, (found.extras["objective"], found.verify_objective)
+    assert found.verified, (found.stats.objective_value, found.verify_objective)
 
 
 def test_skew_lowers_the_latency_of_a_cached_policy():

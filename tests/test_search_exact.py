@@ -20,7 +20,8 @@ from hrm.model.spec import load_model
 from hrm.model.options import DEFAULT_OPTIONS
 from hrm.problem import make_problem
 from hrm.workload import make_workload
-from solver.lanes.exact import best_in_mode, best_in_modes, throughput_upper_bounds
+from solver.lanes.bounds import throughput_upper_bounds
+from solver.lanes.exact import best_in_mode, best_in_modes
 from solver.search import search
 from solver.lanes.terms import (STEP_COEFFICIENTS, WEIGHTS_COEFFICIENT, affine_in_step, affine_pieces, build_terms,
                           enumerate_modes, max_micro_batches, piece_sum_weights, total_time_s)
@@ -60,8 +61,8 @@ def _value(result, objective):
 def test_search_beats_every_pinned_micro_batch_size(case):
     args, kw, fixed = _args(case)
     result = search(*args, fixed=fixed, top=0, verify=True, **kw)
-    assert result.verified, (result.extras["objective"], result.verify_objective)
-    mu_max = result.extras["mu_max"]
+    assert result.verified, (result.stats.objective_value, result.verify_objective)
+    mu_max = result.stats.mu_max
     assert 1 <= mu_max <= kw["max_batch"]
     best_pinned = 0.0
     for mu in range(1, mu_max + 1):
@@ -74,7 +75,7 @@ def test_search_beats_every_pinned_micro_batch_size(case):
     found = _value(result, kw["objective"])
     assert found >= best_pinned * (1 - 1e-9)
     assert found == pytest.approx(best_pinned, rel=1e-9)  # the optimum's own μ is one of them
-    assert found == pytest.approx(result.extras["objective"], rel=1e-6)  # the estimate agrees with the terms
+    assert found == pytest.approx(result.stats.objective_value, rel=1e-6)  # the estimate agrees with the terms
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from hrm.model.options import ModelOptions
 from hrm.problem import make_problem
 from hrm.workload import make_workload
 from solver.lanes import milp
-from solver.lanes.exact import throughput_upper_bounds
+from solver.lanes.bounds import throughput_upper_bounds
 from solver.search import choice_to_policy, search
 from solver.lanes.terms import build_terms, enumerate_modes
 from solver.lanes.verify import exhaustive

@@ -13,16 +13,18 @@ COLUMNS = ["engine", "policy", "generation_throughput_tok_s", "decode_throughput
 
 
 def compare_table(rows):
-    """A pandas table of ``[(engine label, SearchResult or the reason it has no policy)]``:
-    one row per engine in the given order; an engine without a policy keeps its reason."""
+    """A pandas table of the engines of ``solver.analyses.compare_engines`` (each with a
+    ``label``, and its search ``result`` or the ``refusal`` why it has no policy): one row per
+    engine in the given order; an engine without a policy keeps its reason."""
     import pandas as pd
 
     out = []
-    for label, result in rows:
-        if isinstance(result, str):
+    for row in rows:
+        label, result = row.label, row.result
+        if result is None:
             out.append({"engine": label, "policy": "", "generation_throughput_tok_s": np.nan,
                         "decode_throughput_tok_s": np.nan, "per_token_latency_s": np.nan, "prefill_latency_s": np.nan,
-                        "bottleneck": "", "reason": result})
+                        "bottleneck": "", "reason": row.refusal})
             continue
         est = result.best.estimate
         out.append({"engine": label, "policy": result.best.policy.short(),

@@ -3,7 +3,8 @@
 - :mod:`hrm_cli.web.inputs` — the request fields (named as the CLI's flags), checked and
   parsed by the CLI's parser;
 - :mod:`hrm_cli.web.work` — what a worker process runs for one request (the CLI's
-  ``run_search`` / ``run_compare`` / ``run_estimate``, the page's view and figures);
+  ``run_search`` / ``run_estimate``, :func:`solver.analyses.compare_engines`, the page's view
+  and figures);
 - :mod:`hrm_cli.web.app` — the FastAPI app: routes, body limits, the process pool, time bounds;
 - :mod:`hrm_cli.web.page` — the Jinja2 page; ``templates/`` and ``static/`` (one JavaScript
   file, one stylesheet: no CDN, it works offline).

@@ -176,6 +176,8 @@ async def request_fields(request: Request) -> dict:
 
 
 def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S) -> FastAPI:
+    """The web planner's app: the page, the JSON API and the figures, each request answered by
+    a :class:`Planner` of ``workers`` processes within ``timeout_s``."""
     planner = Planner(workers, timeout_s)
 
     @asynccontextmanager
@@ -189,7 +191,27 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
     app = FastAPI(title="HRM web planner", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.planner = planner
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    _add_error_handlers(app)
 
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "workers": planner.workers, "timeout_s": planner.timeout_s}
+
+    answer = _answerer(planner)
+    _add_api_routes(app, answer)
+    _add_plot_routes(app, answer)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page(request: Request):
+        from .page import render_page
+
+        return HTMLResponse(render_page(dict(request.query_params)))
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error answered as ``{"error": one line}``: HTTP errors with their status, the rest 500."""
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):
         return error(exc.status_code, exc.detail)
@@ -198,10 +220,11 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
     async def any_error(request, exc):
         return error(500, f"internal error: {type(exc).__name__}")
 
-    @app.get("/healthz")
-    async def healthz():
-        return {"status": "ok", "workers": planner.workers, "timeout_s": planner.timeout_s}
 
+def _answerer(planner: Planner):
+    """``answer(endpoint, action, fields_of, request)``: the request's fields (``fields_of``,
+    async) checked for ``endpoint`` and run as ``action`` by ``planner``: a JSON answer, or the
+    SVG of a figure."""
     async def answer(endpoint: str, action: str, fields_of, request: Request | None = None) -> Response:
         try:
             fields = await fields_of()
@@ -212,7 +235,11 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
         if action.startswith("plot/") and status == 200:
             return Response(body, media_type="image/svg+xml", headers={"Cache-Control": "no-store"})
         return JSONResponse(body, status_code=status)
+    return answer
 
+
+def _add_api_routes(app: FastAPI, answer) -> None:
+    """``POST /api/NAME`` for every name of :data:`API`."""
     def api(endpoint: str):
         async def handler(request: Request) -> Response:
             return await answer(endpoint, endpoint, lambda: request_fields(request), request)
@@ -221,6 +248,10 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
     for name in API:
         app.add_api_route(f"/api/{name}", api(name), methods=["POST"], name=f"api_{name}")
 
+
+def _add_plot_routes(app: FastAPI, answer) -> None:
+    """``POST /api/plot/KIND.svg`` (fields in the body) and ``GET /plot/KIND.svg`` (fields in
+    the query string) for every kind of :data:`PLOTS`."""
     for kind in PLOTS:
         async def plot_post(request: Request, kind=kind):
             return await answer("plot", f"plot/{kind}", lambda: request_fields(request), request)
@@ -232,11 +263,3 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
 
         app.add_api_route(f"/api/plot/{kind}.svg", plot_post, methods=["POST"], name=f"plot_post_{kind}")
         app.add_api_route(f"/plot/{kind}.svg", plot_get, methods=["GET"], name=f"plot_get_{kind}")
-
-    @app.get("/", response_class=HTMLResponse)
-    async def page(request: Request):
-        from .page import render_page
-
-        return HTMLResponse(render_page(dict(request.query_params)))
-
-    return app

@@ -1,6 +1,7 @@
 """The web planner's requests: fields named as the CLI's flags, checked and turned into the
 CLI's own parsed arguments (the same parser, the same :mod:`hrm.bounds` ranges), so an API
-answer is what the command prints.
+answer is what the command prints. They are parsed once, here; a worker takes the parsed
+arguments as they are.
 
 A request is a JSON object (or a form / query string: every value may then be text) of the
 fields of :data:`FIELDS`; each endpoint takes the fields of its command
@@ -11,6 +12,7 @@ fields of :data:`FIELDS`; each endpoint takes the fields of its command
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -83,10 +85,11 @@ _TRUE, _FALSE = ("true", "1", "on", "yes"), ("false", "0", "off", "no", "")
 
 @dataclass
 class Request:
-    """A checked request: the CLI's argv (``--flag=value`` words) and the web's own fields."""
+    """A checked request: the CLI's parsed arguments of its fields and the web's own fields."""
 
     endpoint: str
-    argv: list[str]
+    #: the fields as the CLI's parser parsed them (:func:`parse_argv`)
+    args: argparse.Namespace
     uploads: dict = field(default_factory=dict)
     whatif: dict = field(default_factory=dict)
     #: the fields as given (the page's shareable URL is built from them)
@@ -214,8 +217,8 @@ def _upload_text(name: str, value) -> str:
 
 def parse_request(endpoint: str, data) -> Request:
     """A request object -> :class:`Request` (HRMError with one line for any refusal). The
-    argv is parsed once here with the CLI's parser, so a bad flag is refused before a worker
-    is asked."""
+    fields are parsed once, here, with the CLI's parser, so a bad flag is refused (with the
+    flag's own message) before a worker is asked."""
     if not isinstance(data, dict):
         raise HRMError("the request body must be a JSON object of fields")
     allowed = ENDPOINT_FIELDS[endpoint]
@@ -261,9 +264,9 @@ def parse_request(endpoint: str, data) -> Request:
 
         raise HRMError(f"export: give the target engine ({', '.join(EXPORTERS)})")
     check_machine_names(values)
-    parse_argv(endpoint, argv)  # refused here, with the flag's own message
+    args = parse_argv(endpoint, argv)
     shown = {k: v for k, v in values.items() if k not in ("hw_yaml", "model_config")}
-    return Request(endpoint, argv, uploads, whatif, shown)
+    return Request(endpoint, args, uploads, whatif, shown)
 
 
 def _whatif_number(name: str, value) -> float:

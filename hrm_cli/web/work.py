@@ -1,6 +1,7 @@
 """What the web planner's worker processes run: one request (:class:`hrm_cli.web.inputs.Request`)
-through the CLI's own functions (:func:`hrm_cli.search.run_search`, ``run_compare``,
-:func:`hrm_cli.estimate.run_estimate`), answered as ``(status, body)``: 200 and what
+through the CLI's own functions (:func:`hrm_cli.search.run_search`,
+:func:`hrm_cli.estimate.run_estimate`) and the API's analyses
+(:func:`solver.analyses.compare_engines`), answered as ``(status, body)``: 200 and what
 ``--json`` prints, or an HTTP status and ``{"error": one line}``. No web framework is
 imported here: a worker needs only the planner.
 
@@ -11,6 +12,7 @@ binding limit; an estimated policy that does not fit physical memory); 500 only 
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import tempfile
@@ -18,7 +20,7 @@ from contextlib import contextmanager
 
 from hrm.errors import HRMError, InfeasibleError
 
-from .inputs import UPLOAD_PREFIX, Request, one_line, parse_argv
+from .inputs import UPLOAD_PREFIX, Request, one_line
 
 #: exceptions that a value no check caught can raise deep in the model: bad input, not a bug
 INPUT_ERRORS = (ValueError, TypeError, ArithmeticError, KeyError, IndexError, UnicodeError, RecursionError)
@@ -49,7 +51,7 @@ def _machine(request: Request):
     the config.json normaliser); an error naming the temporary path names the upload."""
     from hrm_cli.common import machine_from_args
 
-    args = parse_argv(request.endpoint, request.argv)
+    args = argparse.Namespace(**vars(request.args))  # a copy: the names below are the worker's own
     up = request.uploads
     given = (args.hw, args.model)
     with tempfile.TemporaryDirectory(prefix="hrm-web-") as folder:
@@ -133,10 +135,12 @@ export = search  # ``hrm-search --export ENGINE --json``: {"plan": ..., "export"
 
 
 def compare(args, machine) -> dict:
-    """``hrm-search --compare --json``."""
-    from hrm_cli.search import compare_json, run_compare
+    """``hrm-search --compare --json``: :func:`solver.analyses.compare_engines` on the request's inputs."""
+    from hrm_cli.search import compare_json, search_inputs
+    from solver.analyses import compare_engines
 
-    return compare_json(run_compare(args, machine)[3])
+    inputs = search_inputs(args, machine)
+    return compare_json(compare_engines(inputs.hw, inputs.model, inputs.workload, **inputs.search_kwargs))
 
 
 def estimate(args, machine) -> dict:
@@ -202,7 +206,7 @@ def view(args, machine) -> dict:
         "memory": [{"tier": t, "used_bytes": used, "capacity_bytes": cap} for t, used, cap in tiers],
         "alternatives": [{"policy": c.policy.short(), "generation_throughput_tok_s": c.estimate.generation_throughput_tok_s,
                           "bottleneck": c.estimate.bottleneck} for c in run.result.alternatives],
-        "notes": [*run.result.extras.get("notes", []), *est.notes],
+        "notes": [*run.result.stats.notes, *est.notes],
         "explain": why,
         "solve_s": run.result.seconds,
         # what the shareable URL says in place of an upload (hw=upload:NAME, model=upload:NAME)

@@ -5,20 +5,8 @@ mode the time is a sum of maxima of affine functions of (n, m, z) (:mod:`solver.
 The search is exact over μ = 1 … μ_max (every integer whose smallest batch fits), every n,
 every whole-expert m and continuous z:
 
-1. **Bounds** (:func:`throughput_upper_bounds`): no policy of mode k beats
-   per_seq·μ / (a lower bound of T/n) (per_seq: :func:`hrm.cost.throughput.tokens_per_sequence`).
-   Per lane, T/n = a + s·b + (r·w + c)/n (a, b, w, c: the lane's
-   per_micro_batch_s, per_micro_batch_kv_cpu_s, per_layer_offloaded_weights_s and
-   per_layer_s, :class:`hrm.cost.latency.lane.Lane`) with the
-   KV-on-CPU share s = 1 − z/N and the offloaded expert share r = 1 − m/M; each term is
-   taken at its least over the mode's policies (n ≤ n̄, m ≤ m_max, z ≤ z_max, any sign of b,
-   w, c), and where z is free the GPU bytes that static experts and GPU KV share bound
-   m·w + z·b jointly (a two-item knapsack, :class:`_KvRoom`). Evaluated at the mean
-   context of blocks of decode steps, Σ_t f(t) ≥ Σ_blocks |B|·f(t̄_B) holds by Jensen's
-   inequality because every lane is convex in the context (each operator's time is a
-   roofline maximum of terms affine in the context; sums and maxima keep convexity; tested
-   in ``tests/test_search_exact.py``). The verifier (:func:`solver.lanes.verify.verify_optimum`)
-   re-derives the bounds with one column per decode step, which needs no convexity.
+1. **Bounds** (:mod:`solver.lanes.bounds`): no policy of mode k beats a closed-form bound of
+   its throughput, each term of each lane at its least over the mode's policies.
 2. **Exact solve of a mode** (:func:`best_in_modes`): every n; for each n the best z given m
    is the largest the memory admits (time is non-increasing in z, CPU memory shrinks with
    it), and φ(m) = T(n, m, z*(m)) is convex in m — T is jointly convex and non-increasing in
@@ -33,27 +21,20 @@ every whole-expert m and continuous z:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from hrm.problem import Problem
-from hrm.cost.throughput import end_to_end_time_s, throughput_tok_s, tokens_per_sequence
+from hrm.cost.throughput import end_to_end_time_s, throughput_tok_s
 
-from .terms import (LATENCY_RTOL, Choice, LatencyLimits, Mode, Terms, build_terms, largest_static_experts,
-                    max_micro_batches, meets_latency_limits, memory_terms, phase_times_s, snapped_expert_count,
-                    tier_bytes)
+from .bounds import BOUND_BLOCKS, BOUND_RTOL, fewest_useful_micro_batches, throughput_upper_bounds
+from .terms import (LATENCY_RTOL, Choice, LatencyLimits, Mode, Terms, build_terms, max_micro_batches,
+                    meets_latency_limits, memory_terms, phase_times_s, snapped_expert_count, tier_bytes)
 
-# Relative slack when comparing a bound with an incumbent: a bound within rounding of the
-# incumbent cannot hold a strictly better policy.
-BOUND_RTOL = 1e-9
 # Modes solved exactly per batch of coefficients (the first batch; later ones double up to
 # the cap): small enough not to build terms for modes the bound will prune.
 FIRST_BATCH, MAX_BATCH_OF_MODES = 4, 1024
-# Decode steps are cut into this many blocks for the bounds, each evaluated at its mean
-# context (Jensen per block): more blocks tighten the bound where the leading lane changes
-# with the context, at a proportional cost per bound evaluation.
-BOUND_BLOCKS = 4
 # Elements per vectorised evaluation chunk (candidates × steps × lanes).
 CHUNK_ELEMENTS = 4_000_000
 
@@ -88,157 +69,6 @@ def candidate_micro_batch_sizes(problem: Problem, placements, max_batch: int, fi
             need = (fixed["batch_size"] // mu).astype(int)
         modes += [Mode(int(m), attn, ffn) for m in mu[nbar >= need]]
     return modes
-
-
-def throughput_upper_bounds(terms: Terms, max_batch: int, objective: str = "generation",
-                            nbar: np.ndarray | None = None, modes: np.ndarray | None = None,
-                            micro_batches: np.ndarray | None = None, fixed: dict | None = None) -> np.ndarray:
-    """Throughput no policy of each mode can exceed (module docstring, step 1); 0 when not
-    even one micro-batch fits. With ``micro_batches`` (per mode of ``modes``): the bound for
-    the policies with at most that many micro-batches (T/n only grows as n shrinks)."""
-    if terms.step_index is not None:
-        raise ValueError("bounds need terms with one column per step or per block (Jensen), not piecewise terms")
-    nbar = max_micro_batches(terms, max_batch) if nbar is None else nbar
-    k = np.arange(len(terms.mu)) if modes is None else np.asarray(modes, dtype=int)
-    count = nbar[k] if micro_batches is None else np.minimum(micro_batches, nbar[k])
-    n_top = np.maximum(count, 1).astype(float)
-    rest = 1.0 - largest_static_experts(terms)[k] / terms.expert_slots
-    share = smallest_kv_cpu_share(terms, k, fixed or {})
-    room = _KvRoom.of(terms, k, fixed or {}, 1.0 - rest)
-    decode = _lane_lower_bound(terms.per_micro_batch_s[k], terms.per_micro_batch_kv_cpu_s[k],
-                               terms.per_layer_offloaded_weights_s[k][..., None], terms.per_layer_s[k],
-                               share[:, None, None, None], rest[:, None, None, None], n_top[:, None, None, None],
-                               room.expand(3))
-    decode = (np.max(decode, axis=2) * terms.step_weight).sum(axis=-1) @ terms.kind_layers
-    time_s = (decode + terms.steps * terms.head[k]
-              + _amortised(np.asarray((terms.step_weight * terms.sync[k]).sum(axis=-1), dtype=float), n_top))
-    if objective == "generation":
-        pre = _lane_lower_bound(terms.prefill_per_micro_batch_s[k], terms.prefill_per_micro_batch_kv_cpu_s[k],
-                                terms.prefill_per_layer_offloaded_weights_s[k], terms.prefill_per_layer_s[k],
-                                share[:, None, None], rest[:, None, None], n_top[:, None, None], room.expand(2))
-        time_s = time_s + np.max(pre, axis=2) @ terms.kind_layers + terms.head[k]
-    # the tokens of one micro-batch over a lower bound of its time (a bound at or below 0
-    # seconds bounds nothing)
-    tokens = tokens_per_sequence(terms.gen_len, objective) * terms.mu[k]
-    with np.errstate(divide="ignore"):
-        bound = np.where(time_s > 0, tokens / np.maximum(time_s, 1e-300), np.inf)
-    return np.where(count >= 1, bound, 0.0)
-
-
-def smallest_kv_cpu_share(terms: Terms, k: np.ndarray, fixed: dict) -> np.ndarray:
-    """The least share 1 − z/N of the KV on the CPU any policy of modes k has: 1 with
-    attention on the CPU (z = 0), 1 − r_c when r_c is pinned, else 1 − z_max/μ (z ≤ z_max,
-    N ≥ μ)."""
-    attn = terms.attn_on_gpu[k]
-    if "kv_gpu_ratio" in fixed:
-        return np.where(attn, 1.0 - fixed["kv_gpu_ratio"], 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        free = np.clip(1.0 - most_kv_sequences_on_gpu(terms)[k] / terms.mu[k], 0.0, 1.0)
-    return np.where(attn, free, 1.0)
-
-
-def _gpu_room(terms: Terms) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-    """(room, per_rw, kv, exact) per mode: the bytes the GPU (or shared) limit leaves for the
-    static experts (per_rw per unit of m/M) and the GPU KV (kv per sequence) at N = μ, the
-    least N; ``exact`` where no term could shrink with N (else room is not a bound)."""
-    lim = terms.limits
-    if lim.shared:
-        per_seq, per_rw = terms.gpu_per_seq + terms.cpu_per_seq, terms.gpu_per_rw + terms.cpu_per_rw
-        room = lim.cpu_bytes - terms.gpu_const - terms.cpu_const
-        kv = terms.gpu_kv_seq + terms.cpu_kv_seq
-    else:
-        per_seq, per_rw, kv = terms.gpu_per_seq, terms.gpu_per_rw, terms.gpu_kv_seq
-        room = lim.gpu_bytes - terms.gpu_const
-    return room - per_seq * terms.mu, per_rw, float(kv), per_seq >= 0
-
-
-def most_kv_sequences_on_gpu(terms: Terms) -> np.ndarray:
-    """z_max per mode: the most sequences whose KV any policy keeps on the GPU — the room at
-    N = μ with the expert bytes at their least (inf where a term could shrink with N or the
-    KV costs no bytes)."""
-    room, per_rw, kv, exact = _gpu_room(terms)
-    if kv <= 0:
-        return np.full(len(terms.mu), np.inf)
-    return np.where(exact, np.maximum(room - np.minimum(per_rw, 0.0), 0.0) / kv, np.inf)
-
-
-def _amortised(value: np.ndarray, n_top: np.ndarray) -> np.ndarray:
-    """A lower bound of value/n over 1 ≤ n ≤ n_top: value/n_top, or value itself when negative."""
-    return np.where(value >= 0, value / n_top, value)
-
-
-@dataclass(frozen=True)
-class _KvRoom:
-    """The GPU bytes shared by static experts and GPU KV, per mode, where z is free:
-    x = m/M ≤ x_hi and y = z/μ ≤ y_hi with expert_bytes·x + kv_bytes·y ≤ room; NaN room
-    where the knapsack does not apply (z pinned or zero, or a term could shrink)."""
-
-    x_hi: np.ndarray
-    y_hi: np.ndarray
-    expert_bytes: np.ndarray
-    kv_bytes: np.ndarray
-    room: np.ndarray
-
-    @classmethod
-    def of(cls, terms: Terms, k: np.ndarray, fixed: dict, x_hi: np.ndarray) -> _KvRoom:
-        room, per_rw, kv, exact = _gpu_room(terms)
-        free = terms.attn_on_gpu[k] & ("kv_gpu_ratio" not in fixed) & exact[k] & (per_rw[k] >= 0) & (kv > 0)
-        mu = terms.mu[k]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            y_hi = most_kv_sequences_on_gpu(terms)[k] / mu
-        return cls(x_hi=np.where(terms.ffn_on_gpu[k], x_hi, 0.0), y_hi=np.where(free, y_hi, 0.0),
-                   expert_bytes=per_rw[k] * np.ones(len(k)), kv_bytes=kv * mu,
-                   room=np.where(free, np.maximum(room[k], 0.0), np.nan))
-
-    def expand(self, dims: int) -> _KvRoom:
-        """The per-mode arrays shaped to broadcast against [mode, kind, lane(, step)]."""
-        shape = (-1,) + (1,) * dims
-        return _KvRoom(*(np.reshape(getattr(self, f), shape) for f in ("x_hi", "y_hi", "expert_bytes", "kv_bytes",
-                                                                         "room")))
-
-    def most_gain(self, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """max x·w + y·b over the knapsack (a linear program over two items: its optimum
-        fills one item first, up to its cap or the room, then the other)."""
-        wv, bv = np.maximum(w, 0.0), np.maximum(b, 0.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            def fill(cap, per, left):  # as much of an item as its cap and the room allow
-                return np.minimum(cap, np.where(per > 0, np.maximum(left, 0.0) / np.where(per > 0, per, 1.0), np.inf))
-            x1 = fill(self.x_hi, self.expert_bytes, self.room)
-            y1 = fill(self.y_hi, self.kv_bytes, self.room - self.expert_bytes * x1)
-            y2 = fill(self.y_hi, self.kv_bytes, self.room)
-            x2 = fill(self.x_hi, self.expert_bytes, self.room - self.kv_bytes * y2)
-        return np.maximum(x1 * wv + y1 * bv, x2 * wv + y2 * bv)
-
-
-def _lane_lower_bound(a, b, w, c, share, rest, n_top, room: _KvRoom) -> np.ndarray:
-    """A lower bound of one lane's time per micro-batch, a + s·b + (r·w + c)/n, over the
-    offloaded expert share r ∈ [rest, 1], 1 ≤ n ≤ n_top and the KV-on-CPU share
-    s = 1 − z/(μn) ∈ [share, 1]; each term at its least (no sign of b, w or c is assumed).
-    Where z is free (``room``), with x = m/M and y = z/μ the lane is also
-    a + b + (w + c − x·w − y·b)/n, and (x, y) share the GPU bytes: the most x·w + y·b the
-    knapsack admits bounds it for every n at once — the KV the GPU cannot hold stays on the
-    CPU however many micro-batches there are, and experts take the room the KV would use."""
-    least_v = np.minimum(rest * w, w) + c
-    first = a + np.minimum(share * b, b) + _amortised(least_v, n_top)
-    usable = np.isfinite(room.room) & (b >= 0)
-    joint = a + b + _amortised(w + c - np.where(usable, room.most_gain(w, b), 0.0), n_top)
-    return np.where(usable, np.maximum(first, joint), first)
-
-
-def fewest_useful_micro_batches(terms: Terms, modes: np.ndarray, nbar: np.ndarray, max_batch: int, objective: str,
-                                floor: float, fixed: dict) -> np.ndarray:
-    """Per mode, the smallest n whose bound for "at most n micro-batches" beats ``floor``
-    (the bound grows with n, so fewer micro-batches cannot beat it): bisection on n."""
-    lo = np.ones(len(modes), dtype=int)
-    hi = np.maximum(nbar[modes], 1).astype(int)
-    while np.any(lo < hi):
-        act = np.flatnonzero(lo < hi)
-        mid = (lo[act] + hi[act]) // 2
-        beats = (throughput_upper_bounds(terms, max_batch, objective, nbar, modes[act], mid, fixed)
-                 > floor * (1 + BOUND_RTOL))
-        hi[act] = np.where(beats, mid, hi[act])
-        lo[act] = np.where(beats, lo[act], mid + 1)
-    return lo
 
 
 def kv_on_gpu(terms: Terms, k: int, batch_size, gpu, cpu, fixed: dict) -> np.ndarray:
@@ -427,11 +257,53 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
     does not depend on it, else bisection on the convex φ(m); z = z*(m). Pairs (mode, n)
     that cannot beat ``floor`` even with the most experts that fit and all KV on the GPU
     (time is non-increasing in both) are dropped first; a mode left with none returns None."""
-    M, g = terms.expert_slots, terms.expert_step
     out: list[ModeBest | None] = [None] * len(ks)
+    pairs = _expert_ranges(terms, ks, nbar, max_batch, fixed, n_min)
+    if pairs is None:
+        return out
+    evaluations = len(pairs.kk)
+    if floor > 0 and len(pairs.kk):
+        pairs = pairs.take(_may_beat(terms, pairs, objective, fixed, floor))
+    if not len(pairs.kk):
+        return out
+    # time non-increasing in m, z independent of it: the largest m; else bisection on convex φ
+    monotone = pairs.non_increasing & ~(pairs.attn & ("kv_gpu_ratio" not in fixed))
+    start = np.where(monotone, pairs.hi, pairs.lo)
+    m_int, count = convex_argmin(_time_at(terms, pairs, fixed, objective), start, pairs.hi)
+    lo_ok, hi_ok, met, limited = _within_latency_limits(terms, pairs, fixed, start)
+    evaluations += count + limited
+    met &= lo_ok <= hi_ok
+    if not np.any(met):
+        return out
+    m = np.clip(m_int[met], lo_ok[met], hi_ok[met]) * float(terms.expert_step)
+    return _best_per_mode(terms, ks, pairs.kk[met], pairs.nn[met], m, objective, fixed, evaluations)
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """The (mode, n) candidates of :func:`best_in_modes`: mode ``kk``, micro-batch count ``nn``,
+    the range [lo, hi] of their static experts in steps of g, whether attention is on the GPU,
+    and whether their time is non-increasing in m (no term gains from offloading)."""
+
+    kk: np.ndarray
+    nn: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    attn: np.ndarray
+    non_increasing: np.ndarray
+
+    def take(self, keep: np.ndarray) -> _Pairs:
+        """The candidates where ``keep`` holds."""
+        return _Pairs(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+
+def _expert_ranges(terms: Terms, ks, nbar, max_batch: int, fixed: dict, n_min: np.ndarray | None) -> _Pairs | None:
+    """Every (mode, n) of ``ks`` the cap and pins allow with the whole steps of m that fit
+    (the pinned r_w's own, snapped), those with none dropped; None when no pair is allowed."""
+    M, g = terms.expert_slots, terms.expert_step
     kk, nn = micro_batch_pairs(terms, ks, nbar, max_batch, fixed, n_min)
     if not len(kk):
-        return out
+        return None
     ffn, attn = terms.ffn_on_gpu[kk], terms.attn_on_gpu[kk]
     lo, hi = feasible_expert_interval(terms, kk, terms.mu[kk] * nn, fixed)
     top = float(M // g)
@@ -445,50 +317,60 @@ def best_in_modes(terms: Terms, ks, nbar, max_batch: int, objective: str, fixed:
         hi_i = np.where(ffn, np.minimum(top, np.floor(hi / g + 1e-9)), 0.0)
         ok = lo_i <= hi_i
         ok &= ffn | ((lo <= 1e-9) & (hi >= -1e-9))
-    kk, nn, lo_i, hi_i, attn = kk[ok], nn[ok], lo_i[ok].astype(int), hi_i[ok].astype(int), attn[ok]
+    kk = kk[ok]
     non_increasing = (np.all(terms.per_layer_offloaded_weights_s >= 0, axis=(1, 2))
                       & np.all(terms.prefill_per_layer_offloaded_weights_s >= 0, axis=(1, 2))
                       & np.all(terms.per_micro_batch_kv_cpu_s >= 0, axis=(1, 2, 3))
                       & np.all(terms.prefill_per_micro_batch_kv_cpu_s >= 0, axis=(1, 2)))[kk]
-    evaluations = len(kk)
-    if floor > 0 and len(kk):
-        z_most = most_kv_on_gpu(terms, kk, nn, lo_i * float(g), fixed)
-        optimistic = throughputs(terms, kk, nn, hi_i * float(g), z_most, objective)
-        keep = ~non_increasing | (optimistic > floor * (1 + BOUND_RTOL))
-        kk, nn, lo_i, hi_i, attn, non_increasing = (x[keep] for x in (kk, nn, lo_i, hi_i, attn, non_increasing))
-    monotone = non_increasing & ~(attn & ("kv_gpu_ratio" not in fixed))
-    if not len(kk):
-        return out
+    return _Pairs(kk, nn[ok], lo_i[ok].astype(int), hi_i[ok].astype(int), attn[ok], non_increasing)
 
-    def time_of(kind: str):
-        def at(sel, m_int):
-            m_bytes = m_int * float(g)
-            z_sel, _ = _candidates(terms, kk[sel], nn[sel], m_bytes, fixed)
-            return chunked_time_s(terms, kk[sel], nn[sel], m_bytes, z_sel, kind)
-        return at
 
-    # time non-increasing in m, z independent of it: the largest m; else bisection on convex φ
-    m_int, count = convex_argmin(time_of(objective), np.where(monotone, hi_i, lo_i), hi_i)
-    evaluations += count
-    # latency limits: each limited time ψ is convex in m too, so {ψ ≤ L} is an interval and
-    # the best m is φ's minimiser clipped to the intersection of the intervals
-    lo_ok, hi_ok, met = lo_i.copy(), hi_i.copy(), np.ones(len(kk), dtype=bool)
+def _may_beat(terms: Terms, pairs: _Pairs, objective: str, fixed: dict, floor: float) -> np.ndarray:
+    """Which pairs may beat ``floor``: those whose time could grow with m, and those whose
+    throughput with the most experts that fit and the most KV on the GPU beats it."""
+    g = float(terms.expert_step)
+    z_most = most_kv_on_gpu(terms, pairs.kk, pairs.nn, pairs.lo * g, fixed)
+    optimistic = throughputs(terms, pairs.kk, pairs.nn, pairs.hi * g, z_most, objective)
+    return ~pairs.non_increasing | (optimistic > floor * (1 + BOUND_RTOL))
+
+
+def _time_at(terms: Terms, pairs: _Pairs, fixed: dict, kind: str):
+    """``at(sel, m_steps)``: the ``kind`` time of the pairs ``sel`` at m = m_steps·g, z = z*(m)."""
+    g = float(terms.expert_step)
+
+    def at(sel, m_int):
+        m_bytes = m_int * g
+        z_sel, _ = _candidates(terms, pairs.kk[sel], pairs.nn[sel], m_bytes, fixed)
+        return chunked_time_s(terms, pairs.kk[sel], pairs.nn[sel], m_bytes, z_sel, kind)
+    return at
+
+
+def _within_latency_limits(terms: Terms, pairs: _Pairs, fixed: dict, start: np.ndarray):
+    """(lo, hi, met, evaluations): the steps of m whose times meet every latency limit. Each
+    limited time ψ is convex in m too, so {ψ ≤ L} is an interval and the best m is φ's
+    minimiser clipped to the intersection of the intervals; ``met`` where ψ's own minimum
+    (bisection from ``start``) meets its limit."""
+    lo_ok, hi_ok, met = pairs.lo.copy(), pairs.hi.copy(), np.ones(len(pairs.kk), dtype=bool)
+    evaluations = 0
     for kind, most_s in terms.latency_limits.checks(terms.steps):
-        within = time_of(kind)
+        within = _time_at(terms, pairs, fixed, kind)
 
         def meets(sel, m, within=within, most_s=most_s):
             return within(sel, m) <= most_s * (1 + LATENCY_RTOL)
 
-        psi_min, count = convex_argmin(within, np.where(monotone, hi_i, lo_i), hi_i)
+        psi_min, count = convex_argmin(within, start, pairs.hi)
         evaluations += count
-        met &= meets(np.arange(len(kk)), psi_min)
-        lo_ok = np.maximum(lo_ok, first_where(meets, lo_i, psi_min))
-        hi_ok = np.minimum(hi_ok, last_where(meets, psi_min, hi_i))
-    met &= lo_ok <= hi_ok
-    kk, nn, m_int, lo_ok, hi_ok = kk[met], nn[met], m_int[met], lo_ok[met], hi_ok[met]
-    if not len(kk):
-        return out
-    m = np.clip(m_int, lo_ok, hi_ok) * float(g)
+        met &= meets(np.arange(len(pairs.kk)), psi_min)
+        lo_ok = np.maximum(lo_ok, first_where(meets, pairs.lo, psi_min))
+        hi_ok = np.minimum(hi_ok, last_where(meets, psi_min, pairs.hi))
+    return lo_ok, hi_ok, met, evaluations
+
+
+def _best_per_mode(terms: Terms, ks, kk, nn, m, objective: str, fixed: dict,
+                   evaluations: int) -> list[ModeBest | None]:
+    """The best of the candidates (kk, nn, m) per mode of ``ks``, z = z*(m) (None for a mode
+    with no candidate that fits); each counts an even share of the ``evaluations``."""
+    out: list[ModeBest | None] = [None] * len(ks)
     exact_level = "weights_gpu_ratio" in fixed and terms.weights_levels
     if exact_level:  # a placement level of the engine's rule: its own m, not the whole one below
         m = np.where(terms.ffn_on_gpu[kk], fixed["weights_gpu_ratio"] * terms.expert_slots, 0.0)

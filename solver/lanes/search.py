@@ -19,7 +19,7 @@ from hrm.problem import Problem
 from hrm.units import GIB
 
 from . import exact
-from ..request import Candidate, SearchRequest, SearchResult, describe_limits, make_plan
+from ..request import Candidate, SearchRequest, SearchResult, SearchStats, describe_limits, make_plan
 from .terms import Choice, LatencyLimits, Mode, Terms, build_terms, snapped_expert_count, tier_bytes
 from .verify import verify_optimum
 
@@ -65,13 +65,13 @@ def search_lanes(request: SearchRequest) -> SearchResult:
                                whole_layers=problem.engine.static_experts == "whole-layers")
     plan = make_plan(request, best.estimate, placement, f"exact branch and bound over {space}{describe_limits(limits)}",
                      seconds, found.candidates)
+    stats = SearchStats(objective_value=found.best.throughput, objective_name=request.objective,
+                        notes=tuple(request.notes), latency_limits=limits, engine=problem.engine,
+                        search_space=space, modes_total=found.modes_total, candidates_evaluated=found.candidates,
+                        mu_max=found.mu_max, verify_modes_enumerated=check.modes_enumerated if check else None,
+                        verify_modes_total=check.modes_total if check else None)
     return SearchResult(best, alternatives, plan, SOLVER_NAME, seconds, found.modes_solved, verified,
-                        verify_objective, verify_seconds,
-                        {"objective": found.best.throughput, "objective_kind": request.objective,
-                         "notes": request.notes, "latency_limits": limits,
-                         "engine": problem.engine, "search_space": space, "modes_total": found.modes_total,
-                         "candidates": found.candidates, "mu_max": found.mu_max,
-                         "verify_modes": (check.modes_enumerated, check.modes_total) if check else None})
+                        verify_objective, verify_seconds, stats)
 
 
 def _no_policy_reason(problem: Problem, placements, max_batch: int, objective: str, fixed: dict,

@@ -23,7 +23,8 @@ import numpy as np
 
 from hrm.problem import Problem
 
-from .exact import BOUND_RTOL, best_in_mode, candidate_micro_batch_sizes, throughput_upper_bounds
+from .bounds import BOUND_RTOL, throughput_upper_bounds
+from .exact import best_in_mode, candidate_micro_batch_sizes
 from .milp import solve_dinkelbach
 from .terms import Choice, LatencyLimits, Terms, build_terms, max_micro_batches
 
