@@ -1,17 +1,18 @@
 """HRM figures (matplotlib, headless): each kind has a pure data function and a drawing
 function that returns a :class:`matplotlib.figure.Figure`.
 
-- :func:`roofline_data` / :func:`plot_roofline` — the HRM plot of one operator (Fig. 4/5);
-- :func:`plot_policy_map` — best policy over link bandwidth × CPU scaling (Fig. 10), data
+- ``roofline.py``: :func:`roofline_data` / :func:`plot_roofline` — the HRM plot of one operator (Fig. 4/5);
+- ``policy_map.py``: :func:`plot_policy_map` — best policy over link bandwidth × CPU scaling (Fig. 10), data
   from :func:`solver.sweep.policy_map`;
-- :func:`plot_cpu_memory` — throughput vs CPU memory per schedule (Fig. 1), data from
+- ``cpu_memory.py``: :func:`plot_cpu_memory` — throughput vs CPU memory per schedule (Fig. 1), data from
   :func:`solver.sweep.cpu_memory_sweep`;
-- :func:`compare_table` / :func:`plot_compare` — every engine at its best policy, throughput
+- ``compare.py``: :func:`compare_table` / :func:`plot_compare` — every engine at its best policy, throughput
   and per-token latency (``hrm-search --compare --plot``);
-- :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.pipelines.decode_timeline`
+- ``timeline.py``: :func:`plot_timeline` — Gantt chart of decode layers from :func:`hrm.pipelines.decode_timeline`
   and, optionally, a runtime trace.
 
-:func:`save_png` writes a figure atomically; :func:`new_figure` makes one without pyplot.
+``_common.py``: :func:`save_png` writes a figure atomically; :func:`new_figure` makes one without
+pyplot.
 """
 
 from ._common import new_figure, save_png
