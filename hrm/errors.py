@@ -302,11 +302,17 @@ def read_yaml_mapping(path: str | Path, expected: str, fields: str) -> dict:
     return data
 
 
+def refuse_non_finite(name: str):
+    """JSON's NaN / Infinity (Python's json reads them by default): no input of ours holds them."""
+    raise ValueError(f"{name} is not a finite number")
+
+
 def read_json_object(path: str | Path, expected: str, max_bytes: int = MAX_INPUT_BYTES,
-                     top_level: str = "at the top level") -> dict:
+                     top_level: str = "at the top level", finite: bool = False) -> dict:
     """The JSON object the file ``path`` holds (:func:`read_input_text` first, then JSON with
     duplicate keys refused); HRMError, one line naming the file (and the line and column of a
-    syntax error, or the duplicate key), when it is not JSON or not an object.
+    syntax error, or the duplicate key), when it is not JSON or not an object. ``finite``: NaN
+    and Infinity are refused here (else the caller's schema names the field that holds one).
     ``top_level`` follows "expected a JSON object" in the message for another value."""
     text = read_input_text(path, expected, max_bytes)
 
@@ -319,12 +325,12 @@ def read_json_object(path: str | Path, expected: str, max_bytes: int = MAX_INPUT
         return seen
 
     try:
-        data = json.loads(text, object_pairs_hook=no_duplicates)
+        data = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=refuse_non_finite if finite else None)
     except json.JSONDecodeError as exc:
         raise HRMError(f"{path}: malformed JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:
         raise HRMError(f"{path}: malformed JSON (nested too deeply)") from None
-    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+    except ValueError as exc:  # NaN/Infinity, or an integer literal beyond Python's digit limit
         raise HRMError(f"{path}: malformed JSON ({' '.join(str(exc).split())[:80]})") from None
     if not isinstance(data, dict):
         raise HRMError(f"{path}: expected a JSON object {top_level}, got {value_kind(data)}")

@@ -1,4 +1,5 @@
-"""Argument groups shared by the CLI subcommands (hardware, model, workload, memory)."""
+"""Argument groups shared by the CLI subcommands (hardware, model, workload, memory), and the
+printing they share (memory in GiB, the memory rows of a result table)."""
 
 from __future__ import annotations
 
@@ -143,6 +144,18 @@ def limits_from_args(hw, options, args):
 
 def gib(value_bytes: float) -> str:
     return f"{value_bytes / GIB:,.2f} GiB"
+
+
+def add_memory_rows(table, result, host_label: str = "host memory") -> None:
+    """An estimate's memory rows: host memory (``host_label``) when the tiers share it, else
+    GPU and CPU memory, and the disk tier's weights when some spill (docs/model.md §4.9)."""
+    if result.shared_memory:
+        table.add_row(host_label, f"{gib(result.gpu_peak_bytes + result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
+        return
+    table.add_row("GPU memory", f"{gib(result.gpu_peak_bytes)} / {gib(result.gpu_limit_bytes)}")
+    table.add_row("CPU memory", f"{gib(result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
+    if result.disk_bytes > 0:
+        table.add_row("disk (weights)", f"{gib(result.disk_bytes)} beyond host memory, read every pass")
 
 
 def console(stderr: bool = False):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hrm import bounds
 from hrm_cli.parser import ArgumentParser
-from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
+from hrm_cli.common import (add_engine_args, add_memory_rows, add_machine_args, add_memory_args, add_routing_arg, add_workload_args,
                             compact, console, engine_from_args, gib, limits_from_args, machine_from_args,
                             options_from_args, policy_cell, routed_model, tpot_in_words, TPOT_LABEL,
                             workload_from_args)
@@ -50,13 +50,7 @@ def render_estimate(result: EstimateResult, title: str, physical: MemoryLimits |
     table.add_row(TPOT_LABEL, tpot_in_words(result.per_token_latency_s, result.policy.batch_size))
     table.add_row("decode throughput", f"{result.decode_throughput_tok_s:,.1f} tok/s")
     table.add_row("generation throughput", f"{result.generation_throughput_tok_s:,.1f} tok/s")
-    if result.shared_memory:
-        table.add_row("host memory (both tiers)", f"{gib(result.gpu_peak_bytes + result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
-    else:
-        table.add_row("GPU memory", f"{gib(result.gpu_peak_bytes)} / {gib(result.gpu_limit_bytes)}")
-        table.add_row("CPU memory", f"{gib(result.cpu_peak_bytes)} / {gib(result.cpu_limit_bytes)}")
-        if result.disk_bytes > 0:  # the disk tier (docs/model.md §4.9)
-            table.add_row("disk (weights)", f"{gib(result.disk_bytes)} beyond host memory, read every pass")
+    add_memory_rows(table, result, "host memory (both tiers)")
     table.add_row("binding memory", result.binding_memory)
     table.add_row("fits", fits_in_words(result, physical))
     for note in result.notes:

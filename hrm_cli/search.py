@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hrm_cli.parser import ArgumentParser
-from hrm_cli.common import (add_engine_args, add_machine_args, add_memory_args, add_workload_args, console,
-                            engine_from_args, gib, limits_from_args, machine_from_args, options_from_args, policy_cell,
+from hrm_cli.common import (add_engine_args, add_memory_rows, add_machine_args, add_memory_args, add_workload_args, console,
+                            engine_from_args, limits_from_args, machine_from_args, options_from_args, policy_cell,
                             short, tpot_in_words, TPOT_LABEL, workload_from_args)
 from hrm.errors import HRMError
 from hrm import bounds
@@ -314,7 +314,7 @@ def result_table(result: SearchResult, title: str, headroom: str | None = None, 
         table.add_row("note", note)
     if best.defaulted:
         table.add_row("defaulted rates", ", ".join(best.defaulted))
-    _add_memory_rows(table, best)
+    add_memory_rows(table, best)
     _add_solve_rows(table, result)
     return table
 
@@ -327,17 +327,6 @@ def latency_limits_met(limits: LatencyLimits, best) -> str:
     if limits.ttft_s is not None:
         met.append(f"TTFT {best.prefill_latency_s:,.4g} s <= {limits.ttft_s:g} s")
     return ", ".join(met)
-
-
-def _add_memory_rows(table, best) -> None:
-    """The memory rows: host memory when shared, else GPU and CPU memory (and the disk tier)."""
-    if best.shared_memory:
-        table.add_row("host memory", f"{gib(best.gpu_peak_bytes + best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
-    else:
-        table.add_row("GPU memory", f"{gib(best.gpu_peak_bytes)} / {gib(best.gpu_limit_bytes)}")
-        table.add_row("CPU memory", f"{gib(best.cpu_peak_bytes)} / {gib(best.cpu_limit_bytes)}")
-        if best.disk_bytes > 0:  # the disk tier (docs/model.md §4.9)
-            table.add_row("disk (weights)", f"{gib(best.disk_bytes)} beyond host memory, read every pass")
 
 
 def _add_solve_rows(table, result: SearchResult) -> None:

@@ -278,4 +278,4 @@ def test_one_line_end_to_end_in_a_subprocess(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hrm_cli", "estimate", "--engine", "ideal", *MIXTRAL, "--policy", "N=8,mu=4,attn=gpu,rw=0",
                            "--routing", f"trace:{path}"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith(f"error: {path}: not JSON (Infinity is not a finite number)")
+    assert proc.stderr.startswith(f"error: {path}: malformed JSON (Infinity is not a finite number)")

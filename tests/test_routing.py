@@ -117,7 +117,7 @@ def test_bad_routing_flag(text, needle):
 
 
 @pytest.mark.parametrize("content,needle", [
-    ("{", "not JSON"), ('{"format": "x"}', "not a routing trace"),
+    ("{", "malformed JSON"), ('{"format": "x"}', "not a routing trace"),
     (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": []}), "every layer needs"),
     (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": [{"tokens": 10}]}), "missing or malformed"),
     (json.dumps({"format": TRACE_FORMAT, "top_k": 2, "layers": [{"tokens": 10, "expert_counts": [5, 5, 5, 6]}]}),

@@ -201,7 +201,20 @@ class Dispatch(_Strict):
         return self.attention_s if self.device_attention_s is None else self.device_attention_s
 
 
-class GPU(_Strict):
+class _Memory(_Strict):
+    """A processor's memory: ``memory_gib`` (per GPU) and ``memory_bandwidth_gbps``, in SI."""
+
+    @property
+    def memory_bytes(self) -> float:
+        """Memory capacity in bytes (per GPU)."""
+        return self.memory_gib * GIB
+
+    @property
+    def memory_bandwidth_bytes_s(self) -> float:
+        return self.memory_bandwidth_gbps * GB
+
+
+class GPU(_Memory):
     name: bounds.Label
     count: bounds.GPU_COUNT.type = 1
     memory_gib: bounds.GPU_MEMORY_GIB.type
@@ -225,17 +238,8 @@ class GPU(_Strict):
             raise ValueError("gpu_to_gpu_gbps is required when count > 1")
         return self
 
-    @property
-    def memory_bytes(self) -> float:
-        """Per-GPU memory capacity in bytes."""
-        return self.memory_gib * GIB
 
-    @property
-    def memory_bandwidth_bytes_s(self) -> float:
-        return self.memory_bandwidth_gbps * GB
-
-
-class CPU(_Strict):
+class CPU(_Memory):
     name: bounds.Label
     cores: bounds.CORES.type
     memory_gib: bounds.CPU_MEMORY_GIB.type
@@ -252,14 +256,6 @@ class CPU(_Strict):
     # host DRAM traffic (bytes read + written per second) every core and the DMA together
     # sustain: what an engine's host-DRAM lane is charged against (optional; hrm.machine.achieved)
     dram_gbps: Optional[bounds.BANDWIDTH_GBPS.type] = None
-
-    @property
-    def memory_bytes(self) -> float:
-        return self.memory_gib * GIB
-
-    @property
-    def memory_bandwidth_bytes_s(self) -> float:
-        return self.memory_bandwidth_gbps * GB
 
 
 class Link(_Strict):

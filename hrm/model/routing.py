@@ -19,7 +19,6 @@ sequences). :func:`sample_top_k_sets` draws token top-k sets with exactly these 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -28,7 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .. import bounds
-from ..errors import HRMError, pydantic_message, read_input_text
+from ..errors import HRMError, pydantic_message, read_json_object
 
 TRACE_FORMAT = "hrm-routing-trace/1"
 #: tolerance on Σ_e q_e = k of a distribution given as probabilities (float rounding)
@@ -220,16 +219,8 @@ def load_trace(path: str | Path, model_name: str | None = None) -> Routing:
     """A routing trace file (JSON, :data:`TRACE_FORMAT`): ``top_k``, ``layers`` — a list of
     ``{"tokens": T, "expert_counts": [c_0, ..., c_ne-1]}`` (Σ c = k·T per layer). One-line
     HRMError naming the file and the field for anything else (:class:`TraceFile`)."""
-    text = read_input_text(path, "a routing trace (JSON)")
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise HRMError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
-    except RecursionError:
-        raise HRMError(f"{path}: not JSON (nested too deeply)") from None
-    except ValueError as exc:  # NaN/Infinity, or an integer literal beyond Python's digit limit
-        raise HRMError(f"{path}: not JSON ({' '.join(str(exc).split())[:80]})") from None
-    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
+    data = read_json_object(path, "a routing trace (JSON)", finite=True)
+    if data.get("format") != TRACE_FORMAT:
         raise HRMError(f"{path}: not a routing trace (expected \"format\": \"{TRACE_FORMAT}\")")
     try:
         trace = TraceFile.model_validate(data)
@@ -244,11 +235,6 @@ def load_trace(path: str | Path, model_name: str | None = None) -> Routing:
         return from_counts(counts, tokens, trace.top_k, source=str(path))
     except ValidationError as exc:  # marginals out of range: counts above tokens, sums not k·T
         raise HRMError(pydantic_message(str(path), exc)) from None
-
-
-def _refuse_constant(name: str):
-    """JSON's NaN / Infinity (Python's json reads them by default): not numbers of a trace."""
-    raise ValueError(f"{name} is not a finite number")
 
 
 def parse_routing(text: str, num_experts: int, top_k: int, model_name: str | None = None) -> Routing:
