@@ -4,6 +4,8 @@ it. Every expected number here is worked by hand."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,48 @@ def test_ggml_type_of_new_formats():
     assert ggml_type_of(spec("mix:q4_k*100,iq2_xxs*900")) == "iq2_xxs"
     assert ggml_type_of(spec("mxfp4")) == "mxfp4"
     assert ggml_type_of(spec(None, "fp16")) == "f16"
+
+
+# --- attention over the padded cache (docs/model.md §4.10) ----------------------------------
+
+def test_cells_are_the_used_ones_padded_to_256():
+    from hrm.ggml_cpu import kv_cells
+    assert [kv_cells(n) for n in (1, 32, 256, 257, 1040, 1280)] == [256, 256, 256, 512, 1280, 1280]
+
+
+def test_split_kv_waits_for_the_thread_with_the_most_used_cells():
+    from hrm.ggml_cpu import split_kv_cells
+    # 1,040 used of 1,280 cells on 2 threads: chunks of 640, the first all used -> 2 x 640
+    assert split_kv_cells(2, 1040) == 1280
+    # 4 threads: chunks of 320; the thread with the most used cells has a whole chunk
+    assert split_kv_cells(4, 1040) == 1280
+    # 1,300 used of 1,536 cells on 2 threads: chunks of 768 -> 1,536
+    assert split_kv_cells(2, 1300) == 1536
+    # one thread, or a cache under 512 cells (the heads are split instead): the used cells
+    assert split_kv_cells(1, 1040) == 1040 and split_kv_cells(2, 200) == 200
+
+
+def test_a_causal_tile_computes_every_kv_tile_its_last_query_sees():
+    from hrm.ggml_cpu import prefill_steps, tiled_cells
+    # a 128-token prompt at depth 0: the first 64 queries see <= 64 tokens (one KV tile), the
+    # next 64 see <= 128 (two tiles): (64 x 64 + 64 x 128) / 128 = 96 cells a query
+    (_, _, [(q, kv)]), = prefill_steps(1, 128, 0, 2048, 512)
+    assert (q, kv) == (128, 64.5) and tiled_cells(q, kv) == 96
+    # at depth 1024: (64 x 1088 + 64 x 1152) / 128 = 1120
+    (_, _, [(q, kv)]), = prefill_steps(1, 128, 1024, 2048, 512)
+    assert tiled_cells(q, kv) == 1120
+    # a partial last tile: 100 queries at depth 0 -> (64 x 64 + 36 x 128) / 100
+    (_, _, [(q, kv)]), = prefill_steps(1, 100, 0, 2048, 512)
+    assert tiled_cells(q, kv) == pytest.approx((64 * 64 + 36 * 128) / 100)
+
+
+def test_padded_cache_attention_brings_the_depth_decodes_onto_their_window_runs():
+    """The one-window runs (docs/validation/ground_truth.md §1.1): the depth-1024 decodes at 2
+    threads, too fast at 0.75-0.91 with attention over the used cells only, come to 0.81-0.97
+    with the split-KV wait, and no time of the window is beyond 1.25x."""
+    from hrm.validation import compare_runs, load_runs_file, summary
+
+    window = compare_runs(load_runs_file(Path(__file__).parents[1] / "docs/validation/runs/llamacpp-cpu-window.yaml"))
+    depth = [c.ratio("decode_s") for c in window if " d1024 " in c.name]
+    assert len(depth) == 9 and 0.80 <= min(depth) and max(depth) <= 1.0
+    assert summary(window)["beyond_1_25x"] == 0

@@ -48,6 +48,13 @@ KV_ELEMENT_TYPE = "f16"
 #: query rows of one sequence from which the CPU flash attention takes its tiled path
 #: (ggml/src/ggml-cpu/common.h:9 GGML_FA_TILE_Q; ops.cpp ggml_compute_forward_flash_attn_ext_f16)
 FA_TILE_QUERIES = 64
+#: a step's attention loops over the cache's used cells padded to this many
+#: (src/llama-kv-cache.cpp:1265-1270 get_n_kv: max(n_pad, 256), and at least that many)
+KV_CELL_PAD = 256
+#: a step of one token over at least this many cells splits the cells among the threads, each
+#: thread all query heads over its contiguous chunk of ceil(cells / threads) cells
+#: (ggml/src/ggml-cpu/ops.cpp:9490-9500 use_split_kv_path: neq1 == 1 && nek1 >= 512)
+SPLIT_KV_MIN_CELLS = 512
 
 
 @dataclass(frozen=True)
@@ -206,16 +213,56 @@ def _experts_s(tensor: GgufTensor, section: GgmlCpu, threads: int, tokens: int, 
     return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows, reuse)
 
 
+def kv_cells(used_cells: float) -> int:
+    """The cells a step's attention loops over: the used ones padded to KV_CELL_PAD (the
+    masked cells past the used ones are skipped, ops.cpp one_chunk: mv == -INFINITY)."""
+    return max(KV_CELL_PAD, int(np.ceil(used_cells / KV_CELL_PAD)) * KV_CELL_PAD)
+
+
+def split_kv_cells(threads: int, kv_tokens: float) -> float:
+    """The cached tokens a one-token step's attention costs, counted as an even split would:
+    in the split path every thread takes ceil(cells / threads) of the padded cells, the last
+    ones masked, so the step waits for the thread with the most used cells, min(chunk, used),
+    and costs threads × that (the probe measures unpadded caches, split evenly). Below
+    SPLIT_KV_MIN_CELLS the heads are split instead, and the step costs its used cells."""
+    cells = kv_cells(kv_tokens)
+    if threads <= 1 or cells < SPLIT_KV_MIN_CELLS:
+        return float(kv_tokens)
+    return threads * min(float(np.ceil(cells / threads)), float(kv_tokens))
+
+
+def tiled_cells(query_tokens: int, kv_tokens: float) -> float:
+    """The cached tokens a causal run of ``query_tokens`` queries of one sequence costs in the
+    tiled kernel, per query, counted as the probe counts them: the queries attend to
+    consecutive counts of tokens (mean ``kv_tokens``), and each tile of FA_TILE_QUERIES
+    queries computes every tile of FA_TILE_QUERIES cached tokens that one of its queries
+    sees, the partly masked last one whole (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile
+    is skipped only when every row's mask is -inf)."""
+    first = kv_tokens - (query_tokens - 1) / 2.0
+    cells = 0.0
+    for start in range(0, query_tokens, FA_TILE_QUERIES):
+        rows = min(FA_TILE_QUERIES, query_tokens - start)
+        last = first + start + rows - 1
+        cells += rows * float(np.ceil(last / FA_TILE_QUERIES - 1e-9)) * FA_TILE_QUERIES
+    return cells / query_tokens
+
+
 def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, query_tokens: int,
-                kv_tokens: float) -> float:
+                kv_tokens: float, step_tokens: int | None = None) -> float:
     """Flash attention of ``query_tokens`` tokens of one sequence over its ``kv_tokens`` cached
     tokens, all layers: (query rows × heads × cached tokens × (d_k + d_v)) elements at the
     probe's FLASH_ATTN_EXT rate, the tiled kernel's when a sequence brings FA_TILE_QUERIES rows
-    or more (ggml-cpu/ops.cpp use_tiled: neq1 >= GGML_FA_TILE_Q), else one row at a time."""
+    or more (ggml-cpu/ops.cpp use_tiled: neq1 >= GGML_FA_TILE_Q), else one row at a time. A
+    step of one token (``step_tokens``, default ``query_tokens``) over a padded cache of
+    SPLIT_KV_MIN_CELLS or more costs :func:`split_kv_cells`."""
     arch = inventory.attention
     op = "fat" if query_tokens >= FA_TILE_QUERIES else "fa1"
     heads = arch.kv_heads * arch.heads_per_kv
-    elems = arch.layers * query_tokens * heads * kv_tokens * (arch.k_width + arch.v_width)
+    one_token_step = (query_tokens if step_tokens is None else step_tokens) == 1
+    one_sequence = step_tokens is None or step_tokens == query_tokens
+    cost_tokens = (split_kv_cells(threads, kv_tokens) if one_token_step else
+                   tiled_cells(query_tokens, kv_tokens) if op == "fat" and one_sequence else kv_tokens)
+    elems = arch.layers * query_tokens * heads * cost_tokens * (arch.k_width + arch.v_width)
     kernel = attention_kernel(section, op, threads, arch.k_width, arch.v_width, arch.kv_heads == 1)
     return elems * curve_value(kernel, kv_tokens)
 
@@ -294,7 +341,7 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
             experts += _experts_s(tensor, section, threads, rows, inventory.num_experts, inventory.top_k, expert_reuse)
         else:
             dense += _dense_s(tensor, section, threads, rows, dense_reuse)
-    attn = sum(attention_s(inventory, section, threads, q, kv) for q, kv in sequences)
+    attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
     node = section.node_s(threads)
     if node is None:
         raise HRMError(f"ggml_cpu: no node cost at {threads} threads in this profile; run hrm profile --llama-cpp DIR")
@@ -350,6 +397,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 
 __all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
+           "kv_cells", "split_kv_cells", "tiled_cells", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
            "step_time", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 
