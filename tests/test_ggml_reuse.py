@@ -119,12 +119,12 @@ def test_ggml_type_of_new_formats():
 # --- attention over the padded cache (docs/model.md §4.10) ----------------------------------
 
 def test_cells_are_the_used_ones_padded_to_256():
-    from hrm.ggml_cpu import kv_cells
+    from hrm.cost.ggml_cpu import kv_cells
     assert [kv_cells(n) for n in (1, 32, 256, 257, 1040, 1280)] == [256, 256, 256, 512, 1280, 1280]
 
 
 def test_split_kv_waits_for_the_thread_with_the_most_used_cells():
-    from hrm.ggml_cpu import split_kv_cells
+    from hrm.cost.ggml_cpu import split_kv_cells
     # 1,040 used of 1,280 cells on 2 threads: chunks of 640, the first all used -> 2 x 640
     assert split_kv_cells(2, 1040) == 1280
     # 4 threads: chunks of 320; the thread with the most used cells has a whole chunk
@@ -136,7 +136,7 @@ def test_split_kv_waits_for_the_thread_with_the_most_used_cells():
 
 
 def test_a_causal_tile_computes_every_kv_tile_its_last_query_sees():
-    from hrm.ggml_cpu import prefill_steps, tiled_cells
+    from hrm.cost.ggml_cpu import prefill_steps, tiled_cells
     # a 128-token prompt at depth 0: the first 64 queries see <= 64 tokens (one KV tile), the
     # next 64 see <= 128 (two tiles): (64 x 64 + 64 x 128) / 128 = 96 cells a query
     (_, _, [(q, kv)]), = prefill_steps(1, 128, 0, 2048, 512)
@@ -153,7 +153,7 @@ def test_padded_cache_attention_brings_the_depth_decodes_onto_their_window_runs(
     """The one-window runs (docs/validation/ground_truth.md §1.1): the depth-1024 decodes at 2
     threads, too fast at 0.75-0.91 with attention over the used cells only, come to 0.81-0.97
     with the split-KV wait, and no time of the window is beyond 1.25x."""
-    from hrm.validation import compare_runs, load_runs_file, summary
+    from hrm.analysis.validation import compare_runs, load_runs_file, summary
 
     window = compare_runs(load_runs_file(Path(__file__).parents[1] / "docs/validation/runs/llamacpp-cpu-window.yaml"))
     depth = [c.ratio("decode_s") for c in window if " d1024 " in c.name]
