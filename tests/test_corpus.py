@@ -21,6 +21,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import corpus_table as ct  # noqa: E402
 
 CASES = ct.load_cases()
+#: every case on one xdist worker: the module fixture runs the whole corpus once per worker
+pytestmark = pytest.mark.xdist_group("corpus")
 
 
 def _param(case: dict):
