@@ -20,7 +20,7 @@ in :data:`solver.search.SEARCHES` under the pipeline's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..engines.schedules import PipelineFields
 from ..policy import Policy
@@ -103,3 +103,15 @@ class Pipeline(Protocol):
         """``layers`` list-scheduled decode layers of ``policy`` at ``context`` cached tokens
         (MoE layers, or a dense one with ``moe=False``)."""
         ...
+
+
+@dataclass(frozen=True)
+class PipelineFunctions:
+    """A :class:`Pipeline` made of its module's functions: what each pipeline registers."""
+
+    name: str
+    help: str
+    fields: PipelineFields
+    times: Callable[[Problem, Policy], PhaseTimes]
+    memory: Callable[[Problem, Policy], MemoryUse]
+    timeline: Callable[..., Timeline]

@@ -43,7 +43,7 @@ from ..model.routing import Routing, uniform
 from ..engines.schedules import PIPELINE_FIELDS
 from ..units import dtype_bytes
 from ..workload import mean_decode_context
-from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
+from .base import MemoryUse, PhaseTimes, Pipeline, PipelineFunctions, lane_label
 
 def resident_moe_layers(model: ModelSpec, weights_gpu_ratio: float) -> int:
     """MoE layers whose experts stay on the GPU: r_w·L, whole layers."""
@@ -302,16 +302,7 @@ def expert_level_memory(problem: Problem, policy: Policy) -> MemoryUse:
                      components, disk)
 
 
-class ExpertLevelPipeline:
-    """The expert-level pipeline (:class:`hrm.pipelines.base.Pipeline`): :func:`expert_level_times`,
-    :func:`expert_level_memory`, :func:`expert_level_timeline`."""
-
-    name = "expert-level"
-    help = "Klotski's expert-level list schedule per layer, searched by branch and bound (solver.expert_level)"
-    fields = PIPELINE_FIELDS["expert-level"]
-    times = staticmethod(expert_level_times)
-    memory = staticmethod(expert_level_memory)
-    timeline = staticmethod(expert_level_timeline)
-
-
-EXPERT_LEVEL: Pipeline = ExpertLevelPipeline()
+#: the expert-level pipeline (:class:`hrm.pipelines.base.Pipeline`)
+EXPERT_LEVEL: Pipeline = PipelineFunctions(
+    "expert-level", "Klotski's expert-level list schedule per layer, searched by branch and bound (solver.expert_level)",
+    PIPELINE_FIELDS["expert-level"], expert_level_times, expert_level_memory, expert_level_timeline)

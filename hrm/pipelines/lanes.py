@@ -22,7 +22,7 @@ from ..problem import Problem
 from ..engines.schedules import PIPELINE_FIELDS
 from .lanes_timeline import lanes_timeline
 from ..workload import decode_contexts
-from .base import MemoryUse, PhaseTimes, Pipeline, lane_label
+from .base import MemoryUse, PhaseTimes, Pipeline, PipelineFunctions, lane_label
 
 
 def disk_lanes(problem: Problem, micro_batch, attn_on_gpu, ffn_on_gpu, resources: dict) -> list:
@@ -123,16 +123,7 @@ def lanes_memory(problem: Problem, policy: Policy) -> MemoryUse:
     return MemoryUse(float(gpu_form.bytes(*point)), cpu_bytes - disk, components, disk)
 
 
-class LanesPipeline:
-    """The lanes pipeline (:class:`hrm.pipelines.base.Pipeline`): :func:`lanes_times`,
-    :func:`lanes_memory`, :func:`hrm.pipelines.lanes_timeline.lanes_timeline`."""
-
-    name = "lanes"
-    help = "the max of affine lanes per layer (eq. 12), searched exactly by solver.lanes.exact"
-    fields = PIPELINE_FIELDS["lanes"]
-    times = staticmethod(lanes_times)
-    memory = staticmethod(lanes_memory)
-    timeline = staticmethod(lanes_timeline)
-
-
-LANES: Pipeline = LanesPipeline()
+#: the lanes pipeline (:class:`hrm.pipelines.base.Pipeline`)
+LANES: Pipeline = PipelineFunctions(
+    "lanes", "the max of affine lanes per layer (eq. 12), searched exactly by solver.lanes.exact",
+    PIPELINE_FIELDS["lanes"], lanes_times, lanes_memory, lanes_timeline)
