@@ -165,9 +165,9 @@ def name_refusal(value, identifier: bool = False) -> str | None:
 
 def _checked_name(identifier: bool):
     def check(value):
-        problem = name_refusal(value, identifier)
-        if problem:
-            raise ValueError(problem)
+        refusal = name_refusal(value, identifier)
+        if refusal:
+            raise ValueError(refusal)
         return value
 
     return check
@@ -197,7 +197,7 @@ class Range:
         left = "(" if self.lo_open else "["
         return f"{left}{_fmt(self.lo)}, {_fmt(self.hi)}]{self._unit()}"
 
-    def problem(self, value) -> str | None:
+    def refusal(self, value) -> str | None:
         """Why ``value`` is not a plausible number of this range (None if it is)."""
         if isinstance(value, bool) or not isinstance(value, Real):
             if isinstance(value, str):
@@ -232,15 +232,15 @@ class Range:
 
     def check(self, value, what: str):
         """``value`` as int/float, or HRMError ``what: reason``."""
-        problem = self.problem(value)
-        if problem:
-            raise HRMError(f"{what}: {problem}")
+        refusal = self.refusal(value)
+        if refusal:
+            raise HRMError(f"{what}: {refusal}")
         return self.convert(value)
 
     def _validate(self, value):
-        problem = self.problem(value)
-        if problem:
-            raise ValueError(problem)
+        refusal = self.refusal(value)
+        if refusal:
+            raise ValueError(refusal)
         return self.convert(value)
 
     @property
@@ -265,9 +265,9 @@ class Range:
             except ValueError:
                 raise argparse.ArgumentTypeError(
                     f"expected {'an integer' if self.integer else 'a number'}, got {text!r}") from None
-            problem = self.problem(value)
-            if problem:
-                raise argparse.ArgumentTypeError(problem)
+            refusal = self.refusal(value)
+            if refusal:
+                raise argparse.ArgumentTypeError(refusal)
             return value
 
         parse.__name__ = name

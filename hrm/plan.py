@@ -249,9 +249,9 @@ class Plan(_Frozen):
         from .engines.schedules import SCHEDULES
 
         policy, placement = self.policy, self.placement
-        problem = SCHEDULES[self.schedule].problem(policy.attn_on_gpu, policy.ffn_on_gpu)
-        if problem:
-            raise ValueError(f"schedule: {problem}, but the policy has {policy.short()}")
+        refusal = SCHEDULES[self.schedule].refusal(policy.attn_on_gpu, policy.ffn_on_gpu)
+        if refusal:
+            raise ValueError(f"schedule: {refusal}, but the policy has {policy.short()}")
         if placement.weight_pages != policy.num_micro_batches:
             raise ValueError(f"placement.weight_pages ({placement.weight_pages}) != the policy's n "
                              f"({policy.num_micro_batches})")
@@ -511,9 +511,9 @@ def plan_refusal(plan: Plan, hw=None, model=None) -> Optional[str]:
     model = model if model is not None else resolve_plan_model(plan)
     if model is None:
         return None
-    problem = placement_refusal(plan, model)
-    if problem:
-        return problem
+    refusal = placement_refusal(plan, model)
+    if refusal:
+        return refusal
     hw = hw if hw is not None else resolve_plan_hardware(plan)
     if hw is None:
         return None
@@ -526,9 +526,9 @@ def load_plan(path: str | Path, check: bool = True) -> Plan:
     data = read_json_object(path, "a plan JSON file", top_level="(a plan)")
     plan = validated(Plan, data, str(path))
     if check:
-        problem = plan_refusal(plan)
-        if problem:
-            raise HRMError(f"{path}: {problem}")
+        refusal = plan_refusal(plan)
+        if refusal:
+            raise HRMError(f"{path}: {refusal}")
     return plan
 
 

@@ -48,9 +48,9 @@ class Policy(BaseModel):
 
     @model_validator(mode="after")
     def _rules(self):
-        problem = policy_refusal(dict(self))
-        if problem:
-            raise ValueError(problem)
+        refusal = policy_refusal(dict(self))
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     def short(self) -> str:
@@ -113,9 +113,9 @@ def parse_policy(text: str, what: str = "policy") -> Policy:
     batch_size, mu, n = (fields.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
     if (batch_size is None) + (mu is None) + (n is None) > 1:
         raise HRMError(f"{what}: give two of N (batch size), mu (micro-batch size), n (micro-batches)")
-    problem = policy_refusal(fields)
-    if problem:
-        raise HRMError(f"{what}: {problem}")
+    refusal = policy_refusal(fields)
+    if refusal:
+        raise HRMError(f"{what}: {refusal}")
     if mu is None:
         fields["micro_batch_size"] = batch_size // n
     elif n is None:

@@ -161,9 +161,9 @@ def check_executable(plan: Plan, hw, spec) -> None:
     from hrm.model.options import ModelOptions
 
     check_supported(spec)
-    problem = plan_refusal(plan, hw, spec)
-    if problem:
-        raise HRMError(f"plan: {problem}")
+    refusal = plan_refusal(plan, hw, spec)
+    if refusal:
+        raise HRMError(f"plan: {refusal}")
     whole = ModelOptions(gpu_memory_utilization=1.0, cpu_memory_utilization=1.0)  # the capacity, no headroom
     result = estimate(hw, spec, plan.workload, plan.policy, options=whole, engine=resolve_plan_engine(plan))
     if not result.feasible:

@@ -37,9 +37,9 @@ def parse_fix(items: list[str] | None) -> dict:
     if items is not None and not " ".join(items).strip():
         raise HRMError("--fix: empty: give KEY=VALUE pins, e.g. --fix N=64 attn=cpu")
     fixed = parse_assignments(" ".join(items or []), what="--fix")
-    problem = policy_refusal(fixed)
-    if problem:
-        raise HRMError(f"--fix: {problem}")
+    refusal = policy_refusal(fixed)
+    if refusal:
+        raise HRMError(f"--fix: {refusal}")
     big, mu, n = (fixed.get(k) for k in ("batch_size", "micro_batch_size", "num_micro_batches"))
     if big and n and not mu:
         fixed["micro_batch_size"] = big // n

@@ -59,9 +59,9 @@ class PlanExecutor:
                  placement: Optional[Placement] = None, device: str = "auto", track_memory: bool = True,
                  keep_logits: bool = True, lanes: str = "auto"):
         check_supported(spec)
-        problem = policy_refusal(policy.model_dump())  # the one home of the rules (an unvalidated copy too)
-        if problem:
-            raise HRMError(f"policy: {problem}")
+        refusal = policy_refusal(policy.model_dump())  # the one home of the rules (an unvalidated copy too)
+        if refusal:
+            raise HRMError(f"policy: {refusal}")
         self.spec, self.policy, self.workload = spec, policy, workload
         self.keep_logits = keep_logits
         self.placement = placement or policy_placement(spec, policy)

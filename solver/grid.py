@@ -159,9 +159,9 @@ class SweepGrid(_Strict):
     @model_validator(mode="after")
     def _size(self):
         count = self.cell_count()
-        problem = SWEEP_CELLS.problem(count)
-        if problem:
-            raise ValueError(f"the grid's lists multiply to {count} cells: {problem}")
+        refusal = SWEEP_CELLS.refusal(count)
+        if refusal:
+            raise ValueError(f"the grid's lists multiply to {count} cells: {refusal}")
         if self.objective == "latency" and None in self.batch_sizes:
             raise ValueError("objective latency minimises the per-token latency at a given batch: "
                              "batch_sizes must all be numbers")

@@ -63,7 +63,7 @@ def test_every_shipped_engine_is_modelled_by_its_pipeline():
         defaults = ideal_field_values()
         for field, value in _leaf_fields(engine):
             if field.split(".")[0] not in IDENTITY_FIELDS and field not in LIMIT_FIELDS and value != defaults[field]:
-                assert fields.problem(field, value) is None, (name, field)
+                assert fields.refusal(field, value) is None, (name, field)
 
 
 def test_explain_covers_every_mechanism_field():

@@ -238,12 +238,12 @@ def tiled_cells(query_tokens: int, kv_tokens: float) -> float:
     queries computes every tile of FA_TILE_QUERIES cached tokens that one of its queries
     sees, the partly masked last one whole (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile
     is skipped only when every row's mask is -inf)."""
-    first = kv_tokens - (query_tokens - 1) / 2.0
-    cells = 0.0
+    first = round(kv_tokens - (query_tokens - 1) / 2.0)  # a whole count of tokens
+    cells = 0
     for start in range(0, query_tokens, FA_TILE_QUERIES):
         rows = min(FA_TILE_QUERIES, query_tokens - start)
         last = first + start + rows - 1
-        cells += rows * float(np.ceil(last / FA_TILE_QUERIES - 1e-9)) * FA_TILE_QUERIES
+        cells += rows * -(-last // FA_TILE_QUERIES) * FA_TILE_QUERIES
     return cells / query_tokens
 
 
@@ -252,9 +252,10 @@ def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, quer
     """Flash attention of ``query_tokens`` tokens of one sequence over its ``kv_tokens`` cached
     tokens, all layers: (query rows × heads × cached tokens × (d_k + d_v)) elements at the
     probe's FLASH_ATTN_EXT rate, the tiled kernel's when a sequence brings FA_TILE_QUERIES rows
-    or more (ggml-cpu/ops.cpp use_tiled: neq1 >= GGML_FA_TILE_Q), else one row at a time. A
-    step of one token (``step_tokens``, default ``query_tokens``) over a padded cache of
-    SPLIT_KV_MIN_CELLS or more costs :func:`split_kv_cells`."""
+    or more (ggml-cpu/ops.cpp use_tiled: neq1 >= GGML_FA_TILE_Q), else one row at a time. The
+    cached tokens charged are the cells the kernel computes: a step of one token (``step_tokens``,
+    default ``query_tokens``) costs :func:`split_kv_cells`, a step of one sequence on the tiled
+    path :func:`tiled_cells`, any other step its used cells; the rate is read at ``kv_tokens``."""
     arch = inventory.attention
     op = "fat" if query_tokens >= FA_TILE_QUERIES else "fa1"
     heads = arch.kv_heads * arch.heads_per_kv

@@ -227,9 +227,9 @@ class PolicySpace(_Frozen):
         if unknown:
             raise ValueError(f"policy.fixed: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
         for key, value in self.fixed.items():
-            problem = (bounds.SEQUENCES if key == "num_micro_batches" else bounds.FRACTION).problem(value)
-            if problem:
-                raise ValueError(f"fixed.{key}: {problem}")
+            refusal = (bounds.SEQUENCES if key == "num_micro_batches" else bounds.FRACTION).refusal(value)
+            if refusal:
+                raise ValueError(f"fixed.{key}: {refusal}")
         if not self.attention or not self.ffn:
             raise ValueError("policy: attention and ffn need at least one tier")
         for tier, name in self.attention_engines.items():
@@ -360,10 +360,10 @@ class Engine(_Frozen):
         if self.launches is not None and len(self.policy.attention) != 1:
             # the counts are of one attention path (GPU kernels vs CPU ops differ between them)
             raise ValueError("launches: counts are per attention path; give policy.attention one tier")
-        problem = (unmodelled_field(self) or unrunnable_tier(self) or buffer_refusal(self)
+        refusal = (unmodelled_field(self) or unrunnable_tier(self) or buffer_refusal(self)
                    or flag_refusal(self))
-        if problem:
-            raise ValueError(f"{problem} (schedule {self.schedule})")
+        if refusal:
+            raise ValueError(f"{refusal} (schedule {self.schedule})")
         return self
 
     @property
@@ -411,9 +411,9 @@ def unmodelled_field(engine: "Engine") -> str | None:
     for field, value in _leaf_fields(engine):
         if field.split(".")[0] in IDENTITY_FIELDS or field in LIMIT_FIELDS or value == defaults.get(field):
             continue
-        problem = fields.problem(field, value)
-        if problem:
-            return problem
+        refusal = fields.refusal(field, value)
+        if refusal:
+            return refusal
     return None
 
 
@@ -513,9 +513,9 @@ def engine_path(text: str) -> Path:
     path_like = "/" in text or os.sep in text or path.suffix.lower() in (".yaml", ".yml")
     if path_like or path.is_file():
         return path
-    problem = bounds.name_refusal(text, identifier=True)
+    refusal = bounds.name_refusal(text, identifier=True)
     shipped = ENGINES_DIR / f"{text}.yaml"
-    if problem is None and shipped.is_file():
+    if refusal is None and shipped.is_file():
         return shipped
     raise HRMError(f"--engine: unknown engine {text!r} (shipped: {', '.join(list_engines())}; or a YAML file)")
 

@@ -31,7 +31,7 @@ class Schedule:
     ffn: tuple[bool, ...] = (True, False)        # ffn_on_gpu values it runs
     pipeline: str = "lanes"                      # lanes | expert-level
 
-    def problem(self, attn_on_gpu: bool, ffn_on_gpu: bool) -> str | None:
+    def refusal(self, attn_on_gpu: bool, ffn_on_gpu: bool) -> str | None:
         """Why a placement is not allowed (None if it is)."""
         if attn_on_gpu not in self.attention:
             return f"schedule {self.name} runs attention on the {'GPU (attn=gpu)' if self.attention[0] else 'CPU (attn=cpu)'}"
@@ -63,7 +63,7 @@ class PipelineFields:
     pipeline: str
     models: dict[str, tuple | None] | None
 
-    def problem(self, field: str, value) -> str | None:
+    def refusal(self, field: str, value) -> str | None:
         """Why ``field`` = ``value`` (not ideal's) cannot run on this pipeline (None if it can)."""
         if self.models is None:
             return None

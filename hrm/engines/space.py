@@ -24,14 +24,14 @@ def schedule_refusal(policy_attn: bool, policy_ffn: bool, schedule: str) -> str 
     """Why a placement is not allowed under ``schedule`` (None if it is)."""
     if schedule not in SCHEDULES:
         return f"unknown schedule '{schedule}' (one of {', '.join(SCHEDULES)})"
-    return SCHEDULES[schedule].problem(policy_attn, policy_ffn)
+    return SCHEDULES[schedule].refusal(policy_attn, policy_ffn)
 
 
 def engine_refusal(engine: Engine, policy_attn: bool, policy_ffn: bool) -> str | None:
     """Why a placement is not one ``engine`` can run (its schedule's and its own policy space)."""
-    problem = schedule_refusal(policy_attn, policy_ffn, engine.schedule)
-    if problem:
-        return problem if engine.name == "ideal" else f"engine {engine.name}: {problem}"
+    refusal = schedule_refusal(policy_attn, policy_ffn, engine.schedule)
+    if refusal:
+        return refusal if engine.name == "ideal" else f"engine {engine.name}: {refusal}"
     tier = {True: "gpu", False: "cpu"}
     if tier[policy_attn] not in engine.policy.attention:
         return f"engine {engine.name} runs attention on the {'/'.join(engine.policy.attention).upper()} (attn=...)"
@@ -119,9 +119,9 @@ def static_experts_in_words(model: ModelSpec, engine: Engine, ratio: float) -> s
 def realised_policy(model: ModelSpec, engine: Engine, policy: Policy) -> tuple[Policy, list[str]]:
     """``policy`` as ``engine`` runs it (r_w snapped to its static-weight granularity), with
     a note for each change; HRMError for a policy outside the engine's space."""
-    problem = engine_refusal(engine, policy.attn_on_gpu, policy.ffn_on_gpu)
-    if problem:
-        raise HRMError(problem)
+    refusal = engine_refusal(engine, policy.attn_on_gpu, policy.ffn_on_gpu)
+    if refusal:
+        raise HRMError(refusal)
     for key, value in engine.policy.fixed.items():
         if abs(float(getattr(policy, key)) - value) > 1e-9:
             raise HRMError(f"engine {engine.name} runs {key}={value:g} (policy has {getattr(policy, key):g})")
@@ -150,9 +150,9 @@ def engine_fixed(engine: Engine, model: ModelSpec, fixed: dict) -> tuple[dict, l
     """The user's pins merged with what the engine fixes (a contradiction is refused), and
     r_w snapped to the engine's granularity (with a note saying so)."""
     fixed = dict(fixed)
-    problem = pins_refusal(engine, fixed)  # every pipeline refuses a tier pin its engine cannot run (Klotski's too)
-    if problem:
-        raise HRMError(problem)
+    refusal = pins_refusal(engine, fixed)  # every pipeline refuses a tier pin its engine cannot run (Klotski's too)
+    if refusal:
+        raise HRMError(refusal)
     for key, value in engine.policy.fixed.items():
         value = int(value) if key == "num_micro_batches" else float(value)
         if key in fixed and abs(float(fixed[key]) - value) > 1e-9:

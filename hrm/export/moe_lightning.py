@@ -227,9 +227,9 @@ def _server_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
     if "--model-path" not in values:
         return ["moe-lightning: no server command (--model-path): assumed the server the export prints, "
                 f"--avg-prompt-len {ctx.workload.prompt_len} --gen-len {ctx.workload.gen_len}"]
-    problem = _model_path_refusal(values["--model-path"][0], ctx.model)
-    if problem:
-        raise HRMError(f"moe-lightning: {problem}")
+    refusal = _model_path_refusal(values["--model-path"][0], ctx.model)
+    if refusal:
+        raise HRMError(f"moe-lightning: {refusal}")
     for flag in ("--avg-prompt-len", "--gen-len"):
         if flag not in values:
             raise HRMError(f"moe-lightning: give {flag}: it has no default and the server's optimizer fails on None "

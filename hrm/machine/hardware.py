@@ -306,9 +306,9 @@ class Emulation(_Strict):
 
     @model_validator(mode="after")
     def _curves_below_peaks(self):
-        problem = curves_refusal(self.matmul_tflops_vs_m, self.tflops, "matmul_tflops_vs_m")
-        if problem:
-            raise ValueError(problem)
+        refusal = curves_refusal(self.matmul_tflops_vs_m, self.tflops, "matmul_tflops_vs_m")
+        if refusal:
+            raise ValueError(refusal)
         return self
 
 
@@ -396,9 +396,9 @@ class HardwareProfile(_Strict):
     def _gpu_needs_link(self):
         if self.gpu is not None and self.link is None:
             raise ValueError("a profile with a gpu section needs a link section (h2d_gbps, d2h_gbps)")
-        problem = link_refusal(self.link, self.gpu) or efficiency_refusal(self)
-        if problem:
-            raise ValueError(problem)
+        refusal = link_refusal(self.link, self.gpu) or efficiency_refusal(self)
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     # --- derived quantities (SI) -------------------------------------------------
