@@ -469,7 +469,8 @@ def test_optional_runtime_measurement_failure_is_a_note():
 
 def test_tiny_profile_has_dispatch_and_emulation_sections():
     """A CPU-only profile measures the runtime's emulated tier and its dispatch α."""
-    run = run_profile(dataclasses.replace(TINY, disk_bytes=0, cpu_torch_dtypes=()), device="cpu")
+    # a budget no loaded CI machine reaches: this test is about the sections, not the budget
+    run = run_profile(dataclasses.replace(TINY, disk_bytes=0, cpu_torch_dtypes=(), budget_s=600.0), device="cpu")
     profile = run.profile
     if cpu_mod.optional_torch() is None:
         pytest.skip("torch not installed")
@@ -478,7 +479,8 @@ def test_tiny_profile_has_dispatch_and_emulation_sections():
     assert profile.emulation.memory_bandwidth_gbps == pytest.approx(2 * profile.emulation.copy_gbps, rel=1e-3)
     assert [p.x for p in profile.emulation.matmul_tflops_vs_m["fp32"]] == [1.0, 16.0]
     d = profile.cpu.dispatch
-    assert d is not None and d.pre_attn_s > 0 and d.copy_s > 0 and d.task_s >= 0
+    assert d is not None, run.notes  # the step's failure is a note: show it
+    assert d.pre_attn_s > 0 and d.copy_s > 0 and d.task_s >= 0
     assert "probe Mixtral layer" in profile.source.methods["cpu.dispatch.pre_attn_s"]
     assert load_hardware_roundtrip(profile) == profile
 
