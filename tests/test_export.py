@@ -658,3 +658,19 @@ def test_exported_policies_lie_in_the_engine_files_space(engine):
         space = load_engine(name).policy if name else target.policy
         assert name is None or name in target.engines
         assert in_space(exported, space), (engine, text, exported.short())
+
+
+@pytest.mark.parametrize("name,full_layers", [("gpt-oss-20b", 12), ("mixtral-8x7b", 32)])
+def test_llama_cpp_nkvo_padding_counts_only_full_layers(name, full_layers):
+    """-nkvo without -kvu pads each slot's context to 256 tokens; a sliding-window layer (gpt-oss: 12 of 24,
+    window 128) keeps at most its window either way, so only the full layers' KV grows (the estimate's
+    KV function, hrm.cost.memory.kv_cache_bytes). 4 slots of 1000 + 100 tokens: -c 4400 -> 4608 ->
+    1152 a slot -> 1280, 180 tokens more a slot than the plan's."""
+    from hrm.export.llama_cpp import _notes
+
+    model = load_model(name)
+    ctx = Context(model=model, workload=make_workload(prompt_len=1000, gen_len=100))
+    notes = _notes(parse_policy("N=4,mu=4,n=1,attn=cpu,ffn=gpu,rw=1,rc=0"), ctx)
+    per_token = 2 * model.num_kv_heads * model.head_dim * 2  # K and V, fp16, one layer
+    extra_gib = 4 * full_layers * 180 * per_token / 2**30
+    assert f"{extra_gib:.3g} GiB more host memory" in notes[0], notes

@@ -43,11 +43,15 @@ class MemoryForm:
                 + self.per_gpu_kv_sequence * batch_size * np.asarray(kv_gpu_ratio))
 
 
-def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:
-    """KV cache of one sequence at the end of generation, all layers (a sliding-window layer keeps
+def kv_cache_bytes(model: ModelSpec, context_tokens) -> float:
+    """KV cache of one sequence of ``context_tokens`` tokens, all layers (a sliding-window layer keeps
     at most its window: :func:`hrm.cost.costs.attended_context`)."""
-    return float(costs.attended_context(model, workload.max_context_len)) * costs.kv_bytes_per_token(model) \
-        * model.num_layers
+    return float(costs.attended_context(model, context_tokens)) * costs.kv_bytes_per_token(model) * model.num_layers
+
+
+def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:
+    """KV cache of one sequence at the end of generation (:func:`kv_cache_bytes` of its longest context)."""
+    return kv_cache_bytes(model, workload.max_context_len)
 
 
 def prefill_tokens(workload: Workload, micro_batch, max_tokens_per_pass=None):

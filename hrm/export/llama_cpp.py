@@ -131,8 +131,9 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
 
 def _notes(policy: Policy, ctx: Context) -> list[str]:
     """What an export's KV cache is: -kvu (GPU) the plan's, padded to 256 tokens; -nkvo (host)
-    each slot padded to 256 tokens."""
-    from ..cost.costs import kv_bytes_per_token
+    each slot padded to 256 tokens; the extra memory is the estimate's KV cache (sliding-window layers
+    keep at most their window) of the padded slot over the plan's."""
+    from ..cost.memory import kv_cache_bytes
 
     n, longest = policy.batch_size, context_tokens(ctx)
     unified = policy.attn_on_gpu
@@ -141,7 +142,7 @@ def _notes(policy: Policy, ctx: Context) -> list[str]:
         return [f"llama.cpp: -kvu: the {n} slots share one KV cache of {total} tokens (-c {n * longest} padded to a "
                 f"multiple of 256, {_CTX}:290-293), the plan's {n} x {longest}; each ubatch's attention spans the "
                 "cells of every slot (other slots' masked), GPU compute HRM's engine does not count"]
-    extra_gib = (total - n * longest) * kv_bytes_per_token(ctx.model) * int(ctx.model.num_layers) / 2**30
+    extra_gib = n * (kv_cache_bytes(ctx.model, per_slot) - kv_cache_bytes(ctx.model, longest)) / 2**30
     return [f"llama.cpp: -nkvo without -kvu: each slot's context is padded to {per_slot} tokens ({_CTX}:295-305), "
             f"the KV cache in host memory holds {total} tokens, {total / (n * longest):.3g}x the plan's {n} x "
             f"{longest}: {extra_gib:.3g} GiB more host memory than the estimate counts"]

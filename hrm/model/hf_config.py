@@ -37,6 +37,9 @@ EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "ffn_config.ffn_hidden_size")
 KV_HEADS_KEYS = ("num_key_value_heads", "attn_config.kv_n_heads", "num_kv_heads")
 ROPE_THETA_KEYS = ("rope_theta", "attn_config.rope_theta", "rope_parameters.rope_theta")
 MLA_DIM_KEYS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+#: what Llama 4's text config adds (hrm.model.hf_llama4); its MoE layers step like Qwen-MoE's decoder_sparse_step
+LLAMA4_KEYS = ("interleave_moe_layer_step", "intermediate_size_mlp", "moe_layers", "no_rope_layers",
+               "no_rope_layer_interval", "attention_chunk_size")
 #: the context window: Llama/Mixtral/Qwen/DeepSeek/OLMoE, DBRX, others, GPT-2 style
 CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "max_sequence_length", "seq_length", "n_positions", "n_ctx")
 
@@ -69,6 +72,7 @@ READ_KEYS = frozenset({
     "head_dim", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
     "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers", "tie_word_embeddings", "kv_lora_rank",
     "q_lora_rank", "rms_norm_eps", "model_type", "architectures", "layer_types", "sliding_window",
+    *LLAMA4_KEYS,
 })
 READ_KEYS = frozenset(k.split(".")[0] for k in READ_KEYS)
 #: top-level keys read from the file itself, also when the model sits under ``text_config``
@@ -94,7 +98,7 @@ KNOWN_IGNORED_KEYS = frozenset({
     # context length, positions, rope variants
     "rope_scaling", "rope_type", "rope_interleave", "partial_rotary_factor", "rotary_dim", "rotary_pct",
     "rotary_emb_base", "use_sliding_window", "max_window_layers",
-    "sliding_window_pattern", "attention_chunk_size", "initial_context_length",
+    "sliding_window_pattern", "initial_context_length",
     # activations, norms, dropouts, biases, soft caps, scalings
     "hidden_act", "hidden_activation", "activation_function", "layer_norm_eps", "layer_norm_epsilon",
     "norm_eps", "norm_epsilon", "attention_dropout", "attention_probs_dropout_prob", "hidden_dropout",
@@ -342,10 +346,11 @@ def _moe_layers(cfg: _Config, num_layers: int) -> tuple[int, list[str]]:
     """Number of MoE layers among ``num_layers`` and the pattern keys that make layers dense.
 
     DeepSeek: layer i is MoE iff i ≥ first_k_dense_replace and i % moe_layer_freq == 0;
-    Qwen-MoE: iff (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers."""
+    Qwen-MoE: iff (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers; Llama 4 the
+    same with interleave_moe_layer_step (hrm.model.hf_llama4)."""
     first = cfg.pick(("first_k_dense_replace",), _int(0, MAX_LAYERS, " (MAX_LAYERS)"))
     freq = cfg.pick(("moe_layer_freq",), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
-    step = cfg.pick(("decoder_sparse_step",), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
+    step = cfg.pick(("decoder_sparse_step", "interleave_moe_layer_step"), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
     only = cfg.raw("mlp_only_layers")
     dense_set: set[int] = set()
     if only is not None:
@@ -360,7 +365,7 @@ def _moe_layers(cfg: _Config, num_layers: int) -> tuple[int, list[str]]:
     k, f, s = (first[1] if first else 0), (freq[1] if freq else 1), (step[1] if step else 1)
     moe = sum(1 for i in range(num_layers) if i >= k and i % f == 0 and (i + 1) % s == 0 and i not in dense_set)
     used = [key for key, restricts in (("first_k_dense_replace", k > 0), ("moe_layer_freq", f > 1),
-                                       ("decoder_sparse_step", s > 1), ("mlp_only_layers", bool(dense_set)))
+                                       (step[0] if step else "", s > 1), ("mlp_only_layers", bool(dense_set)))
             if restricts]
     return moe, used
 
@@ -582,6 +587,10 @@ def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> d
     out |= _attention_fields(model, required, used)
     out |= _attention_pattern_fields(model, top, required["num_layers"], required["num_heads"])
     out |= _ffn_fields(model, top, required["num_layers"], ignored)
+    if (kind := model.pick(("model_type",), _string)) and kind[1] == "llama4_text":
+        from .hf_llama4 import llama4_text_fields
+
+        out |= llama4_text_fields(model, out)
     out |= _optional_fields(model)
     out |= _dtype_fields(model, top)
     return out
