@@ -92,7 +92,8 @@ def _set_option(out: dict, name: str, value) -> None:
         close = difflib.get_close_matches(name, list(OPTION_KINDS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise HRMError(f"ollama: unknown option {shown_word(name)} (not an option of {OLLAMA_COMMIT} "
-                       f"{_TYPES}:568-596; ollama refuses it: 'unknown parameter', :1291-1292){hint}")
+                       f"{_TYPES}:568-596: a Modelfile refuses it, :1291-1292, a request's options ignore it with a warning, "
+                       f":1004-1008){hint}")
     out[name] = _value_text(name, value)
 
 
@@ -341,11 +342,13 @@ def catalog_name(named: str) -> str:
     """An ollama model name as the catalog spells models: the last path part (hf.co/USER/REPO:QUANT),
     a library NAME:TAG as NAME-TAG, or the catalog model of a tag :data:`LIBRARY_TAGS` lists."""
     base = named.rstrip("/").split("/")[-1].lower()
+    spelled = base.replace(":", "-")
+    if any(spelled.startswith(model) for model in LIBRARY_TAGS.values()):
+        return spelled
     for tag, model in LIBRARY_TAGS.items():
         if base == tag or base.startswith(tag + "-"):
-            rest = base[len(tag):]
-            return model + ("" if rest.startswith(model[len(tag):]) else rest)
-    return base.replace(":", "-")
+            return model + base[len(tag):]
+    return spelled
 
 
 def _model_notes(settings: OllamaSettings, ctx: Context) -> list[str]:
