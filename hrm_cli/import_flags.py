@@ -13,7 +13,8 @@ from hrm.engines.mechanisms import with_fields
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.cost.memory import physical_limits
-from hrm.export import EXPORTERS, get_exporter, read_command
+from hrm.export import read_command
+from hrm.export.registry import IMPORT_SOURCES, import_source
 from hrm.export.importing import WORKLOAD_FLAGS
 from hrm.workload import DEFAULT_PRESET, PRESETS
 
@@ -50,7 +51,9 @@ def build_parser() -> ArgumentParser:
         "what does my current command reach? The command's own workload flags (and the engine's defaults where "
         "absent) define the workload estimated; a workload flag given here that differs from them is an error. "
         "Unknown or malformed flags are refused in one line (exit 2)."))
-    parser.add_argument("--from", dest="source", required=True, choices=list(EXPORTERS), help="the engine the flags are for")
+    parser.add_argument("--from", dest="source", required=True, choices=list(IMPORT_SOURCES),
+                        help="the engine the flags are for (ollama: a Modelfile's PARAMETER lines, /set parameter lines or a "
+                             "request's options JSON, read as the llama-server command ollama launches)")
     parser.add_argument("flags", nargs="*", metavar="FLAGS",
                         help='the engine\'s flags: one string, e.g. "-ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28", or '
                              'several words after --, e.g. -- -ngl 99 -c 40960 -np 64 -ub 64 --n-cpu-moe 28 -nkvo; a string that starts with - is read too '
@@ -130,7 +133,7 @@ def main(argv) -> int:
     policy, notes, workload = imported.policy, list(imported.notes), imported.workload
     if named_note is not None:
         notes.append(named_note)
-    target = get_exporter(args.source)
+    target = import_source(args.source)[1]
     engine = _engine_of(args, target, imported, policy)
     result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     # a command's policy is pinned: it must fit physical memory less the engine's fixed costs

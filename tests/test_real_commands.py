@@ -36,3 +36,13 @@ def test_real_command(entry):
             assert getattr(policy, field) == getattr(want, field), (entry.source, field)
     if want.weights_gpu_ratio is not None:
         assert policy.weights_gpu_ratio == pytest.approx(want.weights_gpu_ratio, abs=1e-9), entry.source
+
+
+def test_ollama_rows_read_to_a_policy_and_the_page_says_the_counts():
+    from hrm.export.real_commands import policy_counts
+
+    counts = policy_counts(ENTRIES)
+    assert counts["ollama"][0] >= 2 and counts["llama.cpp"][0] >= 8
+    page = (Path(__file__).parent.parent / "docs" / "engines" / "imports.md").read_text()
+    assert f"llama.cpp {counts['llama.cpp'][0]} of {counts['llama.cpp'][1]}" in page
+    assert f"ollama {counts['ollama'][0]} of {counts['ollama'][1]}" in page

@@ -13,7 +13,9 @@ blocks (:mod:`hrm.export.space`); :func:`fix_pins` gives it as ``hrm-search --fi
 :mod:`hrm.export.importing` reads a pasted command; :mod:`hrm.export.values` holds what the
 targets share (policies from fields, flag values against their ranges, whole counts nearest a
 fraction); :mod:`hrm.export.llama_tools` reads llama-bench / llama-batched-bench commands as
-the runs they make; :mod:`hrm.export.real_commands` reads the real commands users posted
+the runs they make; :mod:`hrm.export.ollama` reads ollama's options as the llama-server
+command ollama launches (a :class:`~hrm.export.target.Frontend` of :data:`FRONTENDS`, import
+only); :mod:`hrm.export.real_commands` reads the real commands users posted
 (tests/data/real_commands.yaml) as ``hrm import`` does.
 """
 
@@ -23,16 +25,16 @@ from .importing import Imported, import_command, import_flags, read_command, spl
 from .llama_cpp import LLAMA_CPP, LLAMA_CPP_VERSION
 from .llama_overrides import LLAMA_EXPS_REGEX
 from .moe_lightning import MOE_LIGHTNING, MOE_LIGHTNING_VERSION
-from .registry import EXPORTERS, get_exporter
+from .registry import EXPORTERS, FRONTENDS, IMPORT_SOURCES, get_exporter, import_source
 from .sglang import SGLANG, SGLANG_VERSION
 from .space import fix_pins, policy_space
 from .target import Context, EngineFlags, FlagSpec
 from .vllm import VLLM, VLLM_VERSION
 
 __all__ = [
-    "EXPORTERS", "FLEXGEN", "FLEXGEN_VERSION", "LLAMA_CPP", "LLAMA_CPP_VERSION", "LLAMA_EXPS_REGEX", "MOE_LIGHTNING",
+    "EXPORTERS", "FRONTENDS", "IMPORT_SOURCES", "FLEXGEN", "FLEXGEN_VERSION", "LLAMA_CPP", "LLAMA_CPP_VERSION", "LLAMA_EXPS_REGEX", "MOE_LIGHTNING",
     "MOE_LIGHTNING_VERSION", "SGLANG", "SGLANG_VERSION", "VLLM", "VLLM_VERSION", "Context", "EngineFlags", "Export",
     "FlagSpec", "FlagValue", "Imported", "all_weights_ratio", "choose_nearest", "command_lines", "export_plan",
-    "export_policy", "fix_pins", "get_exporter", "import_command", "import_flags", "policy_space", "read_command",
+    "export_policy", "fix_pins", "get_exporter", "import_command", "import_source", "import_flags", "policy_space", "read_command",
     "split_flags",
 ]

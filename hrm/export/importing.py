@@ -8,7 +8,7 @@ import shlex
 from ..errors import HRMError
 from ..policy import Policy
 from ..workload import Workload
-from .registry import get_exporter
+from .registry import import_source
 from .target import Context, EngineFlags, FlagSpec, Frozen
 from .values import shown_word
 
@@ -209,24 +209,45 @@ def check_workload_flags(target: EngineFlags, given: dict, run) -> None:
                        f"also given {', '.join(clashes)}: drop those flags or change the command")
 
 
+def _read_values(engine_name: str, text: str, ctx: Context):
+    """(frontend or None, target, the target's flag values, the frontend's notes) for ``text``."""
+    frontend, target = import_source(engine_name)
+    if frontend is None:
+        return None, target, split_flags(target, text), []
+    values, notes = frontend.translate(text, ctx)
+    return frontend, target, values, notes
+
+
+def _as_frontend(frontend, values: dict[str, list[str]], exc: HRMError) -> HRMError:
+    """A target's refusal of a frontend's translated flags, said as the frontend's (one line)."""
+    if frontend is None:
+        return exc
+    shown = " ".join(f"{flag} {' '.join(args)}".strip() for flag, args in values.items())
+    return HRMError(f"{frontend.name}: as the {frontend.target} command it launches ({shown}): {exc}")
+
+
 def read_command(engine_name: str, text: str, model, workload, hardware=None, gpu_memory_utilization: float = 0.86,
                  given: dict | None = None) -> Imported:
     """An engine's command line as the policy it runs on the workload it runs (its own flags,
     the engine's defaults where absent: the target's ``workload`` hook), with notes. ``given``:
-    the workload fields the user set explicitly, each of which must agree with the command."""
-    target = get_exporter(engine_name)
+    the workload fields the user set explicitly, each of which must agree with the command.
+    A frontend's text (ollama's options) is read as the command it launches."""
     ctx = Context(model=model, workload=workload, hardware=hardware, gpu_memory_utilization=gpu_memory_utilization)
-    values = split_flags(target, text)
+    frontend, target, values, front_notes = _read_values(engine_name, text, ctx)
     try:
         run, problem = target.run_workload(values, ctx), None
     except HRMError as exc:  # the command's refusal (another model ...) names the deeper problem: it goes first
         run, problem = workload, exc
-    policy, notes = target.parse(values, ctx.model_copy(update={"workload": run}))
+    try:
+        policy, notes = target.parse(values, ctx.model_copy(update={"workload": run}))
+    except HRMError as exc:
+        raise _as_frontend(frontend, values, exc) from None
     if problem is not None:
-        raise problem
+        raise _as_frontend(frontend, values, problem)
     if policy is None:
         raise HRMError(f"{target.name}: the flags give no valid policy")
     check_workload_flags(target, given or {}, run)
+    notes = [*front_notes, *notes]
     if _shown(run) != _shown(workload):
         notes = [*notes, f"{target.name}: the command runs {_shown(run)}: the estimate is for that workload"]
     fields = target.engine_fields(values, ctx.model_copy(update={"workload": run})) if target.engine_fields else {}

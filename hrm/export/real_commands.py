@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..errors import HRMError, read_input_text
 from .importing import read_command
@@ -30,9 +30,26 @@ class Expectation(_Frozen):
     refused: Optional[str] = None
 
 
+class Parts(_Frozen):
+    """The poster's machine from the parts catalog (hrm.machine.parts.compose_profile)."""
+
+    gpu: Optional[str] = None
+    gpus: int = 1
+    cpu: str
+    ram_gib: float
+    #: what of the machine the post does not state (the part assumed in its place)
+    assumed: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{f'{self.gpus}x{self.gpu} + ' if self.gpu else ''}{self.cpu}, {self.ram_gib:g} GiB"
+
+
 class RealCommand(_Frozen):
     engine: str
-    hw: str
+    #: a shipped hardware profile, or ``parts`` (one of them)
+    hw: Optional[str] = None
+    parts: Optional[Parts] = None
     model: str
     command: str
     source: str
@@ -42,6 +59,26 @@ class RealCommand(_Frozen):
     host_cpu_gib: Optional[float] = None
     #: the machine as the poster described it
     posted_on: str = ""
+
+    @model_validator(mode="after")
+    def _one_machine(self):
+        if (self.hw is None) == (self.parts is None):
+            raise ValueError("give hw (a profile) or parts (the poster's machine from the catalog), one of them")
+        return self
+
+    @property
+    def machine_label(self) -> str:
+        return self.hw if self.hw is not None else self.parts.label
+
+    def hardware(self):
+        """The machine the command is read for: the profile, or the parts composed."""
+        from ..machine.hardware import load_hardware
+        from ..machine.parts import compose_profile
+
+        if self.parts is not None:
+            p = self.parts
+            return compose_profile(p.gpu, p.cpu, p.ram_gib, p.gpus)
+        return load_hardware(self.hw)
 
 
 def load_real_commands(path: str | Path) -> list[RealCommand]:
@@ -54,13 +91,21 @@ def load_real_commands(path: str | Path) -> list[RealCommand]:
     return [RealCommand.model_validate(item) for item in data]
 
 
+def policy_counts(entries: list[RealCommand]) -> dict[str, tuple[int, int]]:
+    """{engine: (commands read to a policy, commands)} as the table expects them."""
+    out: dict[str, tuple[int, int]] = {}
+    for e in entries:
+        read, total = out.get(e.engine, (0, 0))
+        out[e.engine] = (read + (e.expect.refused is None), total + 1)
+    return out
+
+
 def read_real_command(entry: RealCommand):
     """(policy, notes, None) as ``hrm import`` reads ``entry``, or (None, (), refusal)."""
-    from ..machine.hardware import load_hardware
     from ..model.spec import load_model
     from ..workload import make_workload
 
-    hw = load_hardware(entry.hw)
+    hw = entry.hardware()
     if entry.host_cpu_gib is not None:
         hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"memory_gib": entry.host_cpu_gib})})
     try:

@@ -149,3 +149,22 @@ class EngineFlags(Frozen):
             if flag in item.spellings:
                 return item
         raise KeyError(flag)
+
+
+class Frontend(Frozen):
+    """A tool ``hrm import`` reads that launches another target's engine with flags of its own
+    making (ollama starts llama-server): its text (a Modelfile, options JSON ...) becomes that
+    target's flag values as the tool itself builds them, which the target then reads. Import
+    only: ``hrm export`` writes the engine's own command (one entry of
+    :data:`hrm.export.registry.FRONTENDS`)."""
+
+    name: str
+    description: str
+    version: str
+    #: the target (a name in :data:`hrm.export.registry.EXPORTERS`) whose flags the tool builds
+    target: str
+    #: the settings the tool reads, each with the flag it becomes and where the tool does so
+    options: tuple[FlagSpec, ...]
+    #: (the target's canonical flag values, notes) for a pasted text and its context; a
+    #: one-line HRMError for what the tool refuses or HRM cannot read
+    translate: Callable[[str, Context], tuple[dict[str, list[str]], list[str]]]

@@ -197,6 +197,8 @@ def compose_profile(gpu: str | None, cpu: str, ram_gib: float, gpu_count: int = 
         data["gpu"] = {"name": g.name, "architecture": g.architecture, "count": gpu_count,
                        "memory_gib": float(g.memory_gb), "memory_bandwidth_gbps": g.memory_bandwidth_gbps,
                        "tflops": {"fp32": round(g.peak_fp32_tflops, 3), "fp16": round(g.peak_fp16_tflops, 3)}}
+        if gpu_count > 1:  # GeForce cards have no NVLink (Ada, Blackwell): peer copies cross PCIe, at the link's rate
+            data["gpu"]["gpu_to_gpu_gbps"] = round(g.link_gbps, 3)
         data["link"] = {"h2d_gbps": round(g.link_gbps, 3), "d2h_gbps": round(g.link_gbps, 3),
                         "gpus_per_pcie_switch": 1}
     return parse_hardware(data, f"parts {name}")
