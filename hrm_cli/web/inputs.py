@@ -246,6 +246,27 @@ def _gguf_head(name: str, value) -> bytes:
     return value
 
 
+def _uploads(data: dict, values: dict) -> dict:
+    """The uploads of a request (a profile's and a config.json's text, a GGUF's head) and the
+    name of each; each one's field is marked given in ``values``."""
+    uploads: dict = {}
+    for key, default in (("hw_yaml", "uploaded-profile"), ("model_config", "uploaded-model")):
+        if data.get(key) not in (None, ""):
+            uploads[key] = _upload_text(key, data[key])
+            label = "hw_name" if key == "hw_yaml" else "model_name"
+            given = _text(label, data.get(label) or "")
+            uploads[label] = (_model_upload_name(given, uploads[key]) if key == "model_config"
+                              else _upload_name(given, default))
+            values[key] = True
+    if data.get("model_gguf") not in (None, b"", ""):
+        if "model_config" in uploads:
+            raise HRMError("model_file: give a config.json or a GGUF, not both")
+        uploads["model_gguf"] = _gguf_head("model_file", data["model_gguf"])
+        uploads["model_name"] = _upload_name(_text("model_name", data.get("model_name") or ""), "uploaded-model")
+        values["model_gguf"] = True
+    return uploads
+
+
 def parse_request(endpoint: str, data) -> Request:
     """A request object -> :class:`Request` (HRMError with one line for any refusal). The
     fields are parsed once, here, with the CLI's parser, so a bad flag is refused (with the
@@ -274,26 +295,12 @@ def parse_request(endpoint: str, data) -> Request:
             continue
         values[key] = text
         argv.append(f"{flag}={text}")
-    uploads, whatif = {}, {}
-    for key, default in (("hw_yaml", "uploaded-profile"), ("model_config", "uploaded-model")):
-        if data.get(key) not in (None, ""):
-            uploads[key] = _upload_text(key, data[key])
-            label = "hw_name" if key == "hw_yaml" else "model_name"
-            given = _text(label, data.get(label) or "")
-            uploads[label] = (_model_upload_name(given, uploads[key]) if key == "model_config"
-                              else _upload_name(given, default))
-            values[key] = True
+    uploads, whatif = _uploads(data, values), {}
     for key in ("link_gbps", "cpu_scale"):
         if data.get(key) not in (None, ""):
             whatif[key] = _whatif_number(key, data[key])
     if "hw_yaml" in uploads and "hw" not in values:
         argv.append("--hw=upload")
-    if data.get("model_gguf") not in (None, b"", ""):
-        if "model_config" in uploads:
-            raise HRMError("model_file: give a config.json or a GGUF, not both")
-        uploads["model_gguf"] = _gguf_head("model_file", data["model_gguf"])
-        uploads["model_name"] = _upload_name(_text("model_name", data.get("model_name") or ""), "uploaded-model")
-        values["model_gguf"] = True
     if any(u in uploads for u in MODEL_UPLOADS) and "model" not in values:
         argv.append("--model=upload")
     if endpoint == "export" and "export" not in values:
