@@ -80,34 +80,16 @@ def run_fit(args):
 
 
 def main(argv) -> int:
+    from hrm.analysis.fit import MODEL_PLACEHOLDER, fit_json, fit_report
+
     args = build_parser().parse_args(argv)
     hw, result = run_fit(args)
-    program = "llama-server" if args.users > 1 else "llama-cli"
-    model_path = args.gguf or "MODEL.gguf"
+    model_path = args.gguf or MODEL_PLACEHOLDER
     if args.json:
-        out = result.to_json()
-        out["hardware"] = hw.name
-        out["command"] = result.best.command(program, model_path)
-        print(json.dumps(out, indent=2))
+        print(json.dumps(fit_json(result, hw.name, model_path), indent=2))
         return 0
-    from hrm.units import GIB
-
-    b = result.best
-    print(f"best llama.cpp command on {hw.name}, context {result.context_tokens}, {result.users} user(s), "
-          f"objective {result.objective} ({result.searched} commands searched, {result.infeasible} not eligible: over "
-          f"memory{', or -ub past the measured rows' if result.path == 'cpu' else ''}):")
-    print(f"  {b.command(program, model_path)}")
-    print(f"  predicted: prefill {b.prefill_tok_s:,.1f} tok/s, decode {b.decode_tok_s:,.2f} tok/s"
-          f"{' (all users)' if result.users > 1 else ''}, request {b.total_s:.2f} s")
-    print("  memory: " + ", ".join(f"{dev} {v / GIB:.2f} GiB" for dev, v in b.memory_bytes.items()))
-    print("why:")
-    for line in result.why:
-        print(f"  - {line}")
-    if result.runners_up:
-        print("runners-up:")
-        for c in result.runners_up:
-            print(f"  {c.args()}  | prefill {c.prefill_tok_s:,.1f} decode {c.decode_tok_s:,.2f} tok/s, "
-                  f"request {c.total_s:.2f} s")
-    for note in result.notes:
+    report = fit_report(result, hw.name, model_path)
+    print("\n".join(report.lines()))
+    for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     return 0

@@ -408,3 +408,162 @@ def test_the_page_and_the_api_plan_for_the_one_default_engine(client):
     assert f'<option value="">default ({DEFAULT_ENGINE})</option>' in page
     data = client.post("/api/search", json={"hw": "l4", "model": "mixtral"}).json()
     assert data["engine"] == DEFAULT_ENGINE  # the body is the plan, as hrm-search --json prints it
+
+
+# --- issue 34: hrm fit's page (/fit, /api/fit) -------------------------------------------------
+#: the README's hrm fit example (parts from the catalog, a catalog model quantized) at a shorter
+#: context (fewer -ub values to search: a faster test)
+FIT_PARTS = {"gpu": "rtx-4090", "cpu": "ryzen-9-7950x", "ram": 64, "model": "mixtral", "weight_dtype": "int4",
+             "weight_format": "q4_k_m", "context": 1024}
+FIT_PARTS_ARGV = ["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "mixtral", "--weight-dtype",
+                  "int4", "--weight-format", "q4_k_m", "--context", "1024"]
+
+
+def cli_fit(capsys, *argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``hrm fit ARGV`` in-process (usage errors exit 2 by SystemExit)."""
+    capsys.readouterr()
+    try:
+        code = hrm_main(["fit", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def same_candidate(got: dict, want):
+    """An API candidate and a :class:`hrm.analysis.fit.Candidate`: the same command and numbers."""
+    assert got["args"] == want.args()
+    assert (got["decode_tok_s"], got["prefill_tok_s"], got["total_s"]) == \
+        (want.decode_tok_s, want.prefill_tok_s, want.total_s)
+    assert got["memory_bytes"] == want.memory_bytes
+
+
+def test_fit_equals_hrm_analysis_fit_and_prints_what_the_cli_prints(client, capsys):
+    from hrm.analysis.fit import fit_gpu, fit_json
+    from hrm.machine.parts import compose_profile
+    from hrm.model.spec import load_model
+
+    response = client.post("/api/fit", json=FIT_PARTS)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    want = fit_gpu(hw, load_model("mixtral", weight_dtype="int4").with_weight_format("q4_k_m"), 1024)
+    same_candidate(got["best"], want.best)
+    for api, direct in zip(got["runners_up"], want.runners_up, strict=True):
+        same_candidate(api, direct)
+    assert got["hardware"] == hw.name and got["command"] == "llama-cli -m MODEL.gguf " + want.best.args()
+    # its JSON is what hrm fit --json prints (hrm.analysis.fit.fit_json), its lines those hrm fit prints
+    assert {k: v for k, v in got.items() if k not in ("report", "uploads")} == fit_json(want, hw.name)
+    assert got["uploads"] == {}
+    code, out, err = cli_fit(capsys, *FIT_PARTS_ARGV)
+    report = got["report"]
+    assert code == 0 and out.splitlines() == [report["heading"], f"  {report['command']}", f"  {report['predicted']}",
+                                               f"  {report['memory']}", "why:", *(f"  - {w}" for w in report["why"]),
+                                               "runners-up:", *(f"  {r}" for r in report["runners_up"])]
+    assert err.splitlines() == [f"note: {n}" for n in report["notes"]] and report["notes"]
+
+
+def test_fit_takes_a_profile_as_a_form(client):
+    from hrm.analysis.fit import fit_gpu
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.spec import load_model
+
+    response = client.post("/api/fit", data={"hw": "l4", "model": "deepseek-v2-lite", "context": "2048"})
+    assert response.status_code == 200, response.text
+    same_candidate(response.json()["best"], fit_gpu(load_hardware("l4"), load_model("deepseek-v2-lite"), 2048).best)
+
+
+def test_fit_reads_an_uploaded_gguf_head(client, tmp_path):
+    """A GGUF's first bytes (the page sends no more) plan as the whole file does; the command
+    names the file, and the URL names the upload."""
+    from hrm.analysis.fit import fit_gpu
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.spec import load_model
+    from test_gguf_types import _tiny_moe
+
+    path = tmp_path / "tiny-UD-Q2_K_XL.gguf"
+    _tiny_moe(path)
+    head = path.read_bytes()[:4096]
+    files = {"model_file": (path.name, head, "application/octet-stream")}
+    response = client.post("/api/fit", files=files, data={"hw": "l4", "context": "1024"})
+    assert response.status_code == 200, response.text
+    got = response.json()
+    same_candidate(got["best"], fit_gpu(load_hardware("l4"), load_model(str(path)), 1024).best)
+    assert got["command"].startswith("llama-cli -m tiny-UD-Q2_K_XL.gguf -ngl ")
+    assert got["uploads"] == {"model": "upload:tiny-UD-Q2_K_XL"}
+    files = {"model_file": ("cut.gguf", head[:40], "application/octet-stream")}
+    message = one_line_error(client.post("/api/fit", files=files, data={"hw": "l4", "context": "1024"}))
+    assert message.startswith("upload cut.gguf: not a readable GGUF file") and "hrm-web-" not in message
+
+
+#: (API fields, hrm fit's flags): bad input the CLI refuses, in the CLI's own line
+FIT_BAD = [
+    ({"hw": "l4", "model": "mixtral", "context": "1_000"}, ["--hw", "l4", "--model", "mixtral", "--context", "1_000"]),
+    ({"hw": "l4", "model": "mixtral"}, ["--hw", "l4", "--model", "mixtral"]),
+    ({"hw": "l4", "context": 4096}, ["--hw", "l4", "--context", "4096"]),
+    ({"gpu": "rtx-4091", "cpu": "ryzen-9-7950x", "ram": 64, "model": "mixtral", "context": 4096},
+     ["--gpu", "rtx-4091", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "mixtral", "--context", "4096"]),
+    ({"hw": "l4", "gpu": "rtx-4090", "model": "mixtral", "context": 4096},
+     ["--hw", "l4", "--gpu", "rtx-4090", "--model", "mixtral", "--context", "4096"]),
+    ({"gpu": "rtx-4090", "cpu": "ryzen-9-7950x", "ram": -3, "model": "mixtral", "context": 4096},
+     ["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "-3", "--model", "mixtral", "--context", "4096"]),
+    ({"hw": "cpu-only", "model": "mixtral", "context": 4096}, ["--hw", "cpu-only", "--model", "mixtral", "--context", "4096"]),
+    ({"hw": "l4", "model": "mixtral", "weight_format": "q9", "context": 4096},
+     ["--hw", "l4", "--model", "mixtral", "--weight-format", "q9", "--context", "4096"]),
+]
+
+
+@pytest.mark.parametrize("fields, argv", FIT_BAD, ids=[" ".join(a)[:50] for _, a in FIT_BAD])
+def test_fit_bad_input_is_the_clis_one_line(client, capsys, fields, argv):
+    from hrm_cli.web.inputs import one_line
+
+    message = one_line_error(client.post("/api/fit", json=fields))
+    code, _, err = cli_fit(capsys, *argv)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("error: ")
+    assert message == one_line(line[len("error: "):])  # the web's lines stop at 300 characters
+
+
+def test_fit_infeasible_is_422_with_the_clis_line(client, capsys):
+    fields = {"gpu": "rtx-3060-12gb", "cpu": "ryzen-7-5800x", "ram": 8, "model": "mixtral", "context": 256}
+    message = one_line_error(client.post("/api/fit", json=fields), 422)
+    code, _, err = cli_fit(capsys, "--gpu", "rtx-3060-12gb", "--cpu", "ryzen-7-5800x", "--ram", "8", "--model",
+                           "mixtral", "--context", "256")
+    assert code == 3 and err.strip().splitlines()[-1] == f"error: {message}"
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"hw": "/etc/passwd", "model": "mixtral", "context": 64}, "looks like a path"),
+    ({"hw": "l4", "model": "../config.json", "context": 64}, "looks like a path"),
+    ({"hw": "l4", "model": "mixtral", "context": 64, "engine": "ideal"}, "unknown field 'engine'"),
+    ({"hw": "l4", "model_gguf": "GGUF...", "context": 64}, "uploaded as a file"),
+])
+def test_fit_refuses_what_the_web_does_not_take(client, fields, needle):
+    assert needle in one_line_error(client.post("/api/fit", json=fields))
+
+
+def test_fit_refuses_a_file_that_is_not_a_gguf_head_or_too_long(client):
+    from hrm_cli.web.inputs import MAX_GGUF_HEAD_BYTES
+
+    files = {"model_file": ("big.gguf", b"GGUF" + bytes(MAX_GGUF_HEAD_BYTES), "application/octet-stream")}
+    assert "larger than" in one_line_error(client.post("/api/fit", files=files, data={"hw": "l4", "context": "64"}))
+    files = {"model_file": ("weights.bin", b"\x00\xff" * 100, "application/octet-stream")}
+    assert "not UTF-8" in one_line_error(client.post("/api/fit", files=files, data={"hw": "l4", "context": "64"}))
+
+
+def test_the_fit_page_is_prefilled_from_its_url_and_linked_from_the_planner(client):
+    page = client.get("/fit")
+    assert page.status_code == 200 and 'data-autorun="no"' in page.text
+    for element in ('id="hw"', 'id="gpu"', 'id="cpu"', 'id="ram"', 'id="model"', 'id="model_file"', 'id="context"',
+                    '<option value="rtx-4090" selected>', '<option value="ryzen-9-7950x" selected>', 'value="4096"'):
+        assert element in page.text, element
+    shared = client.get("/fit", params={"hw": "t4", "model": "deepseek-v2-lite", "context": "2048"}).text
+    assert 'data-autorun="yes"' in shared and '<option value="t4" selected>' in shared
+    assert 'id="machine-profile" checked' in shared and 'value="2048"' in shared
+    bad = client.get("/fit", params={"hw": "l4", "model": "mixtral", "context": "x"}).text
+    assert 'data-autorun="no"' in bad and "error: hrm fit: argument --context: expected an integer" in bad
+    assert "unknown URL field" in client.get("/fit", params={"model_gguf": "x"}).text
+    assert 'href="/fit"' in client.get("/").text
+    script = client.get("/static/fit.js").text
+    assert "/api/fit" in script and "http://" not in script and "https://" not in script
+    assert client.get("/static/requests.js").status_code == 200

@@ -244,3 +244,49 @@ def test_an_upload_is_named_one_way_and_its_url_says_so(server, browser, tmp_pat
     browser.find_element("id", "run").click()
     assert wait_for_plan(browser).startswith("planned in")
     assert shown(browser)[0] == first
+
+
+# --- issue 34: hrm fit's page --------------------------------------------------------------
+def test_fit_page_shows_the_clis_command_and_clears_on_an_error(server, browser):
+    """/fit: pick a profile, a model and a context, Fit: the command and the predicted tok/s are
+    hrm.analysis.fit's (as hrm fit prints them), the URL holds the inputs; then a bad context
+    answers the CLI's line and clears the answer."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from hrm.analysis.fit import fit_gpu, fit_report
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.spec import load_model
+
+    browser.get(f"{server}/fit")
+    Select(browser.find_element("id", "hw")).select_by_value("l4")  # a profile: its radio is picked
+    assert browser.find_element("id", "machine-profile").is_selected()
+    Select(browser.find_element("id", "model")).select_by_value("deepseek-v2-lite")
+    for name in ("weight_dtype", "weight_format"):
+        Select(browser.find_element("id", name)).select_by_value("")
+    context = browser.find_element("id", "context")
+    context.clear()
+    context.send_keys("2048")
+    browser.find_element("id", "run").click()
+    assert wait_for_plan(browser).startswith("fitted in")
+    hw = load_hardware("l4")
+    want = fit_gpu(hw, load_model("deepseek-v2-lite"), 2048)
+    report = fit_report(want, hw.name)
+    assert browser.find_element("id", "fit-command").text == report.command
+    predicted = browser.find_element("id", "fit-predicted")
+    assert predicted.text == report.predicted and "tok/s" in predicted.text
+    assert float(predicted.get_attribute("data-decode")) == want.best.decode_tok_s
+    assert float(predicted.get_attribute("data-prefill")) == want.best.prefill_tok_s
+    assert browser.find_element("id", "fit-memory").text == report.memory
+    assert len(browser.find_elements("css selector", "#fit-runners li")) == len(want.runners_up)
+    share = browser.find_element("id", "share-url").get_attribute("href")
+    assert share.endswith("/fit?hw=l4&model=deepseek-v2-lite&context=2048") and browser.current_url == share
+    context.clear()
+    context.send_keys("1_000")
+    browser.find_element("id", "run").click()
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").get_attribute("class") == "error")
+    status = browser.find_element("id", "status").text
+    assert status == "error: hrm fit: argument --context: expected an integer, got '1_000'"
+    assert not browser.find_element("id", "results").is_displayed()
+    assert browser.find_element("id", "fit-command").get_attribute("textContent") == ""
+    assert browser.find_element("id", "fit-predicted").get_attribute("data-decode") is None
+    assert not browser.find_elements("css selector", "#fit-why li, #fit-runners li")

@@ -370,4 +370,57 @@ def fit_summary(result: FitResult) -> dict:
             "predicted_gain_over_defaults": gain}
 
 
-__all__ = ["Candidate", "FitResult", "fit_gpu", "fit_cpu", "kv_bytes", "fit_summary", "UBATCHES", "OBJECTIVES"]
+# --- what hrm fit prints and the web planner's fit page shows --------------------------------
+
+#: the model path a command names when no GGUF file was given (a placeholder for the user's)
+MODEL_PLACEHOLDER = "MODEL.gguf"
+
+
+def program(users: int) -> str:
+    """The llama.cpp program of the command: llama-cli for one user, llama-server (its -np
+    slots) for several."""
+    return "llama-server" if users > 1 else "llama-cli"
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """A :class:`FitResult` as text, one line each: ``hrm fit`` prints them, the web page shows them."""
+
+    heading: str
+    command: str
+    predicted: str
+    memory: str
+    why: tuple[str, ...]
+    runners_up: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        """What ``hrm fit`` prints on standard output (the notes go to standard error)."""
+        out = [self.heading, f"  {self.command}", f"  {self.predicted}", f"  {self.memory}", "why:"]
+        out += [f"  - {line}" for line in self.why]
+        return out + (["runners-up:"] + [f"  {line}" for line in self.runners_up] if self.runners_up else [])
+
+
+def fit_report(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLDER) -> FitReport:
+    """``result`` on ``hardware`` (its name) as text; the command names ``model_path``."""
+    b = result.best
+    eligible = ", or -ub past the measured rows" if result.path == "cpu" else ""
+    heading = (f"best llama.cpp command on {hardware}, context {result.context_tokens}, {result.users} user(s), "
+               f"objective {result.objective} ({result.searched} commands searched, {result.infeasible} not eligible: "
+               f"over memory{eligible}):")
+    predicted = (f"predicted: prefill {b.prefill_tok_s:,.1f} tok/s, decode {b.decode_tok_s:,.2f} tok/s"
+                 f"{' (all users)' if result.users > 1 else ''}, request {b.total_s:.2f} s")
+    memory = "memory: " + ", ".join(f"{dev} {v / GIB:.2f} GiB" for dev, v in b.memory_bytes.items())
+    runners = tuple(f"{c.args()}  | prefill {c.prefill_tok_s:,.1f} decode {c.decode_tok_s:,.2f} tok/s, "
+                    f"request {c.total_s:.2f} s" for c in result.runners_up)
+    return FitReport(heading, b.command(program(result.users), model_path), predicted, memory, result.why, runners,
+                     result.notes)
+
+
+def fit_json(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLDER) -> dict:
+    """What ``hrm fit --json`` prints: :meth:`FitResult.to_json`, the hardware's name and the command."""
+    return {**result.to_json(), "hardware": hardware, "command": result.best.command(program(result.users), model_path)}
+
+
+__all__ = ["Candidate", "FitResult", "fit_gpu", "fit_cpu", "kv_bytes", "fit_summary", "UBATCHES", "OBJECTIVES",
+           "FitReport", "fit_report", "fit_json", "program", "MODEL_PLACEHOLDER"]

@@ -4,14 +4,16 @@ Routes (every JSON answer is what the CLI's ``--json`` prints, or ``{"error": on
 
 - ``GET /healthz``;
 - ``GET /`` the page (its query string: the fields, so a URL reproduces a plan);
+  ``GET /fit`` the fit page (``hrm fit``: a machine, a model and a context; its URL likewise);
 - ``POST /api/search | /api/estimate | /api/compare | /api/export`` (``hrm-search --json``,
   ``hrm estimate --json``, ``hrm-search --compare --json``, ``hrm-search --export ENGINE --json``);
+- ``POST /api/fit``: ``hrm fit --json`` with the lines ``hrm fit`` prints (``report``);
 - ``POST /api/view``: what the page shows first (the plan, ``--explain``, memory per tier);
   ``POST /api/exports``: every export target's command of that plan;
 - ``POST /api/plot/{roofline,timeline}.svg`` and ``GET /plot/{roofline,timeline}.svg?FIELDS``.
 
 Bodies are JSON objects, forms or multipart forms (uploads ``hw_file``, ``model_file``), at
-most :data:`hrm_cli.web.inputs.MAX_BODY_BYTES`. Each request runs in a worker process
+most :data:`hrm_cli.web.inputs.MAX_BODY_BYTES` (``/api/fit``: a GGUF's head more). Each request runs in a worker process
 (:mod:`hrm_cli.web.work`), off the event loop, and is answered within ``timeout_s`` (504
 otherwise; the worker finishes its search in the background).
 """
@@ -34,10 +36,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hrm.errors import HRMError
 
 from . import DEFAULT_TIMEOUT_S, DEFAULT_WORKERS, work
-from .inputs import MAX_BODY_BYTES, MAX_UPLOAD_BYTES, one_line, parse_request
+from .inputs import (GGUF_MAGIC, MAX_BODY_BYTES, MAX_FIT_BODY_BYTES, MAX_GGUF_HEAD_BYTES, MAX_UPLOAD_BYTES,
+                     one_line, parse_request)
 
 HERE = Path(__file__).resolve().parent
-API = ("search", "estimate", "compare", "export", "view", "exports")
+API = ("search", "estimate", "compare", "export", "view", "exports", "fit")
+#: the body limit of an endpoint (the fit page uploads a GGUF's head); the rest: MAX_BODY_BYTES
+BODY_LIMITS = {"fit": MAX_FIT_BODY_BYTES}
 PLOTS = ("roofline", "timeline")
 
 
@@ -119,16 +124,16 @@ class Planner:
             return 500, {"error": "a worker process died during the request; try again"}
 
 
-async def read_body(request: Request) -> bytes:
-    """The body, refused (HRMError) past :data:`MAX_BODY_BYTES` whether or not it says its length."""
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body, refused (HRMError) past ``limit`` bytes whether or not it says its length."""
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
-        raise HRMError(f"request body larger than {MAX_BODY_BYTES >> 10} KiB")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise HRMError(f"request body larger than {limit >> 10} KiB")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HRMError(f"request body larger than {MAX_BODY_BYTES >> 10} KiB")
+        if size > limit:
+            raise HRMError(f"request body larger than {limit >> 10} KiB")
         chunks.append(chunk)
     body = b"".join(chunks)
     request._body = body  # the form parser reads the cached body
@@ -139,9 +144,27 @@ def _refuse_constant(name: str):
     raise HRMError(f"{name} is not a finite number")
 
 
-async def request_fields(request: Request) -> dict:
-    """The fields of a JSON, form or multipart body (uploads as their text)."""
-    body = await read_body(request)
+async def _upload_fields(key: str, upload) -> dict:
+    """The fields of one uploaded file: a GGUF's head (``model_file`` that starts with the GGUF
+    magic) as its bytes, any other file as its text."""
+    data = await upload.read(MAX_GGUF_HEAD_BYTES + 1) if hasattr(upload, "read") else str(upload).encode()
+    name_key = "hw_name" if key == "hw_file" else "model_name"
+    name = {name_key: getattr(upload, "filename", None) or ""}
+    if key == "model_file" and data.startswith(GGUF_MAGIC):
+        return {"model_gguf": data, **name}  # its size is checked with the request (inputs._gguf_head)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise HRMError(f"{key}: larger than {MAX_UPLOAD_BYTES >> 10} KiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HRMError(f"{key}: not UTF-8 text") from None
+    return {"hw_yaml" if key == "hw_file" else "model_config": text, **name}
+
+
+async def request_fields(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
+    """The fields of a JSON, form or multipart body of at most ``limit`` bytes (uploads as their
+    text, a GGUF's head as its bytes)."""
+    body = await read_body(request, limit)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form(max_files=2, max_fields=64)
@@ -149,17 +172,10 @@ async def request_fields(request: Request) -> dict:
         for key in form:
             values = form.getlist(key)
             if key in ("hw_file", "model_file"):
-                upload = values[0]
-                data = await upload.read(MAX_UPLOAD_BYTES + 1) if hasattr(upload, "read") else str(upload).encode()
-                if len(data) > MAX_UPLOAD_BYTES:
-                    raise HRMError(f"{key}: larger than {MAX_UPLOAD_BYTES >> 10} KiB")
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise HRMError(f"{key}: not UTF-8 text") from None
-                fields["hw_yaml" if key == "hw_file" else "model_config"] = text
+                uploaded = await _upload_fields(key, values[0])
                 name_key = "hw_name" if key == "hw_file" else "model_name"
-                fields.setdefault(name_key, getattr(upload, "filename", None) or "")
+                fields.setdefault(name_key, uploaded.pop(name_key))
+                fields.update(uploaded)
             elif any(hasattr(v, "read") for v in values):
                 raise HRMError(f"{key}: a file where a field was expected (files: hw_file, model_file)")
             else:
@@ -207,6 +223,12 @@ def create_app(workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOU
 
         return HTMLResponse(render_page(dict(request.query_params)))
 
+    @app.get("/fit", response_class=HTMLResponse)
+    async def fit_page(request: Request):
+        from .page import render_page
+
+        return HTMLResponse(render_page(dict(request.query_params), "fit"))
+
     return app
 
 
@@ -242,7 +264,8 @@ def _add_api_routes(app: FastAPI, answer) -> None:
     """``POST /api/NAME`` for every name of :data:`API`."""
     def api(endpoint: str):
         async def handler(request: Request) -> Response:
-            return await answer(endpoint, endpoint, lambda: request_fields(request), request)
+            limit = BODY_LIMITS.get(endpoint, MAX_BODY_BYTES)
+            return await answer(endpoint, endpoint, lambda: request_fields(request, limit), request)
         return handler
 
     for name in API:

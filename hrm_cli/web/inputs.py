@@ -25,6 +25,14 @@ from hrm.errors import HRMError
 MAX_BODY_BYTES = 1 << 20
 #: one uploaded file (profile YAML, config.json) larger than this is refused
 MAX_UPLOAD_BYTES = 256 << 10
+#: the head of a GGUF file the fit page uploads (our choice): the header alone is read
+#: (hrm.model.gguf: its metadata, the tokenizer's vocabulary the bulk of it, and its tensor
+#: table), never the weights; a header longer than this is refused by the reader, in one line
+MAX_GGUF_HEAD_BYTES = 16 << 20
+#: a request body of the fit page: its fields and a GGUF's head
+MAX_FIT_BODY_BYTES = MAX_GGUF_HEAD_BYTES + MAX_BODY_BYTES
+#: the first bytes of every GGUF file (ggml-org/ggml docs/gguf.md: the magic "GGUF")
+GGUF_MAGIC = b"GGUF"
 #: one text field (a name, a --fix list, a policy) longer than this is refused
 MAX_FIELD_CHARS = 400
 
@@ -57,10 +65,16 @@ FIELDS: dict[str, tuple[str, str]] = {
     "export": ("--export", "text"),
     "policy": ("--policy", "text"),
     "explain": ("--explain", "flag"),
+    # hrm fit's machine from the parts catalog, and its context
+    "gpu": ("--gpu", "text"),
+    "cpu": ("--cpu", "text"),
+    "ram": ("--ram", "number"),
+    "weight_format": ("--weight-format", "text"),
+    "context": ("--context", "number"),
 }
 #: the web planner's own fields: uploads (the file's text, and a name for it) and what-ifs
 #: of the profile (hrm.machine.whatif), applied before the search
-EXTRA_FIELDS = ("hw_yaml", "hw_name", "model_config", "model_name", "link_gbps", "cpu_scale")
+EXTRA_FIELDS = ("hw_yaml", "hw_name", "model_config", "model_name", "link_gbps", "cpu_scale", "model_gguf")
 
 _MACHINE = ("hw", "model", "weight_dtype", "kv_dtype", "routing", "workload", "prompt_len", "max_prompt_len",
             "gen_len", "padding", "gpu_mem", "cpu_mem", "gpu_util", "cpu_util", *EXTRA_FIELDS)
@@ -75,9 +89,15 @@ ENDPOINT_FIELDS: dict[str, tuple[str, ...]] = {
     "compare": tuple(f for f in _SEARCH if f not in ("engine", "schedule", "top")),
     "export": (*_SEARCH, "export"),
     "estimate": (*_MACHINE, "engine", "schedule", "policy", "explain"),
+    # hrm fit: a machine (a profile, or parts), a model (the catalog, a config.json or a GGUF's
+    # head) and a context
+    "fit": ("hw", "gpu", "cpu", "ram", "model", "weight_dtype", "weight_format", "context", "hw_yaml", "hw_name",
+            "model_config", "model_gguf", "model_name"),
 }
 #: which CLI parser reads an endpoint's fields
-PARSERS = {"estimate": "estimate"}
+PARSERS = {"estimate": "estimate", "fit": "fit"}
+#: the upload fields that stand for the model (a config.json's text, a GGUF's head)
+MODEL_UPLOADS = ("model_config", "model_gguf")
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TRUE, _FALSE = ("true", "1", "on", "yes"), ("false", "0", "off", "no", "")
@@ -163,14 +183,14 @@ def check_machine_names(values: dict) -> None:
     from hrm.machine.hardware import list_profiles
     from hrm.model.spec import ALIASES, list_catalog
 
-    for name, upload, what in (("hw", "hw_yaml", "profile YAML"), ("model", "model_config", "config.json")):
+    for name, uploads, what in (("hw", ("hw_yaml",), "profile YAML"), ("model", MODEL_UPLOADS, "config.json")):
         text = values.get(name) or ""
-        if text.startswith(UPLOAD_PREFIX) and upload not in values:  # a shared URL of a plan with an upload
+        if text.startswith(UPLOAD_PREFIX) and not any(u in values for u in uploads):  # a shared URL of a plan with an upload
             raise HRMError(f"{name}: this URL was made with an uploaded {what} ({one_line(text[len(UPLOAD_PREFIX):], 64)}), "
                            f"which a URL cannot carry: upload the file again and plan")
     if values.get("hw") and "hw_yaml" not in values:
         _shipped_name("hw", values["hw"], [p.lower() for p in list_profiles()], list_profiles(), "hw_yaml")
-    if values.get("model") and "model_config" not in values:
+    if values.get("model") and not any(u in values for u in MODEL_UPLOADS):
         _shipped_name("model", values["model"], [m.lower() for m in (*list_catalog(), *ALIASES)], list_catalog(),
                       "model_config")
     if values.get("engine") and values["engine"] not in list_engines():
@@ -183,7 +203,7 @@ def check_machine_names(values: dict) -> None:
 
 def _upload_name(text: str | None, default: str) -> str:
     """A file name for an upload (letters, digits, '.', '-', '_'; at most 64)."""
-    name = re.sub(r"\.(ya?ml|json)$", "", (text or "").strip(), flags=re.IGNORECASE)
+    name = re.sub(r"\.(ya?ml|json|gguf)$", "", (text or "").strip(), flags=re.IGNORECASE)
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:64]
     return name or default
 
@@ -215,6 +235,38 @@ def _upload_text(name: str, value) -> str:
     return value
 
 
+def _gguf_head(name: str, value) -> bytes:
+    """A GGUF's head as uploaded: bytes that start with the GGUF magic, within the limit."""
+    if not isinstance(value, bytes):
+        raise HRMError(f"{name}: a GGUF file's head is uploaded as a file (multipart model_file)")
+    if len(value) > MAX_GGUF_HEAD_BYTES:
+        raise HRMError(f"{name}: larger than {MAX_GGUF_HEAD_BYTES >> 20} MiB (send the file's head only)")
+    if not value.startswith(GGUF_MAGIC):
+        raise HRMError(f"{name}: not a GGUF file (it does not start with {GGUF_MAGIC.decode()})")
+    return value
+
+
+def _uploads(data: dict, values: dict) -> dict:
+    """The uploads of a request (a profile's and a config.json's text, a GGUF's head) and the
+    name of each; each one's field is marked given in ``values``."""
+    uploads: dict = {}
+    for key, default in (("hw_yaml", "uploaded-profile"), ("model_config", "uploaded-model")):
+        if data.get(key) not in (None, ""):
+            uploads[key] = _upload_text(key, data[key])
+            label = "hw_name" if key == "hw_yaml" else "model_name"
+            given = _text(label, data.get(label) or "")
+            uploads[label] = (_model_upload_name(given, uploads[key]) if key == "model_config"
+                              else _upload_name(given, default))
+            values[key] = True
+    if data.get("model_gguf") not in (None, b"", ""):
+        if "model_config" in uploads:
+            raise HRMError("model_file: give a config.json or a GGUF, not both")
+        uploads["model_gguf"] = _gguf_head("model_file", data["model_gguf"])
+        uploads["model_name"] = _upload_name(_text("model_name", data.get("model_name") or ""), "uploaded-model")
+        values["model_gguf"] = True
+    return uploads
+
+
 def parse_request(endpoint: str, data) -> Request:
     """A request object -> :class:`Request` (HRMError with one line for any refusal). The
     fields are parsed once, here, with the CLI's parser, so a bad flag is refused (with the
@@ -243,21 +295,13 @@ def parse_request(endpoint: str, data) -> Request:
             continue
         values[key] = text
         argv.append(f"{flag}={text}")
-    uploads, whatif = {}, {}
-    for key, default in (("hw_yaml", "uploaded-profile"), ("model_config", "uploaded-model")):
-        if data.get(key) not in (None, ""):
-            uploads[key] = _upload_text(key, data[key])
-            label = "hw_name" if key == "hw_yaml" else "model_name"
-            given = _text(label, data.get(label) or "")
-            uploads[label] = (_model_upload_name(given, uploads[key]) if key == "model_config"
-                              else _upload_name(given, default))
-            values[key] = True
+    uploads, whatif = _uploads(data, values), {}
     for key in ("link_gbps", "cpu_scale"):
         if data.get(key) not in (None, ""):
             whatif[key] = _whatif_number(key, data[key])
     if "hw_yaml" in uploads and "hw" not in values:
         argv.append("--hw=upload")
-    if "model_config" in uploads and "model" not in values:
+    if any(u in uploads for u in MODEL_UPLOADS) and "model" not in values:
         argv.append("--model=upload")
     if endpoint == "export" and "export" not in values:
         from hrm.export import EXPORTERS
@@ -265,7 +309,7 @@ def parse_request(endpoint: str, data) -> Request:
         raise HRMError(f"export: give the target engine ({', '.join(EXPORTERS)})")
     check_machine_names(values)
     args = parse_argv(endpoint, argv)
-    shown = {k: v for k, v in values.items() if k not in ("hw_yaml", "model_config")}
+    shown = {k: v for k, v in values.items() if k not in ("hw_yaml", *MODEL_UPLOADS)}
     return Request(endpoint, args, uploads, whatif, shown)
 
 
@@ -281,16 +325,18 @@ def _whatif_number(name: str, value) -> float:
 
 
 def parse_argv(endpoint: str, argv: list[str]):
-    """The CLI's parsed arguments of ``argv`` (``hrm estimate``'s parser for estimate, else
-    ``hrm-search``'s), with usage errors as HRMError instead of exit 2."""
+    """The CLI's parsed arguments of ``argv`` (``hrm estimate``'s parser for estimate, ``hrm fit``'s
+    for fit, else ``hrm-search``'s), with usage errors as HRMError instead of exit 2."""
     if PARSERS.get(endpoint) == "estimate":
         from hrm_cli.estimate import build_parser
+    elif PARSERS.get(endpoint) == "fit":
+        from hrm_cli.fit import build_parser
     else:
         from hrm_cli.search import build_parser
     parser = build_parser()
 
-    def refuse(message):
-        raise HRMError(one_line(message))
+    def refuse(message):  # the line the command prints after "error: " (hrm_cli.parser.ArgumentParser.error)
+        raise HRMError(one_line(f"{parser.prog}: {message}"))
 
     parser.error = refuse
     extra = ["--json"] + (["--compare"] if endpoint == "compare" else [])

@@ -1,6 +1,6 @@
 """What the web planner's worker processes run: one request (:class:`hrm_cli.web.inputs.Request`)
 through the CLI's own functions (:func:`hrm_cli.search.run_search`,
-:func:`hrm_cli.estimate.run_estimate`) and the API's analyses
+:func:`hrm_cli.estimate.run_estimate`, :func:`hrm_cli.fit.run_fit`) and the API's analyses
 (:func:`solver.analyses.compare_engines`), answered as ``(status, body)``: 200 and what
 ``--json`` prints, or an HTTP status and ``{"error": one line}``. No web framework is
 imported here: a worker needs only the planner.
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from hrm.errors import HRMError, InfeasibleError
 
-from .inputs import UPLOAD_PREFIX, Request, one_line
+from .inputs import MODEL_UPLOADS, UPLOAD_PREFIX, Request, one_line
 
 #: exceptions that a value no check caught can raise deep in the model: bad input, not a bug
 INPUT_ERRORS = (ValueError, TypeError, ArithmeticError, KeyError, IndexError, UnicodeError, RecursionError)
@@ -30,7 +30,7 @@ def answer(request: Request, action: str | None = None) -> tuple[int, object]:
     """``(status, body)`` of ``request`` (``action``: a key of :data:`ENDPOINTS`, default the
     request's endpoint); never raises (a worker's answer is always sent)."""
     try:
-        with _machine(request) as (args, machine):
+        with (_fit_inputs if request.endpoint == "fit" else _machine)(request) as (args, machine):
             return 200, ENDPOINTS[action or request.endpoint](args, machine)
     except InfeasibleError as exc:
         return 422, answer_estimate_body(exc)
@@ -64,23 +64,13 @@ def _machine(request: Request):
 
             args.model = str(catalog_config_path(args.model))
         if "hw_yaml" in up:
-            path = os.path.join(folder, f"{up['hw_name']}.yaml")
-            _write(path, up["hw_yaml"])
-            names[path] = f"upload {up['hw_name']}.yaml"
-            args.hw = path
-        if "model_config" in up:  # FOLDER/NAME/config.json: the loader names the model NAME
-            os.mkdir(os.path.join(folder, up["model_name"]))
-            path = os.path.join(folder, up["model_name"], "config.json")
-            _write(path, up["model_config"])
-            names[path] = f"upload {up['model_name']}"
-            args.model = path
+            args.hw = _written_profile(folder, up, names)
+        if "model_config" in up:
+            args.model = _written_model(folder, up, names)
         try:
             hw, model = machine_from_args(args)
         except HRMError as exc:
-            message = str(exc)
-            for path, name in names.items():
-                message = message.replace(path, name)
-            raise type(exc)(message.replace(folder, "upload")) from None
+            raise _upload_named(exc, names, folder) from None
         # the names the plan records: as given (as the CLI records them), uploads by their file name
         args.hw = f"{UPLOAD_PREFIX}{up['hw_name']}" if "hw_yaml" in up else given[0]
         args.model = f"{UPLOAD_PREFIX}{up['model_name']}" if "model_config" in up else given[1]
@@ -88,6 +78,86 @@ def _machine(request: Request):
         if request.whatif:
             args.hw = hw.name
         yield args, (hw, model)
+
+
+def _written_profile(folder: str, up: dict, names: dict) -> str:
+    """The path of the uploaded profile written in ``folder``, recorded in ``names``."""
+    path = os.path.join(folder, f"{up['hw_name']}.yaml")
+    _write(path, up["hw_yaml"])
+    names[path] = f"upload {up['hw_name']}.yaml"
+    return path
+
+
+def _written_model(folder: str, up: dict, names: dict) -> str:
+    """The path of the uploaded model written in ``folder`` (FOLDER/NAME/config.json: the loader
+    names the model NAME; a GGUF's head as FOLDER/NAME.gguf), recorded in ``names``."""
+    if "model_gguf" in up:
+        path = os.path.join(folder, f"{up['model_name']}.gguf")
+        with open(path, "wb") as handle:
+            handle.write(up["model_gguf"])
+        names[path] = f"upload {up['model_name']}.gguf"
+        return path
+    os.mkdir(os.path.join(folder, up["model_name"]))
+    path = os.path.join(folder, up["model_name"], "config.json")
+    _write(path, up["model_config"])
+    names[path] = f"upload {up['model_name']}"
+    return path
+
+
+def _upload_named(exc: HRMError, names: dict, folder: str) -> HRMError:
+    """``exc`` with each upload's temporary path replaced by the upload's name."""
+    message = str(exc)
+    for path, name in names.items():
+        message = message.replace(path, name)
+    return type(exc)(message.replace(folder, "upload"))
+
+
+@contextmanager
+def _fit_inputs(request: Request):
+    """(``hrm fit``'s parsed args, (the model path its command names, the uploads as the URL
+    names them)) of ``request``: a shipped profile or catalog model read from the package's
+    data, an upload from a private temporary folder (a GGUF's head also as ``--gguf``, the CPU-only
+    search's tensors); the body runs inside, so an error naming the temporary path names the
+    upload."""
+    from hrm.analysis.fit import MODEL_PLACEHOLDER
+    from hrm.model.spec import catalog_config_path
+
+    args = argparse.Namespace(**vars(request.args))
+    up = request.uploads
+    with tempfile.TemporaryDirectory(prefix="hrm-web-") as folder:
+        names: dict = {}
+        model_path = MODEL_PLACEHOLDER
+        if "hw_yaml" in up:
+            args.hw = _written_profile(folder, up, names)
+        elif args.hw:
+            args.hw = str(shipped_profile(args.hw))
+        if any(key in up for key in MODEL_UPLOADS):
+            args.model = _written_model(folder, up, names)
+            if "model_gguf" in up:
+                args.gguf, model_path = args.model, f"{up['model_name']}.gguf"
+        elif args.model:
+            args.model = str(catalog_config_path(args.model))
+        try:
+            # what the shareable URL says in place of an upload (hw=upload:NAME, model=upload:NAME)
+            shared = {key: f"{UPLOAD_PREFIX}{up[f'{key}_name']}" for key in ("hw", "model") if f"{key}_name" in up}
+            yield args, (model_path, shared)
+        except HRMError as exc:
+            raise _upload_named(exc, names, folder) from None
+
+
+def fit(args, model: tuple[str, dict]) -> dict:
+    """``hrm fit --json`` (:func:`hrm.analysis.fit.fit_json`), the lines ``hrm fit`` prints
+    (``report``: :func:`hrm.analysis.fit.fit_report`) and the upload the URL names; ``model``:
+    what :func:`_fit_inputs` yields."""
+    from dataclasses import asdict
+
+    from hrm.analysis.fit import fit_json, fit_report
+    from hrm_cli.fit import run_fit
+
+    model_path, uploads = model
+    hw, result = run_fit(args)
+    return {**fit_json(result, hw.name, model_path), "report": asdict(fit_report(result, hw.name, model_path)),
+            "uploads": uploads}
 
 
 def shipped_profile(name: str):
@@ -241,7 +311,7 @@ def plot(args, machine, kind: str) -> str:
 
 
 ENDPOINTS = {"search": search, "export": export, "compare": compare, "estimate": estimate, "view": view,
-             "exports": exports,
+             "exports": exports, "fit": fit,
              "plot/roofline": lambda a, m: plot(a, m, "roofline"), "plot/timeline": lambda a, m: plot(a, m, "timeline")}
 
 

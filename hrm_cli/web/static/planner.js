@@ -1,9 +1,9 @@
 // HRM web planner: the form -> the JSON API (/api/view, then /api/compare, /api/exports and the
 // figures) -> the tables.
-// Vanilla JavaScript, shipped with the package (no CDN): the page works offline.
+// Vanilla JavaScript, shipped with the package (no CDN): the page works offline. requests.js,
+// loaded before it, keeps only the latest Plan's answers ($, text, begin, latest, post, say).
 "use strict";
 
-const $ = (id) => document.getElementById(id);
 const FIELDS = ["hw", "model", "routing", "workload", "prompt_len", "max_prompt_len", "gen_len", "engine",
   "objective", "max_tpot_ms", "max_ttft_s", "fix"];
 const SLIDERS = ["link_gbps", "cpu_scale", "gpu_mem", "cpu_mem"];
@@ -20,7 +20,6 @@ function policyText(p) {
   return `N=${p.batch_size} mu=${p.micro_batch_size} n=${p.num_micro_batches} attn=${p.attn_on_gpu ? "gpu" : "cpu"} ` +
     `ffn=${p.ffn_on_gpu ? "gpu" : "cpu"} rw=${Number(p.weights_gpu_ratio).toFixed(4)} rc=${Number(p.kv_gpu_ratio).toFixed(4)}`;
 }
-function text(el, value) { el.textContent = value; return el; }
 function cell(row, value) { text(row.insertCell(), value); }
 
 // the fields the URL and the API carry (uploads are not in the URL)
@@ -42,27 +41,6 @@ async function uploads() {
     if (file) { out[key] = await file.text(); out[label] = file.name; }
   }
   return out;
-}
-
-// Only the answer to the latest Plan is shown: each Plan aborts the requests of the one before
-// (the server drops those that have not started) and every reply is checked against the
-// plan it answers before it touches the page.
-let generation = 0;
-let controller = null;
-function latest(mine) { return mine === generation; }
-
-async function post(path, body, signal) {
-  let response;
-  try {
-    response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify(body), signal});
-  } catch (e) {
-    if (e.name === "AbortError") return null;  // a newer plan took over
-    return {ok: false, status: 0, data: {error: `no answer from the server (${e.message})`}};
-  }
-  let data;
-  try { data = await response.json(); } catch (e) { data = {error: `HTTP ${response.status}`}; }
-  return {ok: response.ok, status: response.status, data};
 }
 
 // the sections a plan fills, emptied: before each plan and on an error
@@ -186,18 +164,9 @@ async function showFigure(img, kind, query, body, hasUploads, mine, signal) {
   } catch (e) { if (e.name !== "AbortError") loaded(); }
 }
 
-// the URL's fields: the form's, with an upload named as the plan names it (hw=upload:NAME)
-function shareQuery(shared, uploads) {
-  return new URLSearchParams({...shared, ...(uploads || {})}).toString();
-}
-
 async function plan(event) {
   if (event) event.preventDefault();
-  if (controller) controller.abort();
-  controller = new AbortController();
-  const signal = controller.signal;
-  const mine = ++generation;
-  const status = $("status");
+  const {mine, signal} = begin();
   clearResults();
   const shared = fields();
   const body = {...shared, ...(await uploads())};
@@ -205,16 +174,14 @@ async function plan(event) {
   const hasUploads = "hw_yaml" in body || "model_config" in body;
   const query = new URLSearchParams(shared).toString();
   const started = performance.now();
-  text(status, "planning…");
-  status.className = "busy";
+  say("busy", "planning…");
   // the plan first, alone; every engine, the exports and the figures once it is shown
   const view = await post("/api/view", body, signal);
   if (view === null || !latest(mine)) return;
   if (!view.ok) {
     clearResults();
     $("results").hidden = true;
-    text(status, `error: ${view.data.error}`);
-    status.className = "error";
+    say("error", `error: ${view.data.error}`);
     return;
   }
   const sharedQuery = shareQuery(shared, view.data.uploads);
@@ -226,8 +193,7 @@ async function plan(event) {
   share.href = url;
   const held = Object.values(view.data.uploads || {});
   text(share, held.length ? `${url} (holds ${held.join(" and ")}: whoever opens it uploads the file again)` : url);
-  text(status, `planned in ${((performance.now() - started) / 1000).toFixed(2)} s (search ${view.data.solve_s.toFixed(2)} s)`);
-  status.className = "done";
+  say("done", `planned in ${((performance.now() - started) / 1000).toFixed(2)} s (search ${view.data.solve_s.toFixed(2)} s)`);
   document.body.dataset.planned = String(mine);
   showFigure($("fig-roofline"), "roofline", query, body, hasUploads, mine, signal);
   showFigure($("fig-timeline"), "timeline", query, body, hasUploads, mine, signal);
