@@ -51,6 +51,9 @@ _MODELFILE_TEXT = ("template", "system", "license", "message", "renderer", "pars
 #: Modelfile commands that add a model HRM's estimate does not (a LoRA, a speculative draft)
 _MODELFILE_MODELS = {"adapter": "a LoRA adapter (llama-server --lora, llm/llama_server.go:386-389)",
                      "draft": "a draft model for speculative decoding (llm/llama_server.go:382)"}
+#: a systemd unit's section header: ollama's FAQ sets the server's variables as Environment= lines
+#: under ``[Service]`` (docs/faq.mdx:91-102 at the pin)
+_SYSTEMD_SECTION = re.compile(r"\[[A-Za-z]+\]")
 #: the API request's own fields besides model and options (api/types.go:63-130): read, no effect
 _REQUEST_FIELDS = {"prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "keep_alive",
                    "images", "think", "truncate", "shift", "logprobs", "top_logprobs", "messages", "tools"}
@@ -200,6 +203,8 @@ def _lines(text: str) -> list[str]:
             continue
         if line.count('"""') % 2 == 1:  # TEMPLATE """ ... over several lines
             quoted = True
+            continue
+        if _SYSTEMD_SECTION.fullmatch(line):  # systemctl edit ollama.service: [Service] above Environment= lines
             continue
         if line and not line.startswith("#") and not line.startswith(">>>"):
             out.append(line)
