@@ -108,6 +108,17 @@ def main(argv) -> int:
         for c in result.runners_up:
             print(f"  {c.args()}  | prefill {c.prefill_tok_s:,.1f} decode {c.decode_tok_s:,.2f} tok/s, "
                   f"request {c.total_s:.2f} s")
+    if result.ollama is not None:
+        _print_ollama(result.ollama)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
+
+
+def _print_ollama(answer) -> None:
+    """The answer's ollama form (hrm.analysis.fit_ollama): one line, the Modelfile, its rates."""
+    print(f"ollama: {answer.line}")
+    for line in answer.modelfile.splitlines():
+        print(f"  {line}")
+    if answer.decode_tok_s is not None:
+        print(f"  predicted: prefill {answer.prefill_tok_s:,.1f} tok/s, decode {answer.decode_tok_s:,.2f} tok/s")

@@ -82,6 +82,8 @@ class FitResult:
     context_tokens: int
     gen_tokens: int
     path: str
+    #: the answer's ollama form (hrm.analysis.fit_ollama.OllamaAnswer; machines with a GPU)
+    ollama: Optional[object] = None
 
     def to_json(self) -> dict:
         def c(x: Candidate | None):
@@ -92,7 +94,8 @@ class FitResult:
         return {"best": c(self.best), "runners_up": [c(x) for x in self.runners_up], "llama_cpp_defaults": c(self.default),
                 "why": list(self.why), "notes": list(self.notes), "searched": self.searched,
                 "infeasible": self.infeasible, "objective": self.objective, "users": self.users,
-                "context_tokens": self.context_tokens, "gen_tokens": self.gen_tokens, "path": self.path}
+                "context_tokens": self.context_tokens, "gen_tokens": self.gen_tokens, "path": self.path,
+                "ollama": self.ollama.to_json() if self.ollama is not None else None}
 
 
 def _score(c: Candidate, objective: str) -> float:
@@ -235,7 +238,17 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
                         # the fewest CPU layers that fit, at the default -ub and -t
                         if c.fits and (default is None or cpu_layers < default.knobs["cpu_layers"]):
                             default = c
-    return _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
+    result = _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
+    return with_ollama(result, cands, model)
+
+
+def with_ollama(result: FitResult, cands: list[Candidate], model) -> FitResult:
+    """``result`` with its ollama form (hrm.analysis.fit_ollama)."""
+    from dataclasses import replace
+
+    from .fit_ollama import ollama_answer
+
+    return replace(result, ollama=ollama_answer(result.best, _ranked(cands, result.objective), model))
 
 
 def _why_gpu(layers: int):
