@@ -93,3 +93,4 @@ def main(argv) -> int:
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
+

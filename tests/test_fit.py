@@ -153,3 +153,63 @@ def test_cli_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["path"] == "cpu" and out["command"].startswith("llama-cli -m ")
     assert "-t 2" in out["best"]["args"] and out["llama_cpp_defaults"] is not None
+
+
+# --- the ollama answer (hrm.analysis.fit_ollama) --------------------------------------------
+
+def test_ollama_answer_reads_back_as_the_llama_cpp_pick():
+    """Fits on the GPU whole: the Modelfile ollama is given launches the pick's own flags."""
+    from hrm.export.ollama import llama_server_values, read_settings
+    from hrm.export.target import Context
+    from hrm.workload import make_workload
+
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    model = load_model("qwen3-30b-a3b", weight_dtype="int4")
+    r = fit_gpu(hw, model, 8192)
+    assert r.best.knobs["n_cpu_moe"] == 0 and r.ollama.same_as_llama_cpp
+    assert r.ollama.decode_tok_s == r.best.decode_tok_s
+    ctx = Context(model=model, workload=make_workload(), hardware=hw)
+    launched = llama_server_values(read_settings(r.ollama.modelfile.replace("MODEL", "qwen3:30b")), ctx)[0]
+    pick = {flag: [value] for flag, value in r.best.flags if value}
+    for flag in ("-ngl", "-c", "-np", "-ub", "-t", "-fa"):
+        assert launched[flag] == pick[flag], flag
+    assert r.ollama.num_gpu == 48 + 1  # 48 blocks and the output layer (src/llama-model.cpp:1589-1593)
+
+
+def test_ollama_answer_for_partial_expert_offload():
+    """int8 Qwen3-30B-A3B (~30 GiB) on 24 GiB: the pick keeps k layers' experts on the CPU; ollama
+    cannot say so; no all-GPU command fits, so num_gpu keeps the same blocks wholly on the GPU:
+    48 - k blocks plus the output layer, its decode bounded by the pick's."""
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    model = load_model("qwen3-30b-a3b", weight_dtype="int8")
+    r = fit_gpu(hw, model, 8192)
+    k = r.best.knobs["n_cpu_moe"]
+    assert k > 0 and not r.ollama.same_as_llama_cpp
+    assert r.ollama.num_gpu == 48 - k + 1
+    assert f"PARAMETER num_gpu {48 - k + 1}" in r.ollama.modelfile
+    assert r.ollama.line.startswith(f"ollama cannot express --n-cpu-moe {k}") and "\n" not in r.ollama.line
+    assert r.ollama.decode_tok_s is None and r.ollama.decode_at_most_tok_s == r.best.decode_tok_s
+
+
+def test_ollama_answer_takes_the_best_all_gpu_candidate_when_one_fits():
+    from hrm.analysis.fit import Candidate
+    from hrm.analysis.fit_ollama import ollama_answer
+
+    model = load_model("qwen3-30b-a3b")
+
+    def cand(n, decode, kv=()):
+        flags = (("-ngl", "49"), ("--n-cpu-moe", str(n)), ("-c", "4096"), ("-np", "1"), ("-ub", "512"), *kv)
+        return Candidate(flags, 100.0, decode, 1.0, knobs={"n_cpu_moe": n})
+    best, nkvo, all_gpu = cand(4, 50.0), cand(0, 45.0, (("-nkvo", ""),)), cand(0, 40.0)
+    a = ollama_answer(best, [best, nkvo, all_gpu], model)
+    assert (a.decode_tok_s, a.num_gpu, a.same_as_llama_cpp) == (40.0, 49, False)  # -nkvo is skipped too
+    assert "PARAMETER num_ctx 4096" in a.modelfile and "PARAMETER num_batch 512" in a.modelfile
+
+
+def test_cli_prints_the_ollama_answer(capsys):
+    from hrm_cli.fit import main
+
+    assert main(["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "qwen3-30b-a3b",
+                 "--weight-dtype", "int8", "--context", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "ollama: ollama cannot express --n-cpu-moe" in out and "PARAMETER num_gpu" in out

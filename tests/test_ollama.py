@@ -57,6 +57,12 @@ def test_ollama_context_length_sets_the_default():
     assert flags("OLLAMA_CONTEXT_LENGTH=16384 ollama serve\n/set parameter num_ctx 4096")["-c"] == ["4096"]
 
 
+def test_a_systemd_drop_in_sets_the_server_variables():
+    # docs/faq.mdx:91-102: `systemctl edit ollama.service`, Environment= lines under [Service]
+    text = '[Service]\nEnvironment="OLLAMA_NUM_PARALLEL=2"\nEnvironment="OLLAMA_CONTEXT_LENGTH=8192"'
+    assert flags(text)["-c"] == ["16384"] and flags(text)["-np"] == ["2"]  # 8192 x 2 slots
+
+
 def test_request_json_and_curl_read_alike():
     body = '{"model": "qwen3:30b-a3b", "prompt": "hi", "options": {"num_ctx": 12288, "num_gpu": 99}}'
     as_json = flags(body)

@@ -46,3 +46,16 @@ def test_ollama_rows_read_to_a_policy_and_the_page_says_the_counts():
     page = (Path(__file__).parent.parent / "docs" / "engines" / "imports.md").read_text()
     assert f"llama.cpp {counts['llama.cpp'][0]} of {counts['llama.cpp'][1]}" in page
     assert f"ollama {counts['ollama'][0]} of {counts['ollama'][1]}" in page
+
+
+def test_cpu_expert_engines_read_at_least_15_and_the_page_says_so():
+    """Issue 34: at least 15 llama.cpp, ollama and kTransformers commands read to a policy."""
+    from hrm.export.real_commands import cpu_expert_read_count
+
+    read = cpu_expert_read_count(ENTRIES)
+    assert read >= 15
+    by_hand = sum(e.expect.refused is None for e in ENTRIES if e.engine in ("llama.cpp", "ollama")) + sum(
+        e.expect.refused is None for e in ENTRIES if e.engine == "sglang" and "--kt-weight-path" in e.command)
+    assert read == by_hand
+    page = (Path(__file__).parent.parent / "docs" / "engines" / "imports.md").read_text()
+    assert f"(llama.cpp + ollama + ktransformers (sglang --kt)): {read}." in page

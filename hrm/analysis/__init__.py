@@ -5,5 +5,6 @@
 - :mod:`hrm.analysis.calibration_runs`: the runs file ``hrm calibrate`` reads, validated;
 - :mod:`hrm.analysis.calibration_fields`: the profile fields a calibration fits, their ranges and parameters;
 - :mod:`hrm.analysis.validation`: committed real runs against the model's predictions;
-- :mod:`hrm.analysis.fit`: the fastest llama.cpp command for a machine (``hrm fit``).
+- :mod:`hrm.analysis.fit`: the fastest llama.cpp command for a machine (``hrm fit``);
+- :mod:`hrm.analysis.fit_ollama`: that command's ollama form (Modelfile), or the best ollama can express.
 """

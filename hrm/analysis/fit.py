@@ -82,6 +82,8 @@ class FitResult:
     context_tokens: int
     gen_tokens: int
     path: str
+    #: the answer's ollama form (hrm.analysis.fit_ollama.OllamaAnswer; machines with a GPU)
+    ollama: Optional[object] = None
 
     def to_json(self) -> dict:
         def c(x: Candidate | None):
@@ -92,7 +94,8 @@ class FitResult:
         return {"best": c(self.best), "runners_up": [c(x) for x in self.runners_up], "llama_cpp_defaults": c(self.default),
                 "why": list(self.why), "notes": list(self.notes), "searched": self.searched,
                 "infeasible": self.infeasible, "objective": self.objective, "users": self.users,
-                "context_tokens": self.context_tokens, "gen_tokens": self.gen_tokens, "path": self.path}
+                "context_tokens": self.context_tokens, "gen_tokens": self.gen_tokens, "path": self.path,
+                "ollama": self.ollama.to_json() if self.ollama is not None else None}
 
 
 def _score(c: Candidate, objective: str) -> float:
@@ -235,7 +238,17 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
                         # the fewest CPU layers that fit, at the default -ub and -t
                         if c.fits and (default is None or cpu_layers < default.knobs["cpu_layers"]):
                             default = c
-    return _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
+    result = _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
+    return with_ollama(result, cands, model)
+
+
+def with_ollama(result: FitResult, cands: list[Candidate], model) -> FitResult:
+    """``result`` with its ollama form (hrm.analysis.fit_ollama)."""
+    from dataclasses import replace
+
+    from .fit_ollama import ollama_answer
+
+    return replace(result, ollama=ollama_answer(result.best, _ranked(cands, result.objective), model))
 
 
 def _why_gpu(layers: int):
@@ -393,12 +406,23 @@ class FitReport:
     why: tuple[str, ...]
     runners_up: tuple[str, ...]
     notes: tuple[str, ...]
+    #: the answer's ollama form (empty where none is made: CPU-only machines)
+    ollama: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         """What ``hrm fit`` prints on standard output (the notes go to standard error)."""
         out = [self.heading, f"  {self.command}", f"  {self.predicted}", f"  {self.memory}", "why:"]
         out += [f"  - {line}" for line in self.why]
-        return out + (["runners-up:"] + [f"  {line}" for line in self.runners_up] if self.runners_up else [])
+        out += ["runners-up:"] + [f"  {line}" for line in self.runners_up] if self.runners_up else []
+        return out + list(self.ollama)
+
+
+def ollama_lines(answer) -> tuple[str, ...]:
+    """The answer's ollama form (hrm.analysis.fit_ollama.OllamaAnswer): one line, the Modelfile, its rates."""
+    out = [f"ollama: {answer.line}"] + [f"  {line}" for line in answer.modelfile.splitlines()]
+    if answer.decode_tok_s is not None:
+        out.append(f"  predicted: prefill {answer.prefill_tok_s:,.1f} tok/s, decode {answer.decode_tok_s:,.2f} tok/s")
+    return tuple(out)
 
 
 def fit_report(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLDER) -> FitReport:
@@ -413,8 +437,9 @@ def fit_report(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHO
     memory = "memory: " + ", ".join(f"{dev} {v / GIB:.2f} GiB" for dev, v in b.memory_bytes.items())
     runners = tuple(f"{c.args()}  | prefill {c.prefill_tok_s:,.1f} decode {c.decode_tok_s:,.2f} tok/s, "
                     f"request {c.total_s:.2f} s" for c in result.runners_up)
+    ollama = ollama_lines(result.ollama) if result.ollama is not None else ()
     return FitReport(heading, b.command(program(result.users), model_path), predicted, memory, result.why, runners,
-                     result.notes)
+                     result.notes, ollama)
 
 
 def fit_json(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLDER) -> dict:
@@ -423,4 +448,4 @@ def fit_json(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLD
 
 
 __all__ = ["Candidate", "FitResult", "fit_gpu", "fit_cpu", "kv_bytes", "fit_summary", "UBATCHES", "OBJECTIVES",
-           "FitReport", "fit_report", "fit_json", "program", "MODEL_PLACEHOLDER"]
+           "FitReport", "fit_report", "fit_json", "ollama_lines", "program", "MODEL_PLACEHOLDER"]

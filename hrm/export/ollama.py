@@ -51,6 +51,9 @@ _MODELFILE_TEXT = ("template", "system", "license", "message", "renderer", "pars
 #: Modelfile commands that add a model HRM's estimate does not (a LoRA, a speculative draft)
 _MODELFILE_MODELS = {"adapter": "a LoRA adapter (llama-server --lora, llm/llama_server.go:386-389)",
                      "draft": "a draft model for speculative decoding (llm/llama_server.go:382)"}
+#: a systemd unit's section header: ollama's FAQ sets the server's variables as Environment= lines
+#: under ``[Service]`` (docs/faq.mdx:91-102 at the pin)
+_SYSTEMD_SECTION = re.compile(r"\[[A-Za-z]+\]")
 #: the API request's own fields besides model and options (api/types.go:63-130): read, no effect
 _REQUEST_FIELDS = {"prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "keep_alive",
                    "images", "think", "truncate", "shift", "logprobs", "top_logprobs", "messages", "tools"}
@@ -200,6 +203,8 @@ def _lines(text: str) -> list[str]:
             continue
         if line.count('"""') % 2 == 1:  # TEMPLATE """ ... over several lines
             quoted = True
+            continue
+        if _SYSTEMD_SECTION.fullmatch(line):  # systemctl edit ollama.service: [Service] above Environment= lines
             continue
         if line and not line.startswith("#") and not line.startswith(">>>"):
             out.append(line)
@@ -407,3 +412,51 @@ OLLAMA = Frontend(
     ),
     translate=translate,
 )
+
+
+# --- the reverse: a llama-server command as ollama settings (hrm fit's ollama answer) ---------
+
+#: llama-server flags ollama never passes (llm/llama_server.go:368-416,581-647 at the pin build
+#: every flag it launches with; api/types.go:568-596 lists every option): placement and cache
+#: flags an ollama user cannot set
+OLLAMA_CANNOT = {"--n-cpu-moe": "keeps only some layers' experts on the CPU", "-ot": "places tensors by name",
+                 "-nkvo": "keeps the KV cache in host memory", "-kvu": "one KV cache the slots share",
+                 "--fit": "llama-server's own memory fit"}
+
+
+def ollama_settings(values: dict[str, list[str]]) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """(Modelfile PARAMETERs, server variables, the flags ollama cannot express) that make ollama
+    launch ``values`` (llama-server flags as :func:`llama_server_values` writes them), the
+    reverse of that mapping: -ngl N -> num_gpu N; -c C -np P -> num_ctx C/P and
+    OLLAMA_NUM_PARALLEL P; -ub U -> num_batch U (ollama passes -b U -ub U: the same passes of U
+    tokens); -t T -> num_thread T; -fa on|off -> OLLAMA_FLASH_ATTENTION; -ctk/-ctv other than
+    f16 -> OLLAMA_KV_CACHE_TYPE. A flag that is off (--n-cpu-moe 0) needs nothing."""
+    params: dict[str, str] = {}
+    env: dict[str, str] = {}
+    slots = int(values.get("-np", ["1"])[0])
+    if "-ngl" in values:
+        params["num_gpu"] = values["-ngl"][0]
+    if "-c" in values:
+        params["num_ctx"] = str(int(values["-c"][0]) // slots)
+    if slots != DEFAULT_NUM_PARALLEL:
+        env["OLLAMA_NUM_PARALLEL"] = str(slots)
+    if "-ub" in values:
+        params["num_batch"] = values["-ub"][0]
+    if "-t" in values:
+        params["num_thread"] = values["-t"][0]
+    if values.get("-fa", ["auto"])[0] in ("on", "off"):
+        env["OLLAMA_FLASH_ATTENTION"] = "1" if values["-fa"][0] == "on" else "0"
+    kv = values.get("-ctk", ["f16"])[0]
+    if kv != "f16":
+        env["OLLAMA_KV_CACHE_TYPE"] = kv
+    cannot = [flag for flag in OLLAMA_CANNOT if flag in values and values[flag] != ["0"]]
+    return params, env, cannot
+
+
+def modelfile_text(model: str, params: dict[str, str], env: dict[str, str]) -> str:
+    """The settings as a Modelfile (FROM, PARAMETER lines) below the server's variables, in the
+    forms :func:`read_settings` reads back."""
+    lines = [f"{name}={value} ollama serve" for name, value in env.items()]
+    lines.append(f"FROM {model}")
+    lines += [f"PARAMETER {name} {value}" for name, value in params.items()]
+    return "\n".join(lines)

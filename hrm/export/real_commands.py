@@ -100,6 +100,25 @@ def policy_counts(entries: list[RealCommand]) -> dict[str, tuple[int, int]]:
     return out
 
 
+#: the engines that keep experts on the CPU per layer or per expert on a consumer machine
+#: (issue 34's count): llama.cpp, ollama, and kTransformers as SGLang's --kt-* flags run it
+CPU_EXPERT_ENGINES = ("llama.cpp", "ollama", "ktransformers (sglang --kt)")
+
+
+def cpu_expert_engine(entry: RealCommand) -> str | None:
+    """The :data:`CPU_EXPERT_ENGINES` name of an entry's engine, or None for the others."""
+    if entry.engine in ("llama.cpp", "ollama"):
+        return entry.engine
+    if entry.engine == "sglang" and "--kt-" in entry.command:
+        return CPU_EXPERT_ENGINES[2]
+    return None
+
+
+def cpu_expert_read_count(entries: list[RealCommand]) -> int:
+    """Entries of :data:`CPU_EXPERT_ENGINES` read to a policy (not refused)."""
+    return sum(e.expect.refused is None and cpu_expert_engine(e) is not None for e in entries)
+
+
 def read_real_command(entry: RealCommand):
     """(policy, notes, None) as ``hrm import`` reads ``entry``, or (None, (), refusal)."""
     from ..model.spec import load_model
