@@ -459,7 +459,8 @@ def test_fit_equals_hrm_analysis_fit_and_prints_what_the_cli_prints(client, caps
     report = got["report"]
     assert code == 0 and out.splitlines() == [report["heading"], f"  {report['command']}", f"  {report['predicted']}",
                                                f"  {report['memory']}", "why:", *(f"  - {w}" for w in report["why"]),
-                                               "runners-up:", *(f"  {r}" for r in report["runners_up"])]
+                                               "runners-up:", *(f"  {r}" for r in report["runners_up"]), *report["ollama"]]
+    assert report["ollama"][0].startswith("ollama: ")  # a GPU machine: ollama's form of the answer
     assert err.splitlines() == [f"note: {n}" for n in report["notes"]] and report["notes"]
 
 
