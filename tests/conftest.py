@@ -1,7 +1,17 @@
-import pytest
+import os
 
-from hrm.machine.hardware import load_hardware, parse_hardware
-from hrm.model.spec import load_model
+# n xdist workers on n cores: each worker's OpenMP/BLAS pool (torch, numpy) would start n threads,
+# n x n threads spinning on n cores. One thread per worker halved the runtime tests' time under
+# xdist on this 2-core VM (tests/test_runtime.py + test_routing_runtime.py: 47 s -> 22 s). Set
+# before numpy or torch is imported; a value the caller set stands.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+
+from hrm.machine.hardware import load_hardware, parse_hardware  # noqa: E402
+from hrm.model.spec import load_model  # noqa: E402
 
 
 @pytest.fixture
