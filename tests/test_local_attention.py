@@ -9,8 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from hrm.cost import costs
-from hrm.cost.memory import kv_cache_bytes
+from hrm.cost.memory import kv_cache_bytes, memory_limits
+from hrm.engines.engine import resolve_engine
+from hrm.machine.hardware import load_hardware
+from hrm.model.options import DEFAULT_OPTIONS
 from hrm.model.spec import CATALOG_DIR, ModelSpec, load_model
+from hrm.problem import make_problem
+from hrm.workload import make_workload
+from solver.lanes.terms import build_terms, enumerate_modes, total_time_s
 
 C = 8192  # Llama 4's attention_chunk_size
 
@@ -126,3 +132,46 @@ def test_the_default_kind_keeps_the_hash(tiny):
 def test_bad_local_attention_refused(tiny, fields, needle):
     with pytest.raises(ValidationError, match=needle):
         ModelSpec.model_validate({**tiny.model_dump(), **fields})
+
+
+def _scout_terms(prompt: int, gen: int, chunk: int = C, **kwargs):
+    hw, eng = load_hardware("a100-80g"), resolve_engine("ideal", None)
+    model = _local(load_model("llama-4-scout"), "chunked", chunk, 36)
+    problem = make_problem(hw, model, make_workload(None, prompt_len=prompt, gen_len=gen), eng,
+                           DEFAULT_OPTIONS, memory_limits(hw, DEFAULT_OPTIONS))
+    return build_terms(problem, enumerate_modes(eng, (8,)), **kwargs)
+
+
+def test_search_pieces_split_at_the_chunks():
+    """Scout with chunks of 512: 1025 decode steps from 100 tokens cross two chunk starts (contexts
+    513 and 1025), one in each half: the midpoint lies on the chord of the sawtooth, so pieces must
+    start at the chunk edges (steps 412, 413, 924, 925) for the step sums to equal one column per
+    step (without them the sums were 41% off at Scout's own 8192 and 16386 tokens)."""
+    full, pieces = _scout_terms(100, 1026, 512), _scout_terms(100, 1026, 512, pieces=True)
+    assert {412, 413, 924, 925} <= set(pieces.step_index.tolist())
+    rng = np.random.default_rng(3)
+    k = rng.integers(0, len(full.modes), 200)
+    n = rng.integers(1, 8, 200).astype(float)
+    m = rng.integers(0, full.expert_slots + 1, 200).astype(float) * full.ffn_on_gpu[k]
+    z = rng.random(200) * full.mu[k] * n * full.attn_on_gpu[k]
+    np.testing.assert_allclose(total_time_s(pieces, k, n, m, z, "generation"), total_time_s(full, k, n, m, z, "generation"),
+                               rtol=1e-12)
+
+
+def test_search_bound_blocks_do_not_straddle_a_chunk_start():
+    """The bounds' blocks (Jensen: a block's size × its value at the mean context is at most its
+    sum) hold for every lane coefficient when a chunk starts inside the decode (context 8193 of
+    8000 … 8398): the block of steps 100-199 is cut at step 193."""
+    full, blocks = _scout_terms(8000, 400), _scout_terms(8000, 400, blocks=4)
+    assert len(blocks.step_weight) == 6 and list(blocks.step_weight) == [100, 92, 1, 7, 100, 99]
+    for key in ("per_micro_batch_s", "per_micro_batch_kv_cpu_s", "per_layer_s"):
+        dense, blocked = getattr(full, key).sum(axis=-1), getattr(blocks, key) @ blocks.step_weight
+        assert np.all(blocked <= dense * (1 + 1e-12)), key
+
+
+def test_read_breakpoints_by_hand(scout):
+    assert costs.read_breakpoints(scout, 1000, 17385).tolist() == [C, C + 1, 2 * C, 2 * C + 1]
+    assert costs.read_breakpoints(scout, C + 1, 2 * C - 1).tolist() == [C + 1]
+    gpt = load_model("gpt-oss-120b")  # window 128: the reads stop growing there
+    assert costs.read_breakpoints(gpt, 100, 200).tolist() == [128]
+    assert costs.read_breakpoints(gpt, 129, 200).size == costs.read_breakpoints(load_model("mixtral"), 1, 10**6).size == 0

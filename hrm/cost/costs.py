@@ -119,6 +119,24 @@ def attended_context(model: ModelSpec, context):
     return _layer_mean(model, context, local)
 
 
+def read_breakpoints(model: ModelSpec, first: int, last: int) -> np.ndarray:
+    """Contexts in [``first``, ``last``] where :func:`attended_context` stops being affine in the
+    context, such that it is affine from each to the next: a sliding window's w (the reads stop
+    growing), each chunk's last and first context k·C and k·C + 1 (the reads fall from C to 1).
+    A step sum that needs every decode coefficient convex in the context (the search's pieces and
+    bounds, :mod:`solver.lanes.terms`) splits there: between them it is as without local layers."""
+    if not model.sliding_window_layers:
+        return np.zeros(0)
+    w = int(model.sliding_window)
+    if model.local_attention == "chunked":
+        ends = np.arange(max(first // w, 1), last // w + 1) * w
+        points = np.concatenate([ends, ends + 1])
+    else:
+        points = np.array([w])
+    points = np.unique(points)
+    return points[(points >= first) & (points <= last)].astype(float)
+
+
 def kept_context(model: ModelSpec, context):
     """Tokens of KV cache one sequence of ``context`` tokens keeps, averaged over the layers: a
     full layer all c, a local layer (sliding or chunked) at most its window, min(c, w): the
