@@ -456,9 +456,10 @@ def test_catalog_specs_unchanged(capsys):
     for name, want in golden.items():
         spec = load_model(name)
         # the context window, the (default, uniform) routing, the (absent) stored weight format and
-        # issue 34's fields (no non-expert format, no sliding window, no sinks) were added after the capture
+        # issue 34's fields (no non-expert format, no sliding window, no sinks) and the local
+        # attention's kind (the default, sliding) were added after the capture
         later = {"static_weight_format": None, "sliding_window": None, "sliding_window_layers": 0,
-                 "attention_sinks": False}
+                 "local_attention": "sliding", "attention_sinks": False}
         assert spec.routing is None and spec.weight_format is None
         assert {k: getattr(spec, k) for k in later} == later, name
         assert spec.model_dump(mode="json", exclude={"max_context_len", "routing", "weight_format", *later}) \

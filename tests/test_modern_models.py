@@ -170,7 +170,7 @@ def test_llama4_maverick_by_hand():
     assert (spec.num_moe_layers, spec.first_dense_layers, spec.dense_intermediate_size) == (24, 24, 16384)
     assert (spec.num_experts, spec.top_k, spec.expert_intermediate_size) == (128, 1, 8192)
     assert (spec.shared_intermediate_size, spec.shared_expert_gate) == (8192, False)
-    assert (spec.sliding_window, spec.sliding_window_layers) == (8192, 36)
+    assert (spec.sliding_window, spec.sliding_window_layers, spec.local_attention) == (8192, 36, "chunked")
     h, attention = 5120, 5120 * 40 * 128 * 2 + 2 * 5120 * 8 * 128
     moe = attention + 2 * h + h * 128 + 129 * 3 * h * 8192
     dense = attention + 2 * h + 3 * h * 16384
@@ -181,6 +181,7 @@ def test_llama4_scout_every_layer_moe():
     spec = load_model("llama-4-scout")
     assert (spec.num_moe_layers, spec.first_dense_layers, spec.num_experts) == (48, 0, 16)
     assert (spec.shared_intermediate_size, spec.sliding_window_layers, spec.max_context_len) == (8192, 36, 10485760)
+    assert spec.local_attention == "chunked"
 
 
 def _scout_text(**changes) -> dict:

@@ -85,29 +85,88 @@ def static_quantized(model: ModelSpec) -> bool:
     return quantized_weights(model) if fmt is None else fmt not in FLOAT_DTYPES
 
 
-def attended_context(model: ModelSpec, context):
-    """Cached tokens one new token attends to (and a layer keeps), averaged over the layers:
-    ``context`` in full-attention layers, at most the window in sliding-window ones
-    (docs/model.md §3.2). Equal to ``context`` for a model without sliding layers."""
+def _layer_mean(model: ModelSpec, full, local):
+    """A per-layer quantity averaged over the layers: ``full`` in the full-attention layers,
+    ``local`` in the ``sliding_window_layers`` local ones."""
+    local_layers = model.sliding_window_layers
+    return ((model.num_layers - local_layers) * full + local_layers * local) / model.num_layers
+
+
+def chunk_position_tokens(context, chunk):
+    """Tokens of its aligned chunk of ``chunk`` tokens that the query at position ``context`` − 1
+    sees, itself included: ((c − 1) mod C) + 1 for c ≥ 1 (C at a chunk's last position, 1 at the
+    next one), 0 for an empty context; written c − C·(⌈c/C⌉ − 1) so a fractional mean context
+    stays in (0, C]."""
     context = np.asarray(context, dtype=float)
-    sliding = model.sliding_window_layers
-    if not sliding:
+    return context - chunk * np.maximum(np.ceil(context / chunk) - 1, 0.0)
+
+
+def attended_context(model: ModelSpec, context):
+    """Tokens one new token's attention reads at context ``context``, averaged over the layers
+    (docs/model.md §3.2): a full layer reads c; a sliding layer min(c, w); a chunked layer the
+    tokens of its chunk so far, ((c − 1) mod C) + 1 (:func:`chunk_position_tokens`). Every kind
+    counts c as llama.cpp's mask (is_masked_swa, standard and chunked: src/llama-hparams.h:482-495 at
+    ggml-org/llama.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f) does for a query at position c − 1,
+    itself included. Decode passes the tokens cached before the step, so every kind is one short
+    of the exact count alike (the new token's own key, whose bytes :func:`decode_attention`
+    counts as the write).
+    Equal to ``context`` for a model without local layers."""
+    context = np.asarray(context, dtype=float)
+    if not model.sliding_window_layers:
         return context
-    window = np.minimum(context, float(model.sliding_window))
-    return ((model.num_layers - sliding) * context + sliding * window) / model.num_layers
+    w = float(model.sliding_window)
+    local = chunk_position_tokens(context, w) if model.local_attention == "chunked" else np.minimum(context, w)
+    return _layer_mean(model, context, local)
+
+
+def read_breakpoints(model: ModelSpec, first: int, last: int) -> np.ndarray:
+    """Contexts in [``first``, ``last``] where :func:`attended_context` stops being affine in the
+    context, such that it is affine from each to the next: a sliding window's w (the reads stop
+    growing), each chunk's last and first context k·C and k·C + 1 (the reads fall from C to 1).
+    A step sum that needs every decode coefficient convex in the context (the search's pieces and
+    bounds, :mod:`solver.lanes.terms`) splits there: between them it is as without local layers."""
+    if not model.sliding_window_layers:
+        return np.zeros(0)
+    w = int(model.sliding_window)
+    if model.local_attention == "chunked":
+        ends = np.arange(max(first // w, 1), last // w + 1) * w
+        points = np.concatenate([ends, ends + 1])
+    else:
+        points = np.array([w])
+    points = np.unique(points)
+    return points[(points >= first) & (points <= last)].astype(float)
+
+
+def kept_context(model: ModelSpec, context):
+    """Tokens of KV cache one sequence of ``context`` tokens keeps, averaged over the layers: a
+    full layer all c, a local layer (sliding or chunked) at most its window, min(c, w): the
+    worst position over the sequence, not the current one. At ggml-org/llama.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f
+    a cell is reused once masked for the sequence's next position (src/llama-kv-cache.cpp:1057),
+    so a chunked layer holds a whole chunk at each chunk's last position, and both kinds' cache is
+    sized alike, n_swa · n_seq_max + n_ubatch cells padded to 256 (src/llama-kv-cache-iswa.cpp:73;
+    the n_ubatch slack is not counted)."""
+    context = np.asarray(context, dtype=float)
+    if not model.sliding_window_layers:
+        return context
+    return _layer_mean(model, context, np.minimum(context, float(model.sliding_window)))
 
 
 def attended_pairs(model: ModelSpec, prompt_len):
-    """(query, key) pairs of causal attention over a prompt of ``prompt_len`` tokens, averaged over
-    the layers: s²/2 in a full layer; with a window w < s, w·s − w²/2 (each token sees at most w)."""
+    """(query, key) pairs of causal attention over a prompt of ``prompt_len`` tokens from an empty
+    cache, averaged over the layers, each the integral over the query positions of the keys
+    :func:`attended_context` counts there: s²/2 in a full layer; with a sliding window w < s,
+    w·s − w²/2 (each token sees at most w); in chunks of C, q·C²/2 + r²/2 for s = q·C + r."""
     s = np.asarray(prompt_len, dtype=float)
     full = s * s / 2
-    sliding = model.sliding_window_layers
-    if not sliding:
+    if not model.sliding_window_layers:
         return full
     w = float(model.sliding_window)
-    windowed = np.where(s <= w, full, w * s - w * w / 2)
-    return ((model.num_layers - sliding) * full + sliding * windowed) / model.num_layers
+    if model.local_attention == "chunked":
+        whole = np.floor(s / w)
+        local = whole * w * w / 2 + (s - whole * w) ** 2 / 2
+    else:
+        local = np.where(s <= w, full, w * s - w * w / 2)
+    return _layer_mean(model, full, local)
 
 
 def expected_distinct_experts(model: ModelSpec, tokens):
@@ -257,7 +316,7 @@ def decode_attention(model: ModelSpec, tokens, context) -> OpCost:
     """Attention core for ``tokens`` sequences each attending to ``context`` cached tokens
     (paper Fig. 4: excludes QKVO projections). Reads the cache, writes one new token."""
     tokens = np.asarray(tokens, dtype=float)
-    context = attended_context(model, context)  # sliding-window layers read at most their window
+    context = attended_context(model, context)  # local layers read at most their window or chunk
     kvb, ab = dtype_bytes(model.kv_dtype), dtype_bytes(model.activation_dtype)
     nq = model.num_heads
     if model.is_mla:

@@ -44,9 +44,9 @@ class MemoryForm:
 
 
 def kv_cache_bytes(model: ModelSpec, context_tokens) -> float:
-    """KV cache of one sequence of ``context_tokens`` tokens, all layers (a sliding-window layer keeps
-    at most its window: :func:`hrm.cost.costs.attended_context`)."""
-    return float(costs.attended_context(model, context_tokens)) * costs.kv_bytes_per_token(model) * model.num_layers
+    """KV cache of one sequence of ``context_tokens`` tokens, all layers (a sliding-window or chunked
+    layer keeps at most its window: :func:`hrm.cost.costs.kept_context`)."""
+    return float(costs.kept_context(model, context_tokens)) * costs.kv_bytes_per_token(model) * model.num_layers
 
 
 def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:

@@ -131,8 +131,9 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
 
 def _notes(policy: Policy, ctx: Context) -> list[str]:
     """What an export's KV cache is: -kvu (GPU) the plan's, padded to 256 tokens; -nkvo (host)
-    each slot padded to 256 tokens; the extra memory is the estimate's KV cache (sliding-window layers
-    keep at most their window) of the padded slot over the plan's."""
+    each slot padded to 256 tokens; the extra memory is the estimate's KV cache (sliding-window and
+    chunked layers keep at most their window: :func:`hrm.cost.costs.kept_context`) of the padded
+    slot over the plan's."""
     from ..cost.memory import kv_cache_bytes
 
     n, longest = policy.batch_size, context_tokens(ctx)

@@ -8,10 +8,11 @@ What the file does not say and the engines do (ikawrakow/ik_llama.cpp@8337e4cd38
   src/llama-load-tensors.cpp:742-746); the other layers have a dense MLP of intermediate_size_mlp;
 - three of every four layers attend in chunks of attention_chunk_size tokens, every fourth globally
   (n_swa_pattern 4, n_attn_chunk 8192: src/llama-hparams.cpp:293-294; Transformers' default
-  no_rope_layers is the same pattern, no_rope_layer_interval 4). A chunked layer keeps and reads at
-  most one chunk, so it is modelled as a sliding window of attention_chunk_size tokens: exact for
-  the KV cache a layer must hold at its worst position, an upper bound on what it reads (a token
-  at offset j of its chunk attends to j + 1 tokens, not to the whole chunk).
+  no_rope_layers is the same pattern, no_rope_layer_interval 4). They are ModelSpec's
+  ``local_attention: chunked`` layers, ``sliding_window`` = attention_chunk_size: a token at offset j
+  of its chunk reads j + 1 tokens, and a layer keeps one whole chunk at worst (llama.cpp's llama4 is
+  LLAMA_SWA_TYPE_CHUNKED: ggml-org/llama.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f
+  src/models/llama4.cpp:13; the equations: docs/model.md §3.2).
 """
 
 from __future__ import annotations
@@ -64,5 +65,6 @@ def llama4_text_fields(model, fields: dict) -> dict:
     chunk = model.pick(("attention_chunk_size",), _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
     chunked = _chunked_layers(model, fields["num_layers"])
     if chunked:
-        out |= {"sliding_window": chunk[1] if chunk else DEFAULT_CHUNK_TOKENS, "sliding_window_layers": chunked}
+        out |= {"sliding_window": chunk[1] if chunk else DEFAULT_CHUNK_TOKENS, "sliding_window_layers": chunked,
+                "local_attention": "chunked"}
     return out

@@ -104,10 +104,14 @@ class ModelSpec(BaseModel):
     #: bf16, fp32) where a checkpoint quantizes only its experts (gpt-oss: quantization_config
     #: modules_to_not_convert), or a weight format name; None: as the experts
     static_weight_format: Optional[str] = None
-    #: sliding-window attention: ``sliding_window_layers`` of the layers attend over at most the
-    #: last ``sliding_window`` tokens and cache no more (config.json layer_types + sliding_window)
+    #: local attention: ``sliding_window_layers`` of the layers attend over at most
+    #: ``sliding_window`` tokens and cache no more (config.json layer_types + sliding_window; Llama 4:
+    #: attention_chunk_size). How they do is ``local_attention``: "sliding", over the last
+    #: ``sliding_window`` tokens; "chunked", within the aligned chunk of ``sliding_window`` tokens
+    #: the query is in (docs/model.md §3.2, :func:`hrm.cost.costs.attended_context`)
     sliding_window: Optional[int] = Field(default=None, gt=0)
     sliding_window_layers: int = Field(default=0, ge=0)
+    local_attention: Literal["sliding", "chunked"] = "sliding"
     #: a learned per-head sink logit in every layer's softmax (gpt-oss): num_heads parameters a layer
     attention_sinks: bool = False
     #: which experts tokens choose (hrm.model.routing); None: uniform and independent (docs/model.md §4.1)
@@ -132,6 +136,9 @@ class ModelSpec(BaseModel):
             raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) exceeds num_layers ({self.num_layers})")
         if self.sliding_window_layers and self.sliding_window is None:
             raise ValueError("sliding_window_layers needs sliding_window")
+        if self.local_attention != "sliding" and not self.sliding_window_layers:
+            raise ValueError(f"local_attention {self.local_attention!r} needs sliding_window_layers (the layers that "
+                             f"attend locally)")
         if self.static_weight_format is not None and self.static_weight_format not in FLOAT_DTYPES:
             from .quantized import is_weight_format
 
@@ -196,7 +203,7 @@ class ModelSpec(BaseModel):
         workload, so plans made before it was read keep their hash; so do uniform routing,
         an absent stored weight format and the later fields at their defaults)."""
         defaults = {"routing": None, "weight_format": None, "static_weight_format": None, "sliding_window": None,
-                    "sliding_window_layers": 0, "attention_sinks": False}
+                    "sliding_window_layers": 0, "local_attention": "sliding", "attention_sinks": False}
         exclude = {"max_context_len"} | {k for k, v in defaults.items() if getattr(self, k) == v}
         blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()

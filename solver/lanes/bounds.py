@@ -9,9 +9,10 @@ share r = 1 − m/M; each term is taken at its least over the mode's policies (n
 m ≤ m_max, z ≤ z_max, any sign of b, w, c), and where z is free the GPU bytes that static
 experts and GPU KV share bound m·w + z·b jointly (a two-item knapsack, :class:`_KvRoom`).
 Evaluated at the mean context of blocks of decode steps, Σ_t f(t) ≥ Σ_blocks |B|·f(t̄_B)
-holds by Jensen's inequality because every lane is convex in the context (each operator's
-time is a roofline maximum of terms affine in the context; sums and maxima keep convexity;
-tested in ``tests/test_search_exact.py``). The verifier
+holds by Jensen's inequality because every lane is convex in the context within a block (each
+operator's time is a roofline maximum of terms affine in the context; sums and maxima keep
+convexity; tested in ``tests/test_search_exact.py``; blocks are cut where a local attention's
+reads bend or fall, :func:`solver.lanes.terms.context_blocks`). The verifier
 (:func:`solver.lanes.verify.verify_optimum`) re-derives the bounds with one column per decode
 step, which needs no convexity.
 """

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from hrm.cost.costs import read_breakpoints
 from hrm.cost.latency.decode import decode_resources
 from hrm.cost.latency.lanes import layer_kinds, schedule_lanes, step_sync_s
 from hrm.cost.latency.ops import lm_head_time_s
@@ -155,7 +156,8 @@ STEP_COEFFICIENTS = (*LANE_STEP_COEFFICIENTS, "sync")
 def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, pieces: bool = False,
                 latency_limits: "LatencyLimits | None" = None) -> Terms:
     """The coefficients of ``modes``: one column per decode step; or (``blocks``) one column
-    per block of consecutive steps at the block's mean context, weighted by its size; or
+    per block of consecutive steps (:func:`context_blocks`) at the block's mean context,
+    weighted by its size; or
     (``pieces``) columns only at the steps where some coefficient changes slope
     (:func:`affine_pieces`), from which every step sum is exact."""
     model, workload, engine, rates = problem.model, problem.workload, problem.engine, problem.rates
@@ -174,10 +176,11 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
         coef = decode_at(np.array([float(prompt)]))
         coef = {key: (val if key == WEIGHTS_COEFFICIENT else val[..., :0]) for key, val in coef.items()}
     elif pieces and steps > 2:
-        step_index, coef = affine_pieces(lambda t: decode_at(prompt + t.astype(float)), steps)
+        step_index, coef = affine_pieces(lambda t: decode_at(prompt + t.astype(float)), steps,
+                                         read_break_steps(model, contexts))
         step_weight = piece_sum_weights(step_index)
     elif blocks:
-        parts = np.array_split(contexts, min(blocks, steps))
+        parts = context_blocks(model, contexts, blocks)
         coef = decode_at(np.array([part.mean() for part in parts]))
         step_weight = np.array([float(len(part)) for part in parts])
     else:
@@ -252,17 +255,39 @@ def _decode_coefficients(model: ModelSpec, rates: Rates, engine: Engine, mu, att
     return {**coef, "sync": sync}
 
 
-def affine_pieces(evaluate, steps: int) -> tuple[np.ndarray, dict]:
+def context_blocks(model: ModelSpec, contexts: np.ndarray, blocks: int) -> list[np.ndarray]:
+    """``contexts`` in ``blocks`` runs of consecutive steps, each further cut where the attention's
+    reads bend or fall (:func:`hrm.cost.costs.read_breakpoints`): every lane is convex in the
+    context within a run, so a run's sum is at least its size × the value at its mean (Jensen:
+    the bounds, :mod:`solver.lanes.bounds`)."""
+    runs = []
+    for part in np.array_split(contexts, min(blocks, len(contexts))):
+        cuts = np.searchsorted(part, read_breakpoints(model, part[0], part[-1]))
+        runs += [piece for piece in np.split(part, cuts) if len(piece)]
+    return runs
+
+
+def read_break_steps(model: ModelSpec, contexts: np.ndarray) -> np.ndarray:
+    """Indices of the decode steps whose context is one of the model's read breakpoints
+    (:func:`hrm.cost.costs.read_breakpoints`: a sliding window's end, a chunk's last and first)."""
+    if not len(contexts):
+        return np.zeros(0, dtype=int)
+    return np.searchsorted(contexts, read_breakpoints(model, contexts[0], contexts[-1]))
+
+
+def affine_pieces(evaluate, steps: int, seeds=()) -> tuple[np.ndarray, dict]:
     """The decode steps at which to evaluate coefficients so that every coefficient is affine
-    between consecutive ones, and the coefficients there. Each coefficient is convex in the
-    step (a roofline maximum of terms affine in the context; tested), and a convex function
-    that meets its chord at one interior point is affine on the whole interval: a segment
-    whose midpoint lies on every chord is affine, any other is halved (a few halvings per
-    change of slope). ``evaluate(steps)`` returns the coefficient dict at those steps."""
-    known = {0: None, steps - 1: None}
-    first = evaluate(np.array([0, steps - 1]))
-    columns = {0: _column(first, 0), steps - 1: _column(first, 1)}
-    open_segments = [(0, steps - 1)] if steps > 2 else []
+    between consecutive ones, and the coefficients there. Between consecutive ``seeds`` (steps
+    where the attention's reads bend or fall: :func:`read_break_steps`) each coefficient is
+    convex in the step (a roofline maximum of terms affine in the context; tested), and a convex
+    function that meets its chord at one interior point is affine on the whole interval: a
+    segment whose midpoint lies on every chord is affine, any other is halved (a few halvings
+    per change of slope). ``evaluate(steps)`` returns the coefficient dict at those steps."""
+    start = sorted({0, steps - 1} | {int(t) for t in seeds if 0 < t < steps - 1})
+    known = dict.fromkeys(start)
+    first = evaluate(np.array(start))
+    columns = {t: _column(first, j) for j, t in enumerate(start)}
+    open_segments = [(lo, hi) for lo, hi in zip(start, start[1:]) if hi - lo > 1]
     while open_segments:
         mids = np.array([(lo + hi) // 2 for lo, hi in open_segments])
         at_mid = evaluate(mids)
