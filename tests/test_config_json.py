@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from hrm.cost import costs
 from hrm.model import spec as model_mod
 from hrm.errors import HRMError
-from hrm.model.hf_config import (FILE_KEYS, KNOWN_IGNORED_KEYS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE,
-                                 MAX_INTERMEDIATE_SIZE, MAX_VOCAB, READ_KEYS)
+from hrm.model.hf_config import FILE_KEYS, KNOWN_IGNORED_KEYS, READ_KEYS
+from hrm.model.hf_fields import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE, MAX_VOCAB
 from hrm.model.routing import MAX_EXPERTS, MAX_LAYERS
 from hrm.model.spec import ALIASES, ModelSpec, list_catalog, load_model, model_from_config
 from hrm.units import DTYPES, dtype_bytes

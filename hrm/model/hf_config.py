@@ -10,24 +10,14 @@ neither reads nor knows to be irrelevant are listed by :func:`ignored_keys`.
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Optional
 
-from ..bounds import MAX_CONTEXT_TOKENS
-from ..errors import HRMError, shown_key, shown_value, value_kind
+from ..errors import shown_key, shown_value, value_kind
+from .hf_fields import (MAX_CONTEXT_WINDOW, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE,
+                        MAX_LORA_RANK, MAX_NORM_EPS, MAX_ROPE_THETA, MAX_VOCAB, ConfigView, bool_check, int_check,
+                        number_check, string_check, strings_check)
 from .routing import MAX_EXPERTS, MAX_LAYERS
 
-# Plausible ranges: generous, but finite; a value beyond one is a typo or a unit slip.
-MAX_HIDDEN_SIZE = 1 << 17  # 131072: the widest published decoders have hidden sizes of ~16-25K
-MAX_INTERMEDIATE_SIZE = 1 << 20  # 1M: the widest published FFNs are ~53K (Llama-3.1-405B)
-MAX_HEADS = 1024  # the most attention heads published are 128 (DeepSeek-V3)
-MAX_HEAD_DIM = 4096  # published head dims are 64-256
-MAX_VOCAB = 1 << 24  # 16.7M: the largest published vocabularies are ~260K tokens
-# MAX_LAYERS and MAX_EXPERTS: hrm.model.routing (routing traces are checked against them too)
-MAX_LORA_RANK = MAX_HIDDEN_SIZE  # MLA ranks compress the hidden state, so never wider than it
-MAX_ROPE_THETA = 1e12  # published RoPE bases are at most ~1e8
-MAX_NORM_EPS = 1.0  # an RMSNorm epsilon is a tiny guard (1e-6..1e-5); 1 or more swamps the signal
-MAX_CONTEXT_WINDOW = MAX_CONTEXT_TOKENS  # the longest published context windows are 10M tokens
 
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "ffn_config.moe_num_experts")
 #: gpt-oss states its top-k twice (num_experts_per_tok and experts_per_token): both are read and must agree
@@ -131,87 +121,6 @@ QUANT_METHODS = ("awq", "bitsandbytes", "gptq", "fp8", "mxfp4")
 QUANT_BITS = {4: "int4", 8: "int8"}
 
 
-class _Config:
-    """A config mapping plus the prefix its keys carry in messages (``text_config.``)."""
-
-    def __init__(self, data: dict, source: str, prefix: str = ""):
-        self.data, self.source, self.prefix = data, source, prefix
-
-    def refuse(self, key: str, reason: str):
-        raise HRMError(f"{self.source}: {self.prefix}{shown_key(key)}: {reason}")
-
-    def raw(self, path: str):
-        """Value at dotted ``path`` (``ffn_config.moe_top_k``); None if absent or null.
-        A non-object on the way (``ffn_config: 3``) is refused."""
-        node, parts = self.data, path.split(".")
-        for depth, part in enumerate(parts):
-            if depth:
-                if not isinstance(node, dict):
-                    self.refuse(".".join(parts[:depth]), f"must be an object, got {shown_value(node)}")
-            node = node.get(part)
-            if node is None:
-                return None
-        return node
-
-    def pick(self, paths, check):
-        """(key, checked value) of the present key among alias ``paths``; None if none.
-        Aliases present with different values are refused as contradictory."""
-        hits = [(path, check(self, path, raw)) for path in paths if (raw := self.raw(path)) is not None]
-        for path, value in hits[1:]:
-            if value != hits[0][1]:
-                first, shown = hits[0][0], shown_value(self.raw(hits[0][0]))
-                self.refuse(path, f"{shown_value(self.raw(path))} contradicts {self.prefix}{first} = {shown}")
-        return hits[0] if hits else None
-
-
-def _int(lo: int, hi: int, why: str = ""):
-    """Checker: an integer (not a bool, float or string) in [lo, hi]."""
-
-    def check(cfg: _Config, key: str, value) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            cfg.refuse(key, f"must be an integer, got {value_kind(value)}")
-        if value < lo:
-            cfg.refuse(key, f"must be at least {lo}, got {shown_value(value)}")
-        if value > hi:
-            cfg.refuse(key, f"must be at most {hi}{why}, got {shown_value(value)}")
-        return value
-
-    return check
-
-
-def _number(hi: float):
-    """Checker: a finite real number in (0, hi]."""
-
-    def check(cfg: _Config, key: str, value) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            cfg.refuse(key, f"must be a number, got {value_kind(value)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            cfg.refuse(key, f"must be finite, got {shown_value(value)}")
-        if not 0 < value <= hi:
-            cfg.refuse(key, f"must lie in (0, {hi:g}], got {shown_value(value)}")
-        return value
-
-    return check
-
-
-def _bool(cfg: _Config, key: str, value) -> bool:
-    if not isinstance(value, bool):
-        cfg.refuse(key, f"must be true or false, got {value_kind(value)}")
-    return value
-
-
-def _string(cfg: _Config, key: str, value) -> str:
-    if not isinstance(value, str):
-        cfg.refuse(key, f"must be a string, got {value_kind(value)}")
-    return value
-
-
-def _strings(cfg: _Config, key: str, value) -> tuple:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        cfg.refuse(key, f"must be a list of strings, got {value_kind(value)}")
-    return tuple(value)
-
-
 def ignored_keys(cfg: dict, text: Optional[dict]) -> list[str]:
     """Keys the normaliser neither reads nor knows to be irrelevant (``_private`` keys aside)."""
     def unknown(data: dict, read: frozenset, prefix: str):
@@ -223,25 +132,25 @@ def ignored_keys(cfg: dict, text: Optional[dict]) -> list[str]:
     return unknown(cfg, FILE_KEYS, "") + unknown(text, READ_KEYS | FILE_KEYS, "text_config.")
 
 
-def _moe_reason(cfg: _Config, top: _Config) -> Optional[str]:
+def _moe_reason(cfg: ConfigView, top: ConfigView) -> Optional[str]:
     """Why the config looks like a mixture of experts (None if it does not)."""
     present = [k for k in MOE_SIGNAL_KEYS if cfg.raw(k) is not None]
     if present:
         return f"it has {cfg.prefix}{present[0]}"
     for conf in (cfg, top) if cfg is not top else (cfg,):
-        model_type = conf.pick(("model_type",), _string)
+        model_type = conf.pick(("model_type",), string_check)
         if model_type and (model_type[1] in MOE_MODEL_TYPES or "moe" in model_type[1].lower()):
             return f"{conf.prefix}model_type is {shown_value(model_type[1])}"
-        archs = conf.pick(("architectures",), _strings)
+        archs = conf.pick(("architectures",), strings_check)
         for arch in archs[1] if archs else ():
             if any(marker in arch.lower() for marker in MOE_ARCH_MARKERS):
                 return f"{conf.prefix}architectures has {shown_value(arch)}"
     return None
 
 
-def _float_dtype(cfg: _Config, top: _Config) -> str:
+def _float_dtype(cfg: ConfigView, top: ConfigView) -> str:
     """The checkpoint's float dtype from torch_dtype / dtype (the file's, else text_config's)."""
-    def check(conf: _Config, key: str, value) -> str:
+    def check(conf: ConfigView, key: str, value) -> str:
         if not isinstance(value, str):
             conf.refuse(key, f"must be a dtype name, got {value_kind(value)}")
         name = value.lower().removeprefix("torch.")
@@ -264,12 +173,12 @@ def _float_dtype(cfg: _Config, top: _Config) -> str:
 FP8_FORMATS = ("e4m3", "e5m2")
 
 
-def _fp8_fields(conf: _Config) -> dict:
+def _fp8_fields(conf: ConfigView) -> dict:
     """fp8 block-quantized weights (DeepSeek-V3, Kimi-K2): one byte a weight and one fp32 scale
     per 128 x 128 block (hrm.model.quantized FP8_BLOCK128); other block shapes are refused."""
     from .quantized import FP8_BLOCK
 
-    fmt = conf.pick(("quantization_config.fmt",), _string)
+    fmt = conf.pick(("quantization_config.fmt",), string_check)
     if fmt is not None and fmt[1].lower() not in FP8_FORMATS:
         conf.refuse(fmt[0], f"unsupported fp8 format {shown_value(fmt[1])} (known: {', '.join(FP8_FORMATS)})")
     block = conf.raw("quantization_config.weight_block_size")
@@ -279,7 +188,7 @@ def _fp8_fields(conf: _Config) -> dict:
     return {"weight_dtype": "int8", "weight_format": "fp8-block128"}
 
 
-def _mxfp4_fields(conf: _Config, float_dtype: str) -> dict:
+def _mxfp4_fields(conf: ConfigView, float_dtype: str) -> dict:
     """MXFP4 experts (gpt-oss): 4.25 bits a weight (hrm.model.quantized MXFP4_BLOCK). The modules the
     config keeps out of the conversion (modules_to_not_convert: gpt-oss lists self_attn, the
     router, embed_tokens and lm_head, i.e. every weight but the experts) stay in the
@@ -287,13 +196,13 @@ def _mxfp4_fields(conf: _Config, float_dtype: str) -> dict:
     out = {"weight_dtype": "int4", "weight_format": "mxfp4"}
     kept = conf.raw("quantization_config.modules_to_not_convert")
     if kept is not None:
-        kept = _strings(conf, "quantization_config.modules_to_not_convert", kept)
+        kept = strings_check(conf, "quantization_config.modules_to_not_convert", kept)
         if any("attn" in module for module in kept):
             out["static_weight_format"] = float_dtype
     return out
 
 
-def _quant_fields(cfg: _Config, top: _Config, float_dtype: str) -> dict:
+def _quant_fields(cfg: ConfigView, top: ConfigView, float_dtype: str) -> dict:
     """The weight dtype, stored format and non-expert format a ``quantization_config`` implies
     (empty when there is none)."""
     conf = top if top.raw("quantization_config") is not None or cfg is top else cfg
@@ -302,7 +211,7 @@ def _quant_fields(cfg: _Config, top: _Config, float_dtype: str) -> dict:
         return {}
     if not isinstance(q, dict):
         conf.refuse("quantization_config", f"must be an object, got {value_kind(q)}")
-    method = conf.pick(("quantization_config.quant_method",), _string)
+    method = conf.pick(("quantization_config.quant_method",), string_check)
     if method is not None and method[1].lower() == "fp8":
         return _fp8_fields(conf)
     if method is not None and method[1].lower() == "mxfp4":
@@ -310,10 +219,10 @@ def _quant_fields(cfg: _Config, top: _Config, float_dtype: str) -> dict:
     return {"weight_dtype": _quant_dtype(conf, q)}
 
 
-def _quant_dtype(conf: _Config, q: dict) -> str:
+def _quant_dtype(conf: ConfigView, q: dict) -> str:
     """The weight dtype of the integer-quantized weights the ``quantization_config`` ``q`` of
     ``conf`` describes (awq, bitsandbytes, gptq)."""
-    method = conf.pick(("quantization_config.quant_method",), _string)
+    method = conf.pick(("quantization_config.quant_method",), string_check)
     if method is None:
         conf.refuse("quantization_config.quant_method", f"missing (one of {', '.join(QUANT_METHODS)})")
     method = method[1].lower()
@@ -321,8 +230,8 @@ def _quant_dtype(conf: _Config, q: dict) -> str:
         conf.refuse("quantization_config.quant_method",
                     f"unsupported method {shown_value(q['quant_method'])} (supported: {', '.join(QUANT_METHODS)})")
     if method == "bitsandbytes":
-        four = conf.pick(("quantization_config.load_in_4bit",), _bool)
-        eight = conf.pick(("quantization_config.load_in_8bit",), _bool)
+        four = conf.pick(("quantization_config.load_in_4bit",), bool_check)
+        eight = conf.pick(("quantization_config.load_in_8bit",), bool_check)
         four, eight = bool(four and four[1]), bool(eight and eight[1])
         if four and eight:
             conf.refuse("quantization_config.load_in_8bit", "contradicts load_in_4bit (both true)")
@@ -330,8 +239,8 @@ def _quant_dtype(conf: _Config, q: dict) -> str:
             conf.refuse("quantization_config.load_in_4bit", "bitsandbytes needs load_in_4bit or load_in_8bit true")
         return "int4" if four else "int8"
 
-    def bits_check(c: _Config, key: str, value) -> int:
-        bits = _int(1, 64)(c, key, value)
+    def bits_check(c: ConfigView, key: str, value) -> int:
+        bits = int_check(1, 64)(c, key, value)
         if bits not in QUANT_BITS:
             c.refuse(key, f"unsupported {bits}-bit weights (supported: {', '.join(map(str, QUANT_BITS))})")
         return bits
@@ -342,21 +251,21 @@ def _quant_dtype(conf: _Config, q: dict) -> str:
     return QUANT_BITS[bits[1]]
 
 
-def _moe_layers(cfg: _Config, num_layers: int) -> tuple[int, list[str]]:
+def _moe_layers(cfg: ConfigView, num_layers: int) -> tuple[int, list[str]]:
     """Number of MoE layers among ``num_layers`` and the pattern keys that make layers dense.
 
     DeepSeek: layer i is MoE iff i ≥ first_k_dense_replace and i % moe_layer_freq == 0;
     Qwen-MoE: iff (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers; Llama 4 the
     same with interleave_moe_layer_step (hrm.model.hf_llama4)."""
-    first = cfg.pick(("first_k_dense_replace",), _int(0, MAX_LAYERS, " (MAX_LAYERS)"))
-    freq = cfg.pick(("moe_layer_freq",), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
-    step = cfg.pick(("decoder_sparse_step", "interleave_moe_layer_step"), _int(1, MAX_LAYERS, " (MAX_LAYERS)"))
+    first = cfg.pick(("first_k_dense_replace",), int_check(0, MAX_LAYERS, " (MAX_LAYERS)"))
+    freq = cfg.pick(("moe_layer_freq",), int_check(1, MAX_LAYERS, " (MAX_LAYERS)"))
+    step = cfg.pick(("decoder_sparse_step", "interleave_moe_layer_step"), int_check(1, MAX_LAYERS, " (MAX_LAYERS)"))
     only = cfg.raw("mlp_only_layers")
     dense_set: set[int] = set()
     if only is not None:
         if not isinstance(only, list):
             cfg.refuse("mlp_only_layers", f"must be a list of layer indices, got {value_kind(only)}")
-        index = _int(0, num_layers - 1, f" (num_layers - 1; the model has {num_layers} layers)")
+        index = int_check(0, num_layers - 1, f" (num_layers - 1; the model has {num_layers} layers)")
         for i, value in enumerate(only):
             layer = index(cfg, f"mlp_only_layers[{i}]", value)
             if layer in dense_set:
@@ -370,13 +279,13 @@ def _moe_layers(cfg: _Config, num_layers: int) -> tuple[int, list[str]]:
     return moe, used
 
 
-def _config_views(cfg: dict, source: str) -> tuple[_Config, _Config]:
+def _config_views(cfg: dict, source: str) -> tuple[ConfigView, ConfigView]:
     """The file's config and the text model's (its ``text_config``, else the file's own)."""
-    top = _Config(cfg, source)
+    top = ConfigView(cfg, source)
     text = cfg.get("text_config")
     if text is not None and not isinstance(text, dict):
         top.refuse("text_config", f"must be an object (the text model's config), got {value_kind(text)}")
-    return top, (_Config(text, source, "text_config.") if text is not None else top)
+    return top, (ConfigView(text, source, "text_config.") if text is not None else top)
 
 
 def _typo_hint(ignored: list[str], keys) -> str:
@@ -385,27 +294,27 @@ def _typo_hint(ignored: list[str], keys) -> str:
     return f"; unrecognised key {', '.join(close)}: a typo?" if close else ""
 
 
-def _required_fields(model: _Config, ignored: list[str]) -> tuple[dict, dict[str, str]]:
+def _required_fields(model: ConfigView, ignored: list[str]) -> tuple[dict, dict[str, str]]:
     """The required ModelSpec fields (hidden size, layers, heads, vocabulary) and the config
     key each was read from."""
     out: dict = {}
     used: dict[str, str] = {}
     for field, (keys, hi, hi_name) in REQUIRED_KEYS.items():
-        hit = model.pick(keys, _int(1, hi, f" ({hi_name})"))
+        hit = model.pick(keys, int_check(1, hi, f" ({hi_name})"))
         if hit is None:
             model.refuse(" / ".join(keys), f"missing (required){_typo_hint(ignored, keys)}")
         used[field], out[field] = hit
     return out, used
 
 
-def _attention_fields(model: _Config, required: dict, used: dict[str, str]) -> dict:
+def _attention_fields(model: ConfigView, required: dict, used: dict[str, str]) -> dict:
     """head_dim, num_kv_heads and the MLA widths (kv_lora_rank, q_lora_rank, head dims)."""
     hidden, heads = required["hidden_size"], required["num_heads"]
-    kv = model.pick(KV_HEADS_KEYS, _int(1, MAX_HEADS, " (MAX_HEADS)"))
-    head_dim = model.pick(("head_dim",), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)"))
-    lora = model.pick(("kv_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
-    q_lora = model.pick(("q_lora_rank",), _int(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
-    mla_dims = {key: model.pick((key,), _int(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)")) for key in MLA_DIM_KEYS}
+    kv = model.pick(KV_HEADS_KEYS, int_check(1, MAX_HEADS, " (MAX_HEADS)"))
+    head_dim = model.pick(("head_dim",), int_check(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)"))
+    lora = model.pick(("kv_lora_rank",), int_check(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
+    q_lora = model.pick(("q_lora_rank",), int_check(1, MAX_LORA_RANK, " (MAX_LORA_RANK)"))
+    mla_dims = {key: model.pick((key,), int_check(1, MAX_HEAD_DIM, " (MAX_HEAD_DIM)")) for key in MLA_DIM_KEYS}
     if head_dim is None and hidden % heads:
         model.refuse(used["hidden_size"],
                      f"{hidden} is not a multiple of {used['num_heads']} ({heads}) and head_dim is absent")
@@ -435,20 +344,20 @@ HYBRID_ATTENTION = {
 }
 
 
-def _attention_pattern_fields(model: _Config, top: _Config, num_layers: int, heads: int) -> dict:
+def _attention_pattern_fields(model: ConfigView, top: ConfigView, num_layers: int, heads: int) -> dict:
     """Sliding-window layers (layer_types + sliding_window) and attention sinks (gpt-oss: a
     learned logit per head, transformers modeling_gpt_oss.py GptOssAttention ``self.sinks =
     nn.Parameter(torch.empty(config.num_attention_heads))``). A ``sliding_window`` without
     ``layer_types`` is not read: such configs do not say which layers use it."""
     for conf in (model, top) if model is not top else (model,):
-        kind = conf.pick(("model_type",), _string)
+        kind = conf.pick(("model_type",), string_check)
         if kind and kind[1] in HYBRID_ATTENTION:
             conf.refuse("model_type", f"{kind[1]}: {HYBRID_ATTENTION[kind[1]]}")
     out: dict = {}
-    kind = model.pick(("model_type",), _string)
+    kind = model.pick(("model_type",), string_check)
     if kind and kind[1] == "gpt_oss":
         out["attention_sinks"] = True
-    types = model.pick(("layer_types",), _strings)
+    types = model.pick(("layer_types",), strings_check)
     if types is None:
         return out
     if len(types[1]) != num_layers:
@@ -461,14 +370,14 @@ def _attention_pattern_fields(model: _Config, top: _Config, num_layers: int, hea
             model.refuse(f"layer_types[{i}]", f"unknown {shown_value(value)} (known: {', '.join(LAYER_TYPES)})")
     sliding = types[1].count("sliding_attention")
     if sliding:
-        window = model.pick(("sliding_window",), _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
+        window = model.pick(("sliding_window",), int_check(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
         if window is None:
             model.refuse("sliding_window", f"missing (layer_types has {sliding} sliding_attention layers)")
         out |= {"sliding_window": window[1], "sliding_window_layers": sliding}
     return out
 
 
-def _dense_ffn_fields(model: _Config, top: _Config, dense_width, ignored: list[str]) -> dict:
+def _dense_ffn_fields(model: ConfigView, top: ConfigView, dense_width, ignored: list[str]) -> dict:
     """The FFN fields of a dense model (one expert, top-1, the MLP's width); refused when
     the config looks like a mixture of experts without an expert count."""
     reason = _moe_reason(model, top)
@@ -480,7 +389,7 @@ def _dense_ffn_fields(model: _Config, top: _Config, dense_width, ignored: list[s
     return {"num_experts": 1, "top_k": 1, "expert_intermediate_size": dense_width[1]}
 
 
-def _shared_intermediate_size(model: _Config, shared_width, shared_count, routed_width: int) -> int:
+def _shared_intermediate_size(model: ConfigView, shared_width, shared_count, routed_width: int) -> int:
     """Width of the shared expert(s): the config's size, else n_shared_experts routed widths, else 0."""
     if shared_width and shared_count:
         model.refuse("n_shared_experts", "contradicts shared_expert_intermediate_size (give one shared-expert size)")
@@ -491,7 +400,7 @@ def _shared_intermediate_size(model: _Config, shared_width, shared_count, routed
     return 0
 
 
-def _dense_layer_fields(model: _Config, num_layers: int, dense_width) -> dict:
+def _dense_layer_fields(model: ConfigView, num_layers: int, dense_width) -> dict:
     """first_dense_layers and dense_intermediate_size of a MoE model with dense layers (empty if none)."""
     moe_layers, pattern = _moe_layers(model, num_layers)
     if moe_layers == 0:
@@ -506,7 +415,7 @@ def _dense_layer_fields(model: _Config, num_layers: int, dense_width) -> dict:
     return {"first_dense_layers": num_layers - moe_layers, "dense_intermediate_size": dense_width[1]}
 
 
-def _moe_ffn_fields(model: _Config, widths: dict, num_layers: int, ignored: list[str]) -> dict:
+def _moe_ffn_fields(model: ConfigView, widths: dict, num_layers: int, ignored: list[str]) -> dict:
     """The FFN fields of a mixture of experts: expert count, top-k, routed and shared widths,
     the dense layers."""
     experts, top_k, dense_width = widths["experts"], widths["top_k"], widths["dense"]
@@ -529,39 +438,39 @@ def _moe_ffn_fields(model: _Config, widths: dict, num_layers: int, ignored: list
     return out | _dense_layer_fields(model, num_layers, dense_width)
 
 
-def _ffn_fields(model: _Config, top: _Config, num_layers: int, ignored: list[str]) -> dict:
+def _ffn_fields(model: ConfigView, top: ConfigView, num_layers: int, ignored: list[str]) -> dict:
     """The expert and FFN fields, dense or mixture of experts."""
-    width = _int(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)")
+    width = int_check(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)")
     widths = {
-        "experts": model.pick(EXPERT_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
-        "top_k": model.pick(TOP_K_KEYS, _int(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
+        "experts": model.pick(EXPERT_KEYS, int_check(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
+        "top_k": model.pick(TOP_K_KEYS, int_check(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
         "dense": model.pick(DENSE_WIDTH_KEYS, width),
         "expert": model.pick(EXPERT_WIDTH_KEYS, width),
         "shared": model.pick(("shared_expert_intermediate_size",), width),
-        "shared_count": model.pick(("n_shared_experts",), _int(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
+        "shared_count": model.pick(("n_shared_experts",), int_check(1, MAX_EXPERTS, " (MAX_EXPERTS)")),
     }
     if widths["experts"] is None:
         return _dense_ffn_fields(model, top, widths["dense"], ignored)
     return _moe_ffn_fields(model, widths, num_layers, ignored)
 
 
-def _optional_fields(model: _Config) -> dict:
+def _optional_fields(model: ConfigView) -> dict:
     """tie_embeddings (default false) and, when given, rope_theta, rms_norm_eps, max_context_len."""
-    tie = model.pick(("tie_word_embeddings",), _bool)
+    tie = model.pick(("tie_word_embeddings",), bool_check)
     out = {"tie_embeddings": tie[1] if tie else False}
-    theta = model.pick(ROPE_THETA_KEYS, _number(MAX_ROPE_THETA))
+    theta = model.pick(ROPE_THETA_KEYS, number_check(MAX_ROPE_THETA))
     if theta is not None:
         out["rope_theta"] = theta[1]
-    eps = model.pick(("rms_norm_eps",), _number(MAX_NORM_EPS))
+    eps = model.pick(("rms_norm_eps",), number_check(MAX_NORM_EPS))
     if eps is not None:
         out["rms_norm_eps"] = eps[1]
-    window = model.pick(CONTEXT_KEYS, _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
+    window = model.pick(CONTEXT_KEYS, int_check(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
     if window is not None:
         out["max_context_len"] = window[1]
     return out
 
 
-def _dtype_fields(model: _Config, top: _Config) -> dict:
+def _dtype_fields(model: ConfigView, top: ConfigView) -> dict:
     """weight_dtype (the quantised type, else the checkpoint's float type) and activation_dtype."""
     float_dtype = _float_dtype(model, top)
     # kernels compute in the checkpoint's float type
@@ -587,7 +496,7 @@ def normalize_hf_config(cfg: dict, name: str, source: Optional[str] = None) -> d
     out |= _attention_fields(model, required, used)
     out |= _attention_pattern_fields(model, top, required["num_layers"], required["num_heads"])
     out |= _ffn_fields(model, top, required["num_layers"], ignored)
-    if (kind := model.pick(("model_type",), _string)) and kind[1] == "llama4_text":
+    if (kind := model.pick(("model_type",), string_check)) and kind[1] == "llama4_text":
         from .hf_llama4 import llama4_text_fields
 
         out |= llama4_text_fields(model, out)

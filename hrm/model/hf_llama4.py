@@ -18,6 +18,7 @@ What the file does not say and the engines do (ikawrakow/ik_llama.cpp@8337e4cd38
 from __future__ import annotations
 
 from ..errors import value_kind
+from .hf_fields import MAX_CONTEXT_WINDOW, MAX_INTERMEDIATE_SIZE, int_check
 
 #: Transformers' Llama4TextConfig defaults for absent keys (the same values ik_llama.cpp hard-codes)
 DEFAULT_CHUNK_TOKENS = 8192
@@ -27,14 +28,12 @@ DEFAULT_NO_ROPE_INTERVAL = 4
 def _chunked_layers(model, num_layers: int) -> int:
     """Layers that attend within chunks: those no_rope_layers marks 1 (they use RoPE), else all
     but every no_rope_layer_interval-th."""
-    from .hf_config import _int
-
     listed = model.raw("no_rope_layers")
     if listed:  # [] means "not set" to Transformers (no model has zero layers)
         if not isinstance(listed, list) or len(listed) != num_layers or any(v not in (0, 1) for v in listed):
             model.refuse("no_rope_layers", f"must list 0 or 1 for each of the {num_layers} layers, got {value_kind(listed)}")
         return sum(listed)
-    step = model.pick(("no_rope_layer_interval",), _int(1, num_layers, " (num_hidden_layers)"))
+    step = model.pick(("no_rope_layer_interval",), int_check(1, num_layers, " (num_hidden_layers)"))
     step = step[1] if step else DEFAULT_NO_ROPE_INTERVAL
     return sum(1 for i in range(num_layers) if (i + 1) % step)
 
@@ -53,16 +52,14 @@ def _check_moe_layers(model, fields: dict) -> None:
 def llama4_text_fields(model, fields: dict) -> dict:
     """The shared expert, the dense layers' width and the chunked layers of a llama4_text config
     whose generic fields (``fields``) are already read."""
-    from .hf_config import MAX_CONTEXT_WINDOW, MAX_INTERMEDIATE_SIZE, _int
-
     _check_moe_layers(model, fields)
     out = {"shared_intermediate_size": fields["expert_intermediate_size"], "shared_expert_gate": False}
     if fields.get("first_dense_layers"):
-        mlp = model.pick(("intermediate_size_mlp",), _int(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)"))
+        mlp = model.pick(("intermediate_size_mlp",), int_check(1, MAX_INTERMEDIATE_SIZE, " (MAX_INTERMEDIATE_SIZE)"))
         if mlp is None:
             model.refuse("intermediate_size_mlp", f"missing (width of the {fields['first_dense_layers']} dense layers)")
         out["dense_intermediate_size"] = mlp[1]
-    chunk = model.pick(("attention_chunk_size",), _int(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
+    chunk = model.pick(("attention_chunk_size",), int_check(1, MAX_CONTEXT_WINDOW, " (MAX_CONTEXT_TOKENS)"))
     chunked = _chunked_layers(model, fields["num_layers"])
     if chunked:
         out |= {"sliding_window": chunk[1] if chunk else DEFAULT_CHUNK_TOKENS, "sliding_window_layers": chunked,
