@@ -63,3 +63,18 @@ def interrupt_klotski_schedule(monkeypatch, nth: int) -> list:
 
     monkeypatch.setattr(klotski_search, "klotski_times", interrupted)
     return calls
+
+
+#: the files with the longest tests (pytest --durations on this 2-core VM, 2026-11-27: every
+#: example 127 s, the bad-input corpus 88 s, the notebooks 65 s, the solver's and the exact
+#: search's cross-checks, the latency limits, README numbers, Klotski, the web). xdist hands out
+#: whole files (--dist loadfile) in collection order (--no-loadscope-reorder): these go first,
+#: so no worker is left alone with a two-minute test at the end.
+HEAVY_FIRST = ("test_examples.py", "test_corpus.py", "test_notebooks.py", "test_solver.py", "test_search_exact.py",
+               "test_latency_limits.py", "test_readme.py", "test_klotski_engine.py", "test_web_browser.py",
+               "test_web.py", "test_export.py", "test_printing.py", "test_ground_truth_llamacpp.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable: file order kept otherwise

@@ -21,8 +21,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import corpus_table as ct  # noqa: E402
 
 CASES = ct.load_cases()
-#: every case on one xdist worker: the fixture runs the whole corpus once per worker
-pytestmark = pytest.mark.xdist_group("corpus")
 
 
 def _param(case: dict):
@@ -30,7 +28,7 @@ def _param(case: dict):
     return pytest.param(case["id"], marks=marks, id=case["id"])
 
 
-@pytest.fixture(scope="session")  # once per worker, even when other modules' tests run between these
+@pytest.fixture(scope="session")  # once: xdist runs this whole file on one worker (--dist loadfile)
 def outcomes(request) -> dict[str, ct.Result]:
     """The outcome of every selected case (``-k`` runs only those), two processes at a time."""
     wanted = {item.callspec.params["case_id"] for item in request.session.items
