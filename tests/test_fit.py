@@ -135,6 +135,8 @@ def test_gpu_fit_nothing_fits():
     (["--hw", str(HOST), "--gguf", str(TABLE), "--context", "64", "--gen", "64"], "context must hold"),
     (["--hw", str(HOST), "--gguf", str(TABLE), "--context", "640", "--users", "0"], "--users 0"),
     (["--hw", "l4", "--cpu", "ryzen-9-7950x", "--context", "640"], "not both"),
+    # hrm fit's own flag, not the workload flags it builds (--max-prompt-len/--gen-len)
+    (["--hw", "l4", "--model", "mixtral", "--context", "32769"], "--context 32769 exceeds the context window"),
 ])
 def test_cli_refusals(argv, text, capsys):
     from hrm_cli import main

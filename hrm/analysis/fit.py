@@ -213,6 +213,10 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
         raise HRMError(f"hrm fit: {hw.name} has no GPU: give a GGUF (--gguf) and a profile with a ggml_cpu section "
                        f"(hrm profile --llama-cpp) for the CPU-only search")
     prompt = _check(context, gen, users, objective)
+    window = model.max_context_len
+    if window is not None and context > window:  # in hrm fit's own flags, not the workload's
+        raise HRMError(f"--context {context} exceeds the context window of model {model.name} ({window} tokens, "
+                       f"max_position_embeddings)")
     workload = make_workload(None, prompt_len=prompt, gen_len=gen)
     layers = max(int(model.num_moe_layers), 1)
     threads, default_t, notes = _gpu_threads(hw, threads)
