@@ -7,4 +7,5 @@
 - :mod:`hrm.analysis.validation`: committed real runs against the model's predictions;
 - :mod:`hrm.analysis.fit`: the fastest llama.cpp command for a machine (``hrm fit``);
 - :mod:`hrm.analysis.fit_ollama`: that command's ollama form (Modelfile), or the best ollama can express.
+- :mod:`hrm.analysis.public_reports`: public llama.cpp speed reports beside HRM's predictions (docs/validation/fit_reports.md).
 """
