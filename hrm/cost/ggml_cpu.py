@@ -25,6 +25,8 @@ size is the GGUF's own tensor list (:mod:`hrm.model.gguf`).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,18 +201,18 @@ def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_wi
     return min(kernels, key=distance)
 
 
-def _dense_s(tensor: GgufTensor, section: GgmlCpu, threads: int, rows: float, reuse) -> float:
-    return tensor.elements * seconds_per_element(section, tensor.ggml_type, "mm", threads, rows, reuse)
+def _dense_s(tensor: GgufTensor, rate: Callable[[str, str, float], float], rows: float) -> float:
+    return tensor.elements * rate(tensor.ggml_type, "mm", rows)
 
 
-def _experts_s(tensor: GgufTensor, section: GgmlCpu, threads: int, tokens: int, experts: int, top_k: int,
-               reuse) -> float:
+def _experts_s(tensor: GgufTensor, rate: Callable[[str, str, float], float], tokens: int, experts: int,
+               top_k: int) -> float:
     if tokens <= 0:
         return 0.0
     touched = float(uniform_distinct_experts(experts, top_k, tokens))
     rows = tokens * top_k / touched
     per_expert = tensor.elements / experts
-    return touched * per_expert * seconds_per_element(section, tensor.ggml_type, "mmid", threads, rows, reuse)
+    return touched * per_expert * rate(tensor.ggml_type, "mmid", rows)
 
 
 def kv_cells(used_cells: float) -> int:
@@ -332,16 +334,21 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     sequence ``(query tokens, cached tokens they attend over)``."""
     dense = experts = 0.0
     traffic = step_traffic(inventory, tokens, sequences)
-    dense_reuse, expert_reuse = reuse_distances_mib(traffic, False), reuse_distances_mib(traffic, True)
+    reuse = {"mm": reuse_distances_mib(traffic, False), "mmid": reuse_distances_mib(traffic, True)}
+
+    @functools.cache  # a step's layers repeat a few (type, op, rows): each rate read once per step
+    def rate(ggml_type: str, op: str, rows: float) -> float:
+        return seconds_per_element(section, ggml_type, op, threads, rows, reuse[op])
+
     last_ffn = f"blk.{inventory.attention.layers - 1}.ffn_"
     for tensor in inventory.matmul_tensors():
         # the last layer's FFN runs on the output rows only (src/models/llama.cpp:174-177,
         # qwen3moe.cpp:123-126, deepseek2.cpp:636-639: get_rows of inp_out_ids after attention)
         rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
         if tensor.is_expert:
-            experts += _experts_s(tensor, section, threads, rows, inventory.num_experts, inventory.top_k, expert_reuse)
+            experts += _experts_s(tensor, rate, rows, inventory.num_experts, inventory.top_k)
         else:
-            dense += _dense_s(tensor, section, threads, rows, dense_reuse)
+            dense += _dense_s(tensor, rate, rows)
     attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
     node = section.node_s(threads)
     if node is None:
