@@ -17,8 +17,9 @@ def test_there_are_four_notebooks_stored_without_outputs():
         assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), path.name
 
 
-#: 04_validation runs policies in the reference runtime against their predictions (a cross-check)
-SLOW_NOTEBOOKS = ("04_validation.ipynb",)
+#: 04_validation runs policies in the reference runtime against their predictions (a cross-check);
+#: 03_policy_map searches a grid of policies for its map (about 30 s on 2 cores)
+SLOW_NOTEBOOKS = ("03_policy_map.ipynb", "04_validation.ipynb")
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_NOTEBOOKS else p

@@ -108,6 +108,7 @@ def test_change_inputs_and_plan_as_the_cli(server, browser, capsys):
     assert "hw=l4" in share and "engine=flexgen" in share and "gen_len=64" in share
 
 
+@pytest.mark.slow  # a real browser, two plans (seconds each): the full suite runs it
 def test_the_shareable_url_reproduces_the_plan(server, browser, capsys):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -162,6 +163,7 @@ def wait_body(driver, name: str, value: str):
     WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element("tag name", "body").get_attribute(name) == value)
 
 
+@pytest.mark.slow  # a real browser, two plans (seconds each): the full suite runs it
 def test_two_plans_in_quick_succession_show_only_the_second(server, browser, capsys):
     """Plan on l4, then at once on t4; l4's replies are held back 4 s. The page shows t4's plan,
     and t4's compare table, and nothing of l4's arrives later."""
@@ -192,6 +194,7 @@ def test_two_plans_in_quick_succession_show_only_the_second(server, browser, cap
     assert engine_row[3] == f"{want['estimate']['generation_throughput_tok_s']:,.1f}", rows
 
 
+@pytest.mark.slow  # a real browser, two plans (seconds each): the full suite runs it
 def test_an_error_after_a_success_clears_the_page(server, browser):
     browser.get(f"{server}/?hw=l4&model=mixtral")
     assert wait_for_plan(browser).startswith("planned in")
