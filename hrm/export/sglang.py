@@ -110,11 +110,11 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
 def _kt_share(values: dict[str, list[str]], ctx: Context) -> tuple[float, list[str]]:
     """(r_w, notes): every expert on the GPU without --kt-weight-path (no layer is wrapped),
     else the --kt-* flags' share (:func:`hrm.export.sglang_kt.gpu_expert_share`)."""
+    share, notes = gpu_expert_share(values, ctx)  # malformed values refused, whether or not kTransformers is on
     if "--kt-weight-path" not in values:
         kt = [flag for flag in values if flag.startswith("--kt-")]
         return 1.0, [f"{', '.join(kt)} without --kt-weight-path: kTransformers is off (kvcache-ai/sglang@04653fa8 "
                      "python/sglang/srt/layers/moe/kt_ep_wrapper.py:2104-2105), every expert on the GPU"] if kt else []
-    share, notes = gpu_expert_share(values, ctx)
     return share, notes + placement_notes(values) + thread_notes(values, ctx)
 
 
@@ -150,8 +150,7 @@ _KTW = "python/sglang/srt/layers/moe/kt_ep_wrapper.py"
 
 def _kt(flag: str, field: str, lines: str, **kw) -> FlagSpec:
     """A --kt-* flag as kTransformers' sglang-kt registers it (server_args.py:``lines``)."""
-    return FlagSpec(flag=flag, policy_field=field, source=f"python/sglang/srt/server_args.py:{lines}",
-                    checked_against=SGLANG_KT, **kw)
+    return FlagSpec(flag=flag, policy_field=field, source=f"{SGLANG_KT} python/sglang/srt/server_args.py:{lines}", **kw)
 
 
 _SUFFIXED = r"\d+(\.\d+)?(k|M|G|T|Ki|Mi|Gi|Ti)?"
