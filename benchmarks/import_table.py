@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hrm.export.real_commands import (CPU_EXPERT_ENGINES, cpu_expert_read_count, load_real_commands, policy_counts,
-                                      read_real_command)
+from hrm.export.real_commands import (CPU_EXPERT_ENGINES, cpu_expert_counts, cpu_expert_read_count,
+                                      load_real_commands, policy_counts, read_real_command)
 
 TABLE = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_commands.yaml"
 
@@ -41,7 +41,8 @@ def main() -> None:
     print(f"\n{len(entries)} commands; read to a policy, by engine: " +
           ", ".join(f"{engine} {read} of {total}" for engine, (read, total) in counts.items()) + ".")
     print(f"\nRead to a policy for the engines that keep experts on the CPU ({' + '.join(CPU_EXPERT_ENGINES)}): "
-          f"{cpu_expert_read_count(entries)}.")
+          f"{cpu_expert_read_count(entries)}. By engine: " +
+          ", ".join(f"{name} {read} of {total}" for name, (read, total) in cpu_expert_counts(entries).items()) + ".")
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ def main(argv) -> int:
     imported = read_command(args.source, args.flags, model, asked, hw, options.gpu_memory_utilization,
                             {field: getattr(asked, field) for field in fields})
     policy, notes, workload = imported.policy, list(imported.notes), imported.workload
+    model = imported.model or model  # as the command stores it (SGLang's --kt-method: the CPU experts' format)
     if named_note is not None:
         notes.append(named_note)
     target = import_source(args.source)[1]

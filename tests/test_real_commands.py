@@ -59,3 +59,15 @@ def test_cpu_expert_engines_read_at_least_15_and_the_page_says_so():
     assert read == by_hand
     page = (Path(__file__).parent.parent / "docs" / "engines" / "imports.md").read_text()
     assert f"(llama.cpp + ollama + ktransformers (sglang --kt)): {read}." in page
+
+
+def test_ktransformers_rows_read_and_the_page_counts_them():
+    """Issue 34 part 3: kTransformers commands (SGLang's --kt-*) read to a policy, at least 3,
+    and the page's per-engine line says how many of how many."""
+    from hrm.export.real_commands import cpu_expert_counts
+
+    kt = [e for e in ENTRIES if e.engine == "sglang" and "--kt-weight-path" in e.command]
+    read = sum(e.expect.refused is None for e in kt)
+    assert read >= 3 and cpu_expert_counts(ENTRIES)["ktransformers (sglang --kt)"] == (read, len(kt))
+    page = (Path(__file__).parent.parent / "docs" / "engines" / "imports.md").read_text()
+    assert f"ktransformers (sglang --kt) {read} of {len(kt)}." in page

@@ -7,7 +7,8 @@ command itself runs). Each engine is one target module
 (``flexgen``, ``moe_lightning``, ``llama_cpp``, ``vllm``, ``sglang``) over the protocol of
 :mod:`hrm.export.target`, listed once in :data:`EXPORTERS` (:mod:`hrm.export.registry`);
 llama.cpp's tensor overrides (``-ot``, ``--n-cpu-moe``) are read by
-:mod:`hrm.export.llama_overrides`. A target's policy space is its HRM engines' ``policy:``
+:mod:`hrm.export.llama_overrides`; kTransformers' ``--kt-*`` flags of SGLang (GPU experts, the
+CPU experts' format per ``--kt-method``, threads and NUMA pools) by :mod:`hrm.export.sglang_kt`. A target's policy space is its HRM engines' ``policy:``
 blocks (:mod:`hrm.export.space`); :func:`fix_pins` gives it as ``hrm-search --fix`` pins.
 :mod:`hrm.export.exporting` exports a plan (re-planned where the target cannot run it) and
 :mod:`hrm.export.importing` reads a pasted command; :mod:`hrm.export.values` holds what the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Optional
 
 from ..errors import HRMError
 from ..policy import Policy
@@ -187,6 +188,9 @@ class Imported(Frozen):
     #: HRM engine fields the command sets (the target's ``engine_fields`` hook): the estimate
     #: runs the target's engine with them (:func:`hrm.engines.mechanisms.with_fields`)
     engine_fields: dict = {}
+    #: the model as the command stores its weights (the target's ``stored_model`` hook): the
+    #: estimate is for it; None: the model given
+    model: Optional[object] = None
 
 
 #: ``hrm import``'s workload flags, by the :class:`~hrm.workload.Workload` field each sets
@@ -247,11 +251,13 @@ def read_command(engine_name: str, text: str, model, workload, hardware=None, gp
     if policy is None:
         raise HRMError(f"{target.name}: the flags give no valid policy")
     check_workload_flags(target, given or {}, run)
-    notes = [*front_notes, *notes]
+    stored, stored_notes = target.stored_model(values, ctx) if target.stored_model else (None, [])
+    notes = [*front_notes, *notes, *stored_notes]
     if _shown(run) != _shown(workload):
         notes = [*notes, f"{target.name}: the command runs {_shown(run)}: the estimate is for that workload"]
     fields = target.engine_fields(values, ctx.model_copy(update={"workload": run})) if target.engine_fields else {}
-    return Imported(policy=policy, notes=tuple(notes), workload=run, engine_fields=fields)
+    return Imported(policy=policy, notes=tuple(notes), workload=run, engine_fields=fields,
+                    model=None if stored is model else stored)
 
 
 def import_command(engine_name: str, text: str, model, workload, hardware=None,

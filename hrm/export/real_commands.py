@@ -36,13 +36,16 @@ class Parts(_Frozen):
     gpu: Optional[str] = None
     gpus: int = 1
     cpu: str
+    #: CPU sockets (hrm.machine.parts.compose_profile: one NUMA node each)
+    sockets: int = 1
     ram_gib: float
     #: what of the machine the post does not state (the part assumed in its place)
     assumed: str = ""
 
     @property
     def label(self) -> str:
-        return f"{f'{self.gpus}x{self.gpu} + ' if self.gpu else ''}{self.cpu}, {self.ram_gib:g} GiB"
+        cpu = f"{self.sockets}x{self.cpu}" if self.sockets > 1 else self.cpu
+        return f"{f'{self.gpus}x{self.gpu} + ' if self.gpu else ''}{cpu}, {self.ram_gib:g} GiB"
 
 
 class RealCommand(_Frozen):
@@ -77,7 +80,7 @@ class RealCommand(_Frozen):
 
         if self.parts is not None:
             p = self.parts
-            return compose_profile(p.gpu, p.cpu, p.ram_gib, p.gpus)
+            return compose_profile(p.gpu, p.cpu, p.ram_gib, p.gpus, p.sockets)
         return load_hardware(self.hw)
 
 
@@ -112,6 +115,17 @@ def cpu_expert_engine(entry: RealCommand) -> str | None:
     if entry.engine == "sglang" and "--kt-" in entry.command:
         return CPU_EXPERT_ENGINES[2]
     return None
+
+
+def cpu_expert_counts(entries: list[RealCommand]) -> dict[str, tuple[int, int]]:
+    """{:data:`CPU_EXPERT_ENGINES` name: (entries read to a policy, entries)}."""
+    out = {name: (0, 0) for name in CPU_EXPERT_ENGINES}
+    for e in entries:
+        name = cpu_expert_engine(e)
+        if name is not None:
+            read, total = out[name]
+            out[name] = (read + (e.expect.refused is None), total + 1)
+    return out
 
 
 def cpu_expert_read_count(entries: list[RealCommand]) -> int:

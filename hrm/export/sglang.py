@@ -1,7 +1,8 @@
 """SGLang with kTransformers CPU experts (``--kt-weight-path``, ``--kt-num-gpu-experts k``,
-``--kt-method BF16``): experts 0..k-1 of every layer on the GPU, the others computed on the
-CPU by kt-kernel, one forward pass per step, attention and the KV pool on the GPU. Its policy
-space and mechanisms: the shipped ``sglang`` engine (``hrm/data/engines/sglang.yaml``); the
+``--kt-method``): k experts of every layer on the GPU, the others computed on the CPU by
+kt-kernel in --kt-method's format, one forward pass per step, attention and the KV pool on the
+GPU. Its policy space and mechanisms: the shipped ``sglang`` engine
+(``hrm/data/engines/sglang.yaml``); the ``--kt-*`` flags read: :mod:`hrm.export.sglang_kt`; the
 flags, defaults and start-up requirements with their file:line: ``docs/engines/sglang.md``."""
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from typing import Optional
 from .. import bounds
 from ..errors import HRMError
 from ..policy import Policy
+from .sglang_kt import (SGLANG_KT, gpu_expert_share, method_for, placement_notes, prefill_threshold_fields,
+                        stored_model, thread_notes)
 from .target import Context, EngineFlags, FlagSpec
-from .values import (EXPERTS, HTTP_SERVER_FLAGS, context_tokens, int_value, nearest_counts, one_batch,
+from .values import (HTTP_SERVER_FLAGS, context_tokens, int_value, nearest_counts, one_batch,
                      server_notes, suffixed_int, within_context)
 from .vllm import batched_tokens
 
-SGLANG_VERSION = "sglang 0.5.23 (kt-kernel 0.7.2; flags also in sglang-kt 0.7.2)"
+SGLANG_VERSION = "sglang 0.5.23; --kt-* flags: kTransformers' sglang-kt (kvcache-ai/sglang@04653fa8) and kt-kernel " \
+                 "(kvcache-ai/ktransformers@95009ea6)"
 _F = "sglang/srt/arg_groups/fields"
 _KT = "sglang/srt/layers/moe/kt_ep_wrapper.py"
 
@@ -25,12 +29,9 @@ _KT = "sglang/srt/layers/moe/kt_ep_wrapper.py"
 #: (no decimals with an IEC suffix)
 SGLANG_SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
                    "Ti": 2**40}
-#: --kt-method for the model's weight dtype: kt-kernel's BF16 backend reads the 16-bit Hugging
-#: Face checkpoint itself (kt_kernel/utils/loader.py:551-600); the default AMXINT4 needs weights
-#: converted to INT4 and an AVX512 CPU (kt_kernel/utils/amx.py:329-334)
-KT_METHODS = {"bf16": "BF16", "fp16": "BF16"}
-#: sglang/srt/arg_groups/fields/exec_.py:1020-1022
-DEFAULT_KT_METHOD = "AMXINT4"
+#: --kt-weight-path for an AMXINT8/AMXINT4 export: weights converted by kt-kernel's
+#: scripts/convert_cpu_weights.py (kt-kernel/README.md "Prepare Weights"), not the checkpoint
+CONVERTED_WEIGHTS = "CPU_WEIGHTS"
 #: flags of mechanisms HRM's sglang engine does not model: the values that keep them off (each
 #: flag's default) and why another value is refused
 UNMODELLED = {
@@ -45,15 +46,6 @@ UNMODELLED = {
                                  "forward pass (srt/utils/offloader.py:131-194), a mechanism HRM's vllm engine "
                                  "models: import the same budget with --from vllm"),
 }
-
-
-def kt_method(ctx: Context) -> str:
-    """The --kt-method that computes the CPU experts in the model's own weights."""
-    dtype = str(ctx.model.weight_dtype)
-    if dtype not in KT_METHODS:
-        raise HRMError(f"sglang: the model's weights are {dtype}: kTransformers' CPU experts would need weights "
-                       f"converted for --kt-method AMXINT4/AMXINT8, which HRM does not model (16-bit only)")
-    return KT_METHODS[dtype]
 
 
 def gpu_experts(policy: Policy, ctx: Context) -> int:
@@ -102,7 +94,9 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
     count = gpu_experts(policy, ctx)
     hw = ctx.hardware
     if count < int(ctx.model.num_experts):  # kTransformers on only when some experts stay on the CPU
-        out.update({"--kt-weight-path": ["MODEL"], "--kt-method": [kt_method(ctx)], "--kt-num-gpu-experts": [str(count)]})
+        method = method_for(ctx.model)
+        path = CONVERTED_WEIGHTS if method.startswith("AMX") else "MODEL"
+        out.update({"--kt-weight-path": [path], "--kt-method": [method], "--kt-num-gpu-experts": [str(count)]})
     if hw is not None and "--kt-weight-path" in out:
         out["--kt-cpuinfer"] = [str(int(hw.cpu.cores))]
         out["--kt-threadpool-count"] = [str(int(getattr(hw.cpu, "numa_nodes", None) or 1))]
@@ -113,40 +107,28 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
     return out
 
 
-def _kt_experts(values: dict[str, list[str]], ctx: Context) -> tuple[int, list[str]]:
-    """The experts per layer kept on the GPU: every one without --kt-weight-path (the wrapper
-    is off: fused_moe_triton/layer.py:489-497), else --kt-num-gpu-experts, refused unless
-    --kt-method computes in the model's own weights."""
-    experts = int(ctx.model.num_experts)
-    count = int_value(values, "--kt-num-gpu-experts", EXPERTS)
-    if count is not None and count > experts:
-        raise HRMError(f"--kt-num-gpu-experts {count}: {ctx.model.name} has {experts} experts per layer")
+def _kt_share(values: dict[str, list[str]], ctx: Context) -> tuple[float, list[str]]:
+    """(r_w, notes): every expert on the GPU without --kt-weight-path (no layer is wrapped),
+    else the --kt-* flags' share (:func:`hrm.export.sglang_kt.gpu_expert_share`)."""
+    share, notes = gpu_expert_share(values, ctx)  # malformed values refused, whether or not kTransformers is on
     if "--kt-weight-path" not in values:
         kt = [flag for flag in values if flag.startswith("--kt-")]
-        return experts, [f"{', '.join(kt)} without --kt-weight-path: kTransformers is off ({_KT}:78-79), every "
-                         "expert on the GPU"] if kt else []
-    method = values.get("--kt-method", [DEFAULT_KT_METHOD])[0]
-    if method.upper() != kt_method(ctx):
-        raise HRMError(f"sglang: --kt-method {method}{' (the default)' if '--kt-method' not in values else ''} "
-                       f"computes the CPU experts from weights converted for it (kt_kernel/experts.py:33-49, "
-                       f"utils/amx.py:329-340); HRM models the model's {ctx.model.weight_dtype} weights: give "
-                       f"--kt-method {kt_method(ctx)}")
-    if count is None:
-        raise HRMError(f"sglang: --kt-weight-path without --kt-num-gpu-experts ({_KT}:87,205-213 need it)")
-    return count, []
+        return 1.0, [f"{', '.join(kt)} without --kt-weight-path: kTransformers is off (kvcache-ai/sglang@04653fa8 "
+                     "python/sglang/srt/layers/moe/kt_ep_wrapper.py:2104-2105), every expert on the GPU"] if kt else []
+    return share, notes + placement_notes(values) + thread_notes(values, ctx)
 
 
 def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str]]:
     named = (values.get("serve") or values.get("--model-path") or [None])[0]
     notes = server_notes(values, ctx, engine="sglang", model=named, unmodelled=UNMODELLED, tp_flag="--tp-size",
                          memory_flag="--mem-fraction-static")
-    int_value(values, "--kt-cpuinfer", bounds.CORES)
     big = int_value(values, "--max-running-requests", bounds.SEQUENCES)
     if big is None:
         raise HRMError("sglang: give --max-running-requests (without it SGLang admits as many requests as its KV pool "
                        "holds, at least 2048 slots: srt/mem_cache/kv_cache_configurator.py:3119-3132)")
-    count, kt_notes = _kt_experts(values, ctx)
-    policy = _experts_policy(Policy(batch_size=big, micro_batch_size=big, num_micro_batches=1), ctx, count)
+    share, kt_notes = _kt_share(values, ctx)
+    policy = one_batch(Policy(batch_size=big, micro_batch_size=big, num_micro_batches=1), attn_on_gpu=True,
+                       kv_gpu_ratio=1.0, ffn_on_gpu=True, weights_gpu_ratio=share)
     return policy, notes + kt_notes
 
 
@@ -161,6 +143,14 @@ def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
 
 def _flag(flag: str, field: str, source: str, **kw) -> FlagSpec:
     return FlagSpec(flag=flag, policy_field=field, source=source, **kw)
+
+
+_KTW = "python/sglang/srt/layers/moe/kt_ep_wrapper.py"
+
+
+def _kt(flag: str, field: str, lines: str, **kw) -> FlagSpec:
+    """A --kt-* flag as kTransformers' sglang-kt registers it (server_args.py:``lines``)."""
+    return FlagSpec(flag=flag, policy_field=field, source=f"{SGLANG_KT} python/sglang/srt/server_args.py:{lines}", **kw)
 
 
 _SUFFIXED = r"\d+(\.\d+)?(k|M|G|T|Ki|Mi|Gi|Ti)?"
@@ -182,13 +172,20 @@ SGLANG_FLAGS = (  # '--' + field name with '-' for '_' (sglang/srt/arg_groups/ar
     _flag("--chunked-prefill-size", "(prefill tokens per step)", f"{_F}/schedule.py:52-55"),
     _flag("--max-prefill-tokens", "(prefill tokens per batch)", f"{_F}/schedule.py:71-80", value_form=_SUFFIXED),
     _flag("--enable-paged-experts", "(refused)", f"{_F}/exec_.py:999-1007", values=0),
-    _flag("--kt-weight-path", "(kTransformers on: CPU expert weights)", f"{_F}/exec_.py:1016-1019", value_form=r"\S+"),
-    _flag("--kt-method", "(CPU expert kernel: BF16)", f"{_F}/exec_.py:1020-1022; kt_kernel/experts.py:33-49",
-          value_form=r"[A-Za-z0-9_]+"),
-    _flag("--kt-cpuinfer", "(hardware: CPU threads)", f"{_F}/exec_.py:1023-1025"),
-    _flag("--kt-threadpool-count", "(NUMA nodes)", f"{_F}/exec_.py:1026-1029"),
-    _flag("--kt-num-gpu-experts", "weights_gpu_ratio (experts 0..k-1 of every layer on the GPU)",
-          f"{_F}/exec_.py:1030-1032; {_KT}:99-116,205-213"),
+    _kt("--kt-weight-path", "(kTransformers on: the CPU experts' file)", "4829-4833", value_form=r"\S+"),
+    _kt("--kt-method", "(the CPU experts' format: hrm.export.sglang_kt.KT_FORMATS)", "4834-4839; kvcache-ai/"
+        "ktransformers@95009ea6 kt-kernel/python/experts.py:33-48", value_form=r"[A-Za-z0-9_]+"),
+    _kt("--kt-cpuinfer", "(kt-kernel's CPU threads: noted against the machine's cores)", "4840-4844"),
+    _kt("--kt-threadpool-count", "(one thread pool per NUMA node: noted against the machine's)", "4845-4850"),
+    _kt("--kt-num-gpu-experts", "weights_gpu_ratio = k/E (k experts of every MoE layer on the GPU)",
+        f"4859-4865; {_KTW}:1935-1941"),
+    _kt("--kt-gpu-experts-ratio", "weights_gpu_ratio = int(L·E·f)/(L·E) (overrides --kt-num-gpu-experts)",
+        f"4866-4872; {_KTW}:1918-1934", value_form=r"\d*\.?\d+"),
+    _kt("--kt-expert-placement-strategy", "(which experts, not how many: noted)", f"4896-4906; {_KTW}:1952-2042",
+        value_form=r"[a-z-]+"),
+    _kt("--kt-gpu-prefill-token-threshold", "engine op_offload_min_tokens (passes of T tokens or more compute the "
+        "layer's experts on the GPU)", f"4879-4884; {_KTW}:2954-2958"),
+    _kt("--kt-enable-dynamic-expert-update", "(which experts, not how many: noted)", "4890-4895", values=0),
     _flag("--cpu-offload-gb", "(refused above 0: see --from vllm)", f"{_F}/exec_.py:1068-1071 (int)"),
     _flag("--offload-group-size", "(refused)", f"{_F}/exec_.py:1072-1075"),
 )
@@ -209,9 +206,12 @@ SGLANG = EngineFlags(
              f"({_KT}:216-231), which kt-kernel 0.7.2 no longer takes (kt_kernel/experts.py:125-148: "
              "gpu_experts_mask; kvcache-ai/ktransformers#1832): run it with sglang-kt 0.7.2, which takes the same "
              "flags (--kt-num-gpu-experts per layer, uniform placement: experts 0..k-1)",
-             "--kt-method BF16 needs AVX512-BF16 or AVX2+FMA on the host (kt_kernel/utils/amx.py:648-655) and reads "
-             "the model's Hugging Face checkpoint (--kt-weight-path MODEL)",
+             "--kt-method BF16, FP8, GPTQ_INT4 and MXFP4 read the model's own checkpoint (--kt-weight-path MODEL); "
+             "AMXINT8/AMXINT4 read weights converted by kt-kernel's scripts/convert_cpu_weights.py (CPU_WEIGHTS) and "
+             "need AVX512F+BW (kvcache-ai/ktransformers@95009ea6 kt-kernel/python/utils/amx.py:294-305); HRM's CPU "
+             "experts run at the machine's memory rate and FP32 peak, not AMX's int8/bf16 tile rate",
              "the CPU and GPU experts of a layer run concurrently and join at its end; HRM's sglang engine charges "
              "them one after the other (serial), an upper bound"),
     workload=command_workload, nearest=_nearest, render=_render, parse=_parse,
+    engine_fields=prefill_threshold_fields, stored_model=stored_model,
 )

@@ -108,6 +108,9 @@ class EngineFlags(Frozen):
     #: the HRM engine fields a command's flags set beside the policy (dotted path -> value:
     #: vLLM's --max-num-batched-tokens is ``prefill.max_tokens_per_pass``); None: none
     engine_fields: Optional[Callable[[dict[str, list[str]], Context], dict]] = None
+    #: the model as the command stores its weights, with notes (SGLang's --kt-method: the CPU
+    #: experts in a converted file of the same model); None: the model given
+    stored_model: Optional[Callable[[dict[str, list[str]], Context], tuple[object, list[str]]]] = None
     #: the target's policy space where its HRM engines' files cannot say it: pin sets (``--fix``
     #: values) the re-plan searches one by one, keeping the best (FlexGen: r_w only at the
     #: shares its midpoint rule places, the cache on the CPU); None: one unpinned search

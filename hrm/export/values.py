@@ -124,18 +124,23 @@ def suffixed_int(values: dict[str, list[str]], flag: str, multipliers: dict[str,
     return rng.check(count, flag)
 
 
+def _bare(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
 def served_model_notes(named: str | None, ctx: Context, engine: str, flag: str) -> list[str]:
     """Refuse (one line) a model a server command names that is not the model being planned;
     a command's model matches when its last path part starts with the planned model's name
-    or one of its catalog aliases, the longest catalog name that matches deciding."""
+    or one of its catalog aliases (hyphens and underscores aside: a directory DeepSeekV3 is
+    deepseek-v3), the longest catalog name that matches deciding."""
     from ..model.spec import ALIASES, list_catalog
 
     if named is None or named == "MODEL":
         return [] if named else [f"{engine}: no model in the command: read as {ctx.model.name}"]
-    base = named.rstrip("/").split("/")[-1].lower()
+    base = _bare(named.rstrip("/").split("/")[-1])
     own = ctx.model.name.lower()
     names = {name: name for name in list_catalog()} | dict(ALIASES) | {own: own}
-    matches = sorted((key for key in names if base.startswith(key)), key=len, reverse=True)
+    matches = sorted((key for key in names if base.startswith(_bare(key))), key=lambda k: len(_bare(k)), reverse=True)
     if matches and names[matches[0]] in (own, ALIASES.get(own, own)):
         return []
     raise HRMError(f"{engine}: {flag} {shown_word(named)} is not the model being planned ({ctx.model.name}); "

@@ -165,6 +165,11 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
                               source="IST-DASLab/marlin README: 4 bits + 0.125 bits of fp16 group scales (group 128)"),
     "int8-channelwise": WeightFormat(parts=((1.0, 1.0, 1),),
                                      source="one scale per output channel: < 0.01% of the bytes, not counted"),
+    # kt-kernel's AMXINT4 CPU experts: n·k/2 bytes of nibbles + one fp32 scale per output row
+    # (kvcache-ai/ktransformers@95009ea6 kt-kernel/operators/amx/la/amx_buffers.hpp:499-514)
+    "int4-channelwise": WeightFormat(parts=((1.0, 0.5, 1),),
+                                     source="int4, one scale per output channel (kt-kernel AMXINT4): the scales, "
+                                            "32 bits per row of k weights (1% at k = 768), not counted"),
     "fp8-block128": WeightFormat(parts=((1.0, *FP8_BLOCK128),),
                                  source="fp8 e4m3 + one fp32 scale per 128x128 block (DeepSeek-V3 README_WEIGHTS.md)"),
 }
