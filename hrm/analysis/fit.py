@@ -230,7 +230,10 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
                             ffn_on_gpu=True, weights_gpu_ratio=rw, kv_gpu_ratio=1.0 if attn_gpu else 0.0)
             for t in threads:
                 for ub in useful_ubatches(ubatches, prompt * users):
-                    engine = with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
+                    # no --n-cpu-moe and the KV on the GPUs: llama.cpp pipelines the prompt's ubatches
+                    # across the GPUs (src/llama-context.cpp:430-435; moot on one GPU)
+                    engine = with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub,
+                                                "prefill.pipelined_passes": attn_gpu and cpu_layers == 0})
                     knobs = {"n_cpu_moe": cpu_layers + int(model.first_dense_layers) if cpu_layers else 0,
                              "cpu_layers": cpu_layers, "kv": "gpu" if attn_gpu else "host", "ubatch": ub, "threads": t}
                     c = _gpu_candidate(hw, model, workload, policy, engine, users * prompt,

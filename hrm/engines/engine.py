@@ -75,7 +75,15 @@ Mechanisms (field: what it models; ideal value):
 - ``tensor_parallel.host_shared``: ranks share the host's PCIe uplinks as the profile's
   ``gpus_per_pcie_switch`` says (ideal: every GPU its own link);
   ``tensor_parallel.allreduce``: ``gpu-link`` (ideal: over ``gpu_to_gpu_gbps``) or ``nccl``
-  (peer-to-peer when the profile has it, else through host memory, sharing the DMA links).
+  (peer-to-peer when the profile has it, else through host memory, sharing the DMA links);
+- ``gpu_split``: how the engine uses a profile's several GPUs — ``tensor`` (every layer's
+  weights split across them, all reading at once: one tier of their summed rates, with the
+  all-reduces above; ideal) or ``layers`` (each GPU holds a contiguous block of layers and
+  runs them after the previous GPU's block: one GPU's rates, its share of the layers one
+  after another, plus the hidden states' hop between GPUs; llama.cpp's ``-sm layer``);
+  ``prefill.pipelined_passes``: under ``layers``, the prompt's passes (ubatches) are in
+  flight on the GPUs at once, each GPU on a later pass while the next GPU runs an earlier
+  one (llama.cpp's pipeline parallelism); ideal: off.
 """
 
 from __future__ import annotations
@@ -179,6 +187,9 @@ class Prefill(Phase):
     #: take ceil(tokens / it) passes, each reading the layer's offloaded weights again; None:
     #: one pass (ideal)
     max_tokens_per_pass: Optional[bounds.TOKENS.type] = None
+    #: ``gpu_split: layers``: the prompt's passes overlap across the GPUs' blocks of layers
+    #: (:func:`hrm.cost.latency.prefill.pipeline_share`); off: each pass runs the GPUs in turn
+    pipelined_passes: bounds.Flag = False
 
 
 class TensorParallel(_Frozen):
@@ -321,6 +332,9 @@ class Engine(_Frozen):
     copy_threads: bounds.COPY_THREADS.type = 0
     numa_aware: bounds.Flag = True
     tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
+    #: how several GPUs share the model: ``tensor`` (all at once) or ``layers`` (one after
+    #: another, each its block of layers: :func:`hrm.machine.rates.rates_from_profile`)
+    gpu_split: Literal["tensor", "layers"] = "tensor"
     memory: Memory = Field(default_factory=Memory)
     #: host-side operator calls per layer, counted from the engine's source (:mod:`hrm.machine.launches`);
     #: None: not charged (ideal; an engine that replays CUDA graphs or issues from C++)

@@ -261,8 +261,11 @@ def gpu_estimate(run: ToolRun, hw, model):
     cpu_layers = min(max(run.n_cpu_moe - int(model.first_dense_layers), 0), layers)
     policy = Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True, ffn_on_gpu=True,
                     weights_gpu_ratio=(layers - cpu_layers) / layers, kv_gpu_ratio=1.0)
+    # no -ncmoe: no tensor override, so llama.cpp pipelines the prompt's ubatches across several
+    # GPUs (src/llama-context.cpp:430-435; moot on one)
     engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": run.threads,
-                                                    "prefill.max_tokens_per_pass": min(run.n_ubatch, run.n_batch)})
+                                                    "prefill.max_tokens_per_pass": min(run.n_ubatch, run.n_batch),
+                                                    "prefill.pipelined_passes": cpu_layers == 0})
     limits = physical_limits(hw, engine)
     work = make_workload(None, prompt_len=max(run.depth + run.prompt_len, 1), gen_len=max(run.gen_len, 1))
     r = estimate(hw, model, work, policy, limits=limits, engine=engine)

@@ -33,6 +33,31 @@ def prefill_passes(engine: Engine, tokens):
     return np.ones(tokens.shape) if cap is None else np.ceil(tokens / cap)
 
 
+#: ubatches a llama.cpp scheduler keeps in flight with pipeline parallelism: its copies of
+#: every split's inputs (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp:771-772,1888 at
+#: ggml-org/llama.cpp@0c1e5709)
+PIPELINE_PASSES_IN_FLIGHT = 4
+
+
+def pipeline_share(engine: Engine, rates: Rates, tokens):
+    """The GPUs' prefill time over its unpipelined value, for a prompt of ``tokens`` in U
+    passes (:func:`prefill_passes`). Unpipelined, each pass runs the G GPUs' blocks in turn: U·T.
+    With ``prefill.pipelined_passes`` under a layer split of G equal blocks, a GPU takes the next
+    pass as soon as it hands the last one on, up to C passes in flight
+    (:data:`PIPELINE_PASSES_IN_FLIGHT`): the first pass takes T, each later one adds
+    T·max(1/G, 1/C), so the share is (1 + (U − 1)·max(1/G, 1/C)) / U. llama.cpp pipelines when
+    several GPUs hold every layer (-sm layer, KV offloaded) and no tensor is overridden
+    (src/llama-context.cpp:430-435); each ubatch's graph is computed asynchronously
+    (ggml-backend.cpp:1888, n_copies), and a prompt's ubatches reuse no graph (the KV window
+    grows by 256-token steps, src/llama-kv-cache.cpp:1265-1270; src/llama-graph.cpp:48-62), so
+    none waits for the last (src/llama-context.cpp:1412-1420 syncs only on reuse)."""
+    g = rates.layer_split_gpus
+    passes = prefill_passes(engine, tokens)
+    if not engine.prefill.pipelined_passes or g <= 1:
+        return np.ones(passes.shape)
+    return (1.0 + (passes - 1.0) * max(1.0 / g, 1.0 / PIPELINE_PASSES_IN_FLIGHT)) / passes
+
+
 @dataclass(frozen=True)
 class PrefillLayerTerms:
     """What a prefill layer's lanes are built from (arrays over μ): its tokens, operators and
@@ -77,7 +102,7 @@ def prefill_layer_terms(model: ModelSpec, rates: Rates, micro_batch, prompt_len,
     gpu = (gpu_time_s(ops.pre_attn, rates, tokens, engine)
            + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
            + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"]
-           + bubbles.per_micro_batch_s)
+           + bubbles.per_micro_batch_s) * pipeline_share(engine, rates, tokens)
     kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
     kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
     on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, tokens) if moe else zero
