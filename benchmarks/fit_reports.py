@@ -71,41 +71,44 @@ def notes(pairs: list[tuple[PublicReport, Prediction]]) -> list[str]:
 FINDINGS = """
 ## What the ratios say
 
-Every row is predicted too fast, except the two llama-bench prefill rows. The likely causes, worst first:
+Every row is predicted too fast, except the two llama-bench prefill rows. Two mechanisms this table
+first exposed are now modelled: llama.cpp's layer split (`--split-mode layer`, the default: each GPU
+runs its block of layers after the previous GPU's, engine field `gpu_split: layers`; before, the
+2-GPU machines were priced as both GPUs reading at once: Qwen 592 tok/s, 2x5090 256) and a
+llama-server prompt in `-ub` passes (before, one pass: the 14900K prefill at 2,445 tok/s, 18x). The
+likely causes of what remains, worst first:
 
-- **Two GPUs priced as if both read weights at once.** `nepherpitou-2x3090-qwen3-30b-a3b` (every weight
-  on the GPUs): HRM gives 592 tok/s on two RTX 3090s and 299 on one, the same command. llama.cpp's
-  default `--split-mode layer` (and `-ts`) runs the GPUs one after the other at batch 1. The composed
-  2-GPU machine (`hrm.machine.parts.compose_profile`, `count: 2`) adds their bandwidth. So every
-  2-GPU row starts about 2x too fast: 2x5090 2.4, 2x3090 2.3, 2x3090 Qwen far more. The Qwen row's
-  40-50 tok/s was itself the poster's complaint: CUDA on Windows with the 3090s on PCIe x4 and x1, and
-  Vulkan gave 80-90 on the same machine. That still leaves 592 about 7x too fast. The rest is batch-1
-  kernel launch and synchronisation time, which HRM's llama.cpp engine does not count (its
-  `llama.cpp.yaml`: "launches: not counted").
+- **Batch-1 kernel launch and synchronisation time.** `nepherpitou-2x3090-qwen3-30b-a3b` (every
+  weight on the GPUs): 298.5 tok/s on two RTX 3090s, one GPU's rate plus the hidden states' hop
+  between them, against 40-50 reported. That was itself the poster's complaint: CUDA on Windows with
+  the 3090s on PCIe x4 and x1, and Vulkan gave 80-90 on the same machine. The rest is per-op launch and
+  sync time, which HRM's llama.cpp engine does not count (its `llama.cpp.yaml`: "launches: not
+  counted"); the hop is priced by its bytes alone, with no per-copy latency.
 - **Batch-1 GPU time with every weight on the GPU.** `truncle-5070ti-gpt-oss-20b`: 205 predicted, 140
   reported (llama-cli; the issue's llama-server reached only ~50, its bug). Here there is one GPU
   and no offload. The 1.46 is the GPU's own batch-1 gap: per-op launches, and MoE kernels below
   their bandwidth roofline at one token.
+- **`-sm row` priced as tensor parallelism.** `llmgarage-2x3090-5800x-gpt-oss-120b` (2.30) runs
+  `--split-mode row`, which HRM reads as every weight split across both GPUs (summed rates). At the
+  pinned llama.cpp the CUDA backend has no row-split buffer type (src/llama-model.cpp:1144-1163 then
+  throws); the report's older build split the 2-D matrices by rows, and whether its expert tensors
+  were split too is not checked here.
 - **CPU experts below the datasheet DRAM rate.** The rows with experts on a desktop CPU are 1.2x too
   fast in decode (14900K: 31.4 vs 25.6; RTX 3090 + assumed 7950X: 38.8 and 39.9 vs 32.3 and 33.0).
   The catalog's DDR5 prior (0.78 of datasheet) has no DDR5 desktop STREAM result behind it. The ggml
   kernels are assumed to stream at that rate (`GGML_OVER_STREAM` = 1, measured only on this project's
-  2-core VM).
-- **A llama-server prompt priced as one pass.** `wrong-historian-14900k-gpt-oss-120b` prefill: 2,445
-  predicted vs 134 reported (18x). `hrm import` reads a llama-server command's `-t` into the engine,
-  not its `-ub` (default 512, `hrm/export/llama_cpp.py` `cpu_threads_field`). So the 12,717-token
-  prompt is priced as one pass that copies the 36 CPU layers' experts to the GPU once. llama.cpp
-  copies them again for every 512-token ubatch, 25 times. The llama-bench rows pass `-ub`
-  (`gpu_estimate`) and land within 0.79-0.93 of the reported prefill, and `hrm fit` searches `-ub`,
-  so this gap is in the server import only. Fixing it is left to the import's owner.
+  2-core VM). The 14900K prefill (218.5 vs 134.4, 1.63) is now 25 passes of 512 tokens, each copying
+  the used experts of the 36 CPU layers to the GPU.
 
 `hrm fit`'s picks use the same estimator, so the same causes apply. Its rates are at its `--context`:
 the prompt fills the context, so its decode is read at that depth. The import's rates are at the
-report's request. That is why the Qwen pick decodes at 231 tok/s (at 40,960 tokens) against the
-import's 592 (at 640). On the two llama-bench
-rows the pick is the `-ub 4096` end of the poster's own sweep: `--n-cpu-moe 25 -ub 4096`, predicted
-1,702 tok/s prefill. The poster measured 1,682 at `--n-cpu-moe 26 -ub 4096`, on a pp4096 run. That
-is the mechanism `hrm fit` looks for: fewer passes, each re-reading the CPU layers' experts.
+report's request. That is why the Qwen pick decodes at 116 tok/s (at 40,960 tokens) against the
+import's 298.5 (at 640). With no `--n-cpu-moe`, llama.cpp also pipelines a prompt's ubatches across the two GPUs; HRM does not
+model that yet (it would need each ubatch's re-read of the GPU-resident weights, which HRM's prefill does
+not count: without it the smallest `-ub` looks best), so multi-GPU prefill is predicted unpipelined. On the two
+llama-bench rows the pick is the `-ub 4096` end of the poster's own sweep: `--n-cpu-moe 25 -ub 4096`,
+predicted 1,702 tok/s prefill. The poster measured 1,682 at `--n-cpu-moe 26 -ub 4096`, on a pp4096
+run. That is the mechanism `hrm fit` looks for: fewer passes, each re-reading the CPU layers' experts.
 """
 
 

@@ -44,4 +44,4 @@ def make_problem(hw: HardwareProfile, model: ModelSpec, workload: Workload, engi
         workload = workload.model_copy(update={"padding": True})
     return Problem(hw=hw, model=model, workload=workload, engine=engine, options=options,
                    limits=limits or memory_limits(hw, options),
-                   rates=rates_from_profile(hw, options, engine.name))
+                   rates=rates_from_profile(hw, options, engine.name, engine.gpu_split))

@@ -290,7 +290,7 @@ def search_klotski(request):
     if not model.num_moe_layers or model.num_experts <= 1:
         raise HRMError(f"engine {engine.name}: {model.name} has no routed experts")
     options = request.options.for_model(model)
-    rates = rates_from_profile(hw, options, engine.name)
+    rates = rates_from_profile(hw, options, engine.name, engine.gpu_split)
     cands = candidates(request, rates)
     verify = request.verify
     if verify and len(cands) > VERIFY_MAX_CANDIDATES:

@@ -49,8 +49,9 @@ def test_numa():
 
 
 def test_threads_are_read():
+    # -t 12; the prompt in passes of the default -ub 512 (common/common.h:455)
     assert _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 -t 12").engine_fields == \
-        {"cpu_threads": 12}
+        {"cpu_threads": 12, "prefill.max_tokens_per_pass": 512}
 
 
 def test_llama_bench_sweep_on_a_gpu_machine():

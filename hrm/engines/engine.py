@@ -75,7 +75,15 @@ Mechanisms (field: what it models; ideal value):
 - ``tensor_parallel.host_shared``: ranks share the host's PCIe uplinks as the profile's
   ``gpus_per_pcie_switch`` says (ideal: every GPU its own link);
   ``tensor_parallel.allreduce``: ``gpu-link`` (ideal: over ``gpu_to_gpu_gbps``) or ``nccl``
-  (peer-to-peer when the profile has it, else through host memory, sharing the DMA links).
+  (peer-to-peer when the profile has it, else through host memory, sharing the DMA links);
+- ``gpu_split``: how the engine uses a profile's several GPUs — ``tensor`` (every layer's
+  weights split across them, all reading at once: one tier of their summed rates, with the
+  all-reduces above; ideal) or ``layers`` (each GPU holds a contiguous block of layers and
+  runs them after the previous GPU's block: one GPU's rates, its share of the layers one
+  after another, plus the hidden states' hop between GPUs; llama.cpp's ``-sm layer``);
+  llama.cpp also pipelines a prompt's ubatches across the GPUs (src/llama-context.cpp:430-435);
+  that is not modelled: it needs each pass's re-read of the GPU-resident weights, which the
+  prefill roofline does not count yet, and without it the smallest ``-ub`` would look best.
 """
 
 from __future__ import annotations
@@ -321,6 +329,9 @@ class Engine(_Frozen):
     copy_threads: bounds.COPY_THREADS.type = 0
     numa_aware: bounds.Flag = True
     tensor_parallel: TensorParallel = Field(default_factory=TensorParallel)
+    #: how several GPUs share the model: ``tensor`` (all at once) or ``layers`` (one after
+    #: another, each its block of layers: :func:`hrm.machine.rates.rates_from_profile`)
+    gpu_split: Literal["tensor", "layers"] = "tensor"
     memory: Memory = Field(default_factory=Memory)
     #: host-side operator calls per layer, counted from the engine's source (:mod:`hrm.machine.launches`);
     #: None: not charged (ideal; an engine that replays CUDA graphs or issues from C++)

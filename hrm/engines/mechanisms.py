@@ -38,6 +38,7 @@ MECHANISMS: dict[str, str] = {
     "numa_aware": "NUMA placement of pinned buffers",
     "tensor_parallel.host_shared": "ranks share host PCIe uplinks",
     "tensor_parallel.allreduce": "all-reduce path",
+    "gpu_split": "GPUs run their blocks of layers one after another",
     "offloaded_weights": "every layer weight offloaded, not only experts",
     "prefetch_bucket_hidden_sq": "ZeRO-3 prefetch bucket (the rest of a layer fetched on demand)",
     "pads_prompts": "every prompt padded to the longest",

@@ -394,6 +394,36 @@ def cpu_threads_field(values: dict[str, list[str]], ctx: Context) -> dict:
     return {}
 
 
+def prefill_pass_tokens(values: dict[str, list[str]], ctx: Context) -> int:
+    """The prompt tokens one forward pass takes: n_ubatch = min(-ub, n_batch), n_batch =
+    min(-b, n_ctx) (src/llama-context.cpp:246-248), -b 2048 and -ub 512 when absent
+    (common/common.h:454-455). A prompt runs in ceil(tokens / it) ubatches, each copying the
+    used experts of the CPU layers to the GPU again (ggml/src/ggml-backend.cpp:1709-1775)."""
+    slots, unified = _slots(values)
+    n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
+    b_run = min(int_value(values, "-b", bounds.SEQUENCES, DEFAULT_BATCH), n_ctx)
+    return min(int_value(values, "-ub", bounds.SEQUENCES, DEFAULT_UBATCH), b_run)
+
+
+def gpu_split_fields(values: dict[str, list[str]], ctx: Context) -> dict:
+    """How the command uses the profile's GPUs: -sm layer (the default, common/common.h:485)
+    runs each GPU's block of layers in turn (the engine's ``gpu_split: layers``); -sm row or
+    tensor split each weight across them (``gpu_split: tensor``, common/arg.cpp:2807-2822)."""
+    mode = values.get("-sm", ["layer"])[0]
+    if mode == "none" and ctx.gpu_count > 1:
+        raise HRMError(f"llama.cpp: -sm none runs on one GPU only ({_ARG}:2807-2822); the profile has "
+                       f"{ctx.gpu_count}: plan with a one-GPU profile")
+    return {"gpu_split": "tensor"} if mode in ("row", "tensor") else {}
+
+
+def command_engine_fields(values: dict[str, list[str]], ctx: Context) -> dict:
+    """The engine fields a llama-server / llama-cli command sets: -t (:func:`cpu_threads_field`),
+    the prompt's pass (-ub, -b: ``prefill.max_tokens_per_pass``, :func:`prefill_pass_tokens`)
+    and the GPU split (-sm: :func:`gpu_split_fields`)."""
+    return {**cpu_threads_field(values, ctx), "prefill.max_tokens_per_pass": prefill_pass_tokens(values, ctx),
+            **gpu_split_fields(values, ctx)}
+
+
 def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> FlagSpec:
     return FlagSpec(flag=flag, aliases=aliases, policy_field=field, values=0, source=f"{_ARG}:{lines}")
 
@@ -428,6 +458,8 @@ LLAMA_CPP = EngineFlags(
                  source=f"{_ARG}:1675-1681"),
         FlagSpec(flag="-b", aliases=("--batch-size",), policy_field="(logical batch >= -ub)",
                  source=f"{_ARG}:1668-1674"),
+        FlagSpec(flag="-sm", aliases=("--split-mode",), policy_field="gpu_split (layer: in turn; row, tensor: at once)",
+                 value_form=r"none|layer|row|tensor", source=f"{_ARG}:2807-2822"),
         FlagSpec(flag="-c", aliases=("--ctx-size",), policy_field="(workload: each slot's context)",
                  source=f"{_ARG}:1638-1648"),
         FlagSpec(flag="--fit", aliases=("-fit",), policy_field="(off: keep the given values)",
@@ -442,7 +474,7 @@ LLAMA_CPP = EngineFlags(
                  "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--jinja": 0,
                  "--temp": 1, "--temperature": 1, "--top-k": 1, "--top-p": 1, "--min-p": 1, "--repeat-penalty": 1,
                  "-s": 1, "--seed": 1, "-n": 1, "--predict": 1, "--n-predict": 1, "-ts": 1, "--tensor-split": 1,
-                 "-sm": 1, "--split-mode": 1, "-mg": 1, "--main-gpu": 1, "-dev": 1, "--device": 1,
+                 "-mg": 1, "--main-gpu": 1, "-dev": 1, "--device": 1,
                  "-a": 1, "--alias": 1, "--api-key": 1, "--chat-template": 1, "--reasoning-format": 1,
                  "-cb": 0, "--cont-batching": 0, "--metrics": 0, "--no-warmup": 0, "-v": 0, "--verbose": 0,
                  "--numa": 1, "--log-file": 1, "-lm": 1, "--load-mode": 1, "-kvo": 0, "--kv-offload": 0,
@@ -460,5 +492,5 @@ LLAMA_CPP = EngineFlags(
              "the batch; several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
     workload=command_workload, notes=_notes, nearest=_nearest, render=_render, parse=_parse,
-    engine_fields=cpu_threads_field,
+    engine_fields=command_engine_fields,
 )

@@ -1,6 +1,7 @@
 """Achieved rates of a machine's resources (SI), from a hardware profile.
 
-Tiers: ``gpu`` (all GPUs of a tensor-parallel group together) and ``cpu``; links
+Tiers: ``gpu`` (all GPUs of a tensor-parallel group together; one GPU where the engine splits
+the layers between GPUs that run in turn) and ``cpu``; links
 ``h2d`` (CPU→GPU) and ``d2h`` (GPU→CPU), one per GPU; ``g2g`` for all-reduce. On a
 CPU-only host the device tier is the CPU itself (``shared_unit``): the latency model then
 adds, rather than overlaps, the work of all resources.
@@ -50,6 +51,9 @@ class Rates:
     # above 4); None: not measured (the CPU roofline)
     ggml_cpu: Optional[GgmlCpu] = None
     cpu_threads: int = 1
+    # GPUs that split the layers between them and run one after another (an engine's
+    # ``gpu_split: layers``); the device tier's and the links' rates are then one GPU's
+    layer_split_gpus: int = 1
 
     def gpu_flops(self, matmul_rows=None):
         """Achieved FLOP/s of the device tier for matmuls with ``matmul_rows`` rows (M)."""
@@ -114,12 +118,17 @@ def op_costs_of(hw: HardwareProfile, options: ModelOptions) -> OpCosts:
 
 
 def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTIONS,
-                       engine: Optional[str] = None) -> Rates:
+                       engine: Optional[str] = None, gpu_split: str = "tensor") -> Rates:
     """Achieved rates; pass ``options.for_model(model)`` so that the device compute dtype
     follows the model's weights (unresolved options compute in fp16). ``engine`` (a name):
     on a GPU host a measured dispatch is charged only to the engine it belongs to
     (:func:`dispatch_owner`); any other engine pays its own launch counts at
-    :func:`op_costs_of` instead. None: the dispatch applies (the runtime's view)."""
+    :func:`op_costs_of` instead. None: the dispatch applies (the runtime's view).
+    ``gpu_split`` (the engine's): ``tensor``, the GPUs work at once, so the device tier and the
+    links have their summed rates; ``layers``, each GPU runs its own block of layers after the
+    previous one, so a pass takes the sum over GPUs of their blocks' times at one GPU's rates,
+    which for identical GPUs is the whole model at one GPU's rates, whatever the split
+    (:func:`gpus_at_once`)."""
     if options.gpu_compute_dtype is None:
         options = options.model_copy(update={"gpu_compute_dtype": "fp16"})
     eff = hw.efficiency if options.use_efficiency_curves else None
@@ -138,7 +147,7 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         return Rates(hw.cpu.tflops.flops(options.gpu_compute_dtype), cpu_bw, cpu_flops, cpu_bw, copy, copy_back,
                      1, None, True, dev_curve or cpu_curve, cpu_curve, cpu_dispatch, cpu_dispatch, achieved_rates(hw))
     gpu_curve = _curve(eff.gpu_matmul_tflops_vs_m, hw.gpu.tflops, options.gpu_compute_dtype) if eff else ()
-    count = hw.gpu.count
+    count = gpus_at_once(hw.gpu.count, gpu_split)
     gpu_dispatch = hw.gpu.dispatch if options.use_dispatch_overhead else None
     if engine is not None:  # the reference runtime's own per-task costs are never another engine's
         if dispatch_owner(hw, hw.gpu.dispatch) not in (None, engine):
@@ -166,7 +175,14 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         hw.disk.read_gbps * GB if hw.disk is not None else None,
         hw.ggml_cpu,
         default_llama_threads(hw.cpu.cores),
+        hw.gpu.count if gpu_split == "layers" else 1,
     )
+
+
+def gpus_at_once(gpus: int, gpu_split: str) -> int:
+    """GPUs whose rates add up in one pass: all of them under tensor parallelism, one under
+    a layer split (the GPUs take their blocks of layers in turn)."""
+    return 1 if gpu_split == "layers" else gpus
 
 
 def default_llama_threads(cores: int) -> int:

@@ -106,7 +106,10 @@ def allreduce_s(model: ModelSpec, rates: Rates, engine: Engine, tokens) -> dict[
     (``gpu-link``; NCCL with peer-to-peer); NCCL without P2P stages through host memory:
     every GPU writes its share to the host and reads the others' back over its own link,
     so the traffic also loads the h2d/d2h lanes and host DRAM (write + read). The paper
-    leaves this traffic out."""
+    leaves this traffic out. Under a layer split (``gpu_split: layers``) there is no
+    all-reduce: the hidden states hop to the next GPU instead (:func:`layer_hop_s`)."""
+    if rates.layer_split_gpus > 1:
+        return layer_hop_s(model, rates, tokens)
     p = rates.gpu_count
     if p <= 1:
         return {}
@@ -118,6 +121,18 @@ def allreduce_s(model: ModelSpec, rates: Rates, engine: Engine, tokens) -> dict[
     d2h, h2d = link_bytes_s(rates, engine, "d2h"), link_bytes_s(rates, engine, "h2d")
     return {"gpu": per_gpu * p / d2h + per_gpu * p / h2d, "d2h": per_gpu * p / d2h, "h2d": per_gpu * p / h2d,
             "dram": 2 * per_gpu * p / dram_bytes_s(rates)}
+
+
+def layer_hop_s(model: ModelSpec, rates: Rates, tokens) -> dict[str, np.ndarray | float]:
+    """A layer split over G GPUs: a pass hands its hidden states from each GPU's last layer
+    to the next GPU's first, G − 1 copies of tokens × hidden × activation bytes over the
+    GPU-to-GPU link (llama.cpp: the next split's input is copied before it runs,
+    ggml/src/ggml-backend.cpp:1686-1720, peer to peer, ggml-cuda/ggml-cuda.cu:2482-2520 at
+    ggml-org/llama.cpp@0c1e5709). The GPUs wait for it; spread over the model's layers, so that
+    a layer carries (G − 1) / L of them."""
+    payload = np.asarray(tokens, dtype=float) * model.hidden_size * dtype_bytes(model.activation_dtype)
+    hops_per_layer = (rates.layer_split_gpus - 1) / model.num_layers
+    return {"gpu": hops_per_layer * payload / rates.g2g_bytes_s} if rates.g2g_bytes_s else {}
 
 
 def allreduce_time_s(model: ModelSpec, rates: Rates, tokens, engine: Engine = IDEAL):
