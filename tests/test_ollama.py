@@ -36,7 +36,7 @@ def test_modelfile_parameters_become_llama_server_flags():
                            "-ngl": ["49"], "-t": ["16"]}
     imported = read(text)
     assert imported.policy.short() == "N=1,mu=1,n=1,attn=gpu,ffn=gpu,rw=1,rc=1"
-    assert imported.engine_fields == {"cpu_threads": 16}
+    assert imported.engine_fields == {"cpu_threads": 16, "prefill.max_tokens_per_pass": 256}  # -t 16; -ub 256 <= -b 256
 
 
 def test_num_parallel_multiplies_the_context_and_sets_the_slots():
