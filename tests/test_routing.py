@@ -202,3 +202,15 @@ def test_hot_and_cold_bytes():
     assert hot == 800.0 and float(cold) == 0.0
     hot, cold = hot_and_cold_bytes(routing, 100.0, 2, np.array([1.0, 64.0]))
     assert hot == 200.0 and cold[0] < cold[1] <= 600.0 + 1e-9  # at most the 6 cold experts
+
+
+@pytest.mark.parametrize("ne, k", [(8, 2), (128, 8), (384, 8)])
+def test_uniform_misses_are_the_closed_form_of_the_sum(ne, k):
+    """Uniform routing's expected misses, (ne − C)·(1 − (1 − k/ne)^t), equal the sum over the
+    cold experts Σ_{e∉S} 1 − (1 − q_e)^t written out by hand."""
+    from hrm.model.routing import uniform
+
+    t = np.array([1, 3.5, 17, 400, 5000.0])
+    for cached in (0, 1, ne // 2, ne):
+        by_hand = np.array([sum(1 - (1 - k / ne) ** x for _ in range(ne - cached)) for x in t])
+        assert np.allclose(expected_misses(uniform(ne, k), cached, t), by_hand, rtol=1e-12, atol=1e-12)

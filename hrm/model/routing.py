@@ -293,10 +293,13 @@ def expected_misses(routing: Routing, cached_experts: int, tokens) -> np.ndarray
     """Expected distinct experts a micro-batch of ``tokens`` needs that are not in the cache
     of the ``cached_experts`` hottest (each is one expert load): Σ_{e∉S} 1 − (1 − q_e)^t."""
     t = np.asarray(tokens, dtype=float)
+    cached = max(0, min(int(cached_experts), routing.num_experts))
+    if routing.kind == "uniform":  # every q_e = k/ne: the sum is (ne − C) equal terms, D(t)·(ne − C)/ne
+        return uniform_distinct_experts(routing.num_experts, routing.top_k, t) * \
+            ((routing.num_experts - cached) / routing.num_experts)
     q = routing.q
     cold = np.ones_like(q, dtype=bool)
-    np.put_along_axis(cold, hottest_experts(routing, max(0, min(int(cached_experts), routing.num_experts))), False,
-                      axis=1)
+    np.put_along_axis(cold, hottest_experts(routing, cached), False, axis=1)
     touched = 1.0 - (1.0 - q)[..., None] ** t.reshape(-1)
     return (touched * cold[..., None]).sum(axis=1).mean(axis=0).reshape(t.shape)
 
