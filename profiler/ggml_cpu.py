@@ -164,7 +164,8 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
                                           s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
                 methods[f"ggml_cpu.kernels.f16.{op}.{shape}.{t}"] = (
                     f"FLASH_ATTN_EXT, {'1 query row' if op == 'fa1' else '64 query rows (the tiled path)'} per head, "
-                    f"heads DK:DV:HEADS:KV_HEADS = {shape}, f16 K/V, 8 layers' caches, {t} threads; seconds per "
+                    f"heads DK:DV:HEADS:KV_HEADS = {shape}, f16 K/V in llama.cpp's cache layout (a cell's heads in one "
+                    f"row), 8 layers' caches, {t} threads; seconds per "
                     f"(row x head x cached token x (dk + dv)), median of {repeats}; spread per context: "
                     + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
         for ggml_type in types:

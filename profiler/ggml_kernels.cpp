@@ -95,10 +95,17 @@ int main(int argc, char ** argv) {
             if (nq > 1) { mask = ggml_new_tensor_2d(gctx, GGML_TYPE_F16, nkv, nq); ggml_set_input(mask); }
             std::vector<ggml_tensor *> kv;
             for (int l = 0; l < FA_LAYERS; l++) {  // one K and V per layer, as a model's cache
-                ggml_tensor * k = ggml_new_tensor_3d(gctx, GGML_TYPE_F16, DK, nkv, HKV);
-                ggml_tensor * v = ggml_new_tensor_3d(gctx, GGML_TYPE_F16, DV, nkv, HKV);
-                ggml_set_input(k); ggml_set_input(v);
-                kv.push_back(k); kv.push_back(v);
+                // the cache as llama.cpp lays it out: one row of every KV head's values per cell
+                // ([DK*HKV, cells]), attended through views whose rows of one head are a whole
+                // cell apart (src/llama-kv-cache.cpp:1276-1293 get_k, :1296-1316 get_v without
+                // v_trans, permuted in build_attn_mha; ggml-org/llama.cpp@0c1e5709). Contiguous
+                // per-head K/V ran 1.1-2.8x faster per element here (docs/validation/ground_truth.md §1.4).
+                ggml_tensor * kc = ggml_new_tensor_2d(gctx, GGML_TYPE_F16, DK * HKV, nkv);
+                ggml_tensor * vc = ggml_new_tensor_2d(gctx, GGML_TYPE_F16, DV * HKV, nkv);
+                ggml_set_input(kc); ggml_set_input(vc);
+                kv.push_back(kc); kv.push_back(vc);
+                ggml_tensor * k = ggml_view_3d(gctx, kc, DK, nkv, HKV, kc->nb[1], ggml_row_size(GGML_TYPE_F16, DK), 0);
+                ggml_tensor * v = ggml_view_3d(gctx, vc, DV, nkv, HKV, vc->nb[1], ggml_row_size(GGML_TYPE_F16, DV), 0);
                 ggml_tensor * y = ggml_flash_attn_ext(gctx, q, k, v, mask, 0.088f, 0.0f, 0.0f);
                 ggml_set_output(y);
                 ggml_build_forward_expand(gf, y);
