@@ -8,12 +8,12 @@ import sys
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
-from hrm.engines.engine import list_engines, load_engine
-from hrm.engines.mechanisms import with_fields
+from hrm.engines.engine import list_engines
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.cost.memory import physical_limits
 from hrm.export import read_command
+from hrm.export.importing import imported_engine
 from hrm.export.registry import IMPORT_SOURCES, import_source
 from hrm.export.importing import WORKLOAD_FLAGS
 from hrm.workload import DEFAULT_PRESET, PRESETS
@@ -101,15 +101,6 @@ def _with_named_format(args, model):
             f"--weight-format {named_format[2]} (give either flag to override)")
 
 
-def _engine_of(args, target, imported, policy):
-    """The engine estimated with: --engine, else the target's closest shipped one (ideal without
-    one), with what the command sets of the engine itself."""
-    engine = load_engine(args.engine or (target.hrm_engine(policy) if target.hrm_engine else "ideal"))
-    if imported.engine_fields and engine.name in target.engines:  # what the command sets of the engine itself
-        engine = with_fields(engine, imported.engine_fields)
-    return engine
-
-
 def main(argv) -> int:
     """``hrm import``: the engine's flags as a policy, estimated and printed (or the benchmark
     tool's prediction); exit 3 when the policy does not fit physical memory."""
@@ -134,8 +125,7 @@ def main(argv) -> int:
     model = imported.model or model  # as the command stores it (SGLang's --kt-method: the CPU experts' format)
     if named_note is not None:
         notes.append(named_note)
-    target = import_source(args.source)[1]
-    engine = _engine_of(args, target, imported, policy)
+    engine = imported_engine(args.source, imported, args.engine)
     result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     # a command's policy is pinned: it must fit physical memory less the engine's fixed costs
     # (hrm.cost.memory.physical_limits), as hrm estimate checks; above the planning caps it is said
@@ -145,7 +135,7 @@ def main(argv) -> int:
         print(json.dumps({"source": args.source, "policy": result.policy.model_dump(), "policy_short": policy.short(),
                           "engine": result.engine, "workload": workload.model_dump(),
                           "estimate": result.to_plan_estimate(), "feasible": result.feasible,
-                          "fits_physical_memory": fits_physical, "notes": notes + list(target.caveats)}, indent=2))
+                          "fits_physical_memory": fits_physical, "notes": notes + list(import_source(args.source)[1].caveats)}, indent=2))
     else:
         from hrm_cli.estimate import render_estimate
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hrm.errors import InfeasibleError
-from hrm.analysis.fit import fit_cpu, fit_gpu, kv_bytes
-from hrm.cost.ggml_cpu import run_times
+from hrm.analysis.fit import fit_cpu, fit_gpu
+from hrm.cost.ggml_cpu import kv_bytes_per_token, run_times
 from hrm.model.gguf import read_inventory
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
@@ -32,7 +32,7 @@ def inventory():
 def test_kv_bytes_by_hand(inventory):
     a = inventory.attention  # gt-qwen3moe: 8 layers, 4 KV heads of 64 + 64
     assert (a.layers, a.kv_heads, a.k_width, a.v_width) == (8, 4, 64, 64)
-    assert kv_bytes(inventory, 1000) == 8 * 4 * (64 + 64) * 2 * 1000
+    assert kv_bytes_per_token(inventory) * 1000 == 8 * 4 * (64 + 64) * 2 * 1000
 
 
 def test_cpu_fit_is_the_enumerated_optimum(host, inventory):
@@ -58,7 +58,7 @@ def test_cpu_fit_is_the_enumerated_optimum(host, inventory):
     assert res.best.total_s <= res.default.total_s
     assert all(c.total_s >= res.best.total_s for c in res.runners_up)
     # memory: the file's weights and the f16 KV of the context
-    assert res.best.memory_bytes["cpu"] == pytest.approx(inventory.weight_bytes + kv_bytes(inventory, context))
+    assert res.best.memory_bytes["cpu"] == pytest.approx(inventory.weight_bytes + kv_bytes_per_token(inventory) * context)
 
 
 def test_cpu_fit_keeps_to_the_measured_rows(host, inventory):

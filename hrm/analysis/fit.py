@@ -283,15 +283,6 @@ def _why_gpu(layers: int):
 
 # --- a CPU-only machine: the ggml CPU step model on the GGUF's own tensors --------------------
 
-def kv_bytes(inventory, tokens: int) -> float:
-    """The f16 KV cache of ``tokens`` cached tokens: every layer's K and V rows (MLA: the latent
-    and its rope part, V a view of it)."""
-    a = inventory.attention
-    mla = a.kv_heads == 1  # hrm.model.gguf's MLA shape (as hrm.cost.ggml_cpu.attention_kernel reads it)
-    per_token = a.layers * (a.k_width if mla else a.kv_heads * (a.k_width + a.v_width))
-    return per_token * tokens * 2
-
-
 def measured_ubatch(section, inventory, threads: int, ubatch: int) -> bool:
     """Whether a prefill pass of ``ubatch`` tokens stays within the rows the profile's matmul
     curves were measured at (dense MUL_MAT rows = ubatch; MUL_MAT_ID rows per touched expert =
@@ -314,7 +305,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     """Every (``-t``, ``-tb``, ``-ub``) on the CPU step model; see the module. A ``-ub`` past the
     measured rows (:func:`measured_ubatch`) is predicted and shown but not picked unless
     ``extrapolate``."""
-    from ..cost.ggml_cpu import run_times
+    from ..cost.ggml_cpu import kv_bytes_per_token, run_times
 
     if hw.ggml_cpu is None:
         raise HRMError(f"hrm fit: {hw.name} has no ggml_cpu section: measure llama.cpp's kernels on this machine with "
@@ -326,7 +317,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     decode = {t: run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=t) for t in threads}
     cands: list[Candidate] = []
     default = None
-    memory = {"cpu": inventory.weight_bytes + kv_bytes(inventory, users * context)}
+    memory = {"cpu": inventory.weight_bytes + kv_bytes_per_token(inventory) * users * context}
     fits = memory["cpu"] <= hw.cpu.memory_gib * GIB
     for tb in threads:
         for ub in useful_ubatches(ubatches, users * prompt):
@@ -451,5 +442,5 @@ def fit_json(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLD
     return {**result.to_json(), "hardware": hardware, "command": result.best.command(program(result.users), model_path)}
 
 
-__all__ = ["Candidate", "FitResult", "fit_gpu", "fit_cpu", "kv_bytes", "fit_summary", "UBATCHES", "OBJECTIVES",
+__all__ = ["Candidate", "FitResult", "fit_gpu", "fit_cpu", "fit_summary", "UBATCHES", "OBJECTIVES",
            "FitReport", "fit_report", "fit_json", "ollama_lines", "program", "MODEL_PLACEHOLDER"]

@@ -133,20 +133,14 @@ def command_rates(report: PublicReport, hw, model) -> tuple[float, float, bool, 
 
 def _server_rates(report: PublicReport, hw, model) -> tuple[float, float, bool, str]:
     from ..cost.memory import physical_limits
-    from ..engines.engine import load_engine
-    from ..engines.mechanisms import with_fields
     from ..estimate import estimate
-    from ..export.importing import read_command
-    from ..export.registry import import_source
+    from ..export.importing import imported_engine, read_command
     from ..workload import make_workload
 
     asked = make_workload(None, prompt_len=report.prompt_tokens, gen_len=report.gen_tokens)
-    imported = read_command("llama.cpp", report.hrm_command, model, asked, hw, 0.86,
-                            {"prompt_len": report.prompt_tokens, "gen_len": report.gen_tokens})
-    target = import_source("llama.cpp")[1]
-    engine = load_engine(target.hrm_engine(imported.policy))
-    if imported.engine_fields:
-        engine = with_fields(engine, imported.engine_fields)
+    imported = read_command("llama.cpp", report.hrm_command, model, asked, hw,
+                            given={"prompt_len": report.prompt_tokens, "gen_len": report.gen_tokens})
+    engine = imported_engine("llama.cpp", imported)
     limits = physical_limits(hw, engine)
     r = estimate(hw, model, imported.workload, imported.policy, limits=limits, engine=engine)
     prefill = imported.workload.effective_prompt_len / r.prefill_latency_s if r.prefill_latency_s else 0.0

@@ -273,3 +273,16 @@ def import_flags(engine_name: str, text: str, model, workload=None, hardware=Non
     from ..workload import make_workload
 
     return import_command(engine_name, text, model, workload or make_workload(), hardware)[0]
+
+
+def imported_engine(source: str, imported: Imported, engine_name: Optional[str] = None):
+    """The engine an imported command is estimated with: ``engine_name``, else the source's closest
+    shipped engine (ideal without one), with what the command sets of the engine itself."""
+    from ..engines.engine import load_engine
+    from ..engines.mechanisms import with_fields
+
+    target = import_source(source)[1]
+    engine = load_engine(engine_name or (target.hrm_engine(imported.policy) if target.hrm_engine else "ideal"))
+    if imported.engine_fields and engine.name in target.engines:
+        engine = with_fields(engine, imported.engine_fields)
+    return engine
