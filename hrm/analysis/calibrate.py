@@ -30,7 +30,7 @@ from ..model.options import DEFAULT_OPTIONS, options_in_dtype, spec_in_dtype
 from ..model.spec import ModelSpec
 from .calibration_fields import (DISPATCH_FIELDS, FIELDS, check_fields, effective_value, from_parameter,
                                  profile_value, to_parameter, with_values)
-from .calibration_runs import QUANTITIES, Run, Runs
+from .calibration_runs import QUANTITIES, Run, Runs, run_as_commanded
 
 # --- the fit's numerical settings ----------------------------------------------------------
 
@@ -117,7 +117,13 @@ def runs_limits(hw: HardwareProfile, runs: Runs) -> tuple[Optional[MemoryLimits]
 def make_fit(hw: HardwareProfile, model: ModelSpec, runs: Runs, fields=None) -> CalibrationFit:
     names = check_fields(hw, fields)
     ranges = [FIELDS[n].range_of(hw) for n in names]
-    return CalibrationFit(hw=hw, model=model, runs=runs.runs, limits=runs_limits(hw, runs), fields=names,
+    commanded = []
+    for i, run in enumerate(runs.runs):
+        try:
+            commanded.append(run_as_commanded(run, hw, model))
+        except HRMError as exc:
+            raise HRMError(f"{runs.path}: runs[{i}].command: {exc}") from None
+    return CalibrationFit(hw=hw, model=model, runs=tuple(commanded), limits=runs_limits(hw, runs), fields=names,
                       start=np.array([effective_value(hw, n) for n in names]),
                       lo=np.array([r[0] for r in ranges]), hi=np.array([r[1] for r in ranges]))
 

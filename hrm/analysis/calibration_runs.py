@@ -253,3 +253,18 @@ def load_runs(path: str | Path) -> Runs:
     runs = tuple(parse_run(entry, i, folder, source, dtype) for i, entry in enumerate(entries))
     digest = hashlib.sha256(read_input_text(path, "a runs YAML file").encode()).hexdigest()
     return Runs(path=source, sha256=digest, hardware=hardware, model=model, runs=runs)
+
+
+def run_as_commanded(run: Run, hardware, model) -> Run:
+    """``run`` with its engine set as its ``command`` sets it (what ``hrm import --from`` reads:
+    ``--pin-weight 1`` makes FlexGen's weights pinned, ``-t 2`` llama.cpp's threads), so that a
+    run is predicted with the mechanisms it ran, not the engine file's defaults. A run without
+    a command, or whose engine is not one of the import target's, is returned as it is."""
+    if run.source is None or run.command is None:
+        return run
+    from ..export.importing import imported_engine, read_command
+
+    imported = read_command(run.source, run.command, model, run.workload, hardware)
+    engine = imported_engine(run.source, imported, run.engine.name)
+    return run if engine == run.engine else run.model_copy(update={"engine": engine})
+
