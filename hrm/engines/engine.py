@@ -11,8 +11,11 @@ Mechanisms (field: what it models; ideal value):
 
 - ``decode.weight_path`` / ``prefill.weight_path``: how offloaded weights reach the GPU —
   ``pinned`` (DMA from pinned memory; ideal), ``pageable-staged`` (a CPU thread team copies
-  pageable → pinned, then DMA), ``pageable-driver`` (``copy_`` from pageable memory: the
-  driver stages it, at the pageable rate);
+  pageable → pinned, then DMA), ``pageable-relay`` (the issuing thread copies each tensor
+  into a pinned relay with a team of ``copy_threads``, then DMAs it, and the next copy waits
+  for the step's sync: copy and DMA in turn, FlexGen's ``pin_memory()`` relay),
+  ``pageable-driver`` (``copy_`` from pageable memory: the driver stages it, at the pageable
+  rate);
 - ``decode.kv_cache`` / ``prefill.kv_cache``: the memory the host KV cache lives in, so
   the path of its write-back and its prefetch for GPU attention — ``pinned`` (async DMA;
   ideal) or ``pageable`` (driver-staged at the pageable rate; in prefill a device→pageable
@@ -36,8 +39,11 @@ Mechanisms (field: what it models; ideal value):
   (every (layer, micro-batch) slot ends with a sync, so the next layer's weight load
   overlaps only one micro-batch's tasks: FlexGen's loop);
 - ``prefill.weights_overlap``: ``full`` (the load overlaps the layer's compute; ideal),
-  ``one-micro-batch`` (overlaps one micro-batch's work), ``last-micro-batch-moe`` (issued
-  after the last micro-batch was queued: overlaps only its MoE), ``none``;
+  ``one-micro-batch`` (overlaps one micro-batch's work), ``next-block-one-micro-batch`` (the
+  layer runs as two synced blocks: the FFN's weights load beside one micro-batch's attention,
+  the attention's beside one micro-batch's FFN; FlexGen ``--sep-layer``),
+  ``last-micro-batch-moe`` (issued after the last micro-batch was queued: overlaps only its
+  MoE), ``none``;
   ``prefill.kv_reserved_gen_slots``: the prompt's KV write-back includes the slots of the
   tokens still to be generated; ``prefill.hidden_round_trip``: hidden states go to pinned
   CPU memory and back every layer; ``prefill.max_tokens_per_pass``: chunked prefill, at
@@ -105,7 +111,7 @@ from .schedules import PIPELINE_FIELDS, SCHEDULES
 
 ENGINES_DIR = Path(__file__).resolve().parents[1] / "data" / "engines"
 
-WeightPath = Literal["pinned", "pageable-staged", "pageable-driver"]
+WeightPath = Literal["pinned", "pageable-staged", "pageable-relay", "pageable-driver"]
 KvPath = Literal["pinned", "pageable"]
 
 
@@ -169,6 +175,17 @@ KERNELS: dict[str, Kernel] = {
         source="vLLM PR #44152: default vs tuned fused-MoE config on the Mixtral shape, by tokens "
                "(UNTUNED_FUSED_MOE_SLOWDOWN); triton issue #189: Triton about half of cuBLAS's FLOP rate "
                "on Turing (RTX 2080, M=4096: 23.77 vs 46.49 TFLOP/s), the T4's generation"),
+    # FlexGen's copy of vLLM's early-2024 fused_moe: one fixed config, 64/64/32 (16/32/64 when the
+    # routed tokens are at most the experts), never tuned (lynnliu030/FlexGen@a80c8d15
+    # flexgen/fused_moe.py:282-295); on Hopper it runs at FLEXGEN_FUSED_MOE_HOPPER_FRACTION
+    "flexgen-fused-moe": Kernel(
+        fraction={"default": 1.0, "turing": 0.5, "hopper": 0.242},
+        slowdown_by_rows=UNTUNED_FUSED_MOE_SLOWDOWN,
+        source="hopper: FlexGen's fused_moe (fused_moe.py:166-325, config :282-295) timed by the GPU harness's "
+               "gpu_check.py on the lent H100 box at Mixtral-8x7B's shape, fp16, top-2 of 8, random routing: "
+               "16384 tokens in 51.73 ms = 223 TFLOP/s, 0.242 of the box's measured fp16 GEMM peak 921.9 "
+               "(docs/validation/runs/flexgen-h100.gpu_check.json, h100-flexgen-box.yaml); default, turing "
+               "and the slowdown by rows as triton-fused-moe-untuned (the same untuned config)"),
 }
 
 
@@ -179,7 +196,8 @@ class Phase(_Frozen):
 
 
 class Prefill(Phase):
-    weights_overlap: Literal["full", "one-micro-batch", "last-micro-batch-moe", "none"] = "full"
+    weights_overlap: Literal["full", "one-micro-batch", "next-block-one-micro-batch", "last-micro-batch-moe",
+                             "none"] = "full"
     kv_reserved_gen_slots: bounds.Flag = False
     hidden_round_trip: bounds.Flag = False
     #: chunked prefill: a forward pass takes at most this many prompt tokens (vLLM's

@@ -85,10 +85,11 @@ def active_mechanisms(engine: Engine) -> list[str]:
 
 def flag_engine(engine: Engine, words: dict[str, str]) -> tuple[Engine, dict]:
     """``engine`` as a command with the flag values ``words`` (flag -> canonical word) runs
-    it: the fields its :class:`hrm.engines.engine.EngineFlag` entries set, and those fields (for a note)."""
+    it: the fields its :class:`hrm.engines.engine.EngineFlag` entries set, and those fields (for a note).
+    Flags apply in the engine file's order, so a later entry's field overrides an earlier one's
+    (FlexGen: ``--overlap false`` runs nothing overlapped, whatever ``--sep-layer`` says)."""
     fields: dict = {}
-    for flag, word in words.items():
-        spec = engine.flags.get(flag)
-        if spec is not None:
-            fields.update(spec.fields(word))
+    for flag, spec in engine.flags.items():
+        if flag in words:
+            fields.update(spec.fields(words[flag]))
     return (with_fields(engine, fields) if fields else engine), fields

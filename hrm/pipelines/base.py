@@ -38,6 +38,8 @@ RESOURCE_LABELS = {
     "copy": "CPU staging-copy team",
     "dram": "host DRAM bandwidth",
     "gpu+weights": "GPU chain waiting on the weight load",
+    "gpu+ffn-weights": "GPU chain waiting on the FFN block's weight load (block by block)",
+    "gpu+attention-weights": "GPU chain waiting on the attention block's weight load (block by block)",
     "host": "host thread issuing ops (launch + Python)",
     "disk": "disk read of weights beyond host memory",
     "dram+disk": "host DRAM bandwidth with the disk reads' writes",

@@ -17,7 +17,7 @@ import numpy as np
 
 #: resources that run tasks (each a queue); ``copy`` and ``dram`` are capacity bounds
 RESOURCES = ("gpu", "cpu", "h2d", "d2h")
-BOUNDS = ("copy", "dram", "gpu+weights")
+BOUNDS = ("copy", "dram", "gpu+weights", "gpu+ffn-weights", "gpu+attention-weights")
 
 
 @dataclass(frozen=True)

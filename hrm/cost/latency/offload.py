@@ -112,3 +112,18 @@ def offloaded_layer_bytes(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gp
         return experts
     params = costs.moe_layer_static_params(model) if moe else costs.dense_layer_params(model)
     return experts + params * costs.static_bytes_per_param(model)
+
+
+def attention_block_share(model: ModelSpec, engine: Engine, moe: bool, ffn_on_gpu=1.0):
+    """Share of a layer's offloaded bytes (:func:`offloaded_layer_bytes`) that are its attention
+    block's (projections and norms; the rest, the FFN block's: experts, router, shared experts
+    or a dense MLP), for an engine that loads a layer's two blocks one at a time (FlexGen's
+    ``--sep-layer``). 0 when only experts are offloaded; exact at r_w = 0 and 1, where the
+    whole-tensor placement of ``--percent`` takes every tensor or none."""
+    if engine.offloaded_weights != "all":
+        return 0.0 * np.asarray(ffn_on_gpu, dtype=float)
+    layer = np.asarray(offloaded_layer_bytes(model, engine, moe, ffn_on_gpu), dtype=float)
+    attention = (costs.attention_params(model) + costs.norm_params(model)) * costs.static_bytes_per_param(model)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(layer > 0, attention / layer, 0.0)
+

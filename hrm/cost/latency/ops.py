@@ -22,12 +22,11 @@ def op_time_s(op: OpCost, flops_per_s, bytes_per_s):
     return np.maximum(op.flops / flops_per_s, op.bytes / bytes_per_s)
 
 
-def gpu_rate_factors(rates: Rates, engine: Engine = IDEAL, kernel: bool = False) -> tuple[float, float]:
+def gpu_rate_factors(rates: Rates, engine: Engine = IDEAL) -> tuple[float, float]:
     """(FLOP/s factor, bandwidth factor) of the device tier under ``engine``: with
     ``achieved_gpu_rates`` GEMMs run at the GPU's achieved fraction of tensor peak (unless
     a measured FLOP/s-vs-M curve already is achieved) and memory at its streaming
-    efficiency; ``kernel`` applies the engine's MoE-kernel efficiency on top. The emulated
-    tier of a CPU-only host is measured as it runs: factors 1."""
+    efficiency. The emulated tier of a CPU-only host is measured as it runs: factors 1."""
     ach = rates.achieved
     if ach is None or rates.shared_unit:
         return 1.0, 1.0
@@ -35,14 +34,26 @@ def gpu_rate_factors(rates: Rates, engine: Engine = IDEAL, kernel: bool = False)
     if engine.achieved_gpu_rates:
         bandwidth = ach.gpu_memory_stream_efficiency
         flops = 1.0 if rates.gpu_matmul_curve else ach.gpu_gemm_efficiency
-    if kernel:
-        flops *= engine.kernel.factor(ach.architecture)
     return flops, bandwidth
+
+
+def kernel_flops_per_s(rates: Rates, engine: Engine, matmul_rows=None):
+    """The FLOP rate of a GEMM in the engine's MoE kernel at ``matmul_rows`` rows: the GEMM's
+    own rate at those rows, under the kernel's compute ceiling, its measured fraction of the
+    GPU's peak (:meth:`hrm.engines.engine.Kernel.factor`; the fractions are measured where the
+    GEMM is compute-bound, M = 4096 and up, so at small M, where a GEMM is bound by its weight
+    reads, the ceiling does not bind); the emulated tier of a CPU-only host is measured as it
+    runs."""
+    rate = rates.gpu_flops(matmul_rows)
+    ach = rates.achieved
+    if ach is None or rates.shared_unit:
+        return rate
+    return np.minimum(rate, rates.gpu_flops(None) * engine.kernel.factor(ach.architecture))
 
 
 def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEAL, kernel: bool = False):
     """``op`` on the device tier; ``kernel``: it runs in the engine's MoE kernel, whose
-    efficiency (:func:`gpu_rate_factors`) and time factor at ``matmul_rows`` tokens per
+    compute ceiling (:func:`kernel_flops_per_s`) and time factor at ``matmul_rows`` tokens per
     expert (:func:`kernel_slowdown`) apply.
 
     An op on quantized weights (``op.quantized``) under an engine that names a dequantizing
@@ -51,8 +62,9 @@ def gpu_time_s(op: OpCost, rates: Rates, matmul_rows=None, engine: Engine = IDEA
     replace the fp16 MoE kernel's (``kernel``'s factor and slowdown are not applied on top)."""
     if quant_family(op, rates, engine) is not None:
         return quantized_gpu_time_s(op, rates, matmul_rows, engine)
-    flops, bandwidth = gpu_rate_factors(rates, engine, kernel)
-    seconds = op_time_s(op, rates.gpu_flops(matmul_rows) * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
+    flops, bandwidth = gpu_rate_factors(rates, engine)
+    rate = kernel_flops_per_s(rates, engine, matmul_rows) if kernel else rates.gpu_flops(matmul_rows)
+    seconds = op_time_s(op, rate * flops, rates.gpu_bandwidth_bytes_s * bandwidth)
     return seconds * kernel_slowdown(rates, engine, matmul_rows) if kernel else seconds
 
 
@@ -62,7 +74,7 @@ def quantized_gpu_time_s(op: OpCost, rates: Rates, matmul_rows, engine: Engine):
     ``matmul_rows`` and memory rate (the engine's achieved-rate factors, no MoE-kernel
     factor) times the family's compute and bandwidth fractions on the GPU's architecture
     (``default`` on a datasheet profile without one)."""
-    flops, bandwidth = gpu_rate_factors(rates, engine, kernel=False)
+    flops, bandwidth = gpu_rate_factors(rates, engine)
     architecture = rates.achieved.architecture if rates.achieved is not None else None
     compute, memory = quant_family(op, rates, engine).fractions(architecture)
     return op_time_s(op, rates.gpu_flops(matmul_rows) * flops * compute,

@@ -18,7 +18,7 @@ from ...model.spec import ModelSpec
 from ...units import dtype_bytes
 from .dispatch import launch_overhead_s, prefill_dispatch, with_launches
 from .lane import Lane, sum_lanes
-from .offload import (cache_miss_pieces, crossing_layer_bytes, offloaded_experts_on_cpu, on_demand_weights_share,
+from .offload import (attention_block_share, cache_miss_pieces, crossing_layer_bytes, offloaded_experts_on_cpu, on_demand_weights_share,
     seconds_per_miss)
 from .ops import attention_rows, cpu_time_s, expert_rows, gpu_time_s
 from .transfers import allreduce_s, dram_bytes_s, kv_cache_s, link_bytes_s, weight_transfer_s
@@ -58,6 +58,8 @@ class PrefillLayerTerms:
     hidden_bytes: np.ndarray | float
     cpu_hidden_bytes: np.ndarray
     miss_pieces: tuple
+    #: share of the crossing bytes that are the attention block's (:func:`attention_block_share`)
+    attention_share: np.ndarray | float = 0.0
 
 
 def prefill_layer_terms(model: ModelSpec, rates: Rates, micro_batch, prompt_len, moe: bool = True,
@@ -92,7 +94,7 @@ def prefill_layer_terms(model: ModelSpec, rates: Rates, micro_batch, prompt_len,
                                     prefill_passes(engine, tokens) * crossing),
         hidden_bytes=tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0,
         cpu_hidden_bytes=on_cpu * tokens * model.hidden_size * ab,  # each way, for the layers' CPU experts
-        miss_pieces=misses)
+        miss_pieces=misses, attention_share=attention_block_share(model, engine, moe))
 
 
 def prefill_task_lanes(model: ModelSpec, rates: Rates, engine: Engine, t: PrefillLayerTerms,
@@ -127,14 +129,26 @@ def prefill_bound_lanes(model: ModelSpec, rates: Rates, engine: Engine, t: Prefi
     The weight load overlaps the layer as ``prefill.weights_overlap`` says: ``full`` — its
     own lane; ``last-micro-batch-moe`` — issued after the last micro-batch was queued, so
     the ``gpu+weights`` bound is n·(GPU per micro-batch) − (its MoE) + load; ``none`` —
-    n·(GPU per micro-batch) + load."""
+    n·(GPU per micro-batch) + load; ``next-block-one-micro-batch`` — the layer runs as two
+    blocks, each slot synced (FlexGen ``--sep-layer``): the FFN block's weights load beside one
+    micro-batch's attention, the attention block's beside one micro-batch's FFN, so the layer
+    takes max(W_ffn, attn) + max(W_attn, ffn) + (n − 1)·(GPU per micro-batch): the max of the
+    four sums, ``gpu``, ``gpu+weights`` (both loads) and one lane for each block's load."""
     zero, weights = t.zero, t.weights_s
     lanes = {}
-    if engine.prefill.weights_overlap != "full":
-        overlap = {"one-micro-batch": t.gpu_s, "last-micro-batch-moe": t.moe_s,
-                   "none": 0.0}[engine.prefill.weights_overlap]
+    overlap_rule = engine.prefill.weights_overlap
+    if overlap_rule != "full":
+        overlap = {"one-micro-batch": t.gpu_s, "next-block-one-micro-batch": t.gpu_s, "last-micro-batch-moe": t.moe_s,
+                   "none": 0.0}[overlap_rule]
         lanes["gpu+weights"] = Lane("gpu+weights", t.gpu_s + zero, t.kv_chain_s + zero, weights["h2d"] + zero,
                                     -overlap + zero)
+    if overlap_rule == "next-block-one-micro-batch":
+        attention_share = t.attention_share + zero
+        attention_s = t.gpu_s - t.moe_s  # one micro-batch's GPU work outside the FFN block
+        lanes["gpu+ffn-weights"] = Lane("gpu+ffn-weights", t.gpu_s + zero, t.kv_chain_s + zero,
+                                        (1 - attention_share) * weights["h2d"], -attention_s + zero)
+        lanes["gpu+attention-weights"] = Lane("gpu+attention-weights", t.gpu_s + zero, t.kv_chain_s + zero,
+                                              attention_share * weights["h2d"], -t.moe_s + zero)
     elif engine.prefetch_bucket_hidden_sq is not None:  # the GPU chain waits for what the bucket does not hold
         on_demand = on_demand_weights_share(model, engine, t.crossing_bytes) * weights["h2d"]
         lanes["gpu+weights"] = Lane("gpu+weights", t.gpu_s + zero, t.kv_chain_s + zero, on_demand + zero)
@@ -158,7 +172,7 @@ def prefill_resources(model: ModelSpec, rates: Rates, micro_batch, prompt_len, m
     # the GPU's sync bubbles are in its chain above (so in every bound built on it); the rest:
     # the host's issue lane, the CPU ops, the once-per-layer syncs
     bubbles = t.launch["gpu"] if t.launch else Lane("gpu")
-    for name in ("gpu", "gpu+weights"):
+    for name in ("gpu", "gpu+weights", "gpu+ffn-weights", "gpu+attention-weights"):
         if name in lanes and t.launch:
             lanes[name] = sum_lanes(name, [lanes[name], Lane(name, per_layer_s=bubbles.per_layer_s + t.zero)])
     return with_launches(lanes, {k: lane for k, lane in t.launch.items() if k != "gpu"}, t.zero)

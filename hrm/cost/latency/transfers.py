@@ -59,6 +59,14 @@ def dram_bytes_s(rates: Rates) -> float:
     return ach.dram_bytes_s
 
 
+def relay_bytes_s(rates: Rates, engine: Engine, threads: int) -> float:
+    """Rate of a pinned relay that copies, then DMAs, one after the other: each byte costs a
+    ``threads``-thread host memcpy and a pinned transfer, 1 / (1/memcpy + 1/pinned) (the
+    driver's own staging, :func:`hrm.machine.achieved.pageable_copy_gbps`, is the same rule
+    with one thread)."""
+    return 1.0 / (1.0 / rates.achieved.memcpy_bytes_s(threads) + 1.0 / link_bytes_s(rates, engine, "h2d"))
+
+
 def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> dict[str, np.ndarray | float]:
     """Seconds per resource to bring ``weight_bytes`` of offloaded weights to the GPU:
 
@@ -67,12 +75,20 @@ def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> 
       (the ``copy`` lane at the team's memcpy rate; the cores it holds, its share of the
       ``cpu`` lane), then DMA at the pinned rate; DRAM: read + write + write-allocate of the
       copy, then the DMA read;
+    - ``pageable-relay``: a team of ``copy_threads`` copies a tensor pageable → pinned on the
+      issuing thread, then it is DMA'd, and the next tensor's copy waits for that DMA (the
+      engine's per-slot sync): copy and DMA in turn, at :func:`relay_bytes_s` on the link lane;
+      the team's cores on the ``cpu`` lane, DRAM as for the staged path;
     - ``pageable-driver``: the driver stages the copy (pageable rate), on the issuing
       thread's core; DRAM as for the staged path."""
     ach = rates.achieved
     staged = path != "pinned" and host_side_modelled(rates)
     out: dict = {"h2d": weight_bytes / link_bytes_s(rates, engine, "h2d", pageable=path == "pageable-driver")}
-    if staged and path == "pageable-staged":
+    if staged and path == "pageable-relay":
+        threads = min(engine.copy_threads or ach.cores, ach.cores)
+        out["h2d"] = weight_bytes / relay_bytes_s(rates, engine, threads)
+        out["cpu"] = weight_bytes / ach.memcpy_bytes_s(threads) * threads / ach.cores
+    elif staged and path == "pageable-staged":
         threads = min(engine.copy_threads or ach.cores, ach.cores)
         out["copy"] = weight_bytes / ach.memcpy_bytes_s(threads)
         out["cpu"] = out["copy"] * threads / ach.cores
