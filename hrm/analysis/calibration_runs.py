@@ -44,7 +44,8 @@ QUANTITIES: dict[str, Quantity] = {
 #: what a run records besides what is fitted: the command as run, the ``hrm import --from``
 #: target that reads it, the engine's version, and the spread of repeated measurements
 PROVENANCE_KEYS = ("command", "from", "engine_version", "spread")
-RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured", *PROVENANCE_KEYS)
+RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured", "harness_fields",
+            *PROVENANCE_KEYS)
 WORKLOAD_KEYS = ("preset", "prompt_len", "max_prompt_len", "gen_len", "padding")
 
 
@@ -78,6 +79,10 @@ class Run(BaseModel):
     engine_version: Optional[str] = None
     spread_n: Optional[int] = None
     spread: tuple[tuple[str, float, float], ...] = ()
+    #: engine fields the measuring harness changed, not the engine's command (FlexGen's vLLM ops
+    #: run as the harness's torch/Triton stand-ins: docs/engines/flexgen.md §10), as (dotted
+    #: field, value); applied over the engine, the one the command sets included
+    harness_fields: tuple[tuple[str, float], ...] = ()
 
 
 class Runs(BaseModel):
@@ -212,6 +217,28 @@ def _memory(data: dict, key: str, where: str) -> Optional[float]:
     return None if data.get(key) is None else _positive_number(data[key], f"{where}.{key}")
 
 
+def _harness_fields(value, engine: Engine, where: str) -> tuple[tuple[str, float], ...]:
+    """``harness_fields: {dotted engine field: number}``, each a field ``engine`` has (checked
+    by setting it)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise HRMError(f"{where}: expected a mapping of dotted engine fields to numbers")
+    fields = tuple((str(k), _positive_number(v, f"{where}.{k}")) for k, v in value.items())
+    try:
+        with_harness(engine, fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HRMError(f"{where}: not a field of engine {engine.name}: {str(exc).splitlines()[0]}") from None
+    return fields
+
+
+def with_harness(engine: Engine, fields: tuple[tuple[str, float], ...]) -> Engine:
+    """``engine`` with the harness's fields set (unchanged without any)."""
+    from ..engines.mechanisms import with_fields
+
+    return with_fields(engine, dict(fields)) if fields else engine
+
+
 def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] = None) -> Run:
     """One entry of ``runs:``; HRMError naming ``source`` and the entry's field."""
     where = f"{source}: runs[{index}]"
@@ -228,7 +255,8 @@ def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] 
     label = str(label) if label is not None else f"#{index + 1} {engine.name}"
     measured = _measured(data["measured"], f"{where}.measured")
     spread_n, spread = _spread(data.get("spread"), measured, f"{where}.spread")
-    return Run(label=label, engine=engine, workload=workload, policy=policy,
+    harness = _harness_fields(data.get("harness_fields"), engine, f"{where}.harness_fields")
+    return Run(label=label, engine=with_harness(engine, harness), harness_fields=harness, workload=workload, policy=policy,
                gpu_mem_gib=_memory(data, "gpu_mem_gib", where), cpu_mem_gib=_memory(data, "cpu_mem_gib", where),
                measured=measured, dtype=dtype, command=_optional_text(data, "command", where),
                source=_source(data, where), engine_version=_optional_text(data, "engine_version", where),
@@ -265,6 +293,6 @@ def run_as_commanded(run: Run, hardware, model) -> Run:
     from ..export.importing import imported_engine, read_command
 
     imported = read_command(run.source, run.command, model, run.workload, hardware)
-    engine = imported_engine(run.source, imported, run.engine.name)
+    engine = with_harness(imported_engine(run.source, imported, run.engine.name), run.harness_fields)
     return run if engine == run.engine else run.model_copy(update={"engine": engine})
 

@@ -39,6 +39,7 @@ RESOURCE_LABELS = {
     "dram": "host DRAM bandwidth",
     "gpu+weights": "GPU chain waiting on the weight load",
     "host": "host thread issuing ops (launch + Python)",
+    "host+gpu": "host issue then GPU work (sync per slot)",
     "disk": "disk read of weights beyond host memory",
     "dram+disk": "host DRAM bandwidth with the disk reads' writes",
 }
