@@ -11,7 +11,8 @@ Counts are data on the engine (:class:`Launches`, from each engine's source:
 docs/engines/op_counts.md); the per-op costs are a profile's own measurement (``gpu.eager_op_s``,
 ``gpu.sync_bubble_s``, ``cpu.eager_op_s``: ``hrm profile`` measures them with torch on a GPU
 host) or else the defaults below (:data:`EAGER_GPU_OP_S`, :data:`EAGER_CPU_OP_S`,
-:data:`SYNC_BUBBLE_S`), and :class:`hrm.model.options.ModelOptions` overrides both. They are charged
+:data:`SYNC_BUBBLE_S`; a Triton launch from Python: :data:`TRITON_LAUNCH_S`), and
+:class:`hrm.model.options.ModelOptions` overrides both. They are charged
 on a GPU host to every engine that counts its ops, unless the profile's measured ``gpu.dispatch``
 belongs to that engine (the reference runtime's own per-task costs, ``dispatch.owner``,
 :func:`hrm.machine.rates.dispatch_owner`); on a CPU-only host the emulated tier's dispatch is measured.
