@@ -7,7 +7,7 @@ import math
 import sys
 
 from hrm.analysis.calibrate import Calibration, calibrated_profile, fit, is_shipped_profile
-from hrm.analysis.calibration_runs import load_runs
+from hrm.analysis.calibration_runs import load_runs, runs_model
 from hrm.errors import HRMError
 from hrm.machine.hardware import dump_hardware_yaml, load_hardware, parse_hardware
 from hrm.model.spec import load_model
@@ -137,9 +137,9 @@ def main(argv) -> int:
     runs = load_runs(args.runs)
     try:
         hw = load_hardware(runs.hardware)
-        model = load_model(runs.model)
     except HRMError as exc:
         raise HRMError(f"{runs.path}: {exc}") from None
+    model = runs_model(runs)
     calibration = fit(hw, model, runs, fields)
     profile = calibrated_profile(hw, calibration, args.name)
     text = HEADER + dump_hardware_yaml(profile)

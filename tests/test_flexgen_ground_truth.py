@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hrm.analysis.calibrate import predict_run
-from hrm.analysis.calibration_runs import load_runs, run_as_commanded
+from hrm.analysis.calibration_runs import load_runs, run_as_commanded, runs_model
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
 
@@ -48,7 +48,7 @@ OPEN: dict[str, tuple[tuple[str, float, float, str], ...]] = {
 def comparisons() -> tuple[tuple[str, str, float, float], ...]:
     """(run, quantity, measured, predicted) of every committed FlexGen run."""
     runs = load_runs(RUNS)
-    hw, model = load_hardware(runs.hardware), load_model(runs.model)
+    hw, model = load_hardware(runs.hardware), runs_model(runs)
     out = []
     for run in runs.runs:
         commanded = run_as_commanded(run, hw, model)

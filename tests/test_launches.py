@@ -52,14 +52,16 @@ def test_moe_lightning_host_lane_is_its_counted_ops_at_8us():
 @pytest.mark.parametrize("mu", [1, 4, 64])
 def test_deepspeed_counts_per_expert_per_layer_and_syncs(mu):
     """deepspeed-zero.yaml: 69 kernels + 8 syncs per batch, per touched expert 9 kernels +
-    5 copies + 5 syncs, per layer 7 fetches each with its sync."""
+    5 copies + 5 syncs, per layer 7 fetches each with its sync; the host waits out every sync
+    too (one round trip each, as the GPU idles)."""
     engine = load_engine("deepspeed-zero")
     rates = _rates()
     d = _distinct(mu)
     lanes = decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=engine)
     bare = decode_resources(MIXTRAL, rates, mu, 512, 1.0, 1.0, engine=without(engine, "launches"))
-    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * (9 + 5)), rel=1e-12)
-    assert float(lanes["host"].per_layer_s) == pytest.approx(7 * 8e-6, rel=1e-12)
+    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * (9 + 5)) + 20e-6 * (8 + 5 * d),
+                                                                   rel=1e-12)
+    assert float(lanes["host"].per_layer_s) == pytest.approx(7 * 8e-6 + 7 * 20e-6, rel=1e-12)
     bubbles = lanes["gpu"].time_s(1, 0.0, 1.0) - bare["gpu"].time_s(1, 0.0, 1.0)
     assert float(bubbles) == pytest.approx(20e-6 * (8 + 5 * d) + 20e-6 * 7, rel=1e-9)
 
@@ -99,7 +101,7 @@ def test_prefill_charges_the_same_ops_per_micro_batch_and_bubbles_in_every_gpu_b
     lanes = prefill_resources(MIXTRAL, rates, 2, 100, engine=engine)
     bare = prefill_resources(MIXTRAL, rates, 2, 100, engine=without(engine, "launches"))
     d = _distinct(200)
-    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * 14), rel=1e-9)
+    assert float(lanes["host"].per_micro_batch_s) == pytest.approx(8e-6 * (69 + d * 14) + 20e-6 * (8 + 5 * d), rel=1e-9)
     for name in ("gpu", "gpu+weights"):
         extra = lanes[name].time_s(1, 0.0, 1.0) - bare[name].time_s(1, 0.0, 1.0)
         assert float(extra) == pytest.approx(20e-6 * (8 + 5 * d + 7), rel=1e-9)
@@ -107,13 +109,13 @@ def test_prefill_charges_the_same_ops_per_micro_batch_and_bubbles_in_every_gpu_b
 
 def test_small_batches_are_bound_by_the_host_when_the_weights_are_resident():
     """Fiddler at batch 1 with every expert on the GPU: the GPU's work per layer is a few
-    hundred µs of weight reads at most, the host issues ~90 ops (0.36 ms): the layer takes
-    at least the host's time."""
+    hundred µs of weight reads at most, the host issues ~90 ops (0.36 ms) and waits out ~10
+    syncs: the layer takes at least the host's time."""
     engine = load_engine("fiddler")
     rates = _rates("a100-80g")
     resources = decode_resources(MIXTRAL, rates, 1, 128, 1.0, 1.0, engine=engine)
     lanes = schedule_lanes(resources, engine, rates.shared_unit)
-    host = 8e-6 * (67 + _distinct(1) * 11)
+    host = 8e-6 * (67 + _distinct(1) * 11) + 20e-6 * (8 + _distinct(1) * 2)
     assert float(resources["host"].per_micro_batch_s) == pytest.approx(host, rel=1e-12)
     layer = float(lanes_time_s(lanes, 1, 1.0, 1.0))
     assert layer >= host

@@ -2,7 +2,7 @@
 """FlexGen's results JSONL (the GPU harness's flexgen_bench.py) as a runs file `hrm calibrate` reads.
 
     python benchmarks/ground_truth/flexgen_runs.py RESULTS.jsonl --out docs/validation/runs/flexgen-h100.yaml \\
-        [--hardware PROFILE.yaml] [--model CONFIG.json] [--no-check]
+        [--hardware PROFILE.yaml] [--model CONFIG.json] [--gpu-check GPU_CHECK.json] [--no-check]
 
 One run per distinct policy (records whose FlexGen flags are the same are repeats: the run holds
 their median and, per quantity, the [min, max] under ``spread``). Every number is FlexGen's own
@@ -20,6 +20,11 @@ command, so that ``hrm calibrate`` predicts each run as the import would. ``comm
 its flexgen_main.py, which is that module run as __main__; its wrapper command stays in the JSONL).
 A failed, timed-out, skipped or projected record becomes no run: it is listed in the file's
 header and on stderr. Standard library and hrm only (no harness import).
+
+With ``--gpu-check`` (the harness's gpu_check.json from the same box) every run also gets
+``harness_fields: {launches.custom_ops_host_s: ...}``: the harness ran FlexGen's three vLLM ops
+as torch/Triton stand-ins (../shared/gpu/flexgen/README.md, "shim/vllm"), whose host time per
+MoE call gpu_check measured (:func:`shim_host_s`); vLLM's own ops are one CUDA kernel each.
 """
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ from hrm.workload import make_workload
 
 #: what the harness adds to every policy's flags (paths of the box's temporary folder)
 HARNESS_FLAGS = ("--model", "--offload-dir", "--log-file")
+#: the harness's stand-ins for vLLM's ops, as gpu_check.json times them (one call each per MoE call:
+#: lynnliu030/FlexGen@a80c8d15 flexgen/fused_moe.py:170,272,315)
+SHIM_OPS = ("topk_softmax", "moe_align_block_size", "silu_and_mul")
 #: the measured quantities, in the order written
 QUANTITIES = ("prefill_s", "decode_s", "total_s", "ttft_s", "tpot_s", "generation_throughput_tok_s")
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,8 +112,17 @@ def relative_to(path: Path, folder: Path) -> str:
     return os.path.relpath(path.resolve(), folder.resolve())
 
 
+def shim_host_s(gpu_check: dict, tokens: int) -> float:
+    """Host seconds of the three stand-in ops of one MoE call of ``tokens`` tokens: the sum of
+    their ``host_ms`` in gpu_check's ``timing`` row whose M is nearest ``tokens`` (on a log
+    scale; the smaller M on a tie)."""
+    rows = {int(key.split("=")[1]): row for key, row in gpu_check["timing"].items() if key.startswith("M=")}
+    m = min(sorted(rows), key=lambda x: abs(math.log(x / tokens)))
+    return significant(sum(rows[m][op]["host_ms"] for op in SHIM_OPS) / 1e3, 4)
+
+
 def convert(records: list[dict], hardware: str | Path, model: str | Path, out: str | Path,
-            engine_version: str = FLEXGEN_VERSION) -> tuple[dict, list[str], list[dict]]:
+            engine_version: str = FLEXGEN_VERSION, gpu_check: dict | None = None) -> tuple[dict, list[str], list[dict]]:
     """(runs file mapping, lines on the records left out, per-run notes) for ``records``."""
     hw, spec = load_hardware(str(hardware)), load_model(str(model))
     target = get_exporter("flexgen")
@@ -135,6 +152,9 @@ def convert(records: list[dict], hardware: str | Path, model: str | Path, out: s
                "workload": {"prompt_len": w.prompt_len, "max_prompt_len": w.max_prompt_len,
                             "gen_len": w.gen_len, "padding": w.padding},
                "policy": imported.policy.short(), "measured": measured}
+        if gpu_check is not None:  # a decode step's MoE call has one micro-batch of tokens
+            run["harness_fields"] = {"launches.custom_ops_host_s":
+                                     shim_host_s(gpu_check, imported.policy.micro_batch_size)}
         if len(recs) > 1:
             run["spread"] = {"n": len(recs), **{q: [significant(min(p[q] for p in per)),
                                                     significant(max(p[q] for p in per))] for q in QUANTITIES}}
@@ -157,8 +177,16 @@ def render(data: dict, left_out: list[str], notes: list[dict], source: str, dige
              f"# {source} (sha256 {digest[:16]}); see docs/validation/flexgen_gpu_plan.md.",
              "# measured: FlexGen's own timers (its --log-file); dummy weights route every token to",
              "# experts 0 and 1 (all router logits tie), so the GPU's expert compute is that of two experts."]
+    if any("harness_fields" in run for run in data["runs"]):
+        lines += ["# harness_fields: the harness ran vLLM's three ops as torch/Triton stand-ins; their host time",
+                  "# per MoE call is gpu_check.json's (docs/engines/flexgen.md §10), not vLLM's one kernel each."]
     lines += [f"# left out: {line}" for line in left_out]
-    head = yaml.safe_dump({"hardware": data["hardware"], "model": data["model"]}, sort_keys=False)
+    keys = {"hardware": data["hardware"], "model": data["model"]}
+    if data.get("routing"):
+        lines += ["# routing: the experts the dummy weights' tied router logits choose (docs/validation/runs/",
+                  "# flexgen-dummy-routing.json), so HRM predicts the expert reads the runs made."]
+        keys["routing"] = data["routing"]
+    head = yaml.safe_dump(keys, sort_keys=False)
     lines += head.rstrip("\n").split("\n") + ["runs:"]
     for run, note in zip(data["runs"], notes):
         lines.append(f"  # harness labels {', '.join(note['labels'])}; wall {', '.join(map(str, note['elapsed_s']))} s; "
@@ -177,13 +205,19 @@ def main(argv=None) -> int:
                     help="the profile measured on the box (default: docs/validation/h100-measured.yaml)")
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="the model FlexGen ran (default: 4-layer Mixtral)")
     ap.add_argument("--engine-version", default=FLEXGEN_VERSION)
+    ap.add_argument("--gpu-check", help="the harness's gpu_check.json: the vLLM stand-ins' host time per MoE call")
+    ap.add_argument("--routing", help="the runs file's routing (--routing syntax; a trace path relative to --out's "
+                                      "folder), e.g. trace:flexgen-dummy-routing.json")
     ap.add_argument("--no-check", action="store_true", help="skip reading the file back with hrm.analysis.calibration_runs.load_runs")
     args = ap.parse_args(argv)
     tmp = Path(str(args.out) + ".tmp")
     try:
         text_bytes = Path(args.results).read_bytes()
+        gpu_check = json.loads(Path(args.gpu_check).read_text()) if args.gpu_check else None
         data, left_out, notes = convert(read_records(args.results), args.hardware, args.model, args.out,
-                                        args.engine_version)
+                                        args.engine_version, gpu_check)
+        if args.routing:
+            data["routing"] = args.routing
         text = render(data, left_out, notes, args.results, hashlib.sha256(text_bytes).hexdigest())
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)

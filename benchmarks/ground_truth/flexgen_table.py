@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from hrm.analysis.calibrate import predict_run
-from hrm.analysis.calibration_runs import load_runs, run_as_commanded
+from hrm.analysis.calibration_runs import load_runs, run_as_commanded, runs_model
 from hrm.machine.hardware import load_hardware
 from hrm.model.spec import load_model
 
@@ -29,7 +29,7 @@ MARKERS = ("<!-- flexgen-table -->", "<!-- /flexgen-table -->")
 
 def table(path: Path) -> str:
     runs = load_runs(path)
-    hw, model = load_hardware(runs.hardware), load_model(runs.model)
+    hw, model = load_hardware(runs.hardware), runs_model(runs)
     head = "| run | engine | " + " | ".join(f"{label} measured | predicted | ratio" for _, label, _ in COLUMNS) + " |"
     lines = [head, "|" + "---|" * (2 + 3 * len(COLUMNS))]
     ratios = []

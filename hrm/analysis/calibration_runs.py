@@ -44,7 +44,8 @@ QUANTITIES: dict[str, Quantity] = {
 #: what a run records besides what is fitted: the command as run, the ``hrm import --from``
 #: target that reads it, the engine's version, and the spread of repeated measurements
 PROVENANCE_KEYS = ("command", "from", "engine_version", "spread")
-RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured", *PROVENANCE_KEYS)
+RUN_KEYS = ("name", "engine", "workload", "policy", "gpu_mem_gib", "cpu_mem_gib", "measured", "harness_fields",
+            *PROVENANCE_KEYS)
 WORKLOAD_KEYS = ("preset", "prompt_len", "max_prompt_len", "gen_len", "padding")
 
 
@@ -78,6 +79,10 @@ class Run(BaseModel):
     engine_version: Optional[str] = None
     spread_n: Optional[int] = None
     spread: tuple[tuple[str, float, float], ...] = ()
+    #: engine fields the measuring harness changed, not the engine's command (FlexGen's vLLM ops
+    #: run as the harness's torch/Triton stand-ins: docs/engines/flexgen.md §10), as (dotted
+    #: field, value); applied over the engine, the one the command sets included
+    harness_fields: tuple[tuple[str, float], ...] = ()
 
 
 class Runs(BaseModel):
@@ -91,6 +96,10 @@ class Runs(BaseModel):
     hardware: str
     model: str
     runs: tuple[Run, ...]
+    #: the file's ``routing`` (``--routing`` syntax, a trace's path resolved beside the file): which
+    #: experts the measured runs' tokens chose, when that is known (FlexGen's dummy weights send
+    #: every token to experts 0 and 1); None: the model's own (uniform)
+    routing: Optional[str] = None
 
 
 def _resolve_beside(value: str, folder: Path) -> str:
@@ -212,6 +221,28 @@ def _memory(data: dict, key: str, where: str) -> Optional[float]:
     return None if data.get(key) is None else _positive_number(data[key], f"{where}.{key}")
 
 
+def _harness_fields(value, engine: Engine, where: str) -> tuple[tuple[str, float], ...]:
+    """``harness_fields: {dotted engine field: number}``, each a field ``engine`` has (checked
+    by setting it)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise HRMError(f"{where}: expected a mapping of dotted engine fields to numbers")
+    fields = tuple((str(k), _positive_number(v, f"{where}.{k}")) for k, v in value.items())
+    try:
+        with_harness(engine, fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HRMError(f"{where}: not a field of engine {engine.name}: {str(exc).splitlines()[0]}") from None
+    return fields
+
+
+def with_harness(engine: Engine, fields: tuple[tuple[str, float], ...]) -> Engine:
+    """``engine`` with the harness's fields set (unchanged without any)."""
+    from ..engines.mechanisms import with_fields
+
+    return with_fields(engine, dict(fields)) if fields else engine
+
+
 def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] = None) -> Run:
     """One entry of ``runs:``; HRMError naming ``source`` and the entry's field."""
     where = f"{source}: runs[{index}]"
@@ -228,7 +259,8 @@ def parse_run(data, index: int, folder: Path, source: str, dtype: Optional[str] 
     label = str(label) if label is not None else f"#{index + 1} {engine.name}"
     measured = _measured(data["measured"], f"{where}.measured")
     spread_n, spread = _spread(data.get("spread"), measured, f"{where}.spread")
-    return Run(label=label, engine=engine, workload=workload, policy=policy,
+    harness = _harness_fields(data.get("harness_fields"), engine, f"{where}.harness_fields")
+    return Run(label=label, engine=with_harness(engine, harness), harness_fields=harness, workload=workload, policy=policy,
                gpu_mem_gib=_memory(data, "gpu_mem_gib", where), cpu_mem_gib=_memory(data, "cpu_mem_gib", where),
                measured=measured, dtype=dtype, command=_optional_text(data, "command", where),
                source=_source(data, where), engine_version=_optional_text(data, "engine_version", where),
@@ -240,7 +272,7 @@ def load_runs(path: str | Path) -> Runs:
     the file and the field, for anything missing, unknown or not a finite positive number."""
     data = read_yaml_mapping(path, "a runs YAML file", "hardware, model and runs")
     source = str(path)
-    _unknown_keys(data, ("hardware", "model", "dtype", "runs"), source)
+    _unknown_keys(data, ("hardware", "model", "dtype", "routing", "runs"), source)
     dtype = data.get("dtype")
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise HRMError(f"{source}: dtype: expected one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
@@ -252,7 +284,25 @@ def load_runs(path: str | Path) -> Runs:
         raise HRMError(f"{source}: runs: expected a list of one or more runs")
     runs = tuple(parse_run(entry, i, folder, source, dtype) for i, entry in enumerate(entries))
     digest = hashlib.sha256(read_input_text(path, "a runs YAML file").encode()).hexdigest()
-    return Runs(path=source, sha256=digest, hardware=hardware, model=model, runs=runs)
+    routing = _optional_text(data, "routing", source)
+    if routing is not None and routing.startswith("trace:"):
+        routing = "trace:" + _resolve_beside(routing[len("trace:"):], folder)
+    return Runs(path=source, sha256=digest, hardware=hardware, model=model, runs=runs, routing=routing)
+
+
+def runs_model(runs: Runs):
+    """The runs file's model, routed as its ``routing`` says (HRMError naming the file)."""
+    from ..model.routing import parse_routing
+    from ..model.spec import load_model
+
+    try:
+        model = load_model(runs.model)
+        if runs.routing is None:
+            return model
+        routing = parse_routing(runs.routing, model.num_experts, model.top_k, model.name)
+        return model.model_copy(update={"routing": routing})
+    except HRMError as exc:
+        raise HRMError(f"{runs.path}: {exc}") from None
 
 
 def run_as_commanded(run: Run, hardware, model) -> Run:
@@ -265,6 +315,6 @@ def run_as_commanded(run: Run, hardware, model) -> Run:
     from ..export.importing import imported_engine, read_command
 
     imported = read_command(run.source, run.command, model, run.workload, hardware)
-    engine = imported_engine(run.source, imported, run.engine.name)
+    engine = with_harness(imported_engine(run.source, imported, run.engine.name), run.harness_fields)
     return run if engine == run.engine else run.model_copy(update={"engine": engine})
 

@@ -11,7 +11,8 @@ Counts are data on the engine (:class:`Launches`, from each engine's source:
 docs/engines/op_counts.md); the per-op costs are a profile's own measurement (``gpu.eager_op_s``,
 ``gpu.sync_bubble_s``, ``cpu.eager_op_s``: ``hrm profile`` measures them with torch on a GPU
 host) or else the defaults below (:data:`EAGER_GPU_OP_S`, :data:`EAGER_CPU_OP_S`,
-:data:`SYNC_BUBBLE_S`), and :class:`hrm.model.options.ModelOptions` overrides both. They are charged
+:data:`SYNC_BUBBLE_S`; a Triton launch from Python: :data:`TRITON_LAUNCH_S`), and
+:class:`hrm.model.options.ModelOptions` overrides both. They are charged
 on a GPU host to every engine that counts its ops, unless the profile's measured ``gpu.dispatch``
 belongs to that engine (the reference runtime's own per-task costs, ``dispatch.owner``,
 :func:`hrm.machine.rates.dispatch_owner`); on a CPU-only host the emulated tier's dispatch is measured.
@@ -43,6 +44,16 @@ EAGER_CPU_OP_S = 2e-6
 #: .item() about 36 us"), so the sync's round trip is 36 - 2 x 8 = 20 us, during which the
 #: GPU's queue is empty. A profile's gpu.sync_bubble_s replaces it
 SYNC_BUBBLE_S = 20e-6
+#: host time of one Triton kernel launch from Python (JITFunction.run: binding and specialising
+#: the arguments, the cached kernel's lookup, the launcher), beyond the eager ops around it.
+#: Derived from ../shared/gpu/flexgen/gpu_check.py's timings on the lent H100 box (triton 3.6,
+#: docs/validation/runs/flexgen-h100.gpu_check.json, host_ms of 20 or 5 back-to-back calls): one
+#: call of FlexGen's fused_moe issues 2 Triton launches, 6 eager kernels and 9 torch.empty
+#: (lynnliu030/FlexGen@a80c8d15 flexgen/fused_moe.py:166-325) plus the three vLLM ops, whose
+#: harness stand-ins gpu_check times apart; at the decode sizes M = 64 and 256 the call's host
+#: time less those three is 0.2758 and 0.2772 ms, so a launch is (0.2765 ms - 15 x 6.33 us,
+#: the box's profiled eager op) / 2 = 91 us (M = 8, one 5-call sample, gives 0.4332 ms: left out)
+TRITON_LAUNCH_S = 91e-6
 
 
 class Launches(BaseModel):
@@ -51,13 +62,23 @@ class Launches(BaseModel):
     named ``layer_*`` (once per layer per decode step: weight fetches):
 
     - ``gpu_ops``: GPU kernels of the attention block, router and fixed MoE part;
+    - ``allocations``: ``torch.empty`` calls (an op's Python parsing and dispatch without its
+      launch: charged as an eager op, an upper estimate);
+    - ``triton_launches``: Triton kernels launched from Python (:data:`TRITON_LAUNCH_S` each);
+    - ``custom_ops``: compiled-extension ops (vLLM's ``_C``/``_moe_C``), one CUDA kernel each,
+      charged as eager ops unless ``custom_ops_host_s`` gives their measured host seconds per
+      micro-batch (a harness's stand-ins: docs/engines/flexgen.md §10);
     - ``cpu_ops``: framework ops on CPU tensors (CPU attention), issued by the thread that
       computes it;
     - ``copies``: explicit copies issued by the host;
     - ``syncs``: host-blocking waits (``.tolist()``, ``.cpu()``, ``nonzero``, synchronize);
     - ``expert_*``: the same per touched expert (an expert loop; 0 for a fused kernel);
     - ``layer_copies`` / ``layer_syncs``: per layer per decode step, whatever the
-      micro-batches (FlexGen's weight loads, ZeRO-3's fetches of the non-expert weights)."""
+      micro-batches (FlexGen's weight loads, ZeRO-3's fetches of the non-expert weights);
+    - ``step_gpu_ops`` / ``step_copies`` / ``step_syncs``: per micro-batch per decode step
+      outside the layers (embedding, logits and sampling, the token's round trip to the host).
+
+    A sync blocks the host thread too: the host lane pays its round trip as the GPU does."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -70,6 +91,13 @@ class Launches(BaseModel):
     expert_syncs: bounds.LAYER_OPS.type = 0.0
     layer_copies: bounds.LAYER_OPS.type = 0.0
     layer_syncs: bounds.LAYER_OPS.type = 0.0
+    allocations: bounds.LAYER_OPS.type = 0.0
+    triton_launches: bounds.LAYER_OPS.type = 0.0
+    custom_ops: bounds.LAYER_OPS.type = 0.0
+    custom_ops_host_s: Optional[bounds.DISPATCH_S.type] = None
+    step_gpu_ops: bounds.LAYER_OPS.type = 0.0
+    step_copies: bounds.LAYER_OPS.type = 0.0
+    step_syncs: bounds.LAYER_OPS.type = 0.0
     source: str = ""
 
 
@@ -81,13 +109,26 @@ class OpCosts:
     gpu_op_s: float = EAGER_GPU_OP_S
     cpu_op_s: float = EAGER_CPU_OP_S
     sync_bubble_s: float = SYNC_BUBBLE_S
+    triton_launch_s: float = TRITON_LAUNCH_S
+
+
+def custom_ops_s(launches: Launches, op: OpCosts) -> float:
+    """Host seconds of one micro-batch's compiled-extension ops: measured where a harness
+    replaced them (``custom_ops_host_s``), else one eager op each."""
+    if launches.custom_ops_host_s is not None:
+        return launches.custom_ops_host_s
+    return op.gpu_op_s * launches.custom_ops
 
 
 def host_issue_s(launches: Launches, op: OpCosts, distinct_experts):
-    """Host thread's time to issue one micro-batch of a layer: its GPU kernels and copies,
-    per touched expert too (``distinct_experts``, an array)."""
+    """Host thread's time for one micro-batch of a layer: issuing its GPU kernels, allocations,
+    copies, Triton launches and extension ops, per touched expert too (``distinct_experts``, an
+    array), and waiting out its syncs."""
     d = np.asarray(distinct_experts, dtype=float)
-    return op.gpu_op_s * (launches.gpu_ops + launches.copies + d * (launches.expert_gpu_ops + launches.expert_copies))
+    calls = launches.gpu_ops + launches.allocations + launches.copies
+    return (op.gpu_op_s * (calls + d * (launches.expert_gpu_ops + launches.expert_copies))
+            + op.triton_launch_s * launches.triton_launches + custom_ops_s(launches, op)
+            + sync_bubbles_s(launches, op, d))
 
 
 def cpu_issue_s(launches: Launches, op: OpCosts) -> float:
@@ -103,8 +144,14 @@ def sync_bubbles_s(launches: Launches, op: OpCosts, distinct_experts):
 
 
 def layer_host_issue_s(launches: Launches, op: OpCosts) -> float:
-    """Host issue time of a layer's once-per-step copies (weight fetches)."""
-    return op.gpu_op_s * launches.layer_copies
+    """Host time of a layer's once-per-step copies (weight fetches) and syncs."""
+    return op.gpu_op_s * launches.layer_copies + layer_sync_bubbles_s(launches, op)
+
+
+def step_host_s(launches: Launches, op: OpCosts) -> float:
+    """Host time of one micro-batch's work outside the layers in a decode step: its eager
+    ops and copies, and the round trip of its syncs."""
+    return op.gpu_op_s * (launches.step_gpu_ops + launches.step_copies) + op.sync_bubble_s * launches.step_syncs
 
 
 def layer_sync_bubbles_s(launches: Launches, op: OpCosts) -> float:

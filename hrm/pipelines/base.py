@@ -41,6 +41,7 @@ RESOURCE_LABELS = {
     "gpu+ffn-weights": "GPU chain waiting on the FFN block's weight load (block by block)",
     "gpu+attention-weights": "GPU chain waiting on the attention block's weight load (block by block)",
     "host": "host thread issuing ops (launch + Python)",
+    "host+gpu": "host issue then GPU work (sync per slot)",
     "disk": "disk read of weights beyond host memory",
     "dram+disk": "host DRAM bandwidth with the disk reads' writes",
 }

@@ -132,7 +132,7 @@ def klotski_times(model: ModelSpec, rates: Rates, workload, policy, engine: Engi
         first = next(kind for kind in KIND_ORDER if counts[kind])
         alone = schedule_layer(layers[first], layers=1, expert_buffers=buffers)
         drain = max(alone.period_s - decode[first].period_s, 0.0)
-    head = n * float(lm_head_time_s(model, rates, mu))
+    head = n * float(lm_head_time_s(model, rates, mu, engine))
     step = head + max(sum(count * decode[kind].period_s for kind, count in counts.items() if count),
                       disk_read_s) + drain
     pre = head + max(sum(count * prefill[kind].period_s for kind, count in counts.items() if count), disk_read_s)

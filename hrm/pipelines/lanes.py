@@ -44,7 +44,7 @@ def step_times_s(problem: Problem, policy: Policy):
     mu, n = policy.micro_batch_size, policy.num_micro_batches
     rw, rc = policy.weights_gpu_ratio, policy.kv_gpu_ratio
     contexts = decode_contexts(workload.effective_prompt_len, workload.gen_len)
-    head = n * lm_head_time_s(model, rates, mu)
+    head = n * lm_head_time_s(model, rates, mu, engine)
     steps = np.full(contexts.shape, float(head))
     prefill = float(head)
     resource_sum: dict[str, float] = {}
@@ -94,7 +94,7 @@ def lanes_times(problem: Problem, policy: Policy) -> PhaseTimes:
     decode = float(np.sum(steps))
     n_steps = len(steps)
     # mean per-layer decode latency: the layer part of the steps, per layer
-    head = float(policy.num_micro_batches * lm_head_time_s(model, rates, policy.micro_batch_size))
+    head = float(policy.num_micro_batches * lm_head_time_s(model, rates, policy.micro_batch_size, problem.engine))
     layers_only = decode - n_steps * head
     return PhaseTimes(
         prefill_s=prefill, decode_s=decode, decode_steps=n_steps,

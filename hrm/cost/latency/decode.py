@@ -201,7 +201,11 @@ def decode_resources(model: ModelSpec, rates: Rates, micro_batch, context, attn_
                                 np.asarray(attn_on_gpu, dtype=float), ffn, moe)
         lanes = {r: sum_lanes(r, [lane, Lane(r, *alpha[r])]) if r in alpha else lane for r, lane in lanes.items()}
     mu = np.asarray(micro_batch, dtype=float)
-    lanes = with_launches(lanes, launch_overhead_s(model, rates, engine, mu, moe), 0.0 * lanes["gpu"].per_micro_batch_s)
+    launch = launch_overhead_s(model, rates, engine, mu, moe)
+    gpu_work = lanes["gpu"]
+    lanes = with_launches(lanes, launch, 0.0 * lanes["gpu"].per_micro_batch_s)
+    if launch and engine.sync == "per-micro-batch":
+        lanes["host+gpu"] = sum_lanes("host+gpu", [lanes["host"], gpu_work])
     if "gpu+weights" in lanes:  # the GPU chain plus what it waits for (the on-demand weights)
         lanes["gpu+weights"] = sum_lanes("gpu+weights", [lanes["gpu"], lanes["gpu+weights"]])
     return lanes

@@ -49,6 +49,10 @@ def schedule_lanes(resources: dict[str, Lane], schedule: str | Engine, shared_un
     else:
         combined = list(tasks.values())
     if engine.sync == "per-micro-batch" and phase == "decode" and "h2d" in tasks:
+        # a slot's host issue and its GPU work, serialised by the slot's sync (host_gpu_lane)
+        serial = [lane for lane in bounds if lane.name == "host+gpu"]
+        bounds = [lane for lane in bounds if lane.name != "host+gpu"]
+        combined += serial
         combined += micro_batch_sync_lanes(combined, tasks["h2d"].per_layer_offloaded_weights_s)
     return expanded_lanes([*combined, *bounds])
 

@@ -11,6 +11,7 @@ import numpy as np
 from .. import costs
 from ..costs import OpCost
 from ...engines.engine import IDEAL, Engine
+from ...machine.launches import charged, step_host_s
 from ...machine.rates import Rates
 from ...model import quantized
 from ...model.spec import ModelSpec
@@ -150,12 +151,16 @@ def expert_rows(model: ModelSpec, tokens):
     return np.asarray(tokens, dtype=float) * model.top_k / costs.expected_distinct_experts(model, tokens)
 
 
-def lm_head_time_s(model: ModelSpec, rates: Rates, micro_batch):
+def lm_head_time_s(model: ModelSpec, rates: Rates, micro_batch, engine: Engine = IDEAL):
     """Embedding + final norm + lm_head for one micro-batch on the device tier (static weights),
     plus its dispatch: the head task and, where all lanes share one unit, the copy of the
-    tokens to the host (on a GPU host that copy overlaps the next micro-batch)."""
+    tokens to the host (on a GPU host that copy overlaps the next micro-batch); plus the
+    engine's counted host work outside the layers (:func:`hrm.machine.launches.step_host_s`:
+    its syncs end the step's slots, so the host's time adds to the GPU's)."""
     g = rates.gpu_dispatch
     alpha = dispatch_alpha_s(g, "task_s") + dispatch_alpha_s(g, "head_s")
     if rates.shared_unit:
         alpha += dispatch_alpha_s(g, "task_s") + dispatch_alpha_s(g, "copy_s")
+    if charged(engine.launches, rates.op_costs):
+        alpha += step_host_s(engine.launches, rates.op_costs)
     return gpu_time_s(costs.lm_head(model, micro_batch), rates, micro_batch) + alpha
