@@ -29,18 +29,15 @@ RUNS = Path(__file__).resolve().parents[1] / "docs/validation/runs/flexgen-h100.
 #: (stdout generate_costs_s), and FlexGen's timer counts the first decode step's warm-up
 TOLERANCE = 1.25
 #: runs whose mechanism is not yet modelled: (quantity, lowest, highest ratio now, why)
-_HOST = "all weights on the GPU: the host thread (FlexGen's Python, the harness's op shim, syncs) binds"
-_CPU_ATTN = "--cpu-cache-compute: FlexGen's CPU attention path costs more than modelled"
+_HOST = ("all weights on the GPU: the host thread binds, and about 0.2 ms per (FlexGen layer, micro-batch) "
+         "slot of FlexGen's own Python is not modelled (tests/test_flexgen_host.py); b8x1's first decode step "
+         "(93 ms, a one-time warm-up FlexGen's timer counts) is not either")
 OPEN: dict[str, tuple[tuple[str, float, float, str], ...]] = {
-    "gpu100_b64x4_g16": (("decode_s", 0.72, 1.25, _HOST), ("tpot_s", 0.72, 1.25, _HOST)),
-    "gpu100_b8x1_g16": (("prefill_s", 0.5, 1.25, _HOST), ("decode_s", 0.35, 1.25, _HOST),
-                        ("total_s", 0.36, 1.25, _HOST), ("ttft_s", 0.5, 1.25, _HOST),
-                        ("tpot_s", 0.35, 1.25, _HOST), ("generation_throughput_tok_s", 0.8, 2.72, _HOST)),
-    **{label: (("decode_s", lo, 1.25, _CPU_ATTN), ("total_s", total, 1.25, _CPU_ATTN),
-               ("tpot_s", lo, 1.25, _CPU_ATTN), ("generation_throughput_tok_s", 0.8, hi, _CPU_ATTN))
-       for label, lo, total, hi in (("kvcpu_cpuattn_pin_b64x8_g8", 0.217, 0.298, 3.35),
-                                    ("kvcpu_cpuattn_pin_b256x2_g8", 0.219, 0.318, 3.15),
-                                    ("kvcpu_cpuattn_page_b64x8_g8", 0.339, 0.406, 2.46))},
+    "gpu100_b64x4_g16": (("decode_s", 0.58, 1.25, _HOST), ("tpot_s", 0.58, 1.25, _HOST), ("total_s", 0.71, 1.25, _HOST),
+                         ("generation_throughput_tok_s", 0.8, 1.4, _HOST)),
+    "gpu100_b8x1_g16": (("prefill_s", 0.49, 1.25, _HOST), ("decode_s", 0.36, 1.25, _HOST),
+                        ("total_s", 0.37, 1.25, _HOST), ("ttft_s", 0.49, 1.25, _HOST),
+                        ("tpot_s", 0.36, 1.25, _HOST), ("generation_throughput_tok_s", 0.8, 2.65, _HOST)),
 }
 
 

@@ -32,6 +32,10 @@ Mechanisms (field: what it models; ideal value):
   fp16 roofline on the quantized bytes);
 - ``cpu_kernels``: ``ggml`` — CPU experts at the kernel rates ``hrm profile --llama-cpp``
   measured (docs/model.md §4.10), where the profile has them (ideal: the CPU roofline);
+- ``cpu_attention``: how CPU attention runs — ``roofline`` (one pass over the host KV cache
+  at the CPU's roofline; ideal) or ``fp32-workspace`` (FlexGen's ``--cpu-cache-compute``: per
+  slot the KV prefix is widened to an fp32 workspace, expanded g-fold for GQA into fresh pages
+  and read by one-row batched products: :mod:`hrm.cost.latency.workspace_attention`);
 - ``moe_reads_all_experts``: the fused MoE kernel reads every resident expert of the layer
   per micro-batch, not only those the tokens touch (ideal: off);
 - ``sync``: where the host synchronises — ``none`` (ideal), ``per-step`` (host syncs end
@@ -320,6 +324,9 @@ class Engine(_Frozen):
     #: None: quantized GEMMs run at the fp16 roofline on their bytes
     quant_kernel: Optional[str] = None
     moe_reads_all_experts: bounds.Flag = False
+    #: how CPU attention runs: ``roofline`` (ideal) or ``fp32-workspace`` (FlexGen's host passes,
+    #: :mod:`hrm.cost.latency.workspace_attention`)
+    cpu_attention: Literal["roofline", "fp32-workspace"] = "roofline"
     #: ``ggml``: the experts the engine runs on the CPU run in ggml's CPU kernels, at the rates
     #: a profile's ``ggml_cpu`` section measured (hrm profile --llama-cpp); None, or a profile
     #: without that section: the CPU roofline

@@ -24,6 +24,7 @@ MECHANISMS: dict[str, str] = {
     "moe_kernel": "MoE kernel efficiency",
     "quant_kernel": "dequantizing kernel of quantized weights",
     "moe_reads_all_experts": "MoE kernel reads every resident expert",
+    "cpu_attention": "CPU attention through an fp32 workspace (FlexGen's host passes)",
     "cpu_kernels": "CPU experts at ggml's measured kernel rates",
     "cpu_threads": "threads of the CPU experts (-t)",
     "sync": "host synchronisation (pipeline drains)",

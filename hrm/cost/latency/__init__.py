@@ -14,6 +14,7 @@ Modules (this package re-exports nothing: import a name from the module that def
 - :mod:`hrm.cost.latency.transfers` — transfer paths: link and DRAM rates, weight and KV paths, all-reduces;
 - :mod:`hrm.cost.latency.offload` — offloaded weights: bytes crossing per load, CPU experts, expert-cache misses;
 - :mod:`hrm.cost.latency.dispatch` — host overhead per operation: a profile's dispatch α, an engine's launches;
+- :mod:`hrm.cost.latency.workspace_attention` — FlexGen's CPU attention: its fp32-workspace host passes per slot;
 - :mod:`hrm.cost.latency.decode` — a decode layer's tasks per micro-batch and the resources they sum to;
 - :mod:`hrm.cost.latency.prefill` — a prefill layer's resources;
 - :mod:`hrm.cost.latency.lanes` — a schedule's lanes from resources, sync and disk lanes, the layer kinds.

@@ -25,6 +25,7 @@ from .offload import (cache_miss_pieces, crossing_layer_bytes, offloaded_experts
     seconds_per_miss)
 from .ops import attention_rows, cpu_time_s, expert_rows, gpu_time_s
 from .transfers import allreduce_s, dram_bytes_s, kv_cache_s, kv_load_s, link_bytes_s, weight_transfer_s
+from .workspace_attention import workspace_attention_s, workspace_passes
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class DecodeLayerTerms:
     allreduce_s: dict
     gpu_experts_s: np.ndarray
     cpu_experts_s: np.ndarray
+    cpu_attention_s: np.ndarray
+    cpu_attention_dram_bytes: np.ndarray
     miss_pieces: tuple
 
 
@@ -100,7 +103,25 @@ def decode_layer_terms(model: ModelSpec, rates: Rates, micro_batch, context, att
         kv_read_s=kv_read, kv_new_s=kv_new, on_cpu=on_cpu, crossing_bytes=crossing,
         weights_s=weight_transfer_s(rates, engine, engine.decode.weight_path, crossing),
         allreduce_s=allreduce_s(model, rates, engine, mu), gpu_experts_s=gpu_experts_s,
-        cpu_experts_s=cpu_time_s(ops.ffn, rates, ffn_rows, engine, model), miss_pieces=misses)
+        cpu_experts_s=cpu_time_s(ops.ffn, rates, ffn_rows, engine, model),
+        cpu_attention_s=cpu_attention_s(model, rates, mu, context, ops, engine) + zero,
+        cpu_attention_dram_bytes=cpu_attention_dram_bytes(model, mu, context, ops, engine) + zero, miss_pieces=misses)
+
+
+def cpu_attention_s(model: ModelSpec, rates: Rates, micro_batch, context, ops: LayerOps, engine: Engine):
+    """One micro-batch's decode attention on the CPU as ``engine`` runs it: the roofline of the
+    attention operator, or FlexGen's fp32-workspace passes (:mod:`.workspace_attention`)."""
+    if engine.cpu_attention == "fp32-workspace":
+        return workspace_attention_s(model, rates, micro_batch, context)
+    return cpu_time_s(ops.attention, rates, attention_rows(model), engine)
+
+
+def cpu_attention_dram_bytes(model: ModelSpec, micro_batch, context, ops: LayerOps, engine: Engine):
+    """Host DRAM bytes of one micro-batch's CPU attention: the operator's bytes, or every pass of
+    FlexGen's fp32 workspace (:func:`.workspace_attention.workspace_passes`)."""
+    if engine.cpu_attention == "fp32-workspace":
+        return workspace_passes(model, micro_batch, context).dram_bytes
+    return ops.attention.bytes
 
 
 def _task(t: DecodeLayerTerms, name: str, resource: str, kind: str, per_mb=0.0, per_mb_kv=0.0, weights=0.0,
@@ -120,8 +141,7 @@ def compute_tasks(model: ModelSpec, rates: Rates, engine: Engine, t: DecodeLayer
         # (the offloaded share of the layers runs its experts on the CPU under offloaded_experts: cpu)
         _task(t, "PostAttn", "gpu", "post_attn", gpu_time_s(ops.post_attn, rates, mu, engine)
               + t.allreduce_s.get("gpu", 0.0) + ffn * t.gpu_experts_s, weights=-t.on_cpu * t.gpu_experts_s),
-        _task(t, "CPUAttn", "cpu", "attention",
-              (1 - attn) * cpu_time_s(ops.attention, rates, attention_rows(model), engine)),
+        _task(t, "CPUAttn", "cpu", "attention", (1 - attn) * t.cpu_attention_s),
         _task(t, "CPUExperts", "cpu", "experts", (1 - ffn) * t.cpu_experts_s, weights=t.on_cpu * t.cpu_experts_s),
     ]
 
@@ -168,7 +188,7 @@ def mechanism_tasks(model: ModelSpec, rates: Rates, engine: Engine, t: DecodeLay
     if engine.host_dram:
         dram = dram_bytes_s(rates)
         ops = t.ops
-        cpu_reads = (1 - t.attn) * ops.attention.bytes + (1 - t.ffn) * ops.ffn.bytes
+        cpu_reads = (1 - t.attn) * t.cpu_attention_dram_bytes + (1 - t.ffn) * ops.ffn.bytes
         dma = t.qkv_bytes + t.hidden_bytes + 2 * t.ffn_bytes
         offloaded_cpu = t.on_cpu * (ops.ffn.bytes + 2 * t.hidden_each_way_bytes) / dram
         tasks.append(_task(t, "HostDRAM", "dram", "dram", (cpu_reads + dma) / dram + reduce.get("dram", 0.0),
