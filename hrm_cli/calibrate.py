@@ -10,7 +10,6 @@ from hrm.analysis.calibrate import Calibration, calibrated_profile, fit, is_ship
 from hrm.analysis.calibration_runs import load_runs, runs_model
 from hrm.errors import HRMError
 from hrm.machine.hardware import dump_hardware_yaml, load_hardware, parse_hardware
-from hrm.model.spec import load_model
 from hrm_cli.parser import ArgumentParser
 
 HEADER = ("# Hardware profile calibrated by `hrm calibrate` to the user's own runs: source.methods names\n"

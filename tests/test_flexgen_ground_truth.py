@@ -21,7 +21,6 @@ import pytest
 from hrm.analysis.calibrate import predict_run
 from hrm.analysis.calibration_runs import load_runs, run_as_commanded, runs_model
 from hrm.machine.hardware import load_hardware
-from hrm.model.spec import load_model
 
 RUNS = Path(__file__).resolve().parents[1] / "docs/validation/runs/flexgen-h100.yaml"
 #: a prediction within this factor of its measurement (either way): the runs' own repeat

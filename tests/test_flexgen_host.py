@@ -22,7 +22,6 @@ from hrm.errors import HRMError
 from hrm.estimate import estimate
 from hrm.machine.hardware import load_hardware
 from hrm.machine.launches import TRITON_LAUNCH_S, Launches, OpCosts, host_issue_s, step_host_s
-from hrm.model.spec import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs/validation/runs/flexgen-h100.yaml"

@@ -20,7 +20,6 @@ from pathlib import Path
 from hrm.analysis.calibrate import predict_run
 from hrm.analysis.calibration_runs import load_runs, run_as_commanded, runs_model
 from hrm.machine.hardware import load_hardware
-from hrm.model.spec import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = (("ttft_s", "TTFT s", 1.0), ("tpot_s", "TPOT ms", 1e3), ("generation_throughput_tok_s", "tok/s", 1.0))
