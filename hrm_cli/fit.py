@@ -1,6 +1,6 @@
 """``hrm fit``: the fastest llama.cpp command for a machine (a profile, or catalog parts), a
 model (catalog name or config.json; a GGUF on a CPU-only machine) and a context length
-(:mod:`hrm.analysis.fit`)."""
+(:mod:`hrm.analysis.fit`), and the same answer for ollama, vLLM and SGLang + kTransformers."""
 
 from __future__ import annotations
 

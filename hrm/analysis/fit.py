@@ -15,7 +15,10 @@ estimators (no second model):
 
 The best is the one that finishes the users' requests first (prefill + decode of ``gen``
 tokens), or by ``objective`` the fastest decode or prefill. llama.cpp's defaults are among the
-candidates, so the answer also says what it gains over them.
+candidates, so the answer also says what it gains over them. The same answer is then given for
+ollama (:mod:`hrm.analysis.fit_ollama`), vLLM and SGLang + kTransformers
+(:mod:`hrm.analysis.fit_vllm`, :mod:`hrm.analysis.fit_sglang`): each engine's best command in its
+own policy space, or one line saying why it cannot run the model there.
 """
 
 from __future__ import annotations
