@@ -1,6 +1,6 @@
 """``hrm fit``: the fastest llama.cpp command for a machine (a profile, or catalog parts), a
 model (catalog name or config.json; a GGUF on a CPU-only machine) and a context length
-(:mod:`hrm.analysis.fit`)."""
+(:mod:`hrm.analysis.fit`), and the same answer for ollama, vLLM and SGLang + kTransformers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="hrm fit", description=(
         "The fastest llama.cpp command (-ngl, --n-cpu-moe, -c, -b/-ub, -t/-tb, -fa, KV type) for one user or N "
         "parallel users on a machine, with its predicted tok/s, memory per device, why it is the best, the "
-        "runners-up, and what it gains over llama.cpp's own fit (fewest CPU layers at the default -ub and -t)."))
+        "runners-up, and what it gains over llama.cpp's own fit (fewest CPU layers at the default -ub and -t); then "
+        "the same answer for ollama (a Modelfile), vLLM (--cpu-offload-gb) and SGLang + kTransformers (--kt-*): each "
+        "engine's best command with its predicted tok/s and memory, or one line saying why it cannot run the model "
+        "there."))
     m = p.add_argument_group("machine: a profile, or parts from the catalog (hrm/data/parts)")
     m.add_argument("--hw", help="hardware profile: a YAML path or a shipped name")
     m.add_argument("--gpu", help="a GPU of the catalog (rtx-4090, rx-7900-xtx, ...); omit for CPU only")

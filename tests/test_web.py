@@ -459,8 +459,11 @@ def test_fit_equals_hrm_analysis_fit_and_prints_what_the_cli_prints(client, caps
     report = got["report"]
     assert code == 0 and out.splitlines() == [report["heading"], f"  {report['command']}", f"  {report['predicted']}",
                                                f"  {report['memory']}", "why:", *(f"  - {w}" for w in report["why"]),
-                                               "runners-up:", *(f"  {r}" for r in report["runners_up"]), *report["ollama"]]
+                                               "runners-up:", *(f"  {r}" for r in report["runners_up"]), *report["ollama"],
+                                               *report["servers"]]
     assert report["ollama"][0].startswith("ollama: ")  # a GPU machine: ollama's form of the answer
+    # then vLLM's and SGLang's answers (here each one line: the Q4_K_M GGUF is neither's format)
+    assert [line.split(":")[0] for line in report["servers"]] == ["vllm", "sglang"]
     assert err.splitlines() == [f"note: {n}" for n in report["notes"]] and report["notes"]
 
 

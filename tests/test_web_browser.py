@@ -281,6 +281,9 @@ def test_fit_page_shows_the_clis_command_and_clears_on_an_error(server, browser)
     assert float(predicted.get_attribute("data-prefill")) == want.best.prefill_tok_s
     assert browser.find_element("id", "fit-memory").text == report.memory
     assert len(browser.find_elements("css selector", "#fit-runners li")) == len(want.runners_up)
+    # vLLM's and SGLang's answers: the lines hrm fit prints for them, one item each
+    servers = browser.find_elements("css selector", "#fit-servers li")
+    assert [li.get_attribute("textContent") for li in servers] == list(report.servers) and report.servers
     share = browser.find_element("id", "share-url").get_attribute("href")
     assert share.endswith("/fit?hw=l4&model=deepseek-v2-lite&context=2048") and browser.current_url == share
     context.clear()
@@ -292,4 +295,4 @@ def test_fit_page_shows_the_clis_command_and_clears_on_an_error(server, browser)
     assert not browser.find_element("id", "results").is_displayed()
     assert browser.find_element("id", "fit-command").get_attribute("textContent") == ""
     assert browser.find_element("id", "fit-predicted").get_attribute("data-decode") is None
-    assert not browser.find_elements("css selector", "#fit-why li, #fit-runners li")
+    assert not browser.find_elements("css selector", "#fit-why li, #fit-runners li, #fit-servers li")

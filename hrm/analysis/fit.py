@@ -15,7 +15,10 @@ estimators (no second model):
 
 The best is the one that finishes the users' requests first (prefill + decode of ``gen``
 tokens), or by ``objective`` the fastest decode or prefill. llama.cpp's defaults are among the
-candidates, so the answer also says what it gains over them.
+candidates, so the answer also says what it gains over them. The same answer is then given for
+ollama (:mod:`hrm.analysis.fit_ollama`), vLLM and SGLang + kTransformers
+(:mod:`hrm.analysis.fit_vllm`, :mod:`hrm.analysis.fit_sglang`): each engine's best command in its
+own policy space, or one line saying why it cannot run the model there.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class FitResult:
     path: str
     #: the answer's ollama form (hrm.analysis.fit_ollama.OllamaAnswer; machines with a GPU)
     ollama: Optional[object] = None
+    #: vLLM's and SGLang's answers (hrm.analysis.fit_server.ServerAnswer: a command, or why not)
+    servers: tuple = ()
 
     def to_json(self) -> dict:
         def c(x: Candidate | None):
@@ -95,7 +100,8 @@ class FitResult:
                 "why": list(self.why), "notes": list(self.notes), "searched": self.searched,
                 "infeasible": self.infeasible, "objective": self.objective, "users": self.users,
                 "context_tokens": self.context_tokens, "gen_tokens": self.gen_tokens, "path": self.path,
-                "ollama": self.ollama.to_json() if self.ollama is not None else None}
+                "ollama": self.ollama.to_json() if self.ollama is not None else None,
+                "servers": [answer.to_json() for answer in self.servers]}
 
 
 def _score(c: Candidate, objective: str) -> float:
@@ -243,7 +249,7 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
                         if c.fits and (default is None or cpu_layers < default.knobs["cpu_layers"]):
                             default = c
     result = _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
-    return with_ollama(result, cands, model)
+    return with_servers(with_ollama(result, cands, model), hw, model, workload)
 
 
 def with_ollama(result: FitResult, cands: list[Candidate], model) -> FitResult:
@@ -253,6 +259,19 @@ def with_ollama(result: FitResult, cands: list[Candidate], model) -> FitResult:
     from .fit_ollama import ollama_answer
 
     return replace(result, ollama=ollama_answer(result.best, _ranked(cands, result.objective), model))
+
+
+def with_servers(result: FitResult, hw, model, workload) -> FitResult:
+    """``result`` with vLLM's and SGLang + kTransformers' answers for the same machine, model,
+    workload, users and objective (:mod:`hrm.analysis.fit_vllm`, :mod:`hrm.analysis.fit_sglang`);
+    ``model`` None on a CPU-only machine, which neither runs."""
+    from dataclasses import replace
+
+    from .fit_sglang import sglang_answer
+    from .fit_vllm import vllm_answer
+
+    return replace(result, servers=tuple(answer(hw, model, workload, result.users, result.objective)
+                                         for answer in (vllm_answer, sglang_answer)))
 
 
 def _why_gpu(layers: int):
@@ -351,7 +370,8 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
                      "not picked (hrm.analysis.fit.measured_ubatch: the extrapolation measured wrong, docs/validation/fit.md)")
     if default_t not in threads:
         notes.append(f"llama.cpp's default -t {default_t} was not measured in this profile (threads {threads})")
-    return _result(cands, default, objective, users, context, gen, "cpu", _why_cpu(default_t), notes)
+    result = _result(cands, default, objective, users, context, gen, "cpu", _why_cpu(default_t), notes)
+    return with_servers(result, hw, None, None)
 
 
 def _why_cpu(default_t: int):
@@ -403,13 +423,15 @@ class FitReport:
     notes: tuple[str, ...]
     #: the answer's ollama form (empty where none is made: CPU-only machines)
     ollama: tuple[str, ...] = ()
+    #: vLLM's and SGLang's answers, each a command with its rates or one line saying why not
+    servers: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         """What ``hrm fit`` prints on standard output (the notes go to standard error)."""
         out = [self.heading, f"  {self.command}", f"  {self.predicted}", f"  {self.memory}", "why:"]
         out += [f"  - {line}" for line in self.why]
         out += ["runners-up:"] + [f"  {line}" for line in self.runners_up] if self.runners_up else []
-        return out + list(self.ollama)
+        return out + list(self.ollama) + list(self.servers)
 
 
 def ollama_lines(answer) -> tuple[str, ...]:
@@ -433,8 +455,9 @@ def fit_report(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHO
     runners = tuple(f"{c.args()}  | prefill {c.prefill_tok_s:,.1f} decode {c.decode_tok_s:,.2f} tok/s, "
                     f"request {c.total_s:.2f} s" for c in result.runners_up)
     ollama = ollama_lines(result.ollama) if result.ollama is not None else ()
+    servers = tuple(line for answer in result.servers for line in answer.lines())
     return FitReport(heading, b.command(program(result.users), model_path), predicted, memory, result.why, runners,
-                     result.notes, ollama)
+                     result.notes, ollama, servers)
 
 
 def fit_json(result: FitResult, hardware: str, model_path: str = MODEL_PLACEHOLDER) -> dict:

@@ -38,7 +38,7 @@ function list(id, lines) {
 function clearFit() {
   for (const id of ["fit-heading", "fit-command", "fit-predicted", "fit-memory"]) text($(id), "");
   for (const key of ["decode", "prefill"]) delete $("fit-predicted").dataset[key];
-  for (const id of ["fit-why", "fit-runners", "fit-ollama", "fit-notes"]) $(id).replaceChildren();
+  for (const id of ["fit-why", "fit-runners", "fit-ollama", "fit-servers", "fit-notes"]) $(id).replaceChildren();
   const share = $("share-url");
   share.href = "#";
   text(share, "");
@@ -56,6 +56,7 @@ function showFit(answer) {
   list("fit-why", report.why);
   list("fit-runners", report.runners_up);
   list("fit-ollama", report.ollama.length ? report.ollama : ["-"]);
+  list("fit-servers", report.servers.length ? report.servers : ["-"]);
   list("fit-notes", report.notes.length ? report.notes : ["-"]);
 }
 
