@@ -135,7 +135,7 @@ def candidates(request, rates) -> Candidates:
                               context=context, prompt=prompt, layers=layers)
     # a pass takes at least its heads and the disk read (klotski_times: the layers' max with it)
     mus, at_mu = np.unique(mu, return_inverse=True)
-    head = n * lm_head_time_s(model, rates, mus)[at_mu]
+    head = n * lm_head_time_s(model, rates, mus, engine)[at_mu]
     return Candidates(mu, n, batch_size, resident, ratio, np.maximum(step, head + disk_s),
                       np.maximum(pre, head + disk_s), disk_s)
 
@@ -147,7 +147,7 @@ def _lower_bounds(model, rates, engine, *, mu, n, batch_size, resident, ratio, c
     # what depends on μ alone is evaluated once per distinct μ (millions of candidates, a
     # few thousand μ); the KV parts depend on r_c too
     mus, at_mu = np.unique(mu, return_inverse=True)
-    head = n * lm_head_time_s(model, rates, mus)[at_mu]
+    head = n * lm_head_time_s(model, rates, mus, engine)[at_mu]
     out = []
     for prompt_len, per_token in ((None, 1), (prompt, prompt)):
         kv = batch_kv_s(model, rates, mu, context, engine, ratio, prompt_len)

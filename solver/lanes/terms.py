@@ -185,7 +185,7 @@ def build_terms(problem: Problem, modes: list[Mode], blocks: int | None = None, 
         step_weight = np.array([float(len(part)) for part in parts])
     else:
         coef = decode_at(contexts)
-    head = np.asarray(lm_head_time_s(model, rates, mu[:, 0]), dtype=float) * np.ones(len(modes))
+    head = np.asarray(lm_head_time_s(model, rates, mu[:, 0], engine), dtype=float) * np.ones(len(modes))
     mem = memory_terms(problem, mu[:, 0], attn[:, 0] > 0, ffn[:, 0] > 0)
     if step_index is not None:
         affine = np.ones(coef["per_micro_batch_s"].shape[:2], dtype=bool)
@@ -370,7 +370,10 @@ def tier_bytes(terms: Terms, k: int, batch_size, gpu_experts) -> tuple[np.ndarra
 def largest_static_experts(terms: MemoryTerms) -> np.ndarray:
     """m_max per mode: the most expert matrices any feasible policy keeps on the GPU — the
     GPU (or shared) limit at N = μ and z = 0, since N and z only add GPU bytes (checked:
-    otherwise M)."""
+    otherwise M). Whole expert slots, except for an engine that places weights at its own
+    levels (``weights_levels``: FlexGen's whole tensors, whose smallest level is a norm's
+    share, far below one expert): there the share the room holds, unrounded, bounds every
+    level that fits."""
     M = float(terms.expert_slots)
     lim = terms.limits
     ffn = terms.ffn_on_gpu
@@ -383,7 +386,8 @@ def largest_static_experts(terms: MemoryTerms) -> np.ndarray:
         per_rw = terms.gpu_per_rw
         growing = (terms.gpu_per_seq >= 0) & (terms.gpu_kv_seq >= 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        most = np.clip(np.floor(room * M / np.where(per_rw > 0, per_rw, 1.0)), 0, M)
+        share = room * M / np.where(per_rw > 0, per_rw, 1.0)
+        most = np.clip(share if getattr(terms, "weights_levels", False) else np.floor(share), 0, M)
         m_max = np.where((per_rw > 0) & growing, most, M)
     return np.where(ffn, m_max, 0.0)
 
