@@ -30,6 +30,8 @@ class ProfileConfig:
     # CPU memory bandwidth (STREAM-like). ``stream_bytes`` is one array; 0 = derive from
     # the last-level cache (8x LLC, at least 256 MiB, at most 1/16 of RAM).
     stream_bytes: int = 0
+    #: the STREAM array in last-level caches when ``stream_bytes`` is 0 (profiler.cpu.STREAM_LLC_MULTIPLE)
+    stream_llc_multiple: int = 8
     copy_sizes_bytes: tuple[int, ...] = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
     # Host memcpy on one thread vs all threads (bytes moved/s): bytes per array; 0 = the
     # STREAM array size; < 0 = skip.
@@ -77,6 +79,7 @@ def quick_config() -> ProfileConfig:
     return ProfileConfig(
         label="quick",
         budget_s=40.0,
+        stream_llc_multiple=4,  # STREAM's own minimum (profiler.cpu.STREAM_LLC_MULTIPLE)
         warmup=1,
         repeats=5,
         copy_sizes_bytes=(1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB),

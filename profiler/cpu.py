@@ -138,10 +138,31 @@ def numa_node_count(root: str | Path = NUMA_NODE_DIR) -> int:
     return max(1, len(nodes))
 
 
-def stream_array_bytes(llc_bytes: int, memory_gib: float) -> int:
-    """One STREAM array: 8x the last-level cache, >= 256 MiB, <= 1/16 of RAM."""
-    wanted = max(8 * llc_bytes, 256 * MIB)
+#: STREAM's own rule for its arrays: "each array must be at least 4 times the size of the
+#: available cache memory" (J. McCalpin, STREAM FAQ / stream.c header); the full profile uses
+#: twice that for margin, --quick the rule itself
+STREAM_LLC_MULTIPLE = 4
+
+
+def stream_array_bytes(llc_bytes: int, memory_gib: float, llc_multiple: int = 2 * STREAM_LLC_MULTIPLE) -> int:
+    """One STREAM array: ``llc_multiple`` x the last-level cache, >= 256 MiB, <= 1/16 of RAM."""
+    wanted = max(llc_multiple * llc_bytes, 256 * MIB)
     return int(min(wanted, memory_gib * GIB / 16))
+
+
+def stocked_arrays(n_elems: int, count: int, pool: Executor | None, threads: int,
+                   stock: list[np.ndarray] | None) -> list[np.ndarray]:
+    """``count`` touched float64 arrays of ``n_elems``: those of ``stock`` with that size first
+    (the STREAM, memcpy and DRAM-read steps stream the same size, so each reuses the pages the
+    last one faulted in), new ones for the rest, added to ``stock``. The values are any
+    finite numbers: the steps time copies, sums and triads, never read a result."""
+    if stock is None:
+        return [touched_array(n_elems, 1.0, pool=pool, threads=threads) for _ in range(count)]
+    have = [a for a in stock if a.size == n_elems and a.dtype == np.float64][:count]
+    while len(have) < count:
+        have.append(touched_array(n_elems, 1.0, pool=pool, threads=threads))
+        stock.append(have[-1])
+    return have
 
 
 # --- STREAM-like bandwidth -----------------------------------------------------------
@@ -153,10 +174,21 @@ def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
-def touched_array(n_elems: int, value: float, dtype=np.float64) -> np.ndarray:
-    """An array whose pages are all faulted in (np.empty + fill), so timing sees no page faults."""
+def touched_array(n_elems: int, value: float, dtype=np.float64, pool: Executor | None = None,
+                  threads: int = 1) -> np.ndarray:
+    """An array whose pages are all faulted in (np.empty + fill), so timing sees no page faults.
+    With ``pool``, each of ``threads`` workers fills the chunk it will later stream (STREAM's
+    own parallel initialisation: first touch places a page on the toucher's NUMA node, and
+    the faults are taken by every core, not one)."""
     array = np.empty(n_elems, dtype=dtype)
-    array.fill(value)
+    if pool is None or threads <= 1:
+        array.fill(value)
+        return array
+
+    def fill(bound: tuple[int, int]) -> None:
+        array[bound[0]:bound[1]].fill(value)
+
+    list(pool.map(fill, chunk_bounds(n_elems, threads)))
     return array
 
 
@@ -196,11 +228,13 @@ class StreamResult:
 
 
 def measure_stream(array_bytes: int, curve_sizes_bytes: tuple[int, ...], threads: int, pool: Executor,
-                   warmup: int, repeats: int, budget: Budget | None) -> StreamResult:
+                   warmup: int, repeats: int, budget: Budget | None,
+                   stock: list[np.ndarray] | None = None) -> StreamResult:
     """Copy and triad GB/s over three ``array_bytes`` float64 arrays, plus copy GB/s for
-    each (smaller) size of ``curve_sizes_bytes`` using prefixes of the same arrays."""
+    each (smaller) size of ``curve_sizes_bytes`` using prefixes of the same arrays
+    (``stock``: :func:`stocked_arrays`)."""
     n = max(threads, array_bytes // F64_BYTES)
-    a, b, c = touched_array(n, 1.0), touched_array(n, 2.0), touched_array(n, 0.5)
+    a, b, c = stocked_arrays(n, 3, pool, threads, stock)
     mib = n * F64_BYTES / MIB
     copy_stats = measure(copy_op(a, b, pool, threads), warmup, repeats, budget)
     copy_bytes = 2 * n * F64_BYTES
@@ -237,12 +271,12 @@ class MemcpyResult:
 
 
 def measure_memcpy(nbytes: int, threads: int, pool: Executor, warmup: int, repeats: int,
-                   budget: Budget | None) -> MemcpyResult:
+                   budget: Budget | None, stock: list[np.ndarray] | None = None) -> MemcpyResult:
     """``dst[:] = src`` of two ``nbytes`` float64 arrays (pages faulted in beforehand): once
     with ``np.copyto`` on the calling thread (numpy copies on one thread), once split into
     ``threads`` contiguous chunks over the pool. Rate = bytes copied / time."""
     n = max(threads, nbytes // F64_BYTES)
-    src, dst = touched_array(n, 1.0), touched_array(n, 0.0)
+    src, dst = stocked_arrays(n, 2, pool, threads, stock)
     size = n * F64_BYTES
     what = f"host memcpy dst[:] = src, {size / MIB:.0f} MiB float64 (numpy copyto)"
     counted = "bytes moved per second (each byte copied counted once, not read + write)"
@@ -268,13 +302,13 @@ def read_op(src: np.ndarray, pool: Executor, threads: int) -> TimedOp:
 
 
 def measure_dram_read(nbytes: int, threads: int, pool: Executor, warmup: int, repeats: int,
-                      budget: Budget | None) -> Measured:
+                      budget: Budget | None, stock: list[np.ndarray] | None = None) -> Measured:
     """Host DRAM read rate with every core: bytes read per second of a ``nbytes`` float64
     array (pages faulted in beforehand; size well above the last-level cache). What the
     DMA engine and CPU attention do to DRAM is reads: a copy's write half (STREAM copy)
     understates it on hosts whose stores are slower."""
     n = max(threads, nbytes // F64_BYTES)
-    src = touched_array(n, 1.0)
+    (src,) = stocked_arrays(n, 1, pool, threads, stock)
     stats = measure(read_op(src, pool, threads), warmup, repeats, budget)
     return Measured(stats.median_rate(n * F64_BYTES) / GB, "GB/s", stats,
                     f"host DRAM read, np.add.reduce over {n * F64_BYTES / MIB:.0f} MiB float64 split into {threads} "

@@ -7,6 +7,8 @@ optional steps are skipped, and said so, once the budget is spent.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,11 +88,16 @@ class CpuActions:
     disk_folder: Path | None
     #: the STREAM arrays' size (the config's, else sized past the last-level cache)
     array_bytes: int
+    #: touched arrays the STREAM, memcpy and DRAM-read steps share (profiler.cpu.stocked_arrays),
+    #: emptied by the last of them
+    stock: list = dataclasses.field(default_factory=list)
 
     def stream(self) -> None:
         cfg = self.cfg
         self.results.stream = cpu_mod.measure_stream(self.array_bytes, cfg.copy_sizes_bytes, self.host.cores,
-                                                     self.pool, cfg.warmup, cfg.repeats, self.budget)
+                                                     self.pool, cfg.warmup, cfg.repeats, self.budget, self.stock)
+        if cfg.memcpy_bytes < 0:
+            self.stock.clear()  # no later step streams them
 
     def matmul(self, dtype: str) -> Callable[[], None]:
         cfg, torch = self.cfg, self.torch
@@ -134,7 +141,8 @@ class CpuActions:
         cfg = self.cfg
         nbytes = cfg.memcpy_bytes or self.array_bytes
         self.results.memcpy = optional_measurement(
-            lambda: cpu_mod.measure_memcpy(nbytes, self.host.cores, self.pool, cfg.warmup, cfg.repeats, self.budget),
+            lambda: cpu_mod.measure_memcpy(nbytes, self.host.cores, self.pool, cfg.warmup, cfg.repeats, self.budget,
+                                           self.stock),
             "host memcpy", self.notes)
 
     def dram_read(self) -> None:
@@ -142,8 +150,9 @@ class CpuActions:
         nbytes = cfg.memcpy_bytes or self.array_bytes
         self.results.dram_read = optional_measurement(
             lambda: cpu_mod.measure_dram_read(nbytes, self.host.cores, self.pool, cfg.warmup, cfg.repeats,
-                                              self.budget),
+                                              self.budget, self.stock),
             "host DRAM read", self.notes)
+        self.stock.clear()  # the last step that streams them: their memory goes back now
 
     def cpu_op(self) -> None:
         cfg = self.cfg
@@ -186,7 +195,8 @@ def _kernel_cpu_steps(cfg: ProfileConfig, act: CpuActions, emulate: bool) -> lis
 def cpu_steps(cfg: ProfileConfig, host: cpu_mod.HostInfo, results: CpuResults, pool, budget: Budget,
               torch, disk_folder: Path | None, notes: list[str], emulate: bool = True) -> list[Step]:
     """The CPU measurements of the run."""
-    array_bytes = cfg.stream_bytes or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib)
+    array_bytes = cfg.stream_bytes or cpu_mod.stream_array_bytes(host.llc_bytes, host.memory_gib,
+                                                                 cfg.stream_llc_multiple)
     act = CpuActions(cfg, host, results, pool, budget, torch, notes, disk_folder, array_bytes)
     steps = [Step("CPU memory bandwidth (STREAM copy + triad)", True, act.stream),
              Step("CPU fp32 matmul vs M (numpy)", True, act.matmul("fp32"))]
@@ -279,7 +289,7 @@ def _host_probe_steps(cfg: ProfileConfig, device, results: gpu_mod.GpuResults, b
     if hasattr(device, "dma_while") and pool is not None and cfg.memcpy_bytes >= 0:
         def read_during_dma() -> None:
             nbytes = cfg.memcpy_bytes or cfg.stream_bytes or cfg.gpu_copy_bytes
-            src = cpu_mod.touched_array(max(threads, nbytes // cpu_mod.F64_BYTES), 1.0)
+            src = cpu_mod.touched_array(max(threads, nbytes // cpu_mod.F64_BYTES), 1.0, pool=pool, threads=threads)
             read = cpu_mod.read_op(src, pool, threads)
             dma = gpu_mod.clamp_bytes(max(transfer_sizes), memory, 1)
             results.read_during_dma = optional_measurement(

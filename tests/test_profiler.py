@@ -661,3 +661,20 @@ def test_measured_dispatch_names_its_owner():
         pytest.skip("torch not installed")
     assert run.profile.cpu.dispatch.owner == "hrm-runtime"
     assert "reference runtime" in run.profile.source.methods["cpu.dispatch.owner"]
+
+
+def test_stream_memcpy_and_dram_read_share_one_stock_of_touched_arrays():
+    """The three steps stream arrays of one size: the stock hands the same pages on (no second
+    fault-in), makes only what it lacks, and a parallel first touch fills every element."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    stock: list = []
+    with ThreadPoolExecutor(2) as pool:
+        a, b, c = cpu_mod.stocked_arrays(4096, 3, pool, 2, stock)
+        src, dst = cpu_mod.stocked_arrays(4096, 2, pool, 2, stock)
+        (other,) = cpu_mod.stocked_arrays(1024, 1, pool, 2, stock)
+        filled = cpu_mod.touched_array(1001, 3.0, pool=pool, threads=2)
+    assert src is a and dst is b and len(stock) == 4 and other.size == 1024
+    assert np.all(filled == 3.0) and np.all(a == 1.0)
