@@ -80,3 +80,26 @@ def test_each_run_within_the_tolerance(label):
 def test_median_throughput_ratio_is_unbiased():
     ratios = [p / m for _, q, m, p in comparisons() if q == "generation_throughput_tok_s"]
     assert 0.9 <= statistics.median(ratios) <= 1.15
+
+
+def test_a_bad_routing_in_a_runs_file_is_one_line(tmp_path):
+    """``routing:`` names a distribution the model cannot take: one line naming the file."""
+    from hrm.errors import HRMError
+
+    text = RUNS.read_text().replace("routing: trace:flexgen-dummy-routing.json", "routing: zipf:x")
+    bad = tmp_path / "runs.yaml"
+    bad.write_text(text.replace("hardware: h100-flexgen-box.yaml", f"hardware: {RUNS.parent / 'h100-flexgen-box.yaml'}")
+                   .replace("model: mixtral-8x7b-4l.json", f"model: {RUNS.parent / 'mixtral-8x7b-4l.json'}"))
+    with pytest.raises(HRMError) as err:
+        runs_model(load_runs(bad))
+    assert str(bad) in str(err.value) and "zipf" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_dummy_routing_sends_every_token_to_experts_0_and_1():
+    """The runs' routing: q = 1 for experts 0 and 1, 0 for the rest, in each of the 4 MoE layers,
+    so one token reads 2 experts and any number of tokens still 2."""
+    from hrm.model.routing import expected_distinct_experts
+
+    model = runs_model(load_runs(RUNS))
+    assert model.routing.q.tolist() == [[1, 1, 0, 0, 0, 0, 0, 0]] * 4
+    assert expected_distinct_experts(model.routing, [1, 64, 4096]).tolist() == pytest.approx([2, 2, 2])
