@@ -48,6 +48,23 @@ def call(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def benchmark_module(relative: str):
+    """A script of benchmarks/ (``relative`` to the repository root) imported as a module, once
+    (its dataclasses look their module up in sys.modules)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / relative
+    name = path.stem
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def interrupt_klotski_schedule(monkeypatch, nth: int) -> list:
     """Make Klotski's branch and bound raise KeyboardInterrupt (a Ctrl-C) on its ``nth``
     schedule; returns the list that grows by one per schedule."""

@@ -103,3 +103,20 @@ def test_the_dummy_routing_sends_every_token_to_experts_0_and_1():
     model = runs_model(load_runs(RUNS))
     assert model.routing.q.tolist() == [[1, 1, 0, 0, 0, 0, 0, 0]] * 4
     assert expected_distinct_experts(model.routing, [1, 64, 4096]).tolist() == pytest.approx([2, 2, 2])
+
+
+def test_flexgen_fused_moe_hopper_ceiling_is_gpu_checks_timing():
+    """KERNELS["flexgen-fused-moe"]'s Hopper fraction from the committed measurement: FlexGen's
+    fused_moe at Mixtral's shape (h 4096, I 14336, top-2), 16384 tokens, random routing, 2 GEMMs
+    of 2·rows·K·N FLOPs (w1|w3: N = 2I, w2: N = h), over the box's measured fp16 peak."""
+    import json
+
+    from hrm.engines.engine import KERNELS
+    from hrm.machine.hardware import load_hardware
+
+    check = json.loads((RUNS.parent / "flexgen-h100.gpu_check.json").read_text())
+    seconds = check["timing"]["M=16384"]["fused_moe_random_routing"]["wall_ms"] / 1e3
+    rows, h, inter = 16384 * 2, 4096, 14336
+    flops = 2 * rows * h * 2 * inter + 2 * rows * inter * h
+    peak = load_hardware(RUNS.parent / "h100-flexgen-box.yaml").gpu.tflops.fp16 * 1e12
+    assert KERNELS["flexgen-fused-moe"].factor("hopper") == pytest.approx(flops / seconds / peak, abs=5e-4)

@@ -6,14 +6,13 @@ the two all-on-GPU runs of docs/validation/runs/flexgen-h100.yaml, where the hos
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 
 from hrm.analysis.calibration_runs import load_runs, run_as_commanded, runs_model
 from hrm.engines.engine import load_engine
@@ -160,11 +159,7 @@ def test_a_harness_field_the_engine_lacks_is_one_line(tmp_path):
 
 
 def _converter():
-    spec = importlib.util.spec_from_file_location("flexgen_runs", ROOT / "benchmarks/ground_truth/flexgen_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("flexgen_runs", module)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("benchmarks/ground_truth/flexgen_runs.py")
 
 
 def test_stand_ins_of_the_nearest_gpu_check_row():

@@ -10,12 +10,11 @@ from the fixture's FlexGen log values, never copied from the converter's output.
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 import yaml
 
 from hrm.analysis.calibrate import predict_run
@@ -32,11 +31,7 @@ MODEL = ROOT / "docs/validation/runs/mixtral-8x7b-4l.json"
 
 
 def converter():
-    spec = importlib.util.spec_from_file_location("flexgen_runs", ROOT / "benchmarks/ground_truth/flexgen_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("flexgen_runs", module)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("benchmarks/ground_truth/flexgen_runs.py")
 
 
 @pytest.fixture

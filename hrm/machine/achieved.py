@@ -38,6 +38,12 @@ GPU_STREAM_EFFICIENCY = GPU_GEMM_EFFICIENCY = 0.8
 COPY_DRAM_BYTES_PER_BYTE = 3.0
 
 
+def in_turn_rate(*rates: float) -> float:
+    """The rate of stages that move every byte one after the other (a copy, then a DMA):
+    1 / Σ 1/rate, in the rates' own unit."""
+    return 1.0 / sum(1.0 / r for r in rates)
+
+
 def pageable_copy_gbps(pinned_gbps: float, memcpy_one_thread_gbps: float) -> float:
     """A pageable host<->device copy where the profile measured none: CUDA stages it through a
     pinned buffer of the driver ("the CUDA driver must first allocate a temporary page-locked,
@@ -53,7 +59,7 @@ def pageable_copy_gbps(pinned_gbps: float, memcpy_one_thread_gbps: float) -> flo
     fixed pinned/pageable ratio (3.9x, 4.3x at their best sizes, 6.7x, 7.6x at 1 GiB) would not
     carry to another link (FlexGen's own fit of unpinned CPU->GPU copies on T4 and L4, ~5.4 GB/s
     on PCIe 3 and 4 alike, experimental/cost_model.py: the rule gives 4.9 and 6.3)."""
-    return 1.0 / (1.0 / pinned_gbps + 1.0 / memcpy_one_thread_gbps)
+    return in_turn_rate(pinned_gbps, memcpy_one_thread_gbps)
 
 
 def _memcpy_one_thread_gbps(hw: HardwareProfile) -> float:

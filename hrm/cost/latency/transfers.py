@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engines.engine import IDEAL, Engine
-from ...machine.achieved import COPY_DRAM_BYTES_PER_BYTE, NUMA_REMOTE_FRACTION
+from ...machine.achieved import COPY_DRAM_BYTES_PER_BYTE, NUMA_REMOTE_FRACTION, in_turn_rate
 from ...machine.rates import Rates
 from ...model.spec import ModelSpec
 from ...units import dtype_bytes
@@ -64,7 +64,7 @@ def relay_bytes_s(rates: Rates, engine: Engine, threads: int) -> float:
     ``threads``-thread host memcpy and a pinned transfer, 1 / (1/memcpy + 1/pinned) (the
     driver's own staging, :func:`hrm.machine.achieved.pageable_copy_gbps`, is the same rule
     with one thread)."""
-    return 1.0 / (1.0 / rates.achieved.memcpy_bytes_s(threads) + 1.0 / link_bytes_s(rates, engine, "h2d"))
+    return in_turn_rate(rates.achieved.memcpy_bytes_s(threads), link_bytes_s(rates, engine, "h2d"))
 
 
 def weight_transfer_s(rates: Rates, engine: Engine, path: str, weight_bytes) -> dict[str, np.ndarray | float]:
