@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hrm.cost.ggml_elementwise import ELEMENTWISE_KINDS
 from hrm.errors import HRMError
 from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel
 
@@ -47,6 +48,9 @@ SMALL_POOL_ROWS = (1, 2, 4, 8, 16)
 #: the weight pool each kernel cycles through: larger than the caches' share a VM is likely to
 #: get, as a model's weights are (a step reads each weight once, cold)
 DEFAULT_POOL_MIB = 1024.0
+#: tokens the elementwise probe measures its kinds over (hrm.cost.ggml_elementwise): one user's
+#: decode to a 512-token prompt ubatch
+EW_ROWS = (1, 4, 16, 64, 128, 512)
 #: graph nodes the node-cost probe chains
 NODE_PROBE_NODES = 4000
 DEFAULT_REPEATS = 5
@@ -157,6 +161,14 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
         node_s.append(CurvePoint(x=t, y=node.s_per_elem))
         methods[f"ggml_cpu.node_s_vs_threads.{t}"] = (f"a chain of {NODE_PROBE_NODES} tiny ADD nodes on ggml's CPU backend at {t} "
                                           f"threads, time / nodes; median of {repeats}, spread {node.spread:.1%}")
+        for kind in ELEMENTWISE_KINDS:
+            points = run_probe(exe, "f32", t, f"ew:{kind}", EW_ROWS, 0, repeats)
+            kernels.append(GgmlKernel(type="f32", op=kind, threads=t, buffer="CPU",
+                                      s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
+            methods[f"ggml_cpu.kernels.f32.{kind}.{t}"] = (
+                f"the elementwise op '{kind}' of a layer's graph (profiler/ggml_kernels.cpp ew:{kind}), f32 over "
+                f"1024-wide rows, {t} threads; seconds per output element, median of {repeats}; spread per "
+                f"point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
         for op in ("fa1", "fat"):
             for shape in FA_SHAPES:
                 points = run_probe(exe, "f16", t, f"{op}:{shape}", FA_CONTEXTS, pool_mib, repeats)

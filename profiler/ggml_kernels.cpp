@@ -10,6 +10,17 @@
 //         mmid (MUL_MAT_ID, experts [K, N, E], each expert given exactly ROWS tokens)
 //         node (a chain of ROWS tiny ADDs of K floats: the fixed cost of one graph node, the
 //               threads' barrier after it; TYPE and POOL_MIB are ignored)
+//         ew:KIND (ew_ops(ROWS) independent copies of one elementwise op of a layer's graph over ROWS tokens,
+//               each on its own f32 input of magnitude 0.5-1.5 (a chain drifts toward denormals):
+//               norm  RMS_NORM then MUL by a weight [K] (the CPU backend fuses the pair), on [K, ROWS]
+//               add   ADD of two [K, ROWS] (residuals, the routed experts' sum)
+//               mulw  MUL of [K, TOPK, ROWS] by the router weights [1, TOPK, ROWS] (a broadcast per row)
+//               glu   SWIGLU of gate and up [K, ROWS] (the experts' and FFN's activation)
+//               kv16  SET_ROWS of [K, ROWS] f32 into an f16 cache of 4096 rows (the K/V store)
+//               rope  ROPE (NEOX) of [128, K/128, ROWS]
+//               softmax  SOFT_MAX of router logits [EW_ROUTER_EXPERTS, ROWS]
+//               concat   CONCAT of a permuted [K/16, 16, ROWS] and a [32, 16, ROWS] (MLA's Q and K)
+//               seconds per output element; TYPE and POOL_MIB are ignored)
 //         fa1, fat (flash attention of 1 or FA_TILE_ROWS query rows per head over ROWS cached tokens,
 //               FA_HEADS query heads on FA_KV_HEADS f16 K/V heads of FA_DIM: seconds per
 //               (query row x head x cached token x (dk + dv)); TYPE and POOL_MIB are ignored)
@@ -32,6 +43,14 @@
 // may be set by HRM_PROBE_K / HRM_PROBE_N (a model's own tensor shape)
 static int K = 1024, N = 1024;
 static int E = 8, TOPK = 2;
+// elementwise ops per graph: enough that the graph's own start (waking the threads) is a small
+// share of a one-row point, few enough that a 512-row point's inputs stay near the caches; and
+// the cells of the f16 cache the K/V store writes into
+static int ew_ops(int rows) { return std::min(256, std::max(8, 4096 / std::max(1, rows))); }
+static const int EW_CACHE_ROWS = 4096;
+// the router's row the softmax probe normalizes (HRM_PROBE_E overrides): 64 experts, between
+// Mixtral's 8 and DeepSeek-V3's 256; its cost per element falls as rows lengthen
+static const int EW_ROUTER_EXPERTS = 64;
 static const int FA_HEADS = 16, FA_KV_HEADS = 4, FA_DIM = 128, FA_TILE_ROWS = 64, FA_LAYERS = 8;
 
 static ggml_type type_by_name(const char * name) {
@@ -125,6 +144,112 @@ int main(int argc, char ** argv) {
             const double elems = (double) FA_LAYERS * nq * HQ * nkv * (double) (DK + DV);
             printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer CPU\n", nkv, med / elems,
                    spread, FA_LAYERS);
+            fflush(stdout);
+            ggml_gallocr_free(galloc);
+            ggml_free(gctx);
+        }
+        ggml_backend_free(backend);
+        return 0;
+    }
+    if (strncmp(argv[3], "ew:", 3) == 0) {
+        const std::string kind = argv[3] + 3;
+        static const char * kinds[] = {"norm", "add", "mulw", "glu", "kv16", "rope", "softmax", "concat"};
+        if (std::none_of(std::begin(kinds), std::end(kinds), [&](const char * k) { return kind == k; })) {
+            fprintf(stderr, "unknown elementwise kind %s\n", kind.c_str());
+            return 2;
+        }
+        for (int rows : rows_list) {
+            const int EW_OPS = ew_ops(rows);
+            const int n = EW_OPS * 4 + 32;
+            ggml_init_params gp = {ggml_tensor_overhead() * n + ggml_graph_overhead_custom(n, false), nullptr, true};
+            ggml_context * gctx = ggml_init(gp);
+            ggml_cgraph * gf = ggml_new_graph_custom(gctx, n, false);
+            std::vector<ggml_tensor *> inputs;
+            auto input = [&](ggml_type t, int64_t a, int64_t b, int64_t c) {
+                ggml_tensor * x = ggml_new_tensor_3d(gctx, t, a, b, c);
+                ggml_set_input(x);
+                inputs.push_back(x);
+                return x;
+            };
+            double elems = 0.0;
+            if (kind == "norm" || kind == "add" || kind == "glu") {
+                ggml_tensor * g = kind == "norm" ? input(GGML_TYPE_F32, K, 1, 1) : input(GGML_TYPE_F32, K, rows, 1);
+                for (int i = 0; i < EW_OPS; i++) {  // independent ops: a chain drifts its values
+                    ggml_tensor * x = input(GGML_TYPE_F32, K, rows, 1);
+                    ggml_tensor * y = kind == "norm" ? ggml_mul(gctx, ggml_rms_norm(gctx, x, 1e-6f), g)
+                                    : kind == "add"  ? ggml_add(gctx, x, g) : ggml_swiglu_split(gctx, x, g);
+                    ggml_set_output(y);
+                    ggml_build_forward_expand(gf, y);
+                }
+                elems = (double) K * rows;
+            } else if (kind == "mulw") {
+                ggml_tensor * w = input(GGML_TYPE_F32, 1, TOPK, rows);
+                for (int i = 0; i < EW_OPS; i++) {
+                    ggml_tensor * y = ggml_mul(gctx, input(GGML_TYPE_F32, K, TOPK, rows), w);
+                    ggml_set_output(y);
+                    ggml_build_forward_expand(gf, y);
+                }
+                elems = (double) K * TOPK * rows;
+            } else if (kind == "kv16") {
+                ggml_tensor * idx = input(GGML_TYPE_I64, rows, 1, 1);
+                ggml_tensor * cache = input(GGML_TYPE_F16, K, EW_CACHE_ROWS, 1);
+                for (int i = 0; i < EW_OPS; i++) {
+                    ggml_tensor * y = ggml_set_rows(gctx, cache, input(GGML_TYPE_F32, K, rows, 1), idx);
+                    ggml_build_forward_expand(gf, y);
+                }
+                elems = (double) K * rows;
+            } else if (kind == "rope") {
+                ggml_tensor * pos = input(GGML_TYPE_I32, rows, 1, 1);
+                for (int i = 0; i < EW_OPS; i++) {
+                    ggml_tensor * y = ggml_rope_ext(gctx, input(GGML_TYPE_F32, 128, std::max(1, K / 128), rows), pos,
+                                                    nullptr, 128, GGML_ROPE_TYPE_NEOX, 4096, 10000.0f, 1.0f, 0.0f,
+                                                    1.0f, 32.0f, 1.0f);
+                    ggml_set_output(y);
+                    ggml_build_forward_expand(gf, y);
+                }
+                elems = (double) 128 * std::max(1, K / 128) * rows;
+            } else if (kind == "softmax") {
+                const int experts = getenv("HRM_PROBE_E") ? E : EW_ROUTER_EXPERTS;
+                for (int i = 0; i < EW_OPS; i++) {
+                    ggml_tensor * y = ggml_soft_max(gctx, input(GGML_TYPE_F32, experts, rows, 1));
+                    ggml_set_output(y);
+                    ggml_build_forward_expand(gf, y);
+                }
+                elems = (double) experts * rows;
+            } else {  // concat
+                const int heads = 16, width = std::max(1, K / heads), rope = 32;
+                for (int i = 0; i < EW_OPS; i++) {
+                    ggml_tensor * a = ggml_permute(gctx, input(GGML_TYPE_F32, width, rows, heads), 0, 2, 1, 3);
+                    ggml_tensor * b = input(GGML_TYPE_F32, rope, heads, rows);
+                    ggml_tensor * y = ggml_concat(gctx, a, b, 0);
+                    ggml_set_output(y);
+                    ggml_build_forward_expand(gf, y);
+                }
+                elems = (double) (width + rope) * heads * rows;
+            }
+            ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+            ggml_gallocr_alloc_graph(galloc, gf);
+            for (ggml_tensor * t : inputs) {
+                std::vector<uint8_t> bytes(ggml_nbytes(t), 0);
+                if (t->type == GGML_TYPE_F32) {
+                    float * f = (float *) bytes.data();
+                    // activations of magnitude 0.5-1.5, alternating sign: a chain of ops keeps
+                    // them normal floats (values shrinking toward denormals ran 6x slower here)
+                    for (size_t j = 0; j < bytes.size() / 4; j++)
+                        f[j] = (j % 2 ? 1.0f : -1.0f) * (0.5f + (float) (j % 97) / 97.0f);
+                } else if (t->type == GGML_TYPE_I64) {
+                    int64_t * r = (int64_t *) bytes.data();
+                    for (size_t j = 0; j < bytes.size() / 8; j++) r[j] = (int64_t) j;
+                } else if (t->type == GGML_TYPE_I32) {
+                    int32_t * r = (int32_t *) bytes.data();
+                    for (size_t j = 0; j < bytes.size() / 4; j++) r[j] = (int32_t) j;
+                }
+                ggml_backend_tensor_set(t, bytes.data(), 0, bytes.size());
+            }
+            double spread = 0.0;
+            const double med = median_time(backend, gf, repeats, &spread);
+            printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer CPU\n", rows, med / (elems * EW_OPS),
+                   spread, EW_OPS);
             fflush(stdout);
             ggml_gallocr_free(galloc);
             ggml_free(gctx);

@@ -22,7 +22,7 @@ RUNS = Path(__file__).resolve().parent.parent / "docs" / "validation" / "runs" /
 #: (the issue's bar, not yet met by every run: the table names the mechanisms left), and the
 #: median ratio within MEDIAN_BAND
 EVERY_RUN_FACTOR = 1.40
-BEYOND_1_25 = 10
+BEYOND_1_25 = 6
 MEDIAN_BAND = (0.9, 1.1)
 
 
@@ -169,13 +169,13 @@ def test_reuse_distance_moves_the_cached_decodes_onto_their_runs():
 def test_the_99_runs_remeasured_with_the_engine_layout_probe():
     """The 99 commands measured again, then the profile with the engine-layout attention probe,
     back to back (docs/validation/ground_truth.md §1.5): median within MEDIAN_BAND; the misses
-    left are many-sequence prefills (batched-bench, up to 1.49x too fast), so the documented
-    tolerance there is every time within 1.5x and at most 8 beyond 1.25x."""
+    left were many-sequence prefills (batched-bench, up to 1.49x too fast) until the elementwise
+    nodes were priced (§1.6): now every time within 1.4x and at most 2 beyond 1.25x."""
     from hrm.analysis.validation import summary
 
     runs = compare_runs(load_runs_file(RUNS.with_name("llamacpp-cpu-tm.yaml")))
     stats = summary(runs)
     assert len(runs) == 99 and MEDIAN_BAND[0] <= stats["median_ratio"] <= MEDIAN_BAND[1], stats
-    assert stats["worst_factor"] <= 1.5 and stats["beyond_1_25x"] <= 8, stats
+    assert stats["worst_factor"] <= 1.4 and stats["beyond_1_25x"] <= 2, stats
     decode = [c.ratio("decode_s") for c in runs if " d1024 " in c.name]
     assert decode and min(decode) >= 0.85, decode  # the depth-1024 decodes: 0.88-1.06 measured

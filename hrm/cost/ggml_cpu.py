@@ -17,7 +17,9 @@ ggml_graph_compute_thread). Its time is the sum of
   (the graph keeps only those rows after the last attention);
 - flash attention per sequence: query rows × heads × cached tokens × (d_k + d_v) at the probe's
   FLASH_ATTN_EXT rate (one row at a time, or the tiled kernel from 64 rows of one sequence);
-- one node barrier (``GgmlCpu.node_s``) per graph node.
+- one node barrier (``GgmlCpu.node_s``) per graph node;
+- the elementwise nodes between the matmuls (norms, adds, rope, K/V store, activations) at the
+  probe's per-element rates, beyond their node cost (:mod:`hrm.cost.ggml_elementwise`).
 
 Nothing here is fitted to a run: every rate is the probe's (``hrm profile --llama-cpp``), every
 size is the GGUF's own tensor list (:mod:`hrm.model.gguf`).
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import uniform_distinct_experts
+from .ggml_elementwise import elementwise_s
 from ..errors import HRMError
 from ..model.gguf import GgufTensor, TensorInventory, bits_per_element
 from ..machine.hardware import GgmlCpu, GgmlKernel
@@ -62,17 +65,20 @@ SPLIT_KV_MIN_CELLS = 512
 @dataclass(frozen=True)
 class StepTime:
     """One graph step: seconds per part (``dense_s``: every non-expert weight, router and output
-    head included; ``experts_s``: the MUL_MAT_ID of routed experts; ``attention_s``; ``nodes_s``)."""
+    head included; ``experts_s``: the MUL_MAT_ID of routed experts; ``attention_s``; ``nodes_s``;
+    ``elementwise_s``: the norms, adds, rope, K/V store, activations between them beyond their
+    node cost, :mod:`hrm.cost.ggml_elementwise`)."""
 
     tokens: int
     dense_s: float
     experts_s: float
     attention_s: float
     nodes_s: float
+    elementwise_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.dense_s + self.experts_s + self.attention_s + self.nodes_s
+        return self.dense_s + self.experts_s + self.attention_s + self.nodes_s + self.elementwise_s
 
 
 @dataclass(frozen=True)
@@ -354,7 +360,7 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     if node is None:
         raise HRMError(f"ggml_cpu: no node cost at {threads} threads in this profile; run hrm profile --llama-cpp DIR")
     nodes = NODES_PER_LAYER * inventory.attention.layers * node
-    return StepTime(tokens, dense, experts, attn, nodes)
+    return StepTime(tokens, dense, experts, attn, nodes, elementwise_s(inventory, section, threads, tokens, outputs))
 
 
 def prefill_steps(sequences: int, prompt_len: int, depth: int, n_batch: int, n_ubatch: int) -> list[tuple[int, int, list]]:

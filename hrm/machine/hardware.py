@@ -317,7 +317,9 @@ class Emulation(_Strict):
 #: FLASH_ATTN_EXT with one query row per head (``fa1``) or a tile of them (``fat``: the tiled
 #: path, 64+ rows, ggml-cpu/ops.cpp), rows = cached tokens, per (query row x head x cached token
 #: x (d_k + d_v)) element
-GgmlOp = Literal["mm", "mmid", "fa1", "fat"]
+#: matmuls (mm, mmid), flash attention (fa1, fat) and the elementwise kinds of a layer's graph
+#: (hrm.cost.ggml_elementwise.ELEMENTWISE_KINDS: type f32, seconds per output element)
+GgmlOp = Literal["mm", "mmid", "fa1", "fat", "norm", "add", "mulw", "glu", "kv16", "rope", "softmax", "concat"]
 
 
 class GgmlKernel(_Strict):

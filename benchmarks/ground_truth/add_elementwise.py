@@ -1,0 +1,67 @@
+"""Measure the elementwise kinds of llama.cpp's layer graphs (``hrm profile --llama-cpp``'s
+``ew:KIND`` probe, hrm.cost.ggml_elementwise) on this host and add them to profiles measured
+before the probe had them, each with its ``source.methods`` line saying when and how.
+
+A new ``hrm profile --llama-cpp DIR`` measures them itself; this is for the committed profiles
+the ground-truth runs are predicted on (docs/validation/ground_truth.md §1.6), so the matmul and
+attention curves they were measured with stay as measured.
+
+    python benchmarks/ground_truth/add_elementwise.py --llama-cpp TREE PROFILE.yaml [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from hrm.cost.ggml_elementwise import ELEMENTWISE_KINDS  # noqa: E402
+from profiler.ggml_cpu import DEFAULT_REPEATS, EW_ROWS, build_probe, llama_cpp_tree, run_probe  # noqa: E402
+
+
+def measure(tree: Path, threads: list[int], repeats: int) -> tuple[list[dict], dict[str, str]]:
+    exe = build_probe(llama_cpp_tree(tree))
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    kernels, methods = [], {}
+    for t in threads:
+        for kind in ELEMENTWISE_KINDS:
+            points = run_probe(exe, "f32", t, f"ew:{kind}", EW_ROWS, 0, repeats)
+            kernels.append({"type": "f32", "op": kind, "threads": t, "buffer": "CPU",
+                            "s_per_elem_vs_rows": [{"x": p.rows, "y": float(f"{p.s_per_elem:.6g}")} for p in points]})
+            methods[f"ggml_cpu.kernels.f32.{kind}.{t}"] = (
+                f"the elementwise op '{kind}' of a layer's graph (profiler/ggml_kernels.cpp ew:{kind}), f32 over "
+                f"1024-wide rows, {t} threads; seconds per output element, median of {repeats}; measured {when} "
+                f"and added to this profile by benchmarks/ground_truth/add_elementwise.py; spread per point: "
+                + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+    return kernels, methods
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profiles", nargs="+", type=Path)
+    ap.add_argument("--llama-cpp", required=True, type=Path)
+    ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    args = ap.parse_args()
+    docs = {p: yaml.safe_load(p.read_text()) for p in args.profiles}
+    threads = sorted({int(pt["x"]) for d in docs.values() for pt in d["ggml_cpu"]["node_s_vs_threads"]})
+    kernels, methods = measure(args.llama_cpp, threads, args.repeats)
+    for path, doc in docs.items():
+        section = doc["ggml_cpu"]
+        kinds = set(ELEMENTWISE_KINDS)
+        section["kernels"] = [k for k in section["kernels"] if k["op"] not in kinds] + kernels
+        doc.setdefault("source", {}).setdefault("methods", {}).update(methods)
+        lines = path.read_text().splitlines(keepends=True)
+        head = "".join(lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))])
+        path.write_text(head + yaml.safe_dump(doc, sort_keys=False))  # as hrm profile writes it
+        print(f"{path}: {len(kernels)} elementwise curves at threads {threads}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
