@@ -102,16 +102,17 @@ def elementwise_kernel_s(section: GgmlCpu, kind: str, threads: int, rows: float)
     return float(np.interp(rows, [p.x for p in points], [p.y for p in points]))
 
 
-def elementwise_s(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int) -> float:
+def elementwise_by_kind_s(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int,
+                          outputs: int) -> dict[str, float]:
     """Every layer's elementwise nodes for a step of ``tokens`` tokens, ``outputs`` of them with
     logits (the last layer's FFN runs on those only: deepseek2.cpp:636-639, qwen3moe.cpp:123-126,
-    llama.cpp:174-177). A node costs its elements × the kind's rate at its rows, less
-    ``node_s`` (the step charges every node that once); 0 for a profile measured before the
-    probe had ``ew`` kinds (its steps then cost the matmuls, attention and nodes only)."""
+    llama.cpp:174-177), in seconds per kind. A node costs its elements × the kind's rate at its
+    rows, less ``node_s`` (the step charges every node that once); empty for a profile measured
+    before the probe had these kinds (its steps then cost the matmuls, attention and nodes only)."""
     node = section.node_s(threads) or 0.0
     last = inventory.attention.layers - 1
     rates: dict = {}
-    total = 0.0
+    by_kind: dict[str, float] = {}
     for layer in range(inventory.attention.layers):
         parts = layer_elementwise(inventory, layer)
         for part, rows in ((parts.attention, tokens), (parts.ffn, outputs if layer == last else tokens)):
@@ -121,9 +122,15 @@ def elementwise_s(inventory: TensorInventory, section: GgmlCpu, threads: int, to
                 if (kind, rows) not in rates:
                     rates[(kind, rows)] = elementwise_kernel_s(section, kind, threads, rows)
                 if rates[(kind, rows)] is None:
-                    return 0.0
-                total += max(0.0, per_token * rows * rates[(kind, rows)] - node)
-    return total
+                    return {}
+                by_kind[kind] = by_kind.get(kind, 0.0) + max(0.0, per_token * rows * rates[(kind, rows)] - node)
+    return by_kind
 
 
-__all__ = ["ELEMENTWISE_KINDS", "LayerElementwise", "layer_elementwise", "elementwise_kernel_s", "elementwise_s"]
+def elementwise_s(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int) -> float:
+    """:func:`elementwise_by_kind_s`, summed: the step's elementwise seconds."""
+    return sum(elementwise_by_kind_s(inventory, section, threads, tokens, outputs).values())
+
+
+__all__ = ["ELEMENTWISE_KINDS", "LayerElementwise", "layer_elementwise", "elementwise_kernel_s", "elementwise_by_kind_s",
+           "elementwise_s"]
