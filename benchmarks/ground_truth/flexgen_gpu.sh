@@ -44,6 +44,9 @@ for f in "$H/gpu/flexgen/run_flexgen.sh" "$H/gpu/work/FlexGen/flexgen/flex_moe.p
   [ -f "$f" ] || { echo "FATAL: $f missing: carry .gpu-harness (see docs/validation/flexgen_gpu_plan.md)"; exit 2; }
 done
 nvidia-smi -L 2>&1 | head -2
+# the box's toolchain, for the next plan (llama.cpp's CUDA backend needs nvcc and cmake here:
+# nothing outside the box can be reached)
+echo "[gpu] toolchain: nvcc=$(command -v nvcc || echo none) cmake=$(command -v cmake || echo none) g++=$(command -v g++ || echo none) cuda_dirs=$(ls -d /usr/local/cuda* 2>/dev/null | tr '\n' ' ')"
 
 # 1. microbenchmarks: one JSON line each in micro.jsonl, {"bench", "rc", "seconds", "result"}
 micro() {  # NAME SCRIPT TIMEOUT
