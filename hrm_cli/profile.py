@@ -34,7 +34,8 @@ def parse_args(argv: list[str]):
     parser.add_argument("--disk-dir", help="folder for the disk probe file (default: the temp folder)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     parser.add_argument("--llama-cpp", metavar="DIR", help="a llama.cpp source tree with a CPU build (build/bin): "
-                        "measure its CPU matmul kernels per weight type and thread count (the ggml_cpu section "
+                        "measure its CPU matmul kernels per weight type and thread count, its flash attention and "
+                        "its graphs' elementwise ops (the ggml_cpu section "
                         "llama.cpp CPU predictions use; about 6 minutes per thread count on a 2-core machine)")
     parser.add_argument("--ggml-only", metavar="PROFILE", help="with --llama-cpp: add the ggml_cpu section to this "
                         "existing profile instead of measuring the rest again")
