@@ -215,3 +215,18 @@ def test_the_routing_traces_are_what_the_models_route():
         layers = json.loads((base / f"{model}.routing.json").read_text())["layers"]
         overlap = np.mean([layer["decode_next_step_overlap"] for layer in layers])
         assert overlap > 2 * inventory.top_k / inventory.num_experts, (model, overlap)
+
+
+def test_llama_cpp_routes_the_ground_truth_models_as_the_traces_say():
+    """routing_check.py (docs/validation/ground_truth.md §1.7): llama.cpp's own ffn_moe_topk
+    (llama-eval-callback) repeats a token's experts at the next token as often as the
+    transformers model does on the same ids, far above independent routing."""
+    import json
+
+    data = json.loads((RUNS.parent / "routing-check.json").read_text())["models"]
+    assert set(data) == {"gt-mixtral", "gt-qwen3moe", "gt-deepseekv2"}
+    for model, row in data.items():
+        for fmt in ("f16", "q4_k_m"):
+            assert abs(row[fmt]["next_token_overlap"] - row["hf_f32"]["next_token_overlap"]) < 0.05, (model, fmt)
+            assert row[fmt]["next_token_overlap"] > 2 * row["independent"], (model, fmt)
+        assert row["f16"]["same_experts_as_hf_f32"] > 0.95, model  # f16 = the f32 model's choices
