@@ -5,8 +5,8 @@ element for that kind of op (``hrm profile --llama-cpp``: ``ew:KIND`` in
 profiler/ggml_kernels.cpp), less the one graph-node cost the step already charges for it.
 
 At one token a step these are a node's fixed cost; over a prompt ubatch of hundreds of tokens
-they were 5-8% of llama.cpp's prefill on this project's CPU (perf, docs/validation/ground_truth.md
-§1.6), and the one mechanism of a prefill the matmul and attention probes do not see.
+they were 4-7% of llama.cpp's prefill on this project's CPU (perf, docs/validation/ground_truth.md
+§1.6), the one part of a prefill the matmul and attention probes do not see.
 
 The nodes each weight implies are read from the GGUF's own tensor list, by the graph code that
 uses the weight (ggml-org/llama.cpp@0c1e5709): src/models/llama.cpp, qwen3moe.cpp, deepseek2.cpp
@@ -16,6 +16,7 @@ router's top-k bookkeeping (k of E values a token) are not counted.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,16 +39,19 @@ class LayerElementwise:
     ffn: tuple[tuple[str, int], ...]
 
 
-def _shape(inventory: TensorInventory, name: str):
-    return next((t.shape for t in inventory.tensors if t.name == name), None)
+@functools.lru_cache(maxsize=16)
+def _shapes(inventory: TensorInventory) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape by name (one pass; a step asks for every layer's weights)."""
+    return {t.name: t.shape for t in inventory.tensors}
 
 
 def layer_elementwise(inventory: TensorInventory, layer: int) -> LayerElementwise:
     """The nodes layer ``layer`` runs, from the weights it has (each weight's graph code)."""
     blk = f"blk.{layer}."
+    shapes = _shapes(inventory)
 
     def shape(name):
-        return _shape(inventory, blk + name + ".weight")
+        return shapes.get(blk + name + ".weight")
 
     arch = inventory.attention
     heads = arch.kv_heads * arch.heads_per_kv
@@ -91,6 +95,11 @@ def layer_elementwise(inventory: TensorInventory, layer: int) -> LayerElementwis
     return LayerElementwise(tuple(att), tuple(ffn))
 
 
+@functools.lru_cache(maxsize=16)
+def _layers(inventory: TensorInventory) -> tuple[LayerElementwise, ...]:
+    return tuple(layer_elementwise(inventory, layer) for layer in range(inventory.attention.layers))
+
+
 def elementwise_kernel_s(section: GgmlCpu, kind: str, threads: int, rows: float):
     """The probe's seconds per output element of ``kind`` at ``threads`` and ``rows`` tokens
     (linear between measured rows, flat past either end: an elementwise op's cost per element
@@ -113,8 +122,7 @@ def elementwise_by_kind_s(inventory: TensorInventory, section: GgmlCpu, threads:
     last = inventory.attention.layers - 1
     rates: dict = {}
     by_kind: dict[str, float] = {}
-    for layer in range(inventory.attention.layers):
-        parts = layer_elementwise(inventory, layer)
+    for layer, parts in enumerate(_layers(inventory)):
         for part, rows in ((parts.attention, tokens), (parts.ffn, outputs if layer == last else tokens)):
             for kind, per_token in part:
                 if rows <= 0 or per_token <= 0:
