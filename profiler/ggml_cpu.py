@@ -150,6 +150,21 @@ def thread_counts(cores: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(counts))
 
 
+def measure_elementwise(exe: Path, threads: int, repeats: int) -> tuple[list[GgmlKernel], dict[str, str]]:
+    """The elementwise kinds of a layer's graph (hrm.cost.ggml_elementwise) at ``threads``: their
+    curves and ``source.methods`` lines."""
+    kernels, methods = [], {}
+    for kind in ELEMENTWISE_KINDS:
+        points = run_probe(exe, "f32", threads, f"ew:{kind}", EW_ROWS, 0, repeats)
+        kernels.append(GgmlKernel(type="f32", op=kind, threads=threads, buffer="CPU",
+                                  s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
+        methods[f"ggml_cpu.kernels.f32.{kind}.{threads}"] = (
+            f"the elementwise op '{kind}' of a layer's graph (profiler/ggml_kernels.cpp ew:{kind}), f32 over "
+            f"1024-wide rows, {threads} threads; seconds per output element, median of {repeats}; spread per "
+            f"point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+    return kernels, methods
+
+
 def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...] = DEFAULT_TYPES,
                      pool_mib: float = DEFAULT_POOL_MIB, repeats: int = DEFAULT_REPEATS,
                      cache_dir: Optional[Path] = None) -> tuple[GgmlCpu, dict[str, str]]:
@@ -161,14 +176,9 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
         node_s.append(CurvePoint(x=t, y=node.s_per_elem))
         methods[f"ggml_cpu.node_s_vs_threads.{t}"] = (f"a chain of {NODE_PROBE_NODES} tiny ADD nodes on ggml's CPU backend at {t} "
                                           f"threads, time / nodes; median of {repeats}, spread {node.spread:.1%}")
-        for kind in ELEMENTWISE_KINDS:
-            points = run_probe(exe, "f32", t, f"ew:{kind}", EW_ROWS, 0, repeats)
-            kernels.append(GgmlKernel(type="f32", op=kind, threads=t, buffer="CPU",
-                                      s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
-            methods[f"ggml_cpu.kernels.f32.{kind}.{t}"] = (
-                f"the elementwise op '{kind}' of a layer's graph (profiler/ggml_kernels.cpp ew:{kind}), f32 over "
-                f"1024-wide rows, {t} threads; seconds per output element, median of {repeats}; spread per "
-                f"point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+        ew_kernels, ew_methods = measure_elementwise(exe, t, repeats)
+        kernels += ew_kernels
+        methods.update(ew_methods)
         for op in ("fa1", "fat"):
             for shape in FA_SHAPES:
                 points = run_probe(exe, "f16", t, f"{op}:{shape}", FA_CONTEXTS, pool_mib, repeats)

@@ -22,23 +22,20 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hrm.cost.ggml_elementwise import ELEMENTWISE_KINDS  # noqa: E402
-from profiler.ggml_cpu import DEFAULT_REPEATS, EW_ROWS, build_probe, llama_cpp_tree, run_probe  # noqa: E402
+from profiler.ggml_cpu import DEFAULT_REPEATS, build_probe, llama_cpp_tree, measure_elementwise  # noqa: E402
 
 
 def measure(tree: Path, threads: list[int], repeats: int) -> tuple[list[dict], dict[str, str]]:
+    """hrm profile's own elementwise measurement (profiler.ggml_cpu.measure_elementwise), as
+    profile YAML, each method line saying when it was added."""
     exe = build_probe(llama_cpp_tree(tree))
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     kernels, methods = [], {}
     for t in threads:
-        for kind in ELEMENTWISE_KINDS:
-            points = run_probe(exe, "f32", t, f"ew:{kind}", EW_ROWS, 0, repeats)
-            kernels.append({"type": "f32", "op": kind, "threads": t, "buffer": "CPU",
-                            "s_per_elem_vs_rows": [{"x": p.rows, "y": float(f"{p.s_per_elem:.6g}")} for p in points]})
-            methods[f"ggml_cpu.kernels.f32.{kind}.{t}"] = (
-                f"the elementwise op '{kind}' of a layer's graph (profiler/ggml_kernels.cpp ew:{kind}), f32 over "
-                f"1024-wide rows, {t} threads; seconds per output element, median of {repeats}; measured {when} "
-                f"and added to this profile by benchmarks/ground_truth/add_elementwise.py; spread per point: "
-                + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+        measured, lines = measure_elementwise(exe, t, repeats)
+        kernels += [k.model_dump(mode="json", exclude_none=True) for k in measured]
+        methods.update({key: f"{line}; measured {when} and added to this profile by "
+                             f"benchmarks/ground_truth/add_elementwise.py" for key, line in lines.items()})
     return kernels, methods
 
 

@@ -56,23 +56,20 @@ def pairs_overlap(rows: list[list[int]], k: int) -> list[float]:
 
 
 def hf_routing(model_dir: Path, ids: list[int]) -> dict[int, list[list[int]]]:
+    """The transformers model's chosen experts for ``ids``, per MoE layer, rows as llama.cpp's
+    tool prints them (the first and last 3 tokens)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    k = model.config.num_experts_per_tok
-    picks: dict[int, list[list[int]]] = {}
-    for i, block in enumerate(model.model.layers):
-        moe = getattr(block, "mlp", None) or getattr(block, "block_sparse_moe", None)
-        gate = getattr(moe, "gate", None)
-        if gate is None or not hasattr(moe, "experts"):
-            continue
+    from routing_traces import hook_routers
 
-        def hook(_m, _i, out, layer=i):
-            chosen = out[0] if isinstance(out, tuple) else torch.topk(out.reshape(-1, out.shape[-1]), k, dim=-1).indices
-            rows = chosen.reshape(-1, k).tolist()
-            picks[layer] = rows[:3] + rows[-3:]
-        gate.register_forward_hook(hook)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    picks: dict[int, list[list[int]]] = {}
+
+    def record(layer, chosen):
+        rows = chosen.tolist()
+        picks[layer] = rows[:3] + rows[-3:]
+    hook_routers(model, model.config.num_experts_per_tok, record)
     with torch.no_grad():
         model(torch.tensor([ids]))
     return picks

@@ -25,6 +25,27 @@ SEQUENCES, NPP, NTG = 16, 32, 16
 SEED = 0
 
 
+def hook_routers(model, top_k: int, record) -> None:
+    """Call ``record(layer, chosen)`` with each MoE layer's chosen experts ([tokens, top_k]
+    array) on every forward of ``model`` (a transformers Mixtral, Qwen3-MoE or DeepSeek-V2)."""
+    import torch
+
+    def hook_for(layer: int):
+        def hook(_module, _inputs, out):
+            if isinstance(out, tuple):  # DeepSeek-V2's gate returns (top-k indices, weights)
+                chosen = out[0]
+            else:  # a linear router's logits
+                chosen = torch.topk(out.reshape(-1, out.shape[-1]), top_k, dim=-1).indices
+            record(layer, chosen.reshape(-1, top_k).numpy())
+        return hook
+
+    for i, block in enumerate(model.model.layers):
+        moe = getattr(block, "mlp", None) or getattr(block, "block_sparse_moe", None)
+        gate = getattr(moe, "gate", None)
+        if gate is not None and hasattr(moe, "experts"):
+            gate.register_forward_hook(hook_for(i))
+
+
 def trace(model_dir: Path) -> dict:
     import numpy as np
     import torch
@@ -37,21 +58,7 @@ def trace(model_dir: Path) -> dict:
     top_k = cfg.num_experts_per_tok
     picks: dict[int, list] = {}
     overlaps: dict[int, list] = {}
-
-    def hook_for(layer: int):
-        def hook(_module, _inputs, out):
-            if isinstance(out, tuple):  # DeepSeek-V2's gate returns (top-k indices, weights)
-                chosen = out[0]
-            else:  # a linear router's logits
-                chosen = torch.topk(out.reshape(-1, out.shape[-1]), top_k, dim=-1).indices
-            picks.setdefault(layer, []).append(chosen.reshape(-1, top_k).numpy())
-        return hook
-
-    for i, block in enumerate(model.model.layers):
-        moe = getattr(block, "mlp", None) or getattr(block, "block_sparse_moe", None)
-        gate = getattr(moe, "gate", None)
-        if gate is not None and hasattr(moe, "experts"):
-            gate.register_forward_hook(hook_for(i))
+    hook_routers(model, top_k, lambda layer, chosen: picks.setdefault(layer, []).append(chosen))
     with torch.no_grad():
         for _ in range(SEQUENCES):
             out = model(torch.randint(0, cfg.vocab_size, (1, NPP)), use_cache=True)
