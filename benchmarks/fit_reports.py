@@ -71,7 +71,7 @@ def notes(pairs: list[tuple[PublicReport, Prediction]]) -> list[str]:
 FINDINGS = """
 ## What the ratios say
 
-Every row is predicted too fast, except the two llama-bench prefill rows. Two mechanisms this table
+Every row is predicted too fast or on the report, except the two llama-bench prefill rows. Two mechanisms this table
 first exposed are now modelled: llama.cpp's layer split (`--split-mode layer`, the default: each GPU
 runs its block of layers after the previous GPU's, engine field `gpu_split: layers`; before, the
 2-GPU machines were priced as both GPUs reading at once: Qwen 592 tok/s, 2x5090 256) and a
@@ -93,11 +93,15 @@ likely causes of what remains, worst first:
   pinned llama.cpp the CUDA backend has no row-split buffer type (src/llama-model.cpp:1144-1163 then
   throws); the report's older build split the 2-D matrices by rows, and whether its expert tensors
   were split too is not checked here.
-- **CPU experts below the datasheet DRAM rate.** The rows with experts on a desktop CPU are 1.2x too
-  fast in decode (14900K: 31.4 vs 25.6; RTX 3090 + assumed 7950X: 38.8 and 39.9 vs 32.3 and 33.0).
-  The catalog's DDR5 prior (0.78 of datasheet) has no DDR5 desktop STREAM result behind it. The ggml
-  kernels are assumed to stream at that rate (`GGML_OVER_STREAM` = 1, measured only on this project's
-  2-core VM). The 14900K prefill (218.5 vs 134.4, 1.63) is now 25 passes of 512 tokens, each copying
+- **CPU experts: the cores' work, not only the DRAM (modelled since 2026-11-28).** The rows with
+  experts on a desktop CPU were 1.2x too fast in decode (14900K: 31.4 vs 25.6; RTX 3090 + assumed
+  7950X: 38.8 and 39.9 vs 32.3 and 33.0) when the CPU experts streamed at the DRAM rate. gpt-oss's
+  MXFP4 experts cost 0.40-0.43 cycles a weight in ggml's plain CPU kernel at one token, 2.5x q4_K's
+  (measured here, docs/validation/ggml_types.md); on the 14900K's 8 P-cores (llama.cpp's default -t there)
+  and on a 7950X's Zen 4 cores (half this host's SIMD width per cycle) the cores, not the DRAM, bound
+  them (hrm.machine.ggml_prior). Now 25.5 vs 25.6 (1.00) and 36.7 and 37.8 vs 32.3 and 33.0
+  (1.14, 1.15). The catalog's DDR5 prior (0.78 of datasheet) still has no DDR5 desktop STREAM result
+  behind it. The 14900K prefill (218.5 vs 134.4, 1.63) is now 25 passes of 512 tokens, each copying
   the used experts of the 36 CPU layers to the GPU.
 
 `hrm fit`'s picks use the same estimator, so the same causes apply. Its rates are at its `--context`:

@@ -24,6 +24,8 @@
 //         fa1, fat (flash attention of 1 or FA_TILE_ROWS query rows per head over ROWS cached tokens,
 //               FA_HEADS query heads on FA_KV_HEADS f16 K/V heads of FA_DIM: seconds per
 //               (query row x head x cached token x (dk + dv)); TYPE and POOL_MIB are ignored)
+//         clock (ROWS dependent register adds, one cycle each: seconds per cycle of one core under load;
+//               TYPE, THREADS and POOL_MIB are ignored)
 //   prints one line per ROWS: "rows <r> s_per_elem <median> spread <(max-min)/median> nodes <M>"
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -40,7 +42,8 @@
 #include <vector>
 
 // the weight shape: [K, N] per matrix (per expert), E experts of which TOPK per token; K and N
-// may be set by HRM_PROBE_K / HRM_PROBE_N (a model's own tensor shape)
+// may be set by HRM_PROBE_K / HRM_PROBE_N (a model's own tensor shape); HRM_PROBE_NO_REPACK=1
+// keeps the weights in the plain CPU buffer (no repacked layout)
 static int K = 1024, N = 1024;
 static int E = 8, TOPK = 2;
 // elementwise ops per graph: enough that the graph's own start (waking the threads) is a small
@@ -94,6 +97,29 @@ int main(int argc, char ** argv) {
     std::vector<int> rows_list;
     for (char * s = strtok(argv[6], ","); s; s = strtok(nullptr, ",")) rows_list.push_back(atoi(s));
 
+    if (strcmp(argv[3], "clock") == 0) {
+        // the core's clock under load: ROWS dependent 64-bit adds (one cycle each on every x86 core
+        // since the P6: Agner Fog's instruction tables, ADD r,r latency 1), seconds per add = 1 / Hz;
+        // what converts this host's per-element kernel times to cycles (hrm.machine.ggml_prior)
+        for (int n : rows_list) {
+            std::vector<double> times;
+            for (int r = 0; r < atoi(argv[5]) + 1; r++) {
+                uint64_t x = 1;
+                auto t0 = std::chrono::steady_clock::now();
+                for (int i = 0; i < n; i++) {
+                    asm volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+                                 "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0" : "+r"(x) : "r"((uint64_t) i));
+                }
+                auto t1 = std::chrono::steady_clock::now();
+                if (r > 0) times.push_back(std::chrono::duration<double>(t1 - t0).count() / (8.0 * n));
+            }
+            std::sort(times.begin(), times.end());
+            const double med = times[times.size() / 2];
+            printf("rows %d s_per_elem %.6e spread %.4f nodes %d buffer %s\n", n, med,
+                   (times.back() - times.front()) / med, 1, "CPU");
+        }
+        return 0;
+    }
     ggml_backend_load_all();
     ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
@@ -298,7 +324,9 @@ int main(int argc, char ** argv) {
     const char * placed = "CPU";
     auto reg = ggml_backend_dev_backend_reg(dev);
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-    if (get_extra) {
+    // HRM_PROBE_NO_REPACK=1: the plain CPU buffer, where llama.cpp keeps CPU weights when a GPU's
+    // host buffer type comes first (src/llama-model.cpp make_cpu_buft_list: ACCEL, GPU host, CPU extra)
+    if (get_extra && !getenv("HRM_PROBE_NO_REPACK")) {
         for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; b++) {
             // probe as llama.cpp's loader does: a dummy buffer of that type, then supports_op
             ggml_init_params pp = {ggml_tensor_overhead() * 8, nullptr, true};
@@ -332,7 +360,13 @@ int main(int argc, char ** argv) {
         // one quantized matrix copied to every slot of the pool: the kernels' speed does not
         // depend on the values, and quantizing a GiB of K-quants would take minutes
         if (type == GGML_TYPE_F32) memcpy(q.data(), src.data(), mat_bytes);
-        else ggml_quantize_chunk(type, src.data(), q.data(), 0, N * experts, K, nullptr);
+        else {
+            // the i-quants' quantizers want an importance matrix (ggml.c ggml_quantize_requires_imatrix):
+            // a uniform one, as if every column mattered equally; the kernels' speed does not depend on it
+            std::vector<float> imatrix(K, 1.0f);
+            ggml_quantize_chunk(type, src.data(), q.data(), 0, N * experts, K,
+                                ggml_quantize_requires_imatrix(type) ? imatrix.data() : nullptr);
+        }
         for (int i = 0; i < pool; i++) ggml_backend_tensor_set(w[i], q.data(), 0, mat_bytes);
     }
     fprintf(stderr, "type %s threads %d op %s pool %d x %.2f MiB in %s\n", argv[1], threads, argv[3], pool,

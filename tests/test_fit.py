@@ -114,8 +114,10 @@ def test_gpu_fit_fewest_cpu_layers_that_fit(gpu_fit):
     assert best.decode_tok_s == pytest.approx(same.decode_throughput_tok_s)
     assert best.memory_bytes["gpu"] == pytest.approx(same.gpu_peak_bytes)
     assert f"--n-cpu-moe {k}" in best.args() and "-ngl 33" in best.args()
-    # searched: (32 + 1) CPU-layer counts x 2 KV places x 2 -ub x 1 -t
-    assert res.searched == 33 * 2 * 2  # both -ub are below the 4032-token prompt
+    # searched: (32 + 1) CPU-layer counts x 2 KV places x 2 -ub x the -t of the catalog CPU's kernel prior
+    # (hrm.machine.ggml_prior: 1, 2, 4, 8 and the 7950X's 16 cores)
+    assert sorted({k.threads for k in hw.ggml_cpu.kernels}) == [1, 2, 4, 8, 16]
+    assert res.searched == 33 * 2 * 2 * 5  # both -ub are below the 4032-token prompt
     assert res.default is not None and res.default.knobs["ubatch"] == 512
     assert best.total_s <= res.default.total_s
 

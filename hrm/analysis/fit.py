@@ -135,8 +135,14 @@ def useful_ubatches(ubatches: tuple[int, ...], tokens: int) -> list[int]:
     return sorted(out)
 
 
-def _ranked(cands: list[Candidate], objective: str) -> list[Candidate]:
-    return sorted((c for c in cands if c.fits), key=lambda c: (_score(c, objective), c.args()))
+def _ranked(cands: list[Candidate], objective: str, default_threads: int | None = None) -> list[Candidate]:
+    """Fitting candidates, best first; among equals the -t nearest llama.cpp's default (threads the
+    estimate does not use, e.g. with no CPU layers, are not a reason to change it), then by flags."""
+    def near_default(c: Candidate) -> int:
+        t = c.knobs.get("threads")
+        return abs(t - default_threads) if t is not None and default_threads is not None else 0
+
+    return sorted((c for c in cands if c.fits), key=lambda c: (_score(c, objective), near_default(c), c.args()))
 
 
 def _pct(new: float, old: float) -> str:
@@ -145,7 +151,7 @@ def _pct(new: float, old: float) -> str:
 
 def _result(cands: list[Candidate], default: Candidate | None, objective: str, users: int, context: int, gen: int,
             path: str, why_of, notes: list[str]) -> FitResult:
-    ranked = _ranked(cands, objective)
+    ranked = _ranked(cands, objective, default.knobs.get("threads") if default is not None else None)
     if not ranked:
         from ..errors import InfeasibleError
 
@@ -168,11 +174,16 @@ def _gpu_threads(hw, threads: tuple[int, ...] | None) -> tuple[tuple[int, ...], 
     """(the -t values searched, llama.cpp's default -t, notes): the given ones, else the thread
     counts of the profile's measured ggml kernels up to its cores, else the default alone."""
     measured = sorted({k.threads for k in hw.ggml_cpu.kernels}) if hw.ggml_cpu is not None else []
-    default_t = linux_default_threads(hw)
+    default_t = (hw.ggml_cpu.default_threads if hw.ggml_cpu is not None and hw.ggml_cpu.default_threads
+                 else linux_default_threads(hw))
     if threads is None:
         # without measured ggml kernels the CPU roofline has no thread count: llama.cpp's default
         threads = tuple(t for t in measured if t <= hw.cpu.cores) or (default_t,)
     notes = []
+    if hw.ggml_cpu is not None and hw.ggml_cpu.prior:
+        notes.append(f"-t {', '.join(map(str, threads))} searched on a prior of llama.cpp's CPU expert kernels (this "
+                     "project's measured cycles per weight per ggml type, scaled to these cores' SIMD width and boost "
+                     "clock: hrm.machine.ggml_prior); hrm profile --llama-cpp DIR on the machine measures them")
     if not measured:
         notes.append(f"-t {default_t}: llama.cpp's default on {hw.cpu.cores} physical cores (common/common.cpp:77-103); this "
                      "profile has no measured ggml kernels (hrm profile --llama-cpp), so the CPU layers run at its "

@@ -124,16 +124,8 @@ def _missing(section: GgmlCpu, ggml_type: str, op: str, threads: int) -> HRMErro
 
 
 def curve_value(kernel: GgmlKernel, rows: float) -> float:
-    """The kernel's seconds per element at ``rows``: linear between the measured points; past
-    the last, a matmul is compute-bound and grows linearly with its rows (the last two points'
-    slope); below the first, the first point."""
-    points = sorted(kernel.s_per_elem_vs_rows, key=lambda p: p.x)
-    xs = np.array([p.x for p in points], dtype=float)
-    ys = np.array([p.y for p in points], dtype=float)
-    if rows <= xs[-1] or len(xs) == 1:
-        return float(np.interp(rows, xs, ys))
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    return float(ys[-1] + max(slope, 0.0) * (rows - xs[-1]))
+    """The kernel's seconds per element at ``rows`` (:meth:`hrm.machine.hardware.GgmlKernel.value`)."""
+    return kernel.value(rows)
 
 
 #: rows from which a matmul counts as compute-bound for hrm calibrate's two scales (the probe's
@@ -393,6 +385,9 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
     and decode ``gen_len`` steps of one token per sequence. A step of one token runs on
     ``threads``, larger ones on ``threads_batch`` (src/llama-context.cpp: n_threads for a
     one-token ubatch, n_threads_batch otherwise)."""
+    if section.prior:  # the prior holds the experts' kernels only (hrm.machine.ggml_prior)
+        raise HRMError("ggml_cpu: this machine's llama.cpp kernels are a catalog prior (the CPU experts beside a GPU), "
+                       "not a measurement; a CPU-only llama.cpp run needs hrm profile --llama-cpp DIR on the machine")
     tb = threads if threads_batch is None else threads_batch
     steps, prefill = [], 0.0
     if prompt_len > 0:

@@ -344,6 +344,18 @@ class GgmlKernel(_Strict):
     def head_shape(self) -> Optional[tuple[int, int, int, int]]:
         return tuple(int(x) for x in self.shape.split(":")) if self.shape else None
 
+    def value(self, rows: float) -> float:
+        """Seconds per element at ``rows``: linear between the measured points; past the last, a
+        matmul is compute-bound and grows linearly with its rows (the last two points' slope);
+        below the first, the first point."""
+        points = sorted(self.s_per_elem_vs_rows, key=lambda p: p.x)
+        xs = np.array([p.x for p in points], dtype=float)
+        ys = np.array([p.y for p in points], dtype=float)
+        if rows <= xs[-1] or len(xs) == 1:
+            return float(np.interp(rows, xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return float(ys[-1] + max(slope, 0.0) * (rows - xs[-1]))
+
 
 class GgmlCpu(_Strict):
     """llama.cpp's CPU backend measured on this host (docs/model.md §4.10): its matmul kernels
@@ -353,15 +365,21 @@ class GgmlCpu(_Strict):
 
     llama_cpp: str
     pool_mib: bounds.CURVE_VALUE.type
-    node_s_vs_threads: Curve
+    node_s_vs_threads: Optional[Curve] = None  # measured; a prior has none (its step model refuses it)
     kernels: tuple[GgmlKernel, ...]
     # hrm calibrate's fit to the user's own runs (1 = as measured): the matmul kernels' time in
     # their memory-bound regime (1 row) and compute-bound regime (16+ rows), geometric blend between
     stream_scale: float = Field(default=1.0, gt=0)
     compute_scale: float = Field(default=1.0, gt=0)
+    # a prior, not a measurement (hrm.machine.ggml_prior: a catalog machine's CPU experts, MUL_MAT_ID
+    # only), and llama.cpp's default -t on that machine (its physical performance cores)
+    prior: bool = False
+    default_threads: Optional[bounds.CORES.type] = None
 
     @model_validator(mode="after")
     def _one_curve_each(self):
+        if self.node_s_vs_threads is None and not self.prior:
+            raise ValueError("node_s_vs_threads: missing (hrm profile --llama-cpp measures it)")
         keys = [(k.type, k.op, k.threads, k.pool_mib or self.pool_mib, k.shape) for k in self.kernels]
         repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
         if repeated is not None:
@@ -375,7 +393,7 @@ class GgmlCpu(_Strict):
 
     def node_s(self, threads: int) -> Optional[float]:
         """Seconds of one graph node at ``threads`` threads (None if not measured)."""
-        return next((p.y for p in self.node_s_vs_threads if p.x == threads), None)
+        return next((p.y for p in self.node_s_vs_threads or () if p.x == threads), None)
 
     def kernel(self, ggml_type: str, op: str, threads: int) -> Optional[GgmlKernel]:
         """The measured kernel of ``ggml_type``/``op`` at ``threads`` (None if not measured)."""

@@ -7,10 +7,13 @@ cores, clocks and bus widths) or a named prior with its source:
 
 - the CPU's achieved DRAM rate is the datasheet rate × its platform class's ``stream_fraction``
   (``cpus.yaml``: the STREAM results read, or the value carried from one, said so);
-- llama.cpp's CPU kernels reach that rate: on this project's CPU host its q4_K MUL_MAT_ID at one
-  row on all (2) threads streams 15.4 GB/s against a STREAM triad of 15.5 GB/s
+- llama.cpp's CPU kernels can reach that rate: on this project's CPU host its repacked q4_K
+  MUL_MAT_ID at one row on all (2) threads streams 15.4 GB/s against a STREAM triad of 15.5 GB/s
   (docs/validation/runs/this-host-llamacpp.yaml; :func:`ggml_over_stream` recomputes it, and
   tests/test_parts.py checks it), so no further factor is applied (GGML_OVER_STREAM = 1);
+- with a GPU, the CPU experts' kernels are a prior (:func:`ggml_prior_of`, hrm.machine.ggml_prior):
+  the larger of that DRAM stream and the cores' work, this project's measured cycles per weight
+  per ggml type scaled to the part's cores, SIMD width and boost clock;
 - the host link is the PCIe generation × lanes × the share of the raw rate a pinned copy reached
   on the project's measured H100 box (LINK_EFFICIENCY).
 
@@ -94,6 +97,8 @@ class GpuPart(_Part):
 class CoreGroup(_Part):
     cores: int = Field(gt=0)
     base_ghz: float = Field(gt=0, lt=10)
+    #: the highest clock the vendor states for the group (the CPU experts' cycles run at it)
+    boost_ghz: float = Field(gt=0, lt=10)
     flop_per_cycle: int = Field(gt=0)
 
 
@@ -112,6 +117,8 @@ class CpuPart(_Part):
     ddr: Literal["DDR4", "DDR5"]
     mts: int = Field(gt=0, le=12000)
     max_sockets: Literal[1, 2]
+    #: the vector instruction set llama.cpp's CPU kernels run on it (hrm.machine.ggml_prior)
+    isa: Literal["avx512", "avx2"]
     source: str
 
     @property
@@ -201,7 +208,31 @@ def compose_profile(gpu: str | None, cpu: str, ram_gib: float, gpu_count: int = 
             data["gpu"]["gpu_to_gpu_gbps"] = round(g.link_gbps, 3)
         data["link"] = {"h2d_gbps": round(g.link_gbps, 3), "d2h_gbps": round(g.link_gbps, 3),
                         "gpus_per_pcie_switch": 1}
+        data["ggml_cpu"] = ggml_prior_of(c, sockets, achieved).model_dump(mode="json", exclude_none=True)
+        data["source"]["notes"] += ("; llama.cpp's CPU expert kernels: hrm.machine.ggml_prior (this project's measured "
+                                    f"cycles per element, {c.isa} build, scaled to these cores)")
     return parse_hardware(data, f"parts {name}")
+
+
+def llama_default_threads(c: CpuPart, sockets: int = 1) -> int:
+    """llama.cpp's default -t on Linux: one thread per physical core, performance cores only on a
+    hybrid Intel part (common/common.cpp:201-226 common_cpu_get_num_math: cpu_count_math_cpus skips
+    efficiency cores and hyperthreads where CPUID says hybrid; else :77-103, the physical cores)."""
+    return (c.groups[0].cores if len(c.groups) > 1 else c.cores) * sockets
+
+
+def ggml_prior_of(c: CpuPart, sockets: int, achieved_gbps: float):
+    """The CPU experts' kernels of ``sockets`` × ``c`` (:func:`hrm.machine.ggml_prior.prior_section`) at
+    1, the powers of two below the cores, llama.cpp's default -t and every core."""
+    from .ggml_prior import Cores, prior_section
+
+    groups = tuple(Cores(cores=g.cores * sockets, ghz=g.boost_ghz, flop_per_cycle=g.flop_per_cycle) for g in c.groups)
+    cores, default = c.cores * sockets, llama_default_threads(c, sockets)
+    counts, t = {1, default, cores}, 2
+    while t < cores:
+        counts.add(t)
+        t *= 2
+    return prior_section(groups, c.isa, achieved_gbps * 1e9, tuple(sorted(counts)), default)
 
 
 __all__ = ["GpuPart", "CpuPart", "PlatformClass", "Catalog", "catalog", "compose_profile", "LINK_EFFICIENCY",

@@ -174,7 +174,8 @@ def rates_from_profile(hw: HardwareProfile, options: ModelOptions = DEFAULT_OPTI
         op_costs,
         hw.disk.read_gbps * GB if hw.disk is not None else None,
         hw.ggml_cpu,
-        default_llama_threads(hw.cpu.cores),
+        (hw.ggml_cpu.default_threads if hw.ggml_cpu is not None and hw.ggml_cpu.default_threads
+         else default_llama_threads(hw.cpu.cores)),
         hw.gpu.count if gpu_split == "layers" else 1,
     )
 

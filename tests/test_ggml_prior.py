@@ -1,0 +1,127 @@
+"""The CPU experts' kernel prior of a catalog machine (hrm.machine.ggml_prior, docs/validation/ggml_types.md):
+hand-computed from the committed measurements, and held to this host's own two-thread measurement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hrm.errors import HRMError
+from hrm.machine.ggml_prior import (HOST_FLOP_PER_CYCLE, PRIOR_TYPES, TYPE_RUNS_DIR, Cores, compute_s_per_element,
+                                    prior_s_per_element, type_runs)
+from hrm.machine.parts import catalog, compose_profile
+from hrm.model.quantized import GGML_BLOCKS
+
+ISAS = ("avx512", "avx2")
+
+
+def _raw(isa: str) -> dict:
+    return yaml.safe_load((TYPE_RUNS_DIR / f"types-{isa}.yaml").read_text())
+
+
+def _point(isa: str, ggml_type: str, threads: int, pool: float, rows: int) -> float:
+    k = next(k for k in _raw(isa)["kernels"]
+             if (k["type"], k["threads"], k["pool_mib"]) == (ggml_type, threads, pool))
+    return next(p["y"] for p in k["s_per_elem_vs_rows"] if p["x"] == rows)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_every_type_measured_on_both_pools_and_threads(isa):
+    doc = _raw(isa)
+    assert doc["isa"] == isa and 0 < doc["clock"]["s_per_cycle"] < 1e-9  # a clock between 1 and ~5 GHz...
+    assert 1 / doc["clock"]["s_per_cycle"] > 1e9
+    got = {(k["type"], k["threads"], k["pool_mib"]) for k in doc["kernels"]}
+    assert got == {(t, n, p) for t in PRIOR_TYPES for n in (1, 2) for p in (32.0, 1024.0)}
+    for k in doc["kernels"]:
+        assert k["buffer"] == "CPU"  # the plain buffer, where llama.cpp keeps CPU experts beside a GPU
+        assert all(t.upper() in GGML_BLOCKS for t in PRIOR_TYPES)
+
+
+def test_a_catalog_kernel_by_hand():
+    """Ryzen 9 7950X (Zen 4: 32 FP32 FLOP a cycle, AVX-512 build), q4_K at 16 rows on 16 threads:
+    the measured core's cycles (seconds per element / seconds per cycle) x 64/32, over 16 x 5.7 GHz,
+    against the bytes (144 per 256) at DDR5-5200 x 2 channels x 8 B x 0.78."""
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    clock = _raw("avx512")["clock"]["s_per_cycle"]
+    cycles = _point("avx512", "q4_K", 1, 32.0, 16) / clock
+    compute = cycles * 64 / 32 / (16 * 5.7e9)
+    memory = (144 / 256) / (5200 * 2 * 8 * 0.78 * 1e6)
+    k = hw.ggml_cpu.kernel("q4_K", "mmid", 16)
+    assert next(p.y for p in k.s_per_elem_vs_rows if p.x == 16) == pytest.approx(max(compute, memory), rel=1e-3)
+    assert compute > memory  # 16 rows an expert: the cores, not the DRAM
+    one = next(p.y for p in k.s_per_elem_vs_rows if p.x == 1)
+    assert one == pytest.approx(max(_point("avx512", "q4_K", 1, 32.0, 1) / clock * 2 / (16 * 5.7e9), memory), rel=1e-3)
+    assert hw.ggml_cpu.prior and hw.ggml_cpu.default_threads == 16
+
+
+def test_hybrid_threads_run_at_the_slowest_cores_pace():
+    """Core i9-14900K (AVX2): 8 P-cores at 5.6 GHz, 32 FLOP a cycle; 16 E-cores at 4.4 GHz, 16. Eight
+    threads run on the P-cores; 24 run in lockstep with an E-core (half the SIMD width: twice the
+    cycles). llama.cpp's default -t there is the 8 P-cores."""
+    c = catalog().cpus["core-i9-14900k"]
+    groups = tuple(Cores(cores=g.cores, ghz=g.boost_ghz, flop_per_cycle=g.flop_per_cycle) for g in c.groups)
+    runs = type_runs("avx2")
+    cycles = _point("avx2", "mxfp4", 1, 32.0, 1) / runs.s_per_cycle
+    assert compute_s_per_element(runs, "mxfp4", 1, groups, 8) == pytest.approx(cycles / (8 * 5.6e9), rel=1e-9)
+    assert compute_s_per_element(runs, "mxfp4", 1, groups, 24) == pytest.approx(cycles * 2 / (24 * 4.4e9), rel=1e-9)
+    assert compose_profile("rtx-3090", "core-i9-14900k", 96).ggml_cpu.default_threads == 8
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_cores_term_carries_to_two_threads_on_this_host(isa):
+    """The prior's cores term for this host (its measured clock and SIMD width) at 2 threads, against
+    the 2-thread measurement in the same cache-sized pool: from 4 rows an expert (where the points
+    are long enough to be steady) median within 0.9-1.1, every one within 1.5x (docs/validation/ggml_types.md)."""
+    runs = type_runs(isa)
+    host = (Cores(cores=2, ghz=1 / runs.s_per_cycle / 1e9, flop_per_cycle=HOST_FLOP_PER_CYCLE[isa]),)
+    ratios = [compute_s_per_element(runs, t, r, host, 2) / _point(isa, t, 2, 32.0, r)
+              for t in PRIOR_TYPES for r in (4, 8, 16, 64)]
+    assert 0.9 <= float(np.median(ratios)) <= 1.1
+    assert max(max(ratios), 1 / min(ratios)) < 1.5
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_i_quants_cost_more_work_per_element_than_the_k_quants(isa):
+    """What the prior adds over a bandwidth roofline: at one row the i-quants' lookups and MXFP4's
+    table take 1.5-4x q4_K's cycles per element, so on few cores they are the cores' bound."""
+    runs = type_runs(isa)
+    base = runs.cycles_per_element("q4_K", 1)
+    for t in ("iq1_s", "iq2_xxs", "iq3_xxs", "mxfp4"):
+        assert runs.cycles_per_element(t, 1) > 1.5 * base, t
+
+
+def test_the_prior_is_only_for_the_experts():
+    from hrm.cost.ggml_cpu import run_times
+
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    with pytest.raises(HRMError, match="catalog prior"):
+        run_times(None, hw.ggml_cpu, 16, 1, 32, 4)
+    assert compose_profile(None, "ryzen-9-7950x", 64).ggml_cpu is None  # CPU only: no prior
+
+
+def test_memory_bound_at_one_row_with_many_cores():
+    """A 96-core EPYC 9654 at one row: q4_K's bytes, not its cores, set the time."""
+    hw = compose_profile("rtx-4090", "epyc-9654", 384)
+    k = hw.ggml_cpu.kernel("q4_K", "mmid", hw.ggml_cpu.default_threads)
+    one = next(p.y for p in k.s_per_elem_vs_rows if p.x == 1)
+    assert one == pytest.approx((144 / 256) / (hw.cpu.memory_bandwidth_gbps * 1e9), rel=1e-6)
+
+
+def test_a_prior_needs_no_node_cost_but_a_measurement_does():
+    from hrm.machine.hardware import GgmlCpu
+
+    with pytest.raises(ValueError, match="node_s_vs_threads"):
+        GgmlCpu(llama_cpp="x", pool_mib=1024.0, kernels=())
+    assert prior_s_per_element(type_runs("avx2"), "q8_0", 1, (Cores(cores=1, ghz=1.0, flop_per_cycle=32),), 1, 1e12) > 0
+    assert Path(TYPE_RUNS_DIR).is_dir()
+
+
+def test_the_doc_table_is_the_committed_measurement():
+    from conftest import benchmark_module
+
+    types = benchmark_module("benchmarks/ground_truth/ggml_types.py")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "validation" / "ggml_types.md").read_text()
+    assert types.table() in doc, "regenerate: python benchmarks/ground_truth/ggml_types.py --table"
