@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FlexGen ground truth on a lent GPU, in one device call (docs/validation/flexgen_gpu_plan.md):
-#   1. launch and host-DRAM microbenchmarks (the harness's launch_bench.py, dram_bench.py);
+#   1. launch and host-DRAM microbenchmarks (the harness's launch_bench.py, dram_bench.py), and a
+#      kernel's floor in a replayed CUDA graph (benchmarks/ground_truth/graph_floor.py);
 #   2. the FlexGen policies of benchmarks/ground_truth/flexgen_policies.txt (real
 #      lynnliu030/FlexGen@a80c8d15, 4-layer Mixtral-8x7B, dummy weights) through the harness's
 #      run_flexgen.sh, each its own process, failures recorded and skipped past;
@@ -61,6 +62,8 @@ step "launch_bench (eager op, op+sync, CPU op costs)"
 micro launch "$H/gpu/launch_bench.py" 60
 step "dram_bench (host DRAM read/copy, pinned/pageable H2D, H2D under CPU traffic)"
 micro dram "$H/gpu/dram_bench.py" 90
+step "graph_floor (a kernel's floor in a replayed CUDA graph, a decode matvec in one: llama.cpp's batch-1 GPU decode)"
+micro graph "$REPO/benchmarks/ground_truth/graph_floor.py" 60
 
 # 2. the policies (the harness: sysinfo.txt, flexgen_results.jsonl, flexgen_logs.txt)
 POLICY_BUDGET=$(( $(left) - RESERVE ))
