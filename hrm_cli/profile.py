@@ -36,7 +36,8 @@ def parse_args(argv: list[str]):
     parser.add_argument("--llama-cpp", metavar="DIR", help="a llama.cpp source tree with a CPU build (build/bin): "
                         "measure its CPU matmul kernels per weight type and thread count, its flash attention and "
                         "its graphs' elementwise ops (the ggml_cpu section "
-                        "llama.cpp CPU predictions use; about 6 minutes per thread count on a 2-core machine)")
+                        "llama.cpp CPU predictions use; about 6 minutes per thread count on a 2-core machine); "
+                        "with a GPU, also the CPU experts' kernels in the plain buffer llama.cpp keeps them in there")
     parser.add_argument("--ggml-only", metavar="PROFILE", help="with --llama-cpp: add the ggml_cpu section to this "
                         "existing profile instead of measuring the rest again")
     return parser.parse_args(argv)
@@ -117,7 +118,8 @@ def with_ggml_section(profile: HardwareProfile, tree) -> HardwareProfile:
     """``profile`` with llama.cpp's CPU kernels measured on this host (profiler.ggml_cpu)."""
     from profiler.ggml_cpu import measure_ggml_cpu, thread_counts
 
-    section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores))
+    # a GPU host's CPU experts run ggml's plain kernels (the GPU's pinned host buffer): measured too
+    section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores), beside_gpu=profile.gpu is not None)
     source = profile.source.model_copy(update={"methods": {**profile.source.methods, **methods}})
     return profile.model_copy(update={"ggml_cpu": section, "source": source})
 

@@ -114,9 +114,12 @@ def parse_probe(stdout: str) -> list[ProbePoint]:
 
 
 def run_probe(exe: Path, ggml_type: str, threads: int, op: str, rows: tuple[int, ...], pool_mib: float,
-              repeats: int) -> list[ProbePoint]:
+              repeats: int, plain_buffer: bool = False) -> list[ProbePoint]:
+    """One probe run; ``plain_buffer``: the weights in the plain CPU buffer (HRM_PROBE_NO_REPACK), as
+    llama.cpp keeps CPU experts beside a GPU."""
     cmd = [str(exe), ggml_type, str(threads), op, f"{pool_mib:g}", str(repeats), ",".join(map(str, rows))]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "HRM_PROBE_NO_REPACK": "1"} if plain_buffer else None
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     points = parse_probe(done.stdout)
     if done.returncode != 0 or len(points) != len(rows):
         raise HRMError(f"--llama-cpp: the kernel probe failed for {ggml_type} {op} at {threads} threads "
@@ -130,13 +133,13 @@ BUMP_FACTOR = 1.3
 
 
 def remeasured(exe: Path, ggml_type: str, threads: int, op: str, points: list[ProbePoint], pool_mib: float,
-               repeats: int) -> list[ProbePoint]:
+               repeats: int, plain_buffer: bool = False) -> list[ProbePoint]:
     """``points`` with every bump (a point above BUMP_FACTOR x the next one) measured again,
     keeping the lower of the two medians (another process's work only ever adds time)."""
     bumps = tuple(a.rows for a, b in zip(points, points[1:]) if a.s_per_elem > BUMP_FACTOR * b.s_per_elem)
     if not bumps:
         return points
-    again = {p.rows: p for p in run_probe(exe, ggml_type, threads, op, bumps, pool_mib, repeats)}
+    again = {p.rows: p for p in run_probe(exe, ggml_type, threads, op, bumps, pool_mib, repeats, plain_buffer)}
     return [again[p.rows] if p.rows in again and again[p.rows].s_per_elem < p.s_per_elem else p for p in points]
 
 
@@ -167,8 +170,10 @@ def measure_elementwise(exe: Path, threads: int, repeats: int) -> tuple[list[Ggm
 
 def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...] = DEFAULT_TYPES,
                      pool_mib: float = DEFAULT_POOL_MIB, repeats: int = DEFAULT_REPEATS,
-                     cache_dir: Optional[Path] = None) -> tuple[GgmlCpu, dict[str, str]]:
-    """The ``ggml_cpu`` section and its ``source.methods`` lines."""
+                     cache_dir: Optional[Path] = None, beside_gpu: bool = False) -> tuple[GgmlCpu, dict[str, str]]:
+    """The ``ggml_cpu`` section and its ``source.methods`` lines. ``beside_gpu``: also the experts'
+    MUL_MAT_ID in the plain CPU buffer for every type a CPU-only llama.cpp repacks (a GPU host's
+    CPU experts run there: hrm.cost.ggml_cpu.placed_kernels)."""
     exe = build_probe(tree, cache_dir)
     kernels, methods, node_s = [], {}, []
     for t in threads:
@@ -205,5 +210,15 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
                         f"{what}, {ggml_type} in the {points[0].buffer} buffer (as llama.cpp places it), cycled "
                         f"through {pool:g} MiB, {t} threads; seconds per weight element, median of {repeats} after a "
                         f"warm-up; spread per point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
+                    if beside_gpu and op == "mmid" and pool == pool_mib and points[0].buffer != "CPU":
+                        plain = remeasured(exe, ggml_type, t, op, run_probe(exe, ggml_type, t, op, rows, pool, repeats,
+                                                                            plain_buffer=True), pool, repeats,
+                                           plain_buffer=True)
+                        kernels.append(GgmlKernel(type=ggml_type, op=op, threads=t, buffer="CPU",
+                                                  s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem)
+                                                                      for p in plain]))
+                        methods[f"ggml_cpu.kernels.{ggml_type}.{op}.{t}.{pool:g}.CPU"] = (
+                            f"{what}, {ggml_type} in the plain CPU buffer (HRM_PROBE_NO_REPACK: where llama.cpp keeps "
+                            f"CPU experts beside a GPU), cycled through {pool:g} MiB, {t} threads; median of {repeats}")
     section = GgmlCpu(llama_cpp=str(tree), pool_mib=pool_mib, node_s_vs_threads=node_s, kernels=tuple(kernels))
     return section, methods

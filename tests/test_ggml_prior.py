@@ -125,3 +125,26 @@ def test_the_doc_table_is_the_committed_measurement():
     types = benchmark_module("benchmarks/ground_truth/ggml_types.py")
     doc = (Path(__file__).resolve().parents[1] / "docs" / "validation" / "ggml_types.md").read_text()
     assert types.table() in doc, "regenerate: python benchmarks/ground_truth/ggml_types.py --table"
+
+
+def test_beside_a_gpu_the_experts_take_the_plain_buffers_kernel():
+    """A profile with both placements of q4_K's MUL_MAT_ID (hrm profile --llama-cpp on a GPU host): the
+    CPU-only step model reads the repacked kernel (a CPU-only llama.cpp repacks q4_K), the CPU experts
+    beside a GPU the plain one (the GPU's pinned host buffer, src/llama-model.cpp make_cpu_buft_list);
+    a profile with the repacked kernel only gives it to both."""
+    from hrm.cost.ggml_cpu import seconds_per_element
+    from hrm.machine.hardware import CurvePoint, GgmlCpu, GgmlKernel
+
+    def kernel(buffer, y):
+        return GgmlKernel(type="q4_K", op="mmid", threads=2, buffer=buffer,
+                          s_per_elem_vs_rows=[CurvePoint(x=1, y=y), CurvePoint(x=16, y=4 * y)])
+
+    both = GgmlCpu(llama_cpp="t", pool_mib=1024.0, node_s_vs_threads=[CurvePoint(x=2, y=1e-7)],
+                   kernels=(kernel("CPU_REPACK", 3e-11), kernel("CPU", 7e-11)))
+    assert seconds_per_element(both, "Q4_K", "mmid", 2, 1) == pytest.approx(3e-11)
+    assert seconds_per_element(both, "Q4_K", "mmid", 2, 1, buffer="CPU") == pytest.approx(7e-11)
+    old = both.model_copy(update={"kernels": (kernel("CPU_REPACK", 3e-11),)})
+    assert seconds_per_element(old, "Q4_K", "mmid", 2, 16, buffer="CPU") == pytest.approx(12e-11)
+    with pytest.raises(ValueError, match="appears twice"):
+        GgmlCpu(llama_cpp="t", pool_mib=1024.0, node_s_vs_threads=[CurvePoint(x=2, y=1e-7)],
+                kernels=(kernel("CPU", 7e-11), kernel("CPU", 7e-11)))

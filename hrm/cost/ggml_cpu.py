@@ -143,10 +143,26 @@ def calibration_factor(section: GgmlCpu, rows: float) -> float:
 
 
 def seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
-                        working_set_mib=None) -> float:
+                        working_set_mib=None, buffer: str | None = None) -> float:
     """:func:`measured_seconds_per_element` × the calibration's factor at ``rows``."""
-    return measured_seconds_per_element(section, ggml_type, op, threads, rows, working_set_mib) * \
+    return measured_seconds_per_element(section, ggml_type, op, threads, rows, working_set_mib, buffer) * \
         calibration_factor(section, rows)
+
+
+#: the buffer llama.cpp keeps CPU weights in beside a GPU: the GPU's pinned host buffer, whose
+#: tensors the CPU backend multiplies with its plain kernels (src/llama-model.cpp make_cpu_buft_list:
+#: ACCEL, GPU host, CPU extra, CPU); a CPU-only llama.cpp repacks the types it can
+HOST_BUFFER = "CPU"
+
+
+def placed_kernels(kernels: list[GgmlKernel], buffer: str | None) -> list[GgmlKernel]:
+    """The kernels of ``buffer`` where measured; else (or ``buffer`` None: a CPU-only llama.cpp) the
+    buffer the probe placed the weights in as a CPU-only llama.cpp does (a repack buffer where there
+    is one)."""
+    if buffer is not None and any(k.buffer == buffer for k in kernels):
+        return [k for k in kernels if k.buffer == buffer]
+    repacked = [k for k in kernels if k.buffer != HOST_BUFFER]
+    return repacked or kernels
 
 
 def pool_weights(pools_mib: list[float], reuse_mib: np.ndarray, prob: np.ndarray) -> np.ndarray:
@@ -166,14 +182,15 @@ def pool_weights(pools_mib: list[float], reuse_mib: np.ndarray, prob: np.ndarray
 
 
 def measured_seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
-                                 working_set_mib=None) -> float:
+                                 working_set_mib=None, buffer: str | None = None) -> float:
     """The measured matmul's seconds per weight element at ``rows`` rows for weights whose reuse
     distance is ``working_set_mib`` (MiB, or ``(distances, probabilities)`` from
     :func:`reuse_distances_mib`): between the curves of the pools measured just below and above
     it (linear in log pool size: the probe cycles its pool, so the pool is its weights' reuse
     distance), the nearest pool's curve outside them; a curve measured over fewer rows gives way
-    to the others past its last point. None: the largest pool's curve."""
-    kernels = section.kernels_of(probe_type(ggml_type), op, threads)
+    to the others past its last point. None: the largest pool's curve. ``buffer``: the weights'
+    buffer (:func:`placed_kernels`)."""
+    kernels = placed_kernels(section.kernels_of(probe_type(ggml_type), op, threads), buffer)
     if not kernels:
         raise _missing(section, ggml_type, op, threads)
     by_pool = sorted(kernels, key=lambda k: k.pool_mib or section.pool_mib)

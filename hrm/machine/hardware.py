@@ -380,11 +380,12 @@ class GgmlCpu(_Strict):
     def _one_curve_each(self):
         if self.node_s_vs_threads is None and not self.prior:
             raise ValueError("node_s_vs_threads: missing (hrm profile --llama-cpp measures it)")
-        keys = [(k.type, k.op, k.threads, k.pool_mib or self.pool_mib, k.shape) for k in self.kernels]
-        repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        keys = [(k.type, k.op, k.threads, k.pool_mib or self.pool_mib, k.shape, k.buffer) for k in self.kernels]
+        seen: set = set()
+        repeated = next((k for k in keys if k in seen or seen.add(k)), None)
         if repeated is not None:
             raise ValueError(f"kernels: type {repeated[0]}, op {repeated[1]}, threads {repeated[2]}, pool "
-                             f"{repeated[3]:g} MiB, shape {repeated[4]} appears twice")
+                             f"{repeated[3]:g} MiB, shape {repeated[4]}, buffer {repeated[5]} appears twice")
         return self
 
     def kernels_of(self, ggml_type: str, op: str, threads: int) -> list[GgmlKernel]:

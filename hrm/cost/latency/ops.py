@@ -108,13 +108,15 @@ def ggml_experts_s(op: OpCost, model: ModelSpec, rates: Rates, matmul_rows, engi
     elements × the profile's measured seconds per element for the model's weight type at the
     rows each touched expert gets, on the command's -t (``engine.cpu_threads``) or llama.cpp's
     default threads, the nearest measured count."""
-    from ..ggml_cpu import ggml_type_of, nearest_threads, seconds_per_element
+    from ..ggml_cpu import HOST_BUFFER, ggml_type_of, nearest_threads, seconds_per_element
 
     threads = nearest_threads(rates.ggml_cpu, engine.cpu_threads or rates.cpu_threads)
     kind = ggml_type_of(model)
     elements = np.asarray(op.weight_bytes, dtype=float) / costs.weight_bytes_per_param(model)
     rows = np.broadcast_to(np.asarray(1.0 if matmul_rows is None else matmul_rows, dtype=float), elements.shape)
-    per = np.vectorize(lambda r: seconds_per_element(rates.ggml_cpu, kind, "mmid", threads, float(r)))(rows)
+    # beside a GPU the experts sit in its pinned host buffer: ggml's plain kernels, where measured
+    per = np.vectorize(lambda r: seconds_per_element(rates.ggml_cpu, kind, "mmid", threads, float(r),
+                                                     buffer=HOST_BUFFER))(rows)
     return elements * per
 
 
