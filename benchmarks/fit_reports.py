@@ -96,13 +96,14 @@ likely causes of what remains, worst first:
 - **CPU experts: the cores' work, not only the DRAM (modelled since 2026-11-28).** The rows with
   experts on a desktop CPU were 1.2x too fast in decode (14900K: 31.4 vs 25.6; RTX 3090 + assumed
   7950X: 38.8 and 39.9 vs 32.3 and 33.0) when the CPU experts streamed at the DRAM rate. gpt-oss's
-  MXFP4 experts cost 0.40-0.43 cycles a weight in ggml's plain CPU kernel at one token, 2.5x q4_K's
-  (measured here, docs/validation/ggml_types.md); on the 14900K's 8 P-cores (llama.cpp's default -t there)
-  and on a 7950X's Zen 4 cores (half this host's SIMD width per cycle) the cores, not the DRAM, bound
-  them (hrm.machine.ggml_prior). Now 25.5 vs 25.6 (1.00) and 36.7 and 37.8 vs 32.3 and 33.0
-  (1.14, 1.15). The catalog's DDR5 prior (0.78 of datasheet) still has no DDR5 desktop STREAM result
-  behind it. The 14900K prefill (218.5 vs 134.4, 1.63) is now 25 passes of 512 tokens, each copying
-  the used experts of the 36 CPU layers to the GPU.
+  MXFP4 experts cost 0.43 cycles a weight in ggml's plain AVX2 kernel at one token, 1.9x q4_K's
+  (measured here, docs/validation/ggml_types.md). On the 14900K's 8 P-cores (llama.cpp's default -t
+  there) that work, not the DRAM, bounds them (hrm.machine.ggml_prior): 25.5 vs 25.6 now (1.00).
+  A 7950X's 16 Zen 4 cores outrun its DDR5, so those two rows stay 1.20 and 1.21: what is left there
+  is the DRAM side (the catalog's DDR5 prior, 0.78 of datasheet, has no DDR5 desktop STREAM result
+  behind it; whether 16 cores stream ggml's plain kernels at that rate is not measured). The 14900K
+  prefill (218.5 vs 134.4, 1.63) is now 25 passes of 512 tokens, each copying the used experts of
+  the 36 CPU layers to the GPU.
 
 `hrm fit`'s picks use the same estimator, so the same causes apply. Its rates are at its `--context`:
 the prompt fills the context, so its decode is read at that depth. The import's rates are at the

@@ -6,22 +6,21 @@ plain CPU kernels (MUL_MAT_ID, weights in the GPU's pinned host buffer, not repa
 src/llama-model.cpp make_cpu_buft_list). Their seconds per weight element on ``t`` threads at
 ``rows`` tokens per expert is the larger of
 
-- the cores' work: ``1 / Σ_g n_g · f_g / c_g(type, rows)`` over the core groups the ``t`` threads
-  fill (performance cores first), each group's ``n_g`` threads at its clock ``f_g`` (the catalog's
-  boost clock: the measured host's clock was measured under the same load, at its turbo) and
-  ``c_g`` cycles per element: the cycles this project's host measured for that
-  type and rows on one core (:data:`TYPE_RUNS`, its clock measured by the same probe), times the
-  measured core's SIMD throughput over the group's (``flop_per_cycle``: a core with half the
-  vector width or pipes takes twice the cycles);
+- the cores' work: over the core groups the ``t`` threads fill (performance cores first), each
+  group's threads at its clock (the catalog's boost clock: the measured host's clock was measured
+  under the same load, at its turbo) and its cycles per element: the cycles this project's host
+  measured for that type and rows on one core, in the build whose vectors match the group's
+  datapath (:func:`runs_for`: AVX-512 for 512-bit pipes, else AVX2; the probe's ``clock`` op turns
+  its seconds into cycles); threads add their rates on like cores and run at the slowest group's
+  pace on mixed ones;
 - the weights' bytes at the platform's achieved DRAM rate (bytes per element from the type's
   block struct, :data:`hrm.model.quantized.GGML_BLOCKS`).
 
-What is assumed (and named in the docs): the measured host's cycles per element carry to other
-x86 cores of the same instruction set in proportion to their SIMD throughput, at the boost clock;
-the threads' work adds up on like cores, and runs at the slowest core's pace on mixed ones; the
-platform streams at its achieved DRAM rate from any thread count (this 2-core VM cannot show a
-per-core limit on a 16-core desktop). A profile measured with ``hrm profile --llama-cpp`` replaces
-all of it.
+What is assumed (and named in the docs): the measured core's cycles per element carry to other
+x86 cores of the same vector width (an E-core's half width: twice the cycles, an upper bound), at
+the boost clock; the platform streams at its achieved DRAM rate from any thread count (this 2-core
+VM cannot show a per-core limit on a 16-core desktop). A profile measured with
+``hrm profile --llama-cpp`` replaces all of it.
 """
 
 from __future__ import annotations
@@ -51,7 +50,8 @@ CACHE_POOL_MIB = 32.0
 #: FP32 FLOP per cycle of the measured core on each build's vectors: the host is a Xeon with AMX
 #: (Sapphire Rapids or later), two 512-bit FMA pipes = 64 (Intel 64 and IA-32 Architectures
 #: Optimization Reference Manual, "Intel AVX-512"); its AVX2 build runs 256-bit vectors on the
-#: same two pipes = 32. The catalog's ``flop_per_cycle`` is on the same scale (cpus.yaml header)
+#: same two pipes = 32. The catalog's ``flop_per_cycle`` is on the same scale (cpus.yaml header):
+#: a core group takes the build of its width (:func:`runs_for`)
 HOST_FLOP_PER_CYCLE: dict[str, int] = {"avx512": 64, "avx2": 32}
 #: rows per expert the prior's curves hold (the measurement's)
 PRIOR_ROWS = (1, 2, 4, 8, 16, 64)
@@ -109,19 +109,34 @@ def threads_by_group(groups: tuple[Cores, ...], threads: int) -> list[tuple[Core
     return placed
 
 
-def compute_s_per_element(runs: TypeRuns, ggml_type: str, rows: float, groups: tuple[Cores, ...],
-                          threads: int) -> float:
-    """Seconds per weight element of the cores' work alone: the measured core's cycles, scaled to
-    each group's SIMD throughput, at the groups' clocks. Threads on like cores add their rates;
-    threads that spill onto a slower group run in lockstep with it (each op ends in a barrier, and
-    a matmul with fewer than 4 chunks a thread splits its rows evenly: ggml-cpu.c
-    ggml_compute_forward_mul_mat_id, so the slowest core sets the pace; llama.cpp leaves efficiency
-    cores out of its default -t for that reason, common/common.cpp cpu_count_math_cpus)."""
-    host_fpc = HOST_FLOP_PER_CYCLE[runs.isa]
-    cycles = runs.cycles_per_element(ggml_type, rows)
+def runs_for(isa: Isa, core: Cores) -> tuple[TypeRuns, float]:
+    """The measurement a core group's cycles come from, and the factor on them: the build whose
+    vectors match the core's datapath. A core with 512-bit pipes (64 FP32 FLOP a cycle) running an
+    AVX-512 build: the AVX-512 measurement. Any other (Zen 3 and Intel client P-cores, 256-bit; Zen 4
+    too, which splits a 512-bit op into two 256-bit halves: AMD pub. 57647, the Family 19h software
+    optimization guide): the AVX2 measurement, which runs 256-bit vectors on this host's pipes. A
+    narrower core (E-cores: 16) takes the AVX2 cycles times 32 / its FLOP a cycle. Halving the
+    vectors on the same core cost a median 1.07x at one row and 1.6x at 64 here (docs/validation/
+    ggml_types.md), so that factor of 2 for an E-core is an upper bound."""
+    if isa == "avx512" and core.flop_per_cycle >= HOST_FLOP_PER_CYCLE["avx512"]:
+        return type_runs("avx512"), HOST_FLOP_PER_CYCLE["avx512"] / core.flop_per_cycle
+    return type_runs("avx2"), max(1.0, HOST_FLOP_PER_CYCLE["avx2"] / core.flop_per_cycle)
+
+
+def compute_s_per_element(isa: Isa, ggml_type: str, rows: float, groups: tuple[Cores, ...], threads: int) -> float:
+    """Seconds per weight element of the cores' work alone: each group's cycles (:func:`runs_for`) at
+    its clock. Threads on like cores add their rates; threads that spill onto a slower group run in
+    lockstep with it (each op ends in a barrier, and a matmul with fewer than 4 chunks a thread
+    splits its rows evenly: ggml-cpu.c ggml_compute_forward_mul_mat_id, so the slowest core sets the
+    pace; llama.cpp leaves efficiency cores out of its default -t for that reason, common/common.cpp
+    cpu_count_math_cpus)."""
     placed = threads_by_group(groups, threads)
-    slowest = min(g.ghz * 1e9 / (cycles * host_fpc / g.flop_per_cycle) for g, _ in placed)
-    return 1.0 / (slowest * sum(n for _, n in placed))
+
+    def rate(core: Cores) -> float:
+        runs, factor = runs_for(isa, core)
+        return core.ghz * 1e9 / (runs.cycles_per_element(ggml_type, rows) * factor)
+
+    return 1.0 / (min(rate(g) for g, _ in placed) * sum(n for _, n in placed))
 
 
 def bytes_per_element(ggml_type: str) -> float:
@@ -134,10 +149,10 @@ def memory_s_per_element(ggml_type: str, dram_bytes_s: float) -> float:
     return bytes_per_element(ggml_type) / dram_bytes_s
 
 
-def prior_s_per_element(runs: TypeRuns, ggml_type: str, rows: float, groups: tuple[Cores, ...], threads: int,
+def prior_s_per_element(isa: Isa, ggml_type: str, rows: float, groups: tuple[Cores, ...], threads: int,
                         dram_bytes_s: float) -> float:
     """The larger of the cores' work and the DRAM stream (a roofline: the kernel overlaps both)."""
-    return max(compute_s_per_element(runs, ggml_type, rows, groups, threads),
+    return max(compute_s_per_element(isa, ggml_type, rows, groups, threads),
                memory_s_per_element(ggml_type, dram_bytes_s))
 
 
@@ -146,17 +161,17 @@ def prior_section(groups: tuple[Cores, ...], isa: Isa, dram_bytes_s: float, thre
     """A ``ggml_cpu`` section of MUL_MAT_ID curves for every type of :data:`PRIOR_TYPES` at
     ``thread_counts``, from :func:`prior_s_per_element` (``prior`` says so; the CPU-only step
     model, which needs every kernel measured, refuses it)."""
-    runs = type_runs(isa)
     kernels = tuple(
         GgmlKernel(type=t, op="mmid", threads=n, buffer="CPU",
-                   s_per_elem_vs_rows=[CurvePoint(x=r, y=prior_s_per_element(runs, t, r, groups, n, dram_bytes_s))
+                   s_per_elem_vs_rows=[CurvePoint(x=r, y=prior_s_per_element(isa, t, r, groups, n, dram_bytes_s))
                                        for r in PRIOR_ROWS])
         for n in thread_counts for t in PRIOR_TYPES)
-    return GgmlCpu(llama_cpp=f"prior: hrm.machine.ggml_prior ({isa} measurement of {runs.measured})",
+    return GgmlCpu(llama_cpp=f"prior: hrm.machine.ggml_prior ({isa} part; measured {type_runs('avx2').measured}, "
+                             f"{type_runs('avx512').measured})",
                    pool_mib=1024.0, kernels=kernels, prior=True,
                    default_threads=default_threads)
 
 
 __all__ = ["PRIOR_TYPES", "HOST_FLOP_PER_CYCLE", "CACHE_POOL_MIB", "PRIOR_ROWS", "TypeRuns", "type_runs", "Cores",
-           "threads_by_group", "compute_s_per_element", "bytes_per_element", "memory_s_per_element",
+           "threads_by_group", "runs_for", "compute_s_per_element", "bytes_per_element", "memory_s_per_element",
            "prior_s_per_element", "prior_section"]
