@@ -3,6 +3,7 @@ hand-computed from the committed measurements, and held to this host's own two-t
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from hrm.model.quantized import GGML_BLOCKS
 ISAS = ("avx512", "avx2")
 
 
+@lru_cache(maxsize=None)
 def _raw(isa: str) -> dict:
     return yaml.safe_load((TYPE_RUNS_DIR / f"types-{isa}.yaml").read_text())
 
