@@ -14,7 +14,7 @@ src/llama-model.cpp make_cpu_buft_list). Their seconds per weight element on ``t
   its seconds into cycles); threads add their rates on like cores and run at the slowest group's
   pace on mixed ones;
 - the weights' bytes at the platform's achieved DRAM rate (bytes per element from the type's
-  block struct, :data:`hrm.model.quantized.GGML_BLOCKS`).
+  block struct, :func:`hrm.model.quantized.ggml_bits_per_weight`).
 
 What is assumed (and named in the docs): the measured core's cycles per element carry to other
 x86 cores of the same vector width (an E-core's half width: twice the cycles, an upper bound), at
@@ -32,7 +32,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from ..model.quantized import GGML_BLOCKS
+from ..model.quantized import ggml_bits_per_weight
 from .hardware import CurvePoint, GgmlCpu, GgmlKernel
 
 #: the ggml weight types a GGUF's matrices use that ggml's CPU backend multiplies (every type of
@@ -140,8 +140,8 @@ def compute_s_per_element(isa: Isa, ggml_type: str, rows: float, groups: tuple[C
 
 
 def bytes_per_element(ggml_type: str) -> float:
-    block_bytes, block_elements = GGML_BLOCKS[ggml_type.upper()]
-    return block_bytes / block_elements
+    """Bytes per weight of ``ggml_type`` (its block struct: hrm.model.quantized.ggml_bits_per_weight)."""
+    return ggml_bits_per_weight(ggml_type) / 8
 
 
 def memory_s_per_element(ggml_type: str, dram_bytes_s: float) -> float:
