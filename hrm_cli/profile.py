@@ -118,8 +118,8 @@ def with_ggml_section(profile: HardwareProfile, tree) -> HardwareProfile:
     """``profile`` with llama.cpp's CPU kernels measured on this host (profiler.ggml_cpu)."""
     from profiler.ggml_cpu import measure_ggml_cpu, thread_counts
 
-    # a GPU host's CPU experts run ggml's plain kernels (the GPU's pinned host buffer): measured too
-    section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores), beside_gpu=profile.gpu is not None)
+    # a GPU host's CPU weights run ggml's plain kernels (the GPU's pinned host buffer): measured too
+    section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores), plain_buffer=profile.gpu is not None)
     source = profile.source.model_copy(update={"methods": {**profile.source.methods, **methods}})
     return profile.model_copy(update={"ggml_cpu": section, "source": source})
 

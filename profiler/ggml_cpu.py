@@ -170,10 +170,10 @@ def measure_elementwise(exe: Path, threads: int, repeats: int) -> tuple[list[Ggm
 
 def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...] = DEFAULT_TYPES,
                      pool_mib: float = DEFAULT_POOL_MIB, repeats: int = DEFAULT_REPEATS,
-                     cache_dir: Optional[Path] = None, beside_gpu: bool = False) -> tuple[GgmlCpu, dict[str, str]]:
-    """The ``ggml_cpu`` section and its ``source.methods`` lines. ``beside_gpu``: also the experts'
-    MUL_MAT_ID in the plain CPU buffer for every type a CPU-only llama.cpp repacks (a GPU host's
-    CPU experts run there: hrm.cost.ggml_cpu.placed_kernels)."""
+                     cache_dir: Optional[Path] = None, plain_buffer: bool = False) -> tuple[GgmlCpu, dict[str, str]]:
+    """The ``ggml_cpu`` section and its ``source.methods`` lines. ``plain_buffer``: also every kernel
+    of a type a CPU-only llama.cpp repacks in the plain CPU buffer, where a GPU host's CPU weights
+    and a ``--no-repack`` run's run (hrm.cost.ggml_cpu.placed_kernels)."""
     exe = build_probe(tree, cache_dir)
     kernels, methods, node_s = [], {}, []
     for t in threads:
@@ -210,15 +210,17 @@ def measure_ggml_cpu(tree: Path, threads: tuple[int, ...], types: tuple[str, ...
                         f"{what}, {ggml_type} in the {points[0].buffer} buffer (as llama.cpp places it), cycled "
                         f"through {pool:g} MiB, {t} threads; seconds per weight element, median of {repeats} after a "
                         f"warm-up; spread per point: " + ", ".join(f"{p.rows}: {p.spread:.0%}" for p in points))
-                    if beside_gpu and op == "mmid" and pool == pool_mib and points[0].buffer != "CPU":
-                        plain = remeasured(exe, ggml_type, t, op, run_probe(exe, ggml_type, t, op, rows, pool, repeats,
-                                                                            plain_buffer=True), pool, repeats,
+                    if plain_buffer and points[0].buffer != "CPU":
+                        plain = remeasured(exe, ggml_type, t, op, run_probe(exe, ggml_type, t, op, wanted, pool,
+                                                                            repeats, plain_buffer=True), pool, repeats,
                                            plain_buffer=True)
                         kernels.append(GgmlKernel(type=ggml_type, op=op, threads=t, buffer="CPU",
+                                                  pool_mib=None if pool == pool_mib else pool,
                                                   s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem)
                                                                       for p in plain]))
                         methods[f"ggml_cpu.kernels.{ggml_type}.{op}.{t}.{pool:g}.CPU"] = (
                             f"{what}, {ggml_type} in the plain CPU buffer (HRM_PROBE_NO_REPACK: where llama.cpp keeps "
-                            f"CPU experts beside a GPU), cycled through {pool:g} MiB, {t} threads; median of {repeats}")
+                            f"CPU weights beside a GPU, or with --no-repack), cycled through {pool:g} MiB, {t} threads; "
+                            f"median of {repeats}")
     section = GgmlCpu(llama_cpp=str(tree), pool_mib=pool_mib, node_s_vs_threads=node_s, kernels=tuple(kernels))
     return section, methods

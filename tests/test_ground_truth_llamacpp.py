@@ -198,6 +198,23 @@ def test_the_99_runs_a_third_time_with_every_probe():
         assert " x1 " in c.name or "(llama-bench)" in c.name, c.name
 
 
+def test_repack_off_prefills_faster_and_the_plain_buffers_kernels_predict_it():
+    """llama-bench --repack 1,0 on the three Q4_K_M files, two passes around the kernel probe of both
+    buffers (docs/validation/ground_truth.md §1.8): without repacking, the prompt runs 1.18-1.70x
+    faster (the repacked MUL_MAT_ID takes a prompt's rows one at a time) and the model, reading the
+    plain buffer's kernels for --repack 0, predicts each prefill within 1.20x and the gain's
+    direction; the decodes stay the one-user Q4_K_M decodes the cache makes faster than predicted."""
+    runs = {c.name: c for c in compare_runs(load_runs_file(RUNS.with_name("llamacpp-cpu-repack.yaml")))}
+    assert len(runs) == 6
+    for model in ("gt-mixtral", "gt-qwen3moe", "gt-deepseekv2"):
+        on, off = (runs[f"{model} q4_k_m t2 d0 repack{r} (llama-bench)"] for r in (1, 0))
+        assert off.measured["prefill_s"] < on.measured["prefill_s"] / 1.15  # measured: repack off is faster
+        assert off.predicted["prefill_s"] < on.predicted["prefill_s"] / 1.15  # and predicted so
+        for c in (on, off):
+            assert 1 / 1.2 <= c.ratio("prefill_s") <= 1.2, (c.name, c.ratio("prefill_s"))
+            assert 1.0 < c.ratio("decode_s") <= 1.5, (c.name, c.ratio("decode_s"))  # too slow, as §1.7's
+
+
 def test_the_routing_traces_are_what_the_models_route():
     """routing_traces.py's traces (docs/validation/ground_truth.md §1.7) load with hrm's own
     reader and match each GGUF's experts and top-k; one sequence's decode steps repeat their

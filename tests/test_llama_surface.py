@@ -99,3 +99,17 @@ def test_a_local_gguf_is_matched_by_its_header(tmp_path):
     with pytest.raises(HRMError, match="its GGUF header") as exc:
         read_command("llama.cpp", f"llama-server -m {odd} -ngl 99 -c 1024", qwen, make_workload(), hw)
     assert "\n" not in str(exc.value)
+
+
+def test_repack_is_read_from_the_benchmarks_commands():
+    """llama-bench --repack 1,0 is a sweep of two runs (tools/llama-bench/llama-bench.cpp:912-918), and
+    llama-batched-bench's -nr/--no-repack (common/arg.cpp:2421-2428) keeps the weights unrepacked: the
+    CPU step model then reads the plain buffer's kernels (hrm.cost.ggml_cpu.placed_kernels)."""
+    from hrm.export.llama_tools import bench_runs
+
+    runs, _ = bench_runs("llama-bench -m m.gguf -t 2 -p 128 -n 0 --repack 1,0", 2)
+    assert [(r.label, r.repack) for r in runs] == [("pp128 repack1", True), ("pp128 repack0", False)]
+    runs, _ = bench_runs("llama-batched-bench -m m.gguf -npp 32 -ntg 4 -npl 1 -nr", 2)
+    assert [r.repack for r in runs] == [False]
+    runs, _ = bench_runs("llama-batched-bench -m m.gguf -npp 32 -ntg 4 -npl 1", 2)
+    assert [r.repack for r in runs] == [True]

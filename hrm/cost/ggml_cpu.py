@@ -344,16 +344,18 @@ def reuse_distances_mib(traffic: StepTraffic, expert: bool) -> tuple[np.ndarray,
 
 
 def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int,
-              sequences: list[tuple[int, float]]) -> StepTime:
+              sequences: list[tuple[int, float]], buffer: str | None = None) -> StepTime:
     """One graph step of ``tokens`` tokens, ``outputs`` of them with logits, and attention per
-    sequence ``(query tokens, cached tokens they attend over)``."""
+    sequence ``(query tokens, cached tokens they attend over)``; the weights' matmuls in ``buffer``'s
+    kernels (:func:`placed_kernels`: None, where a CPU-only llama.cpp places them; ``HOST_BUFFER``
+    with ``--no-repack``)."""
     dense = experts = 0.0
     traffic = step_traffic(inventory, tokens, sequences)
     reuse = {"mm": reuse_distances_mib(traffic, False), "mmid": reuse_distances_mib(traffic, True)}
 
     @functools.cache  # a step's layers repeat a few (type, op, rows): each rate read once per step
     def rate(ggml_type: str, op: str, rows: float) -> float:
-        return seconds_per_element(section, ggml_type, op, threads, rows, reuse[op])
+        return seconds_per_element(section, ggml_type, op, threads, rows, reuse[op], buffer)
 
     last_ffn = f"blk.{inventory.attention.layers - 1}.ffn_"
     for tensor in inventory.matmul_tensors():
@@ -397,11 +399,11 @@ def prefill_steps(sequences: int, prompt_len: int, depth: int, n_batch: int, n_u
 
 def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequences: int, prompt_len: int,
               gen_len: int, depth: int = 0, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-              threads_batch: int | None = None) -> RunTimes:
+              threads_batch: int | None = None, buffer: str | None = None) -> RunTimes:
     """Prefill ``sequences`` prompts of ``prompt_len`` tokens (after ``depth`` cached tokens)
     and decode ``gen_len`` steps of one token per sequence. A step of one token runs on
     ``threads``, larger ones on ``threads_batch`` (src/llama-context.cpp: n_threads for a
-    one-token ubatch, n_threads_batch otherwise)."""
+    one-token ubatch, n_threads_batch otherwise). ``buffer``: :func:`step_time`'s."""
     if section.prior:  # the prior holds the experts' kernels only (hrm.machine.ggml_prior)
         raise HRMError("ggml_cpu: this machine's llama.cpp kernels are a catalog prior (the CPU experts beside a GPU), "
                        "not a measurement; a CPU-only llama.cpp run needs hrm profile --llama-cpp DIR on the machine")
@@ -409,14 +411,14 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
     steps, prefill = [], 0.0
     if prompt_len > 0:
         for tokens, outputs, seqs in prefill_steps(sequences, prompt_len, depth, n_batch, n_ubatch):
-            st = step_time(inventory, section, threads if tokens == 1 else tb, tokens, outputs, seqs)
+            st = step_time(inventory, section, threads if tokens == 1 else tb, tokens, outputs, seqs, buffer)
             steps.append(st)
             prefill += st.total_s
     decode = 0.0
     for i in range(gen_len):
         kv = depth + prompt_len + i + 1
         st = step_time(inventory, section, threads if sequences == 1 else tb, sequences, sequences,
-                       [(1, kv)] * sequences)
+                       [(1, kv)] * sequences, buffer)
         steps.append(st)
         decode += st.total_s
     return RunTimes(prefill, decode, sequences * prompt_len, gen_len, sequences, tuple(steps))

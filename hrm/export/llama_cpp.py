@@ -450,6 +450,8 @@ LLAMA_CPP = EngineFlags(
                  value_form=r"[^,]+=[A-Za-z0-9_]+(,[^,]+=[A-Za-z0-9_]+)*", repeatable=True,
                  source=f"{_ARG}:2753-2758,252-284; src/llama-model-loader.cpp:1235-1259"),
         _switch("-nkvo", ("--no-kv-offload",), "attn_on_gpu, kv_gpu_ratio (KV in host memory)", "2413-2420"),
+        _switch("-nr", ("--no-repack", "--repack"), "(none beside a GPU: the CPU experts sit in the GPU's host buffer, "
+                "never repacked, src/llama-model.cpp make_cpu_buft_list)", "2421-2428"),
         _switch("-kvu", ("--kv-unified",), "(the slots share one KV cache)", "1723-1730"),
         _switch("-no-kvu", ("--no-kv-unified",), "(a KV cache per slot)", "1723-1730"),
         FlagSpec(flag="-np", aliases=("--parallel",), policy_field="batch_size (server slots, <= 256)",

@@ -51,6 +51,9 @@ class ToolRun:
     #: -ncmoe (default 0, :400; read at :731-737): what a GPU machine's prediction places
     n_gpu_layers: int = -1
     n_cpu_moe: int = 0
+    #: the weights repacked for the CPU's kernels where it can (llama.cpp's default); False: the
+    #: plain CPU buffer's kernels (llama-bench --repack 0, -nr/--no-repack)
+    repack: bool = True
 
 
 def int_list(flag: str, text: str) -> list[int]:
@@ -87,6 +90,9 @@ _BENCH_FLAGS = {
     "-t": ("n_threads", "ints"), "--threads": ("n_threads", "ints"),
     "-ngl": ("n_gpu_layers", "ints"), "--n-gpu-layers": ("n_gpu_layers", "ints"),
     "-ncmoe": ("n_cpu_moe", "ints"), "--n-cpu-moe": ("n_cpu_moe", "ints"),
+    # --repack 0|1 (a list: each value a run; default 1, tools/llama-bench/llama-bench.cpp:413,488,912-918):
+    # 0 keeps every weight in the plain CPU buffer (llama_model_params.use_extra_bufts, :1255)
+    "--repack": ("repack", "ints"),
 }
 _BATCHED_FLAGS = {
     "-m": ("model", "str"), "--model": ("model", "str"),
@@ -105,7 +111,9 @@ _IGNORED_WITH_VALUE = {"-r", "--repetitions", "-o", "--output", "-oe", "--output
                        "--seed", "-s", "--poll"}
 _IGNORED_SWITCHES = {"-v", "--verbose", "--progress", "--no-warmup", "--no-mmap", "--mlock", "--log-disable"}
 #: switches that change the graph or the cache in a way the CPU model reads
-_SWITCHES = {"-kvu": "kv_unified", "--kv-unified": "kv_unified", "-pps": "shared_prompt"}
+_SWITCHES = {"-kvu": "kv_unified", "--kv-unified": "kv_unified", "-pps": "shared_prompt",
+             # common/arg.cpp:2421-2428: -nr/--no-repack sets no_extra_bufts (weights not repacked)
+             "-nr": "no_repack", "--no-repack": "no_repack"}
 
 
 def _words(command: str) -> list[str]:
@@ -190,13 +198,14 @@ def bench_runs(command: str, default_threads: int) -> tuple[list[ToolRun], list[
     if tool == "llama-bench":
         v, notes = _read(words, _BENCH_FLAGS, tool)
         runs = []
-        for threads, n_batch, n_ubatch, depth, ngl, ncmoe in itertools.product(
+        for threads, n_batch, n_ubatch, depth, ngl, ncmoe, repack in itertools.product(
                 v.get("n_threads", [default_threads]), v.get("n_batch", [BENCH_DEFAULTS["n_batch"]]),
                 v.get("n_ubatch", [BENCH_DEFAULTS["n_ubatch"]]), v.get("n_depth", [BENCH_DEFAULTS["n_depth"]]),
-                v.get("n_gpu_layers", [-1]), v.get("n_cpu_moe", [0])):
+                v.get("n_gpu_layers", [-1]), v.get("n_cpu_moe", [0]), v.get("repack", [1])):
             base = ToolRun(tool, v["model"], threads, threads, 0, 0, 1, depth, n_batch, n_ubatch,
-                           n_gpu_layers=ngl, n_cpu_moe=ncmoe)
+                           n_gpu_layers=ngl, n_cpu_moe=ncmoe, repack=bool(repack))
             where = f" ngl{ngl} ncmoe{ncmoe}" if ("n_gpu_layers" in v or "n_cpu_moe" in v) else ""
+            where += "" if "repack" not in v else f" repack{int(bool(repack))}"
             for p in v.get("n_prompt", [BENCH_DEFAULTS["n_prompt"]]):
                 if p:
                     runs.append(replace(base, prompt_len=p, label=f"pp{p}" + (f" @ d{depth}" if depth else "") + where))
@@ -218,7 +227,8 @@ def bench_runs(command: str, default_threads: int) -> tuple[list[ToolRun], list[
             runs.append(ToolRun(tool, v["model"], threads, v.get("n_threads_batch", threads), npp, ntg, npl, 0,
                                 v.get("n_batch", BATCHED_DEFAULTS["n_batch"]),
                                 v.get("n_ubatch", BATCHED_DEFAULTS["n_ubatch"]), bool(v.get("kv_unified")),
-                                bool(v.get("shared_prompt")), f"pp{npp} tg{ntg} x{npl}"))
+                                bool(v.get("shared_prompt")), f"pp{npp} tg{ntg} x{npl}",
+                                repack=not v.get("no_repack")))
         return runs, notes
     raise HRMError(f"llama.cpp: {words[0]}: not llama-bench or llama-batched-bench")
 
@@ -226,16 +236,17 @@ def bench_runs(command: str, default_threads: int) -> tuple[list[ToolRun], list[
 def predict(run: ToolRun, inventory, section):
     """The run's prefill and decode seconds on the CPU step model (:func:`hrm.cost.ggml_cpu.run_times`).
     A shared prompt (-pps) is prefilled once for all sequences."""
-    from ..cost.ggml_cpu import run_times
+    from ..cost.ggml_cpu import HOST_BUFFER, run_times
 
+    buffer = None if run.repack else HOST_BUFFER
     if run.shared_prompt and run.sequences > 1:
         pre = run_times(inventory, section, run.threads, 1, run.prompt_len, 0, run.depth, run.n_batch, run.n_ubatch,
-                        run.threads_batch)
+                        run.threads_batch, buffer)
         dec = run_times(inventory, section, run.threads, run.sequences, 0, run.gen_len, run.depth + run.prompt_len,
-                        run.n_batch, run.n_ubatch, run.threads_batch)
+                        run.n_batch, run.n_ubatch, run.threads_batch, buffer)
         return replace(dec, prefill_s=pre.prefill_s, prompt_tokens=pre.prompt_tokens)
     return run_times(inventory, section, run.threads, run.sequences, run.prompt_len, run.gen_len, run.depth,
-                     run.n_batch, run.n_ubatch, run.threads_batch)
+                     run.n_batch, run.n_ubatch, run.threads_batch, buffer)
 
 
 def gpu_estimate(run: ToolRun, hw, model):
