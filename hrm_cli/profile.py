@@ -116,7 +116,8 @@ def main(argv: list[str]) -> int:
 
 def with_ggml_section(profile: HardwareProfile, tree) -> HardwareProfile:
     """``profile`` with llama.cpp's CPU kernels measured on this host (profiler.ggml_cpu)."""
-    from profiler.ggml_cpu import measure_ggml_cpu, thread_counts
+    from hrm.machine.ggml_prior import thread_counts
+    from profiler.ggml_cpu import measure_ggml_cpu
 
     # a GPU host's CPU weights run ggml's plain kernels (the GPU's pinned host buffer): measured too
     section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores), plain_buffer=profile.gpu is not None)

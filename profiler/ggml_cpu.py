@@ -143,16 +143,6 @@ def remeasured(exe: Path, ggml_type: str, threads: int, op: str, points: list[Pr
     return [again[p.rows] if p.rows in again and again[p.rows].s_per_elem < p.s_per_elem else p for p in points]
 
 
-def thread_counts(cores: int) -> tuple[int, ...]:
-    """1, the powers of two below ``cores``, and ``cores``: llama.cpp's -t values users pick."""
-    counts, t = [], 1
-    while t < cores:
-        counts.append(t)
-        t *= 2
-    counts.append(cores)
-    return tuple(dict.fromkeys(counts))
-
-
 def measure_elementwise(exe: Path, threads: int, repeats: int) -> tuple[list[GgmlKernel], dict[str, str]]:
     """The elementwise kinds of a layer's graph (hrm.cost.ggml_elementwise) at ``threads``: their
     curves and ``source.methods`` lines."""

@@ -68,25 +68,23 @@ class TypeRuns(_Frozen):
     isa: str
     measured: str
     s_per_cycle: float
-    cache_curves: dict[str, tuple[CurvePoint, ...]]
+    cache_kernels: dict[str, GgmlKernel]
 
     def cycles_per_element(self, ggml_type: str, rows: float) -> float:
-        """Cycles of the measured core per weight element at ``rows`` rows per expert (linear
-        between the measured rows; past the last, linear in the rows as a compute-bound matmul)."""
-        if ggml_type not in self.cache_curves:
-            raise KeyError(ggml_type)
-        kernel = GgmlKernel(type=ggml_type, op="mmid", threads=1, s_per_elem_vs_rows=list(self.cache_curves[ggml_type]))
-        return kernel.value(rows) / self.s_per_cycle
+        """Cycles of the measured core per weight element at ``rows`` rows per expert
+        (:meth:`hrm.machine.hardware.GgmlKernel.value` of the one-thread cache-pool curve)."""
+        return self.cache_kernels[ggml_type].value(rows) / self.s_per_cycle
 
 
 @lru_cache(maxsize=None)
 def type_runs(isa: Isa) -> TypeRuns:
     """The committed measurement for ``isa`` (hrm/data/ggml_cpu/types-ISA.yaml)."""
     doc = yaml.safe_load((TYPE_RUNS_DIR / f"types-{isa}.yaml").read_text())
-    curves = {k["type"]: tuple(CurvePoint(**p) for p in k["s_per_elem_vs_rows"]) for k in doc["kernels"]
-              if k["threads"] == 1 and k["pool_mib"] == CACHE_POOL_MIB}
+    kernels = {k["type"]: GgmlKernel(type=k["type"], op="mmid", threads=1, buffer=k["buffer"], pool_mib=k["pool_mib"],
+                                     s_per_elem_vs_rows=k["s_per_elem_vs_rows"])
+               for k in doc["kernels"] if k["threads"] == 1 and k["pool_mib"] == CACHE_POOL_MIB}
     return TypeRuns(isa=doc["isa"], measured=doc["measured"], s_per_cycle=doc["clock"]["s_per_cycle"],
-                    cache_curves=curves)
+                    cache_kernels=kernels)
 
 
 class Cores(_Frozen):
@@ -107,6 +105,17 @@ def threads_by_group(groups: tuple[Cores, ...], threads: int) -> list[tuple[Core
             placed.append((g, n))
         left -= n
     return placed
+
+
+def thread_counts(cores: int) -> tuple[int, ...]:
+    """1, the powers of two below ``cores``, and ``cores``: llama.cpp's -t values users pick (the
+    thread counts ``hrm profile --llama-cpp`` measures and a prior holds)."""
+    counts, t = [], 1
+    while t < cores:
+        counts.append(t)
+        t *= 2
+    counts.append(cores)
+    return tuple(dict.fromkeys(counts))
 
 
 def runs_for(isa: Isa, core: Cores) -> tuple[TypeRuns, float]:
@@ -173,5 +182,5 @@ def prior_section(groups: tuple[Cores, ...], isa: Isa, dram_bytes_s: float, thre
 
 
 __all__ = ["PRIOR_TYPES", "HOST_FLOP_PER_CYCLE", "CACHE_POOL_MIB", "PRIOR_ROWS", "TypeRuns", "type_runs", "Cores",
-           "threads_by_group", "runs_for", "compute_s_per_element", "bytes_per_element", "memory_s_per_element",
+           "threads_by_group", "thread_counts", "runs_for", "compute_s_per_element", "bytes_per_element", "memory_s_per_element",
            "prior_s_per_element", "prior_section"]

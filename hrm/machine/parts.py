@@ -224,15 +224,12 @@ def llama_default_threads(c: CpuPart, sockets: int = 1) -> int:
 def ggml_prior_of(c: CpuPart, sockets: int, achieved_gbps: float):
     """The CPU experts' kernels of ``sockets`` × ``c`` (:func:`hrm.machine.ggml_prior.prior_section`) at
     1, the powers of two below the cores, llama.cpp's default -t and every core."""
-    from .ggml_prior import Cores, prior_section
+    from .ggml_prior import Cores, prior_section, thread_counts
 
     groups = tuple(Cores(cores=g.cores * sockets, ghz=g.boost_ghz, flop_per_cycle=g.flop_per_cycle) for g in c.groups)
-    cores, default = c.cores * sockets, llama_default_threads(c, sockets)
-    counts, t = {1, default, cores}, 2
-    while t < cores:
-        counts.add(t)
-        t *= 2
-    return prior_section(groups, c.isa, achieved_gbps * 1e9, tuple(sorted(counts)), default)
+    default = llama_default_threads(c, sockets)
+    counts = tuple(sorted({*thread_counts(c.cores * sockets), default}))
+    return prior_section(groups, c.isa, achieved_gbps * 1e9, counts, default)
 
 
 __all__ = ["GpuPart", "CpuPart", "PlatformClass", "Catalog", "catalog", "compose_profile", "LINK_EFFICIENCY",
