@@ -206,3 +206,57 @@ def test_llama4_bad_fields_refused(changes, needles):
     with pytest.raises(HRMError) as err:
         model_from_config(_scout_text(**changes), "scout", "scout.json")
     assert all(n in str(err.value) for n in needles), str(err.value)
+
+
+#: GLM-4.5 (catalog name, total, active, MTP layers the published total counts), from the zai-org/GLM-4.5 model card
+#: (https://huggingface.co/zai-org/GLM-4.5: "355 billion total parameters with 32 billion active parameters") and the
+#: GLM-4.5 technical report (arXiv 2508.06471, Table 1: 355B total, 32B activated, 3 dense + 89 MoE + 1 MTP layers).
+#: GLM counts neither the embedding table nor the output head (two 151552 x 5120 matrices, 0.78B each), and its total
+#: counts the MTP layer (num_nextn_predict_layers 1) that hrm does not model. Active: 32.08B without table and head
+#: (with the head, as DeepSeek counts, 32.85B, which would be "33B"; with the table too 33.63B). Total: 355.23B = the 92
+#: layers + the MTP layer (3.99B: one MoE decoder layer + eh_proj 10240 -> 5120), both without table and head. Every
+#: other reading misses by more than the rounding: the 92 layers alone 351.24B, hrm's total (table and head, no MTP)
+#: 352.80B, that + the MTP layer 356.78B, the checkpoint as shipped 358.34B (its MTP layer carries its own copies of
+#: table and head, vllm-project/vllm pull request #27597). Not one convention across the family: GLM-4.5-Air's 106B /
+#: 12B, counted so from its sizes (NVIDIA-NeMo/Megatron-Bridge docs/models/glm/glm45.md: 46 layers, hidden 4096,
+#: 128 experts of 1408), give 12.18B active but 105.61B total only without its MTP layer (107.99B with it).
+GLM_PUBLISHED = [("glm-4.5", 355e9, 32e9, 1)]
+GLM_ROUNDING = 0.5e9
+
+
+def _mtp_layer_params(spec) -> int:
+    """One GLM MTP layer as the checkpoint holds it, less its embedding and head copies: an MoE decoder layer, the
+    eh_proj (2h -> h) and the enorm, hnorm and shared-head norm."""
+    layer = costs.moe_layer_static_params(spec) + spec.num_experts * costs.expert_params(spec)
+    return layer + 2 * spec.hidden_size * spec.hidden_size + 3 * spec.hidden_size
+
+
+@pytest.mark.parametrize("name,total,active,mtp", GLM_PUBLISHED, ids=[g[0] for g in GLM_PUBLISHED])
+def test_glm_counts_match_published_totals_without_vocab_matrices(name, total, active, mtp):
+    spec = load_model(name)
+    assert json.loads((CATALOG_DIR / f"{name}.json").read_text())["num_nextn_predict_layers"] == mtp
+    table = spec.vocab_size * spec.hidden_size
+    counted = costs.total_params(spec) - 2 * table + mtp * _mtp_layer_params(spec)
+    assert abs(counted - total) <= GLM_ROUNDING + 1e-3 * total, counted
+    assert abs(costs.active_params(spec, embedding_table=False) - table - active) <= GLM_ROUNDING + 1e-3 * active
+
+
+@pytest.mark.parametrize("name", [g[0] for g in GLM_PUBLISHED])
+def test_glm_catalog_file_is_the_published_config_with_its_source(name, capsys):
+    test_catalog_file_is_the_published_config_with_its_source(name, capsys)
+
+
+def test_glm45_by_hand():
+    """GLM-4.5: 3 dense layers (12288), 89 MoE layers of 160 experts of 1536 + one shared, top-8; GQA of 96 query and
+    8 KV heads of 128 (attention wider than the 5120 hidden size); untied 151552-token table and head."""
+    spec = load_model("glm-4.5")
+    assert (spec.first_dense_layers, spec.num_moe_layers, spec.dense_intermediate_size) == (3, 89, 12288)
+    assert (spec.num_experts, spec.top_k, spec.expert_intermediate_size, spec.shared_intermediate_size) == (160, 8, 1536, 1536)
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.tie_embeddings) == (96, 8, 128, False)
+    assert (spec.max_context_len, spec.sliding_window_layers, spec.kv_lora_rank) == (131072, 0, None)
+    h = 5120
+    attention = h * 96 * 128 * 2 + 2 * h * 8 * 128
+    moe = attention + 2 * h + h * 160 + 3 * h * 1536 + 160 * 3 * h * 1536
+    dense = attention + 2 * h + 3 * h * 12288
+    assert costs.total_params(spec) == 89 * moe + 3 * dense + 2 * 151552 * h + h
+    assert costs.total_expert_bytes(spec) == 89 * 160 * 3 * h * 1536 * 2
