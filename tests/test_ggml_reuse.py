@@ -175,3 +175,25 @@ def test_the_engine_layout_probe_holds_its_window_runs(runs, threads):
     assert stats["beyond_1_25x"] == 0 and 0.9 <= stats["median_ratio"] <= 1.1, stats
     depth = [c.ratio("decode_s") for c in window if " d1024 " in c.name]
     assert len(depth) == 9 and 0.88 <= min(depth) and max(depth) <= 1.05, depth
+
+
+def test_mla_value_decompression_multiplies_each_streams_rows_apart():
+    """attn_v_b runs after the batch is split into the KV cache's streams (src/llama-graph.cpp:2629-2681):
+    with a stream per sequence (llama.cpp's default), 16 sequences of 32 tokens cost 16 products of 32 rows;
+    with one unified stream, one product of 512 rows. Every other weight takes the step's 512 rows."""
+    from hrm.cost.ggml_cpu import step_time
+
+    rate = {1: 1e-11, 32: 2e-10, 512: 2e-9}  # seconds per weight element at those rows (not linear in rows)
+    curve = [CurvePoint(x=r, y=y) for r, y in rate.items()]
+    sec = GgmlCpu(llama_cpp="t", pool_mib=1024, node_s_vs_threads=[CurvePoint(x=1, y=1e-7)],
+                  kernels=(GgmlKernel(type="q4_K", op="mm", threads=1, s_per_elem_vs_rows=curve),
+                           GgmlKernel(type="f16", op="fa1", threads=1, s_per_elem_vs_rows=[CurvePoint(x=1, y=1e-12),
+                                                                                          CurvePoint(x=1e6, y=1e-12)])))
+    v_b = GgufTensor("blk.0.attn_v_b.weight", "Q4_K", (256, 64, 16))
+    q_a = GgufTensor("blk.0.attn_q_a.weight", "Q4_K", (1024, 384))
+    inv = TensorInventory("t", "deepseek2", (v_b, q_a), AttentionShape(1, 1, 16, 288, 256), 0, 0)
+    seqs = [(32, 16.5)] * 16
+    apart = step_time(inv, sec, 1, 512, 16, seqs).dense_s
+    unified = step_time(inv, sec, 1, 512, 16, seqs, kv_unified=True).dense_s
+    assert apart == pytest.approx(16 * v_b.elements * rate[32] + q_a.elements * rate[512])
+    assert unified == pytest.approx((v_b.elements + q_a.elements) * rate[512])

@@ -2,9 +2,11 @@
 (docs/validation/ground_truth.md, "Drift"), so a profile measured at another time cannot judge a
 run. Inside one ``Paused`` block: the llama-bench points at ``--threads`` (one user, depth 0 and
 1024), then ``hrm profile --llama-cpp``'s ggml section at that thread count, then the same points
-again (the two passes bracket any drift inside the window; both are kept as samples).
+again (the two passes bracket any drift inside the window; both are kept as samples). ``--all``:
+every one of llama_cpu_runs.py's 99 commands (batched-bench and llama-bench, 1 and 2 threads) in
+each pass, and the probe at both thread counts between them.
 
-    python one_window.py --llama-cpp DIR --models DIR --hw PROFILE.yaml --raw OUT.json --profile OUT.yaml
+    python one_window.py --llama-cpp DIR --models DIR --hw PROFILE.yaml --raw OUT.json --profile OUT.yaml [--all]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import platform
 import time
 from pathlib import Path
 
-from llama_cpu_runs import BENCH_N, BENCH_P, DEPTHS, FORMATS, MODELS, Paused, run
+from llama_cpu_runs import BENCH_N, BENCH_P, DEPTHS, FORMATS, MODELS, THREADS, Paused, points, run
 
 #: the probe's types a ground-truth GGUF holds (make_models.py: f16, Q8_0, Q4_K_M files)
 TYPES = ("f16", "q8_0", "q4_K", "q5_K", "q6_K", "q5_0", "f32")
@@ -39,14 +41,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--raw", required=True, type=Path)
     ap.add_argument("--profile", required=True, type=Path)
+    ap.add_argument("--all", action="store_true", help="all 99 commands at 1 and 2 threads, the probe at both")
     args = ap.parse_args()
     from hrm.machine.hardware import load_hardware
     from hrm_cli.profile import profile_yaml
     from profiler.ggml_cpu import measure_ggml_cpu
 
     bin_dir = args.llama_cpp / "build" / "bin"
+    todo = points(bin_dir, args.models) if args.all else bench_points(bin_dir, args.models, args.threads)
+    probe_threads = THREADS if args.all else (args.threads,)
     raw = {"host": platform.node(), "cpu": platform.processor(),
-           "points": [{"key": k, "command": c, "samples": []} for k, c in bench_points(bin_dir, args.models, args.threads)]}
+           "points": [{"key": k, "command": c, "samples": []} for k, c in todo]}
     base = load_hardware(args.hw)
     with Paused():
         raw["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -57,7 +62,7 @@ def main() -> int:
                 point["samples"].append({**out, "rep": rep, "wall_s": round(time.time() - t0, 3)})
                 print(rep, point["key"], f"{time.time() - t0:.1f}s", flush=True)
             if rep == 0:
-                section, methods = measure_ggml_cpu(args.llama_cpp, (args.threads,), TYPES)
+                section, methods = measure_ggml_cpu(args.llama_cpp, probe_threads, TYPES)
                 print("probe done", flush=True)
         raw["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     source = base.source.model_copy(update={"methods": {**base.source.methods, **methods}})

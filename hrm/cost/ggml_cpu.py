@@ -344,11 +344,13 @@ def reuse_distances_mib(traffic: StepTraffic, expert: bool) -> tuple[np.ndarray,
 
 
 def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int,
-              sequences: list[tuple[int, float]], buffer: str | None = None) -> StepTime:
+              sequences: list[tuple[int, float]], buffer: str | None = None, kv_unified: bool = False) -> StepTime:
     """One graph step of ``tokens`` tokens, ``outputs`` of them with logits, and attention per
     sequence ``(query tokens, cached tokens they attend over)``; the weights' matmuls in ``buffer``'s
     kernels (:func:`placed_kernels`: None, where a CPU-only llama.cpp places them; ``HOST_BUFFER``
-    with ``--no-repack``)."""
+    with ``--no-repack``). ``kv_unified``: one KV stream for all sequences (``-kvu``); else a stream
+    per sequence (common/common.h:575 ``kv_unified = false``; src/llama-kv-cache.cpp:84), and the
+    per-stream weights (:attr:`GgufTensor.is_per_stream`) multiply each sequence's rows apart."""
     dense = experts = 0.0
     traffic = step_traffic(inventory, tokens, sequences)
     reuse = {"mm": reuse_distances_mib(traffic, False), "mmid": reuse_distances_mib(traffic, True)}
@@ -364,6 +366,9 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
         rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
         if tensor.is_expert:
             experts += _experts_s(tensor, rate, rows, inventory.num_experts, inventory.top_k)
+        elif tensor.is_per_stream and not kv_unified:
+            # a stream per sequence: one product per sequence, at its own tokens (its query rows)
+            dense += sum(_dense_s(tensor, rate, q) for q, _ in sequences)
         else:
             dense += _dense_s(tensor, rate, rows)
     attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)

@@ -49,6 +49,14 @@ class GgufTensor:
     def is_output(self) -> bool:
         return self.name in ("output.weight", "output")
 
+    @property
+    def is_per_stream(self) -> bool:
+        """MLA's value decompression (``blk.N.attn_v_b``, one [kv_lora_rank x d_v] matrix per head):
+        applied inside the attention, after the batch is split into the KV cache's streams, as a
+        matmul broadcast over heads and streams, so each product takes one stream's tokens
+        (src/llama-graph.cpp:2629-2635 the split, :2669-2681 ``ggml_mul_mat(v_mla, cur)``)."""
+        return ".attn_v_b." in self.name or self.name.endswith(".attn_v_b")
+
 
 @dataclass(frozen=True)
 class AttentionShape:
