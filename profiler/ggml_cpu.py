@@ -114,11 +114,15 @@ def parse_probe(stdout: str) -> list[ProbePoint]:
 
 
 def run_probe(exe: Path, ggml_type: str, threads: int, op: str, rows: tuple[int, ...], pool_mib: float,
-              repeats: int, plain_buffer: bool = False) -> list[ProbePoint]:
+              repeats: int, plain_buffer: bool = False, head_shape: Optional[str] = None) -> list[ProbePoint]:
     """One probe run; ``plain_buffer``: the weights in the plain CPU buffer (HRM_PROBE_NO_REPACK), as
-    llama.cpp keeps CPU experts beside a GPU."""
+    llama.cpp keeps CPU experts beside a GPU; ``head_shape`` "K:N:HEADS": a MUL_MAT of one [K x N]
+    matrix per head over permuted activations (HRM_PROBE_K/N/HEADS), as MLA's absorbed k_b / v_b."""
     cmd = [str(exe), ggml_type, str(threads), op, f"{pool_mib:g}", str(repeats), ",".join(map(str, rows))]
     env = {**os.environ, "HRM_PROBE_NO_REPACK": "1"} if plain_buffer else None
+    if head_shape is not None:
+        k, n, h = head_shape.split(":")
+        env = {**(env or os.environ), "HRM_PROBE_K": k, "HRM_PROBE_N": n, "HRM_PROBE_HEADS": h}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     points = parse_probe(done.stdout)
     if done.returncode != 0 or len(points) != len(rows):
@@ -141,6 +145,28 @@ def remeasured(exe: Path, ggml_type: str, threads: int, op: str, points: list[Pr
         return points
     again = {p.rows: p for p in run_probe(exe, ggml_type, threads, op, bumps, pool_mib, repeats, plain_buffer)}
     return [again[p.rows] if p.rows in again and again[p.rows].s_per_elem < p.s_per_elem else p for p in points]
+
+
+#: rows of a per-head matmul: one token to a 512-token ubatch (a stream's tokens for v_b)
+PER_HEAD_ROWS = (1, 4, 16, 32, 128, 512)
+
+
+def measure_per_head(exe: Path, threads: int, repeats: int, shapes: list[tuple[str, str]],
+                     pool_mib: float = DEFAULT_POOL_MIB) -> tuple[list[GgmlKernel], dict[str, str]]:
+    """MLA's per-head matmuls (hrm.model.gguf ``GgufTensor.per_head_shape``): for each (ggml type,
+    "K:N:HEADS") the probe's MUL_MAT of a [K, N, HEADS] weight over activations [K, HEADS, rows]
+    permuted to [K, rows, HEADS] (src/models/deepseek2.cpp:556-560, src/llama-graph.cpp:2678-2679), in
+    the plain CPU buffer a 3-D weight stays in (ggml-cpu/repack.cpp:5191-5196); op ``mmh``."""
+    kernels, methods = [], {}
+    for ggml_type, shape in shapes:
+        points = run_probe(exe, ggml_type, threads, "mm", PER_HEAD_ROWS, pool_mib, repeats, head_shape=shape)
+        kernels.append(GgmlKernel(type=ggml_type, op="mmh", threads=threads, buffer=points[0].buffer, shape=shape,
+                                  s_per_elem_vs_rows=[CurvePoint(x=p.rows, y=p.s_per_elem) for p in points]))
+        methods[f"ggml_cpu.kernels.{ggml_type}.mmh.{shape}.{threads}"] = (
+            f"MUL_MAT of one [K x N] {ggml_type} matrix per head, K:N:HEADS = {shape}, over activations permuted "
+            f"as MLA's absorbed k_b / v_b are, {points[0].buffer} buffer, cycled through {pool_mib:g} MiB, "
+            f"{threads} threads; seconds per weight element, median of {repeats}")
+    return kernels, methods
 
 
 def measure_elementwise(exe: Path, threads: int, repeats: int) -> tuple[list[GgmlKernel], dict[str, str]]:

@@ -43,8 +43,11 @@
 
 // the weight shape: [K, N] per matrix (per expert), E experts of which TOPK per token; K and N
 // may be set by HRM_PROBE_K / HRM_PROBE_N (a model's own tensor shape); HRM_PROBE_NO_REPACK=1
-// keeps the weights in the plain CPU buffer (no repacked layout)
-static int K = 1024, N = 1024;
+// keeps the weights in the plain CPU buffer (no repacked layout); HRM_PROBE_HEADS=H makes a MUL_MAT
+// weight one [K, N] matrix per head, [K, N, H], multiplied by activations [K, H, rows] permuted to
+// [K, rows, H], as MLA's absorbed k_b / v_b are (src/models/deepseek2.cpp:556-560,
+// src/llama-graph.cpp:2678-2679; a 3-D weight stays out of the repack buffer, repack.cpp:5191-5196)
+static int K = 1024, N = 1024, HEADS = 1;
 static int E = 8, TOPK = 2;
 // elementwise ops per graph: enough that the graph's own start (waking the threads) is a small
 // share of a one-row point, few enough that a 512-row point's inputs stay near the caches; and
@@ -89,6 +92,7 @@ int main(int argc, char ** argv) {
     if (getenv("HRM_PROBE_N")) N = atoi(getenv("HRM_PROBE_N"));
     if (getenv("HRM_PROBE_E")) E = atoi(getenv("HRM_PROBE_E"));
     if (getenv("HRM_PROBE_TOPK")) TOPK = atoi(getenv("HRM_PROBE_TOPK"));
+    if (getenv("HRM_PROBE_HEADS")) HEADS = atoi(getenv("HRM_PROBE_HEADS"));
     const ggml_type type = type_by_name(argv[1]);
     const int threads = atoi(argv[2]);
     const bool mmid = strcmp(argv[3], "mmid") == 0;
@@ -310,7 +314,7 @@ int main(int argc, char ** argv) {
         return 0;
     }
 
-    const int64_t experts = mmid ? E : 1;
+    const int64_t experts = mmid ? E : HEADS;
     const size_t mat_bytes = ggml_row_size(type, K) * N * experts;
     const int pool = std::max<int>(1, (int) (pool_mib * 1024 * 1024 / mat_bytes));
 
@@ -332,7 +336,7 @@ int main(int argc, char ** argv) {
             ggml_init_params pp = {ggml_tensor_overhead() * 8, nullptr, true};
             ggml_context * pctx = ggml_init(pp);
             ggml_tensor * pw = ggml_new_tensor_3d(pctx, type, K, N, experts);
-            ggml_tensor * px = ggml_new_tensor_3d(pctx, GGML_TYPE_F32, K, mmid ? TOPK : 8, mmid ? 8 : 1);
+            ggml_tensor * px = ggml_new_tensor_3d(pctx, GGML_TYPE_F32, K, mmid ? TOPK : 8, mmid ? 8 : experts);
             ggml_tensor * op;
             if (mmid) {
                 ggml_tensor * ids = ggml_new_tensor_2d(pctx, GGML_TYPE_I32, TOPK, 8);
@@ -382,18 +386,21 @@ int main(int argc, char ** argv) {
                                nullptr, true};
         ggml_context * gctx = ggml_init(gp);
         ggml_cgraph * gf = ggml_new_graph_custom(gctx, 4 * pool + 16, false);
-        ggml_tensor * x = ggml_new_tensor_3d(gctx, GGML_TYPE_F32, K, mmid ? TOPK : tokens, mmid ? tokens : 1);
+        ggml_tensor * x = mmid ? ggml_new_tensor_3d(gctx, GGML_TYPE_F32, K, TOPK, tokens)
+                        : experts == 1 ? ggml_new_tensor_3d(gctx, GGML_TYPE_F32, K, tokens, 1)
+                                       : ggml_new_tensor_3d(gctx, GGML_TYPE_F32, K, experts, tokens);
         ggml_set_input(x);
+        ggml_tensor * xin = mmid || experts == 1 ? x : ggml_permute(gctx, x, 0, 2, 1, 3);
         ggml_tensor * ids = nullptr;
         if (mmid) { ids = ggml_new_tensor_2d(gctx, GGML_TYPE_I32, TOPK, tokens); ggml_set_input(ids); }
         for (int i = 0; i < used; i++) {
-            ggml_tensor * y = mmid ? ggml_mul_mat_id(gctx, w[i], x, ids) : ggml_mul_mat(gctx, w[i], x);
+            ggml_tensor * y = mmid ? ggml_mul_mat_id(gctx, w[i], x, ids) : ggml_mul_mat(gctx, w[i], xin);
             ggml_set_output(y);
             ggml_build_forward_expand(gf, y);
         }
         ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
         ggml_gallocr_alloc_graph(galloc, gf);
-        std::vector<float> xv((size_t) K * (mmid ? TOPK : 1) * tokens, 0.01f);
+        std::vector<float> xv((size_t) K * (mmid ? TOPK : experts) * tokens, 0.01f);
         ggml_backend_tensor_set(x, xv.data(), 0, xv.size() * sizeof(float));
         if (mmid) {
             std::vector<int32_t> iv((size_t) TOPK * tokens);

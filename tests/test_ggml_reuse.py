@@ -197,3 +197,27 @@ def test_mla_value_decompression_multiplies_each_streams_rows_apart():
     unified = step_time(inv, sec, 1, 512, 16, seqs, kv_unified=True).dense_s
     assert apart == pytest.approx(16 * v_b.elements * rate[32] + q_a.elements * rate[512])
     assert unified == pytest.approx((v_b.elements + q_a.elements) * rate[512])
+
+
+def test_a_per_head_weight_reads_the_per_head_curve_nearest_its_shape():
+    """MLA's [K, N, heads] weights take the probe's per-head matmul (op mmh) measured nearest their
+    shape, not the [1024 x 1024] curve; a 2-D weight keeps the dense curve."""
+    from hrm.cost.ggml_cpu import per_head_kernel, step_time
+
+    def kernel(op, y, shape=None):
+        return GgmlKernel(type="q4_K", op=op, threads=1, shape=shape,
+                          s_per_elem_vs_rows=[CurvePoint(x=1, y=y), CurvePoint(x=512, y=512 * y)])
+    near, far = kernel("mmh", 3e-12, "256:64:16"), kernel("mmh", 7e-12, "512:128:128")
+    sec = GgmlCpu(llama_cpp="t", pool_mib=1024, node_s_vs_threads=[CurvePoint(x=1, y=1e-7)],
+                  kernels=(kernel("mm", 1e-12), near, far,
+                           GgmlKernel(type="f16", op="fa1", threads=1, s_per_elem_vs_rows=[CurvePoint(x=1, y=1e-12)])))
+    assert per_head_kernel(sec, "Q4_K", 1, "256:64:16") is near
+    assert per_head_kernel(sec, "Q4_K", 1, "128:512:128") is far
+    assert per_head_kernel(sec, "Q8_0", 1, "256:64:16") is None
+    v_b = GgufTensor("blk.0.attn_v_b.weight", "Q4_K", (256, 64, 16))
+    q_a = GgufTensor("blk.0.attn_q_a.weight", "Q4_K", (1024, 384))
+    inv = TensorInventory("t", "deepseek2", (v_b, q_a), AttentionShape(1, 1, 16, 288, 256), 0, 0)
+    got = step_time(inv, sec, 1, 64, 2, [(32, 16.5)] * 2).dense_s
+    rate_32 = 3e-12 + (32 - 1) * (512 * 3e-12 - 3e-12) / 511  # the near curve at a stream's 32 rows
+    rate_64 = 1e-12 + (64 - 1) * (512e-12 - 1e-12) / 511  # the dense curve at the step's 64 rows
+    assert got == pytest.approx(2 * v_b.elements * rate_32 + q_a.elements * rate_64)

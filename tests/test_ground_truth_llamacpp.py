@@ -5,6 +5,8 @@ machine's profile, and fails when a prediction moves away from its measurement."
 
 from __future__ import annotations
 
+import dataclasses
+
 import statistics
 from pathlib import Path
 
@@ -200,23 +202,37 @@ def test_the_99_runs_a_third_time_with_every_probe():
 
 def test_the_99_runs_in_one_window_with_the_probe_between_their_passes():
     """All 99 commands, twice, with every probe between the passes, inside one quiet window
-    (docs/validation/ground_truth.md §1.9): median within MEDIAN_BAND, no time beyond 1.31x, at
-    most 2 beyond 1.25x, each a many-sequence gt-deepseekv2 Q4_K_M prefill predicted too fast
-    (MLA's per-head matmuls, open); and the one-user Q4_K_M decodes that every back-to-back
-    measurement put 1.3-1.45x too slow are within 1.2x once runs and probe share the window."""
+    (docs/validation/ground_truth.md §1.9), MLA's per-head matmuls at their own shapes: the issue's
+    bar, median within MEDIAN_BAND and every time within 1.25x; and the one-user Q4_K_M decodes that
+    every back-to-back measurement put 1.3-1.45x too slow are within 1.2x once runs and probe share
+    the window."""
     from hrm.analysis.validation import summary
 
     runs = compare_runs(load_runs_file(RUNS.with_name("llamacpp-cpu-window99.yaml")))
     stats = summary(runs)
     assert len(runs) == 99 and MEDIAN_BAND[0] <= stats["median_ratio"] <= MEDIAN_BAND[1], stats
-    assert stats["worst_factor"] <= 1.31 and stats["beyond_1_25x"] <= 2, stats
-    for c in runs:
-        for q in c.measured:
-            if max(c.ratio(q), 1 / c.ratio(q)) > 1.25:
-                assert q == "prefill_s" and c.name.startswith("gt-deepseekv2 q4_k_m") and c.ratio(q) < 1, c.name
+    assert stats["worst_factor"] <= 1.25 and stats["beyond_1_25x"] == 0, stats
     one_user_q4 = [c.ratio("decode_s") for c in runs if " q4_k_m " in c.name
                    and (" x1 " in c.name or " d0 (llama-bench)" in c.name)]
     assert len(one_user_q4) == 12 and max(one_user_q4) <= 1.2 and min(one_user_q4) >= 1 / 1.2, one_user_q4
+
+
+def test_mla_per_head_matmuls_cost_more_than_the_dense_curve_and_move_the_deepseek_prefills():
+    """gt-deepseekv2's attn_k_b / attn_v_b, measured at their own [K, N, heads] shapes over permuted
+    activations (op mmh, §1.9), cost more per element than the [1024 x 1024] curve from 16 rows
+    (1.15-4x); without them (the dense curve standing in) its batched Q4_K_M prefills fall
+    past 1.25x too fast."""
+    from hrm.analysis.validation import summary
+
+    runs_file = load_runs_file(RUNS.with_name("llamacpp-cpu-window99.yaml"))
+    section = runs_file.hardware.ggml_cpu
+    for kernel in (k for k in section.kernels if k.op == "mmh"):
+        dense = next(k for k in section.kernels_of(kernel.type, "mm", kernel.threads) if k.pool_mib is None)
+        for rows in (16, 32, 128, 512):
+            assert kernel.value(rows) > dense.value(rows), (kernel.type, kernel.shape, kernel.threads, rows)
+    without = dataclasses.replace(runs_file, hardware=runs_file.hardware.model_copy(update={
+        "ggml_cpu": section.model_copy(update={"kernels": tuple(k for k in section.kernels if k.op != "mmh")})}))
+    assert summary(compare_runs(without))["beyond_1_25x"] >= 1
 
 
 def test_repack_off_prefills_faster_and_the_plain_buffers_kernels_predict_it():

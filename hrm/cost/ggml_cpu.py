@@ -203,6 +203,17 @@ def measured_seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, thre
     return float(sum(wk * curve_value(k, rows) for wk, k in zip(w, usable) if wk > 0))
 
 
+def per_head_kernel(section: GgmlCpu, ggml_type: str, threads: int, shape: str) -> GgmlKernel | None:
+    """The per-head matmul (op ``mmh``, profiler.ggml_cpu.measure_per_head) measured at the shape
+    nearest ``shape`` "K:N:HEADS" (least summed |log ratio| of K, N and heads), of the tensor's type
+    at ``threads``; None where the profile has none (the dense curve then stands in)."""
+    kernels = [k for k in section.kernels_of(probe_type(ggml_type), "mmh", threads) if k.head_shape]
+    if not kernels:
+        return None
+    want = np.log([float(x) for x in shape.split(":")])
+    return min(kernels, key=lambda k: float(np.abs(np.log(np.array(k.head_shape[:3], dtype=float)) - want).sum()))
+
+
 def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_width: int, mla: bool) -> GgmlKernel:
     """The flash-attention kernel measured at the head shape nearest the model's: the same kind
     (MLA: one KV head; else grouped), then the nearest d_k + d_v."""
@@ -366,9 +377,12 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
         rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
         if tensor.is_expert:
             experts += _experts_s(tensor, rate, rows, inventory.num_experts, inventory.top_k)
-        elif tensor.is_per_stream and not kv_unified:
-            # a stream per sequence: one product per sequence, at its own tokens (its query rows)
-            dense += sum(_dense_s(tensor, rate, q) for q, _ in sequences)
+        elif tensor.per_head_shape is not None:
+            # a stream per sequence: a per-stream weight's product per sequence, at its own tokens
+            row_sets = [q for q, _ in sequences] if tensor.is_per_stream and not kv_unified else [rows]
+            kernel = per_head_kernel(section, tensor.ggml_type, threads, tensor.per_head_shape)
+            dense += sum(_dense_s(tensor, rate, r) if kernel is None else
+                         tensor.elements * curve_value(kernel, r) * calibration_factor(section, r) for r in row_sets)
         else:
             dense += _dense_s(tensor, rate, rows)
     attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
@@ -430,7 +444,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 
 __all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
-           "kv_cells", "split_kv_cells", "tiled_cells", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
+           "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
            "step_time", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 

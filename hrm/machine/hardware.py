@@ -319,7 +319,7 @@ class Emulation(_Strict):
 #: x (d_k + d_v)) element
 #: matmuls (mm, mmid), flash attention (fa1, fat) and the elementwise kinds of a layer's graph
 #: (hrm.cost.ggml_elementwise.ELEMENTWISE_KINDS: type f32, seconds per output element)
-GgmlOp = Literal["mm", "mmid", "fa1", "fat", "norm", "add", "mulw", "glu", "kv16", "rope", "softmax", "concat"]
+GgmlOp = Literal["mm", "mmid", "mmh", "fa1", "fat", "norm", "add", "mulw", "glu", "kv16", "rope", "softmax", "concat"]
 
 
 class GgmlKernel(_Strict):
@@ -335,9 +335,9 @@ class GgmlKernel(_Strict):
     threads: bounds.CORES.type
     buffer: bounds.Label = "CPU"
     # the weight pool streamed (MiB; None: the section's pool_mib); flash attention: the head
-    # shape "DK:DV:HEADS:KV_HEADS" (None for matmuls)
+    # shape "DK:DV:HEADS:KV_HEADS"; a per-head matmul (op mmh): "K:N:HEADS" (None for other matmuls)
     pool_mib: Optional[bounds.CURVE_VALUE.type] = None
-    shape: Optional[str] = Field(default=None, pattern=r"^\d+:\d+:\d+:\d+$")
+    shape: Optional[str] = Field(default=None, pattern=r"^\d+:\d+:\d+(:\d+)?$")
     s_per_elem_vs_rows: Curve
 
     @property

@@ -50,6 +50,15 @@ class GgufTensor:
         return self.name in ("output.weight", "output")
 
     @property
+    def per_head_shape(self) -> str | None:
+        """A dense weight of one [K x N] matrix per head (MLA's absorbed ``attn_k_b`` / ``attn_v_b``:
+        ``[K, N, heads]``, multiplied per head, src/models/deepseek2.cpp:556-560) as "K:N:HEADS"; None
+        for a 2-D weight or the routed experts."""
+        if self.is_expert or len(self.shape) != 3 or int(self.shape[2]) <= 1:
+            return None
+        return ":".join(str(int(d)) for d in self.shape)
+
+    @property
     def is_per_stream(self) -> bool:
         """MLA's value decompression (``blk.N.attn_v_b``, one [kv_lora_rank x d_v] matrix per head):
         applied inside the attention, after the batch is split into the KV cache's streams, as a
