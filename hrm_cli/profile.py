@@ -40,6 +40,9 @@ def parse_args(argv: list[str]):
                         "with a GPU, also the CPU experts' kernels in the plain buffer llama.cpp keeps them in there")
     parser.add_argument("--ggml-only", metavar="PROFILE", help="with --llama-cpp: add the ggml_cpu section to this "
                         "existing profile instead of measuring the rest again")
+    parser.add_argument("--gguf", metavar="FILE", action="append", default=[],
+                        help="with --llama-cpp: also measure this GGUF's per-head matmuls (MLA's attn_k_b / attn_v_b, "
+                        "DeepSeek and Kimi files) at their own shapes and types; the header is enough (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -74,13 +77,17 @@ def main(argv: list[str]) -> int:
     disk_dir = check_disk_dir(args.disk_dir)
     if args.ggml_only is not None and args.llama_cpp is None:
         raise HRMError("--ggml-only: needs --llama-cpp DIR (the tree whose kernels to measure)")
+    if args.gguf and args.llama_cpp is None:
+        raise HRMError("--gguf: needs --llama-cpp DIR (the tree whose kernels to measure)")
     tree = None
+    head_shapes: list[tuple[str, str]] = []
     if args.llama_cpp is not None:
-        from profiler.ggml_cpu import llama_cpp_tree
+        from profiler.ggml_cpu import llama_cpp_tree, per_head_shapes
 
         tree = llama_cpp_tree(args.llama_cpp)
+        head_shapes = per_head_shapes(args.gguf)
     if args.ggml_only is not None:
-        return _add_ggml_section(load_hardware(args.ggml_only), tree, out)
+        return _add_ggml_section(load_hardware(args.ggml_only), tree, out, head_shapes)
     cfg = quick_config() if args.quick else full_config()
     if args.budget is not None:
         cfg = dataclasses.replace(cfg, budget_s=args.budget)
@@ -98,7 +105,7 @@ def main(argv: list[str]) -> int:
         # its own console: its notes are rich markup with the message escaped (profiler.progress)
         with RichReporter() as reporter:
             run = run_profile(cfg, device=args.device, reporter=reporter, disk_folder=disk_dir, name=args.name)
-    profile = run.profile if tree is None else with_ggml_section(run.profile, tree)
+    profile = run.profile if tree is None else with_ggml_section(run.profile, tree, head_shapes)
     text = profile_yaml(profile)
     if out is not None:
         write_atomic(out, text)
@@ -114,19 +121,28 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def with_ggml_section(profile: HardwareProfile, tree) -> HardwareProfile:
-    """``profile`` with llama.cpp's CPU kernels measured on this host (profiler.ggml_cpu)."""
+def with_ggml_section(profile: HardwareProfile, tree, head_shapes: list[tuple[str, str]] = ()) -> HardwareProfile:
+    """``profile`` with llama.cpp's CPU kernels measured on this host (profiler.ggml_cpu), and the
+    per-head matmuls of ``head_shapes`` ((type, "K:N:HEADS"), profiler.ggml_cpu.per_head_shapes)."""
     from hrm.machine.ggml_prior import thread_counts
-    from profiler.ggml_cpu import measure_ggml_cpu
+    from profiler.ggml_cpu import DEFAULT_REPEATS, build_probe, measure_ggml_cpu, measure_per_head
 
+    threads = thread_counts(profile.cpu.cores)
     # a GPU host's CPU weights run ggml's plain kernels (the GPU's pinned host buffer): measured too
-    section, methods = measure_ggml_cpu(tree, thread_counts(profile.cpu.cores), plain_buffer=profile.gpu is not None)
+    section, methods = measure_ggml_cpu(tree, threads, plain_buffer=profile.gpu is not None)
+    if head_shapes:
+        exe, kernels = build_probe(tree), list(section.kernels)
+        for t in threads:
+            measured, lines = measure_per_head(exe, t, DEFAULT_REPEATS, list(head_shapes))
+            kernels += measured
+            methods = {**methods, **lines}
+        section = section.model_copy(update={"kernels": tuple(kernels)})
     source = profile.source.model_copy(update={"methods": {**profile.source.methods, **methods}})
     return profile.model_copy(update={"ggml_cpu": section, "source": source})
 
 
-def _add_ggml_section(profile: HardwareProfile, tree, out) -> int:
-    text = profile_yaml(with_ggml_section(profile, tree))
+def _add_ggml_section(profile: HardwareProfile, tree, out, head_shapes: list[tuple[str, str]] = ()) -> int:
+    text = profile_yaml(with_ggml_section(profile, tree, head_shapes))
     if out is None:
         sys.stdout.write(text)
         return 0

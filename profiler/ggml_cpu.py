@@ -147,6 +147,16 @@ def remeasured(exe: Path, ggml_type: str, threads: int, op: str, points: list[Pr
     return [again[p.rows] if p.rows in again and again[p.rows].s_per_elem < p.s_per_elem else p for p in points]
 
 
+def per_head_shapes(paths) -> list[tuple[str, str]]:
+    """Every (probe type, "K:N:HEADS") of the per-head weights (``GgufTensor.per_head_shape``) of
+    the GGUF files (or committed tensor tables) at ``paths``, once each, sorted."""
+    from hrm.cost.ggml_cpu import probe_type
+    from hrm.model.gguf import read_inventory
+
+    return sorted({(probe_type(t.ggml_type), t.per_head_shape) for path in paths
+                   for t in read_inventory(path).tensors if t.per_head_shape is not None})
+
+
 #: rows of a per-head matmul: one token to a 512-token ubatch (a stream's tokens for v_b)
 PER_HEAD_ROWS = (1, 4, 16, 32, 128, 512)
 

@@ -273,6 +273,7 @@ FLAG_CASES = [
     (["profile", "--budget", "0"], "--budget"), (["profile", "--budget", "nan"], "--budget"),
     (["profile", "--budget", "-3"], "--budget"), (["profile", "--budget", "1e9"], "--budget"),
     (["profile", "--name", "", "--out", "p.yaml"], "--name"),
+    (["profile", "--gguf", "model.gguf"], "--gguf: needs --llama-cpp"),
 ]
 
 

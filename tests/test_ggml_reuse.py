@@ -221,3 +221,13 @@ def test_a_per_head_weight_reads_the_per_head_curve_nearest_its_shape():
     rate_32 = 3e-12 + (32 - 1) * (512 * 3e-12 - 3e-12) / 511  # the near curve at a stream's 32 rows
     rate_64 = 1e-12 + (64 - 1) * (512e-12 - 1e-12) / 511  # the dense curve at the step's 64 rows
     assert got == pytest.approx(2 * v_b.elements * rate_32 + q_a.elements * rate_64)
+
+
+def test_per_head_shapes_are_the_3d_dense_weights_of_the_files():
+    """What `hrm profile --llama-cpp DIR --gguf FILE` measures: MLA's attn_k_b / attn_v_b at their own
+    [K, N, heads] and type; a model without MLA has none."""
+    from profiler.ggml_cpu import per_head_shapes
+
+    tables = Path(__file__).resolve().parents[1] / "docs/validation/runs/gguf"
+    assert per_head_shapes([tables / "gt-deepseekv2-q4_k_m.tensors.json"]) == [("q4_K", "256:64:16"), ("q5_0", "64:256:16")]
+    assert per_head_shapes([tables / "gt-mixtral-q4_k_m.tensors.json", tables / "gt-qwen3moe-f16.tensors.json"]) == []

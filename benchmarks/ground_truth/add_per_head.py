@@ -5,7 +5,8 @@ and add them to committed profiles, each with its ``source.methods`` line saying
 The probe's dense MUL_MAT curve is a [1024 x 1024] matrix; gt-deepseekv2's attn_k_b [64, 256, 16]
 and attn_v_b [256, 64, 16] cost 2-4.5x its seconds per element (docs/validation/ground_truth.md §1.9).
 The shapes come from the tensor tables (every 3-D weight that is not a routed expert), so a profile
-measured before the probe had them gains them without its other curves moving.
+measured before the probe had them gains them without its other curves moving (a new profile:
+``hrm profile --llama-cpp DIR --gguf FILE``).
 
     python benchmarks/ground_truth/add_per_head.py --llama-cpp TREE --gguf TABLE.json [...] PROFILE.yaml [...]
 """
@@ -22,16 +23,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hrm.cost.ggml_cpu import probe_type  # noqa: E402
-from hrm.model.gguf import read_inventory  # noqa: E402
-from profiler.ggml_cpu import DEFAULT_REPEATS, build_probe, llama_cpp_tree, measure_per_head  # noqa: E402
-
-
-def per_head_shapes(tables: list[Path]) -> list[tuple[str, str]]:
-    """Every (probe type, "K:N:HEADS") of the tables' per-head weights, once each."""
-    found = {(probe_type(t.ggml_type), t.per_head_shape) for path in tables for t in read_inventory(path).tensors
-             if t.per_head_shape is not None}
-    return sorted(found)
+from profiler.ggml_cpu import (  # noqa: E402
+    DEFAULT_REPEATS,
+    build_probe,
+    llama_cpp_tree,
+    measure_per_head,
+    per_head_shapes,
+)
 
 
 def main() -> int:
