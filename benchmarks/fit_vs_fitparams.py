@@ -28,7 +28,10 @@ PAUSED = ROOT / "benchmarks" / "ground_truth" / "paused.py"
 #: n_threads; no -tb); these hrm fit flags map to llama-bench's own spelling
 BENCH_FLAGS = {"-t": "-t", "-b": "-b", "-ub": "-ub", "-fa": "-fa", "-ctk": "-ctk", "-ctv": "-ctv", "-ngl": "-ngl"}
 #: the switches (no value) of an hrm fit / llama-fit-params argument string
-SWITCHES = {"-kvu", "-nkvo"}
+SWITCHES = {"-kvu", "-nkvo", "-nr"}
+#: switches llama-bench spells with a value: -nr/--no-repack (common/arg.cpp:2421-2428) is llama-bench's
+#: --repack 0 (tools/llama-bench/llama-bench.cpp:912-918)
+BENCH_SWITCHES = {"-nr": ["--repack", "0"]}
 
 
 def fit_params_args(bin_dir: Path, model: Path) -> str:
@@ -46,6 +49,7 @@ def bench_args(args: str) -> list[str]:
     while i < len(words):
         w = words[i]
         if w in SWITCHES:
+            out += BENCH_SWITCHES.get(w, [])
             i += 1
             continue
         value = words[i + 1]

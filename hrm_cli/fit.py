@@ -15,7 +15,7 @@ from hrm_cli.parser import ArgumentParser
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="hrm fit", description=(
-        "The fastest llama.cpp command (-ngl, --n-cpu-moe, -c, -b/-ub, -t/-tb, -fa, KV type) for one user or N "
+        "The fastest llama.cpp command (-ngl, --n-cpu-moe, -c, -b/-ub, -t/-tb, -fa, KV type, -nr on CPU only) for one user or N "
         "parallel users on a machine, with its predicted tok/s, memory per device, why it is the best, the "
         "runners-up, and what it gains over llama.cpp's own fit (fewest CPU layers at the default -ub and -t); then "
         "the same answer for ollama (a Modelfile), vLLM (--cpu-offload-gb) and SGLang + kTransformers (--kt-*): each "

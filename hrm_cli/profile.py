@@ -36,8 +36,9 @@ def parse_args(argv: list[str]):
     parser.add_argument("--llama-cpp", metavar="DIR", help="a llama.cpp source tree with a CPU build (build/bin): "
                         "measure its CPU matmul kernels per weight type and thread count, its flash attention and "
                         "its graphs' elementwise ops (the ggml_cpu section "
-                        "llama.cpp CPU predictions use; about 6 minutes per thread count on a 2-core machine); "
-                        "with a GPU, also the CPU experts' kernels in the plain buffer llama.cpp keeps them in there")
+                        "llama.cpp CPU predictions use; about 7 minutes per thread count on a 2-core machine), and "
+                        "for the weight types llama.cpp repacks also their plain-buffer kernels (a GPU host's CPU "
+                        "experts; -nr, which hrm fit searches)")
     parser.add_argument("--ggml-only", metavar="PROFILE", help="with --llama-cpp: add the ggml_cpu section to this "
                         "existing profile instead of measuring the rest again")
     parser.add_argument("--gguf", metavar="FILE", action="append", default=[],
@@ -128,8 +129,9 @@ def with_ggml_section(profile: HardwareProfile, tree, head_shapes: list[tuple[st
     from profiler.ggml_cpu import DEFAULT_REPEATS, build_probe, measure_ggml_cpu, measure_per_head
 
     threads = thread_counts(profile.cpu.cores)
-    # a GPU host's CPU weights run ggml's plain kernels (the GPU's pinned host buffer): measured too
-    section, methods = measure_ggml_cpu(tree, threads, plain_buffer=profile.gpu is not None)
+    # the plain buffer's kernels of the types llama.cpp repacks: a GPU host's CPU weights run them (the GPU's
+    # pinned host buffer), and so does a CPU-only run with -nr, which hrm fit searches
+    section, methods = measure_ggml_cpu(tree, threads, plain_buffer=True)
     if head_shapes:
         exe, kernels = build_probe(tree), list(section.kernels)
         for t in threads:

@@ -330,12 +330,30 @@ def measured_ubatch(section, inventory, threads: int, ubatch: int) -> bool:
     return ubatch <= reach("mm") and expert_rows <= (reach("mmid") if inventory.num_experts > 1 else 0.0) + 1e-9
 
 
+def plain_kernels_measured(section, inventory, threads: int) -> bool:
+    """Whether the profile prices ``--no-repack`` (``-nr``) at ``threads``: the model has a weight type
+    a CPU-only llama.cpp repacks (a CPU_REPACK kernel of it is measured), and every such type's
+    kernels in the plain CPU buffer are measured too (``hrm profile --llama-cpp``; profiler.ggml_cpu
+    ``plain_buffer``)."""
+    from ..cost.ggml_cpu import HOST_BUFFER, probe_type
+
+    ops = {(probe_type(t.ggml_type), "mmid" if t.is_expert else "mm") for t in inventory.matmul_tensors()}
+    buffers = {(k.type, k.op): set() for k in section.kernels if k.threads == threads}
+    for k in section.kernels:
+        if k.threads == threads:
+            buffers[(k.type, k.op)].add(k.buffer)
+    repacked = [op for op in ops if buffers.get(op, set()) - {HOST_BUFFER}]
+    return bool(repacked) and all(HOST_BUFFER in buffers[op] for op in repacked)
+
+
 def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
             ubatches: tuple[int, ...] = UBATCHES, extrapolate: bool = False) -> FitResult:
-    """Every (``-t``, ``-tb``, ``-ub``) on the CPU step model; see the module. A ``-ub`` past the
-    measured rows (:func:`measured_ubatch`) is predicted and shown but not picked unless
-    ``extrapolate``."""
-    from ..cost.ggml_cpu import kv_bytes_per_token, run_times
+    """Every (``-t``, ``-tb``, ``-ub``, repacking) on the CPU step model; see the module. ``-nr``
+    (weights left in the plain CPU buffer: common/arg.cpp:2421-2428) is searched where the profile
+    measured the plain buffer's kernels (:func:`plain_kernels_measured`): a prompt runs faster without
+    repacking, a decode slower (docs/validation/ground_truth.md §1.8). A ``-ub`` past the measured
+    rows (:func:`measured_ubatch`) is predicted and shown but not picked unless ``extrapolate``."""
+    from ..cost.ggml_cpu import HOST_BUFFER, kv_bytes_per_token, run_times
 
     if hw.ggml_cpu is None:
         raise HRMError(f"hrm fit: {hw.name} has no ggml_cpu section: measure llama.cpp's kernels on this machine with "
@@ -344,32 +362,39 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     section = hw.ggml_cpu
     threads = sorted({k.threads for k in section.kernels if k.threads <= hw.cpu.cores})
     default_t = linux_default_threads(hw)
-    decode = {t: run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=t) for t in threads}
+    # None: repacked where llama.cpp repacks (its default); HOST_BUFFER: -nr, where measured at every -t and -tb
+    buffers = [None] + ([HOST_BUFFER] if all(plain_kernels_measured(section, inventory, t) for t in threads) else [])
+    decode = {(t, buf): run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=t, buffer=buf)
+              for t in threads for buf in buffers}
     cands: list[Candidate] = []
     default = None
     memory = {"cpu": inventory.weight_bytes + kv_bytes_per_token(inventory) * users * context}
     fits = memory["cpu"] <= hw.cpu.memory_gib * GIB
-    for tb in threads:
+    for buf, tb in ((buf, tb) for buf in buffers for tb in threads):
         for ub in useful_ubatches(ubatches, users * prompt):
             b = max(DEFAULT_BATCH, ub)
-            pre = run_times(inventory, section, tb, users, prompt, 0, 0, b, ub, tb)
+            pre = run_times(inventory, section, tb, users, prompt, 0, 0, b, ub, tb, buffer=buf)
             for t in threads:
                 # one user's decode steps run on -t; several users' on -tb (src/llama-context.cpp:
                 # n_threads for a one-token ubatch, n_threads_batch otherwise)
-                dec = decode[t] if users == 1 else run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=tb)
+                dec = (decode[(t, buf)] if users == 1 else
+                       run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=tb, buffer=buf))
                 if users > 1 and t != tb:
                     continue  # -t does not act on batched decode: one candidate per -tb
                 flags = [("-c", str(users * context)), ("-np", str(users)), ("-b", str(b)), ("-ub", str(ub)),
                          ("-t", str(t)), ("-tb", str(tb)), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
                 if users > 1:
                     flags.append(("-kvu", ""))
+                if buf is not None:
+                    flags.append(("-nr", ""))
                 within = measured_ubatch(section, inventory, tb, ub)
                 c = Candidate(tuple(flags), pre.prefill_tok_s, dec.decode_tok_s, pre.prefill_s + dec.decode_s, memory,
                               fits and (within or extrapolate),
-                              {"threads": t, "threads_batch": tb, "ubatch": ub, "batch": b, "measured_rows": within},
+                              {"threads": t, "threads_batch": tb, "ubatch": ub, "batch": b, "measured_rows": within,
+                               "repack": buf is None},
                               "cpu (ggml kernels)")
                 cands.append(c)
-                if t == default_t and tb == default_t and ub == DEFAULT_UBATCH:
+                if t == default_t and tb == default_t and ub == DEFAULT_UBATCH and buf is None:
                     default = c
     notes = [f"CPU-only: every layer on the CPU (-ngl has nothing to place); KV cache {memory['cpu'] / GIB:.2f} GiB with "
              f"the weights, compute buffers not counted",
@@ -381,6 +406,11 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
                      "not picked (hrm.analysis.fit.measured_ubatch: the extrapolation measured wrong, docs/validation/fit.md)")
     if default_t not in threads:
         notes.append(f"llama.cpp's default -t {default_t} was not measured in this profile (threads {threads})")
+    if len(buffers) == 1 and any(plain_kernels_measured(section, inventory, t) is False and
+                                 any(k.buffer != HOST_BUFFER for k in section.kernels if k.threads == t)
+                                 for t in threads):
+        notes.append("-nr (no repacking) not searched: this profile has no plain-buffer kernels for the repacked "
+                     "weight types at every thread count (hrm profile --llama-cpp measures them)")
     result = _result(cands, default, objective, users, context, gen, "cpu", _why_cpu(default_t), notes)
     return with_servers(result, hw, None, None)
 
@@ -390,6 +420,10 @@ def _why_cpu(default_t: int):
         k = best.knobs
         out = [f"-t {k['threads']}: decode {best.decode_tok_s:,.1f} tok/s; -tb {k['threads_batch']} -ub {k['ubatch']}: "
                f"prefill {best.prefill_tok_s:,.1f} tok/s"]
+        if not k.get("repack", True):
+            out.append("-nr: the repacked expert kernels take a prompt's rows one at a time (ggml-cpu/repack.cpp "
+                       "forward_mul_mat_id); left unpacked, a prompt runs faster and a decode slower (measured: "
+                       "docs/validation/ground_truth.md §1.8)")
         if default is not None and default is not best:
             out.append(f"vs llama.cpp's defaults (-t {default_t} -ub 512 -b 2048): decode "
                        f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "
