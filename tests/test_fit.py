@@ -274,3 +274,14 @@ def test_hrm_fit_beats_llama_fit_params_on_this_host_as_measured():
         assert measured_gain > 1.05, run["model"]
         assert max(ours, *run["measured_total_s"]["hrm-fit"]) < min(run["measured_total_s"]["fit-params"])
         assert 1 / 1.1 <= predicted_gain / measured_gain <= 1.1, (run["model"], predicted_gain, measured_gain)
+
+
+def test_cpu_fit_says_when_it_could_not_search_no_repack():
+    """A profile without the plain buffer's kernels (measured before hrm profile had them) cannot price
+    -nr: a model with repacked types gets a note, an f16 model (nothing repacked) does not."""
+    hw = load_hardware(str(ROOT / "docs/validation/runs/this-host-window99.yaml"))
+    tables = ROOT / "docs/validation/runs/gguf"
+    q4 = fit_cpu(hw, read_inventory(tables / "gt-qwen3moe-q4_k_m.tensors.json"), 1024, 32, ubatches=(512,))
+    f16 = fit_cpu(hw, read_inventory(tables / "gt-qwen3moe-f16.tensors.json"), 1024, 32, ubatches=(512,))
+    assert any(n.startswith("-nr (no repacking) not searched") for n in q4.notes)
+    assert not any("-nr" in n for n in f16.notes) and not any(c.knobs["repack"] is False for c in (q4.best, *q4.runners_up))

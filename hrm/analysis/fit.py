@@ -330,20 +330,26 @@ def measured_ubatch(section, inventory, threads: int, ubatch: int) -> bool:
     return ubatch <= reach("mm") and expert_rows <= (reach("mmid") if inventory.num_experts > 1 else 0.0) + 1e-9
 
 
-def plain_kernels_measured(section, inventory, threads: int) -> bool:
-    """Whether the profile prices ``--no-repack`` (``-nr``) at ``threads``: the model has a weight type
-    a CPU-only llama.cpp repacks (a CPU_REPACK kernel of it is measured), and every such type's
-    kernels in the plain CPU buffer are measured too (``hrm profile --llama-cpp``; profiler.ggml_cpu
-    ``plain_buffer``)."""
+def repacked_ops(section, inventory, threads: int) -> dict[tuple[str, str], bool]:
+    """The model's (weight type, op) pairs a CPU-only llama.cpp repacks at ``threads`` (a kernel of
+    another buffer than the plain one is measured), each with whether its plain-buffer kernel is
+    measured too (``hrm profile --llama-cpp``; profiler.ggml_cpu ``plain_buffer``)."""
     from ..cost.ggml_cpu import HOST_BUFFER, probe_type
 
     ops = {(probe_type(t.ggml_type), "mmid" if t.is_expert else "mm") for t in inventory.matmul_tensors()}
-    buffers = {(k.type, k.op): set() for k in section.kernels if k.threads == threads}
+    buffers: dict[tuple[str, str], set] = {}
     for k in section.kernels:
         if k.threads == threads:
-            buffers[(k.type, k.op)].add(k.buffer)
-    repacked = [op for op in ops if buffers.get(op, set()) - {HOST_BUFFER}]
-    return bool(repacked) and all(HOST_BUFFER in buffers[op] for op in repacked)
+            buffers.setdefault((k.type, k.op), set()).add(k.buffer)
+    return {op: HOST_BUFFER in buffers[op] for op in ops if buffers.get(op, set()) - {HOST_BUFFER}}
+
+
+def plain_kernels_measured(section, inventory, threads: int) -> bool:
+    """Whether the profile prices ``--no-repack`` (``-nr``) at ``threads``: the model has a weight type
+    llama.cpp repacks, and the plain buffer's kernels of every such type are measured
+    (:func:`repacked_ops`)."""
+    ops = repacked_ops(section, inventory, threads)
+    return bool(ops) and all(ops.values())
 
 
 def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
@@ -406,9 +412,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
                      "not picked (hrm.analysis.fit.measured_ubatch: the extrapolation measured wrong, docs/validation/fit.md)")
     if default_t not in threads:
         notes.append(f"llama.cpp's default -t {default_t} was not measured in this profile (threads {threads})")
-    if len(buffers) == 1 and any(plain_kernels_measured(section, inventory, t) is False and
-                                 any(k.buffer != HOST_BUFFER for k in section.kernels if k.threads == t)
-                                 for t in threads):
+    if len(buffers) == 1 and any(not all(repacked_ops(section, inventory, t).values()) for t in threads):
         notes.append("-nr (no repacking) not searched: this profile has no plain-buffer kernels for the repacked "
                      "weight types at every thread count (hrm profile --llama-cpp measures them)")
     result = _result(cands, default, objective, users, context, gen, "cpu", _why_cpu(default_t), notes)
