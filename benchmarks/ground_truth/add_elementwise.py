@@ -12,7 +12,6 @@ attention curves they were measured with stay as measured.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -20,22 +19,22 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hrm.cost.ggml_elementwise import ELEMENTWISE_KINDS  # noqa: E402
 from profiler.ggml_cpu import DEFAULT_REPEATS, build_probe, llama_cpp_tree, measure_elementwise  # noqa: E402
+from profile_patch import profile_threads, stamped, write_kernels  # noqa: E402
 
 
 def measure(tree: Path, threads: list[int], repeats: int) -> tuple[list[dict], dict[str, str]]:
     """hrm profile's own elementwise measurement (profiler.ggml_cpu.measure_elementwise), as
     profile YAML, each method line saying when it was added."""
     exe = build_probe(llama_cpp_tree(tree))
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     kernels, methods = [], {}
     for t in threads:
         measured, lines = measure_elementwise(exe, t, repeats)
         kernels += [k.model_dump(mode="json", exclude_none=True) for k in measured]
-        methods.update({key: f"{line}; measured {when} and added to this profile by "
-                             f"benchmarks/ground_truth/add_elementwise.py" for key, line in lines.items()})
+        methods.update(stamped(lines, "benchmarks/ground_truth/add_elementwise.py"))
     return kernels, methods
 
 
@@ -46,16 +45,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     args = ap.parse_args()
     docs = {p: yaml.safe_load(p.read_text()) for p in args.profiles}
-    threads = sorted({int(pt["x"]) for d in docs.values() for pt in d["ggml_cpu"]["node_s_vs_threads"]})
+    threads = profile_threads(docs)
     kernels, methods = measure(args.llama_cpp, threads, args.repeats)
-    for path, doc in docs.items():
-        section = doc["ggml_cpu"]
-        kinds = set(ELEMENTWISE_KINDS)
-        section["kernels"] = [k for k in section["kernels"] if k["op"] not in kinds] + kernels
-        doc.setdefault("source", {}).setdefault("methods", {}).update(methods)
-        lines = path.read_text().splitlines(keepends=True)
-        head = "".join(lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))])
-        path.write_text(head + yaml.safe_dump(doc, sort_keys=False))  # as hrm profile writes it
+    write_kernels(docs, kernels, methods, set(ELEMENTWISE_KINDS))
+    for path in docs:
         print(f"{path}: {len(kernels)} elementwise curves at threads {threads}")
     return 0
 

@@ -14,7 +14,6 @@ measured before the probe had them gains them without its other curves moving (a
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profiler.ggml_cpu import (  # noqa: E402
     DEFAULT_REPEATS,
@@ -30,6 +30,7 @@ from profiler.ggml_cpu import (  # noqa: E402
     measure_per_head,
     per_head_shapes,
 )
+from profile_patch import profile_threads, stamped, write_kernels  # noqa: E402
 
 
 def main() -> int:
@@ -40,23 +41,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     args = ap.parse_args()
     docs = {p: yaml.safe_load(p.read_text()) for p in args.profiles}
-    threads = sorted({int(pt["x"]) for d in docs.values() for pt in d["ggml_cpu"]["node_s_vs_threads"]})
+    threads = profile_threads(docs)
     shapes = per_head_shapes(args.gguf)
     exe = build_probe(llama_cpp_tree(args.llama_cpp.resolve()))
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     kernels, methods = [], {}
     for t in threads:
         measured, lines = measure_per_head(exe, t, args.repeats, shapes)
         kernels += [k.model_dump(mode="json", exclude_none=True) for k in measured]
-        methods.update({key: f"{line}; measured {when} and added to this profile by "
-                             f"benchmarks/ground_truth/add_per_head.py" for key, line in lines.items()})
-    for path, doc in docs.items():
-        section = doc["ggml_cpu"]
-        section["kernels"] = [k for k in section["kernels"] if k["op"] != "mmh"] + kernels
-        doc.setdefault("source", {}).setdefault("methods", {}).update(methods)
-        lines = path.read_text().splitlines(keepends=True)
-        head = "".join(lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))])
-        path.write_text(head + yaml.safe_dump(doc, sort_keys=False))  # as hrm profile writes it
+        methods.update(stamped(lines, "benchmarks/ground_truth/add_per_head.py"))
+    write_kernels(docs, kernels, methods, {"mmh"})
+    for path in docs:
         print(f"{path}: {len(kernels)} per-head curves at threads {threads}: {shapes}")
     return 0
 

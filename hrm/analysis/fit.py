@@ -348,7 +348,10 @@ def plain_kernels_measured(section, inventory, threads: int) -> bool:
     """Whether the profile prices ``--no-repack`` (``-nr``) at ``threads``: the model has a weight type
     llama.cpp repacks, and the plain buffer's kernels of every such type are measured
     (:func:`repacked_ops`)."""
-    ops = repacked_ops(section, inventory, threads)
+    return _no_repack_priced(repacked_ops(section, inventory, threads))
+
+
+def _no_repack_priced(ops: dict[tuple[str, str], bool]) -> bool:
     return bool(ops) and all(ops.values())
 
 
@@ -369,7 +372,8 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     threads = sorted({k.threads for k in section.kernels if k.threads <= hw.cpu.cores})
     default_t = linux_default_threads(hw)
     # None: repacked where llama.cpp repacks (its default); HOST_BUFFER: -nr, where measured at every -t and -tb
-    buffers = [None] + ([HOST_BUFFER] if all(plain_kernels_measured(section, inventory, t) for t in threads) else [])
+    repacked = {t: repacked_ops(section, inventory, t) for t in threads}
+    buffers = [None] + ([HOST_BUFFER] if all(map(_no_repack_priced, repacked.values())) else [])
     decode = {(t, buf): run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=t, buffer=buf)
               for t in threads for buf in buffers}
     cands: list[Candidate] = []
@@ -412,7 +416,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
                      "not picked (hrm.analysis.fit.measured_ubatch: the extrapolation measured wrong, docs/validation/fit.md)")
     if default_t not in threads:
         notes.append(f"llama.cpp's default -t {default_t} was not measured in this profile (threads {threads})")
-    if len(buffers) == 1 and any(not all(repacked_ops(section, inventory, t).values()) for t in threads):
+    if len(buffers) == 1 and any(not all(ops.values()) for ops in repacked.values()):
         notes.append("-nr (no repacking) not searched: this profile has no plain-buffer kernels for the repacked "
                      "weight types at every thread count (hrm profile --llama-cpp measures them)")
     result = _result(cands, default, objective, users, context, gen, "cpu", _why_cpu(default_t), notes)

@@ -143,9 +143,9 @@ def calibration_factor(section: GgmlCpu, rows: float) -> float:
 
 
 def seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
-                        working_set_mib=None, buffer: str | None = None) -> float:
+                        working_set_mib=None, buffer: str | None = None, head_shape: str | None = None) -> float:
     """:func:`measured_seconds_per_element` × the calibration's factor at ``rows``."""
-    return measured_seconds_per_element(section, ggml_type, op, threads, rows, working_set_mib, buffer) * \
+    return measured_seconds_per_element(section, ggml_type, op, threads, rows, working_set_mib, buffer, head_shape) * \
         calibration_factor(section, rows)
 
 
@@ -182,14 +182,20 @@ def pool_weights(pools_mib: list[float], reuse_mib: np.ndarray, prob: np.ndarray
 
 
 def measured_seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, threads: int, rows: float,
-                                 working_set_mib=None, buffer: str | None = None) -> float:
+                                 working_set_mib=None, buffer: str | None = None,
+                                 head_shape: str | None = None) -> float:
     """The measured matmul's seconds per weight element at ``rows`` rows for weights whose reuse
     distance is ``working_set_mib`` (MiB, or ``(distances, probabilities)`` from
     :func:`reuse_distances_mib`): between the curves of the pools measured just below and above
     it (linear in log pool size: the probe cycles its pool, so the pool is its weights' reuse
     distance), the nearest pool's curve outside them; a curve measured over fewer rows gives way
     to the others past its last point. None: the largest pool's curve. ``buffer``: the weights'
-    buffer (:func:`placed_kernels`)."""
+    buffer (:func:`placed_kernels`). ``head_shape`` "K:N:HEADS": a per-head weight
+    (``GgufTensor.per_head_shape``), at the per-head curve nearest it (:func:`per_head_kernel`)
+    where the profile has one, else as the dense matmul ``op``."""
+    per_head = per_head_kernel(section, ggml_type, threads, head_shape) if head_shape is not None else None
+    if per_head is not None:
+        return curve_value(per_head, rows)
     kernels = placed_kernels(section.kernels_of(probe_type(ggml_type), op, threads), buffer)
     if not kernels:
         raise _missing(section, ggml_type, op, threads)
@@ -227,8 +233,8 @@ def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_wi
     return min(kernels, key=distance)
 
 
-def _dense_s(tensor: GgufTensor, rate: Callable[[str, str, float], float], rows: float) -> float:
-    return tensor.elements * rate(tensor.ggml_type, "mm", rows)
+def _dense_s(tensor: GgufTensor, rate: Callable[..., float], rows: float) -> float:
+    return tensor.elements * rate(tensor.ggml_type, "mm", rows, tensor.per_head_shape)
 
 
 def _experts_s(tensor: GgufTensor, rate: Callable[[str, str, float], float], tokens: int, experts: int,
@@ -366,9 +372,9 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     traffic = step_traffic(inventory, tokens, sequences)
     reuse = {"mm": reuse_distances_mib(traffic, False), "mmid": reuse_distances_mib(traffic, True)}
 
-    @functools.cache  # a step's layers repeat a few (type, op, rows): each rate read once per step
-    def rate(ggml_type: str, op: str, rows: float) -> float:
-        return seconds_per_element(section, ggml_type, op, threads, rows, reuse[op], buffer)
+    @functools.cache  # a step's layers repeat a few (type, op, rows, shape): each rate read once per step
+    def rate(ggml_type: str, op: str, rows: float, head_shape: str | None = None) -> float:
+        return seconds_per_element(section, ggml_type, op, threads, rows, reuse[op], buffer, head_shape)
 
     last_ffn = f"blk.{inventory.attention.layers - 1}.ffn_"
     for tensor in inventory.matmul_tensors():
@@ -377,12 +383,9 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
         rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
         if tensor.is_expert:
             experts += _experts_s(tensor, rate, rows, inventory.num_experts, inventory.top_k)
-        elif tensor.per_head_shape is not None:
-            # a stream per sequence: a per-stream weight's product per sequence, at its own tokens
-            row_sets = [q for q, _ in sequences] if tensor.is_per_stream and not kv_unified else [rows]
-            kernel = per_head_kernel(section, tensor.ggml_type, threads, tensor.per_head_shape)
-            dense += sum(_dense_s(tensor, rate, r) if kernel is None else
-                         tensor.elements * curve_value(kernel, r) * calibration_factor(section, r) for r in row_sets)
+        elif tensor.is_per_stream and not kv_unified:
+            # a stream per sequence: one product per sequence, at its own tokens (its query rows)
+            dense += sum(_dense_s(tensor, rate, q) for q, _ in sequences)
         else:
             dense += _dense_s(tensor, rate, rows)
     attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
