@@ -300,6 +300,8 @@ NUMA_NODES = Range(1, MAX_NUMA_NODES, integer=True)
 GPU_COUNT = Range(1, MAX_GPU_COUNT, integer=True, why="GPUs of one tensor-parallel group")
 TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", integer=True, why="context window of one sequence")
 GEN_TOKENS = Range(1, MAX_GEN_TOKENS, "tokens", integer=True, why="tokens generated per request")
+#: llama.cpp's -n: a count, or -1 (no limit) / -2 (until the context is full): common/arg.cpp:1657-1667
+GEN_TOKENS_OR_UNLIMITED = Range(-2, MAX_GEN_TOKENS, "tokens", integer=True, why="tokens generated per request")
 CONTEXT_TOKENS = Range(1, MAX_CONTEXT_TOKENS, "tokens", why="cached tokens of one sequence")
 SEQUENCES = Range(1, MAX_BATCH_SIZE, integer=True, why="sequences of one batch")
 SEARCH_BATCH = Range(1, MAX_SEARCH_BATCH, integer=True, why="the search's time grows with its batch cap")

@@ -65,8 +65,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--engine", choices=list(list_engines()),
                         help="HRM engine to estimate with (default: the closest shipped one, else ideal)")
     parser.add_argument("--json", action="store_true", help="print the policy and its estimate as JSON")
-    parser.add_argument("--gguf", metavar="FILE", help="llama-bench / llama-batched-bench commands: the GGUF (or an "
-                        "hrm tensor table) whose tensors the CPU prediction reads, when the command's -m is not here")
+    parser.add_argument("--gguf", metavar="FILE", help="llama-bench / llama-batched-bench commands, and llama-server / "
+                        "llama-cli on a --hw without a GPU: the GGUF (or an hrm tensor table) whose tensors the CPU "
+                        "prediction reads, when the command's -m is not here")
     # --model is the catalog model the estimate plans; a llama-bench / llama-batched-bench
     # command is predicted from its GGUF's own tensors and needs none
     next(a for a in parser._actions if "--model" in a.option_strings).required = False
@@ -110,11 +111,22 @@ def main(argv) -> int:
 
     if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model
         return _bench_main(args)
+    from hrm_cli import import_bench
+
+    here = import_bench.command_gguf(args.flags) if args.source == "llama.cpp" else None
     if args.model is None:
-        parser.error("the following arguments are required: --model")
+        if here is None:
+            parser.error("the following arguments are required: --model (or a command whose -m names a GGUF file here)")
+        args.model = str(here)  # the file the command runs is the model: its header says what it is
     fields = given_fields(args)
     args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)
+    gguf = args.gguf or here
+    if (args.source == "llama.cpp" and hw.gpu is None and hw.ggml_cpu is not None and not hw.ggml_cpu.prior
+            and gguf is not None and args.engine is None):
+        # no GPU: llama.cpp runs every layer on the CPU backend, which the CPU step model prices from
+        # the GGUF's own tensors and this machine's measured kernels (docs/validation/ground_truth.md)
+        return import_bench.cpu_only_main(args.flags, hw, model, workload_from_args(args), gguf, args.json)
     model, named_note = _with_named_format(args, model)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)

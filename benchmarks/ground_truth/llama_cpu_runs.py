@@ -153,6 +153,43 @@ def points(bin_dir: Path, models: Path):
             yield {"tool": "llama-bench", "model": m, "format": f, "threads": t, "parallel": 1, "depth": d}, cmd
 
 
+#: llama-completion points (one user as llama-cli runs one, through common's threadpool and
+#: sampler): a fixed English prompt (its token count is the tool's own, read from its output),
+#: COMPLETION_N tokens generated whatever the random weights sample (--ignore-eos), seed fixed
+COMPLETION_PROMPT = ("The planner reads the machine and the model, and it says how fast a mixture of experts "
+                     "will run when its weights do not fit in the memory of the accelerator. It was wrong before "
+                     "anyone measured it, so now every number it prints is checked against a real engine.")
+COMPLETION_N, COMPLETION_CTX = 64, 2048
+
+
+def completion_points(bin_dir: Path, models: Path):
+    for m, f, t in itertools.product(MODELS, FORMATS, THREADS):
+        cmd = [str(bin_dir / "llama-completion"), "-m", str(models / f"{m}-{f}.gguf"), "-t", str(t), "-c",
+               str(COMPLETION_CTX), "-p", COMPLETION_PROMPT, "-n", str(COMPLETION_N), "-no-cnv", "--ignore-eos",
+               "-s", "1"]
+        yield {"tool": "llama-completion", "model": m, "format": f, "threads": t, "parallel": 1}, cmd
+
+
+#: llama-completion's timing lines (common/common.cpp common_perf_print): milliseconds and counts
+_PERF = {"prompt_ms": r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens",
+         "eval_ms": r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs",
+         "sampling_ms": r"sampling time =\s*([\d.]+) ms", "total_ms": r"total time =\s*([\d.]+) ms"}
+
+
+def completion_result(text: str) -> dict | None:
+    import re
+
+    out = {}
+    for key, pattern in _PERF.items():
+        m = re.search(pattern, text)
+        if m is None:
+            return None
+        out[key] = float(m.group(1))
+        if m.lastindex == 2:
+            out[key.replace("_ms", "_count")] = int(m.group(2))
+    return out
+
+
 #: attempts at a command that exits without its result (seen once in ~400 invocations: a
 #: batched-bench that exited 0 after 0.3 s with no JSON line; the same command then ran)
 ATTEMPTS = 3
@@ -160,9 +197,13 @@ ATTEMPTS = 3
 
 def run(cmd) -> dict:
     for attempt in range(ATTEMPTS):
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        # errors="replace": random weights generate bytes that are not UTF-8 (llama-completion prints them)
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if p.returncode != 0:
             out = {"error": p.stderr[-2000:]}
+        elif "llama-completion" in cmd[0]:
+            res = completion_result(p.stdout + p.stderr)
+            out = {"result": res} if res else {"error": "no timing lines: " + p.stderr[-2000:]}
         elif "llama-batched-bench" in cmd[0]:
             lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
             out = {"result": lines[-1]} if lines else {"error": "no JSON line: " + p.stderr[-2000:]}

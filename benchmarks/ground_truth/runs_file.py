@@ -23,8 +23,10 @@ ENGINE_VERSION = ("ggml-org/llama.cpp@0c1e5709 (the llama-cpp-python 0.3.36 sdis
 
 
 def short_command(cmd: list[str]) -> str:
-    words = [w.rsplit("/", 1)[-1] if "/" in w else w for w in cmd]
-    return " ".join(words)
+    import shlex
+
+    words = [w.rsplit("/", 1)[-1] if "/" in w and " " not in w else w for w in cmd]
+    return shlex.join(words)
 
 
 #: a sample slower than this factor x the point's fastest sample is another process's or a cold
@@ -88,6 +90,34 @@ def bench_run(point: dict) -> dict | None:
             "name": f"{k['model']} {k['format']} t{k['threads']} d{k['depth']} (llama-bench)"}
 
 
+def completion_run(point: dict) -> dict | None:
+    """A llama-completion point: prefill = its prompt eval time, decode = its eval time (the
+    n_predict - 1 decode steps after the first sampled token), both as the tool prints them; the
+    workload is the prompt's token count the tool reports and -n."""
+    res = [s["result"] for s in point["samples"] if "result" in s]
+    if not res:
+        return None
+    pre_all = [r["prompt_ms"] / 1e3 for r in res]
+    dec_all = [r["eval_ms"] / 1e3 for r in res]
+    pre, dec = kept(pre_all), kept(dec_all)
+    k = point["key"]
+    cmd = point["command"]
+    n_predict = int(cmd[cmd.index("-n") + 1])
+    if any(r["eval_count"] != n_predict - 1 for r in res) or len({r["prompt_count"] for r in res}) != 1:
+        raise SystemExit(f"{point['key']}: eval runs {[r['eval_count'] for r in res]} (expected {n_predict - 1}) or "
+                         "prompt counts that differ between samples")
+    sampling = [r["sampling_ms"] / 1e3 for r in res]
+    return {"workload": {"prompt_len": res[0]["prompt_count"], "gen_len": n_predict},
+            "measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
+                         "total_s": sig(statistics.median(pre) + statistics.median(dec)),
+                         "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / (n_predict - 1))},
+            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all],
+                        "sampling_s": [sig(x) for x in sampling]},
+            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
+            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
+            "name": f"{k['model']} {k['format']} t{k['threads']} (llama-completion)"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("raw", type=Path)
@@ -99,7 +129,7 @@ def main() -> int:
     runs = []
     for point in raw["points"]:
         k = point["key"]
-        made = batched_run(point) if k["tool"] == "llama-batched-bench" else bench_run(point)
+        made = {"llama-batched-bench": batched_run, "llama-completion": completion_run}.get(k["tool"], bench_run)(point)
         if made is None:
             continue
         run = {"name": made.pop("name"), "engine": "llama.cpp", "from": "llama.cpp",

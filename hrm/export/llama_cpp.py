@@ -7,6 +7,7 @@ is a fact of ``docs/engines/llama_cpp.md`` (file:line at the pinned commit); tes
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Optional
 
 from .. import bounds
@@ -206,6 +207,10 @@ def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
     workload = ctx.workload
     if values is None:
         return workload
+    predict = int_value(values, "-n", bounds.GEN_TOKENS_OR_UNLIMITED, -1)
+    if predict > 0:  # -n N: each request generates N tokens (common/arg.cpp:1657-1667; -1 infinity, -2 context filled)
+        workload = workload.model_copy(update={"gen_len": predict})
+        ctx = ctx.model_copy(update={"workload": workload})
     slots, unified = _slots(values)
     size = _ctx_size(values, ctx)
     total, per_slot = slot_context(size, slots, unified)
@@ -304,11 +309,12 @@ def gguf_model_notes(path, ctx: Context) -> list[str]:
             f"{facts['experts'][0]} experts, top-{facts['top-k'][0]}) matches {m.name}"]
 
 
-def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
+def _model_notes(values: dict[str, list[str]], ctx: Context, priced_from_file: bool = False) -> list[str]:
     """Refuse (one line) a model the command names that is not the model being planned — a
     Hugging Face repo (-hf) or a GGUF file (-m) named after another model, as every target
     does (:func:`served_model_notes`); note a file whose name names no model, and a quantised
-    file (the estimate is for the model's own weight type)."""
+    file (the estimate is for the model's own weight type) unless ``priced_from_file`` (the CPU
+    step model reads the file's own tensor types)."""
     flag = "-m" if values.get("-m") else "-hf"
     named = (values.get("-m") or values.get("-hf") or [None])[0]
     if named is None or named == "MODEL.gguf":
@@ -324,7 +330,7 @@ def _model_notes(values: dict[str, list[str]], ctx: Context) -> list[str]:
         return [f"llama.cpp: {named}: the file's name names no model: read as {ctx.model.name}"]
     served_model_notes(named, ctx, "llama.cpp", flag)
     quant = re.search(r"(?i)(?<![a-z0-9])i?q\d(_[a-z0-9]+)*", base)
-    if quant and ctx.model.weight_format is None:
+    if quant and ctx.model.weight_format is None and not priced_from_file:
         return [f"llama.cpp: {named}: {quant.group(0).upper()} weights; the estimate is for "
                 f"{ctx.model.weight_dtype}"]
     return []
@@ -434,7 +440,9 @@ LLAMA_CPP = EngineFlags(
     # same -m/-c/-np/-ngl/-ub flags; "main" (now llama-cli) runs one prompt and has no slots
     # llama-cli (named main before PR #7809) takes the same model, placement and batch flags
     # (common/arg.cpp) and decodes one sequence: read as one user at batch 1 (_users)
-    import_programs=("llama-server.exe", "server", "server.exe", "llama-cli", "llama-cli.exe", "main", "main.exe"),
+    # llama-completion is the pinned version's one-prompt program (tools/completion, the old main)
+    import_programs=("llama-server.exe", "server", "server.exe", "llama-cli", "llama-cli.exe", "main", "main.exe",
+                     "llama-completion", "llama-completion.exe"),
     engines=("llama.cpp", "llama.cpp-nkvo"), hrm_engine=_hrm_engine,
     description="llama.cpp llama-server: experts kept on the CPU per whole layer, KV on the GPU or the host",
     flags=(
@@ -450,7 +458,7 @@ LLAMA_CPP = EngineFlags(
                  value_form=r"[^,]+=[A-Za-z0-9_]+(,[^,]+=[A-Za-z0-9_]+)*", repeatable=True,
                  source=f"{_ARG}:2753-2758,252-284; src/llama-model-loader.cpp:1235-1259"),
         _switch("-nkvo", ("--no-kv-offload",), "attn_on_gpu, kv_gpu_ratio (KV in host memory)", "2413-2420"),
-        _switch("-nr", ("--no-repack", "--repack"), "(none beside a GPU: the CPU experts sit in the GPU's host buffer, "
+        _switch("-nr", ("--no-repack",), "(none beside a GPU: the CPU experts sit in the GPU's host buffer, "
                 "never repacked, src/llama-model.cpp make_cpu_buft_list)", "2421-2428"),
         _switch("-kvu", ("--kv-unified",), "(the slots share one KV cache)", "1723-1730"),
         _switch("-no-kvu", ("--no-kv-unified",), "(a KV cache per slot)", "1723-1730"),
@@ -464,6 +472,8 @@ LLAMA_CPP = EngineFlags(
                  value_form=r"none|layer|row|tensor", source=f"{_ARG}:2807-2822"),
         FlagSpec(flag="-c", aliases=("--ctx-size",), policy_field="(workload: each slot's context)",
                  source=f"{_ARG}:1638-1648"),
+        FlagSpec(flag="-n", aliases=("--predict", "--n-predict"), policy_field="(workload: tokens generated per request)",
+                 value_form=r"-?\d+", source=f"{_ARG}:1657-1667"),
         FlagSpec(flag="--fit", aliases=("-fit",), policy_field="(off: keep the given values)",
                  value_form=r"on|off|enabled|disabled|true|false|1|0", source=f"{_ARG}:2867-2880,1334-1340"),
         FlagSpec(flag="-fa", aliases=("--flash-attn",), policy_field="(none: flash attention)",
@@ -475,11 +485,13 @@ LLAMA_CPP = EngineFlags(
     passthrough={**HTTP_SERVER_FLAGS, **_LEGACY, "-t": 1, "--threads": 1, "-tb": 1, "--threads-batch": 1,
                  "-ctk": 1, "--cache-type-k": 1, "-ctv": 1, "--cache-type-v": 1, "--jinja": 0,
                  "--temp": 1, "--temperature": 1, "--top-k": 1, "--top-p": 1, "--min-p": 1, "--repeat-penalty": 1,
-                 "-s": 1, "--seed": 1, "-n": 1, "--predict": 1, "--n-predict": 1, "-ts": 1, "--tensor-split": 1,
+                 "-s": 1, "--seed": 1, "-ts": 1, "--tensor-split": 1, "--ignore-eos": 0,
                  "-mg": 1, "--main-gpu": 1, "-dev": 1, "--device": 1,
                  "-a": 1, "--alias": 1, "--api-key": 1, "--chat-template": 1, "--reasoning-format": 1,
                  "-cb": 0, "--cont-batching": 0, "--metrics": 0, "--no-warmup": 0, "-v": 0, "--verbose": 0,
-                 "--numa": 1, "--log-file": 1, "-lm": 1, "--load-mode": 1, "-kvo": 0, "--kv-offload": 0,
+                 "--numa": 1, "--log-file": 1,
+                 # --repack: repacking on, llama.cpp's default (the positive form of -nr, common/arg.cpp:2421-2428)
+                 "--repack": 0, "-lm": 1, "--load-mode": 1, "-kvo": 0, "--kv-offload": 0,
                  "-mm": 1, "--mmproj": 1,
                  # llama-cli's own (common/arg.cpp:1770 -p, 1777 -sys, 1801 -f, 1902-1903 -cnv/-no-cnv,
                  # 1913 -st, 1922 -i): the prompt and chat mode, no policy field
@@ -496,3 +508,70 @@ LLAMA_CPP = EngineFlags(
     workload=command_workload, notes=_notes, nearest=_nearest, render=_render, parse=_parse,
     engine_fields=command_engine_fields,
 )
+
+
+#: flags that place layers, tensors or the KV cache on a GPU: on a CPU-only machine nothing moves
+_GPU_PLACEMENT_FLAGS = ("-ngl", "--n-cpu-moe", "-cmoe", "-ot", "-nkvo", "-sm", "-ts", "--tensor-split", "-mg",
+                        "--main-gpu", "-dev", "--device")
+
+
+@dataclass(frozen=True)
+class CpuOnlyRun:
+    """A llama-server / llama-cli command on a machine without a GPU, as the CPU step model
+    (:mod:`hrm.cost.ggml_cpu`) runs it: ``run`` (its sequences, threads, batch sizes, buffer),
+    the KV cache's tokens llama.cpp allocates (``kv_tokens``: -c as sized for the slots), the
+    workload the command serves, and notes on what it reads differently from a GPU machine."""
+
+    run: object
+    kv_tokens: int
+    workload: object
+    notes: tuple[str, ...]
+
+
+def cpu_only_run(text: str, model, workload, hardware, default_threads: int) -> CpuOnlyRun:
+    """A llama-server / llama-cli command on a CPU-only machine: one step-model run of the
+    workload's prompt then its generated tokens for each user (-np slots, else one user:
+    :func:`_users`), on -t threads for one-token steps and -tb for larger ones (absent or -1:
+    ``default_threads``; -tb defaults to -t, common/common.h cpuparams_batch), ubatches of
+    min(-ub, -b, n_ctx) (:func:`prefill_pass_tokens`), a KV stream per slot unless unified
+    (:func:`_slots`), weights repacked unless -nr. The GPU placement flags place nothing here."""
+    from .importing import split_flags
+    from .llama_tools import ToolRun
+
+    values = split_flags(LLAMA_CPP, text)
+    ctx = Context(model=model, workload=workload, hardware=hardware)
+    _refuse_unmodelled(values, ctx)
+    notes = _model_notes(values, ctx, priced_from_file=True)
+    served = command_workload(values, ctx)
+    ctx = ctx.model_copy(update={"workload": served})
+    slots, unified = _slots(values)
+    users = _users(values, slots)
+    n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
+    threads = cpu_threads_field(values, ctx).get("cpu_threads", default_threads)
+    tb_text = (values.get("-tb") or values.get("--threads-batch") or ["-1"])[0]
+    if not re.fullmatch(r"-?\d+", tb_text) or int(tb_text) == 0 or int(tb_text) < -1:
+        raise HRMError(f"llama.cpp: -tb {tb_text}: a positive thread count (or -1)")
+    threads_batch = threads if int(tb_text) == -1 else int(tb_text)
+    ub = prefill_pass_tokens(values, ctx)
+    b = max(min(int_value(values, "-b", bounds.SEQUENCES, DEFAULT_BATCH), n_ctx), ub)
+    placed = [f for f in _GPU_PLACEMENT_FLAGS if f in values]
+    if placed:
+        notes.append(f"llama.cpp: {', '.join(placed)}: the profile has no GPU, so every layer and the KV cache stay on "
+                     "the CPU (llama.cpp places nothing without a GPU backend)")
+    if "-np" not in values:
+        notes.append("llama.cpp: no -np: one user at batch 1 (give -np N for N parallel users)")
+    kv_types = {values[f][0].lower() for f in ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v") if f in values}
+    if kv_types - {"f16"}:
+        notes.append(f"llama.cpp: a {'/'.join(sorted(kv_types))} KV cache: the CPU step model prices an f16 cache "
+                     "(hrm.cost.ggml_cpu.KV_ELEMENT_TYPE), as measured")
+    if values.get("-fa", ["auto"])[0].lower() in ("off", "disabled", "false", "0"):
+        notes.append("llama.cpp: -fa off: the CPU step model prices flash attention (llama.cpp's default -fa auto "
+                     "runs it on the CPU backend)")
+    program = (text.split() or ["llama-server"])[0].rsplit("/", 1)[-1]
+    program = program if program.startswith(("llama-", "main", "server")) else "llama-server"
+    prompt, gen = int(served.effective_prompt_len), int(served.gen_len)
+    # the first token is sampled from the prompt's logits and the last is never decoded: a request
+    # of N tokens runs N - 1 decode steps (tools/completion/completion.cpp:544,642-648,667-683)
+    run = ToolRun(program, values.get("-m", ["MODEL.gguf"])[0], threads, threads_batch, prompt, gen - 1, users, 0, b,
+                  ub, unified, False, f"{users} x (pp{prompt} + {gen} generated)", repack="-nr" not in values)
+    return CpuOnlyRun(run, n_ctx, served, tuple(notes))
