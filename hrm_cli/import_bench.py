@@ -25,46 +25,31 @@ def gguf_path(model_flag: str, given: str | None) -> Path:
 
 def command_gguf(command: str) -> Path | None:
     """The GGUF file a llama.cpp command's -m names, when it is on this machine (else None)."""
-    import shlex
-
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    for i, word in enumerate(words):
-        name = words[i + 1] if word in ("-m", "--model") and i + 1 < len(words) else (
-            word.split("=", 1)[1] if word.startswith("--model=") else None)
-        if name and name.lower().endswith(".gguf") and Path(name).expanduser().is_file():
+    for name in _after(command, ("-m", "--model")):
+        if name.lower().endswith(".gguf") and Path(name).expanduser().is_file():
             return Path(name).expanduser()
     return None
 
 
 def cpu_only_main(command: str, hw, model, workload, gguf, as_json: bool) -> int:
-    """A llama-server / llama-cli command on a machine without a GPU: the run it serves
-    (:func:`hrm.export.llama_cpp.cpu_only_run`) on the CPU step model; exit 3 when the weights and
-    the KV cache it allocates do not fit the machine's memory."""
+    """A llama-server / llama-cli command on a machine without a GPU: the run it serves on the
+    CPU step model (:func:`hrm.export.llama_cpp.estimate_cpu_only`), printed; exit 3 when the
+    weights and the KV cache it allocates do not fit the machine's memory."""
     import sys
 
-    from hrm.cost.ggml_cpu import kv_bytes_per_token
     from hrm.errors import InfeasibleError
-    from hrm.export.llama_cpp import cpu_only_run
+    from hrm.export.llama_cpp import estimate_cpu_only
     from hrm.units import GIB
 
-    section = hw.ggml_cpu
-    served = cpu_only_run(command, model, workload, hw, section.default_threads or int(hw.cpu.cores))
-    inv = read_inventory(gguf_path(served.run.model_path, str(gguf)))
-    times = predict(served.run, inv, section)
-    run = served.run
-    memory_bytes = inv.weight_bytes + kv_bytes_per_token(inv) * served.kv_tokens
-    fits = memory_bytes <= hw.cpu.memory_gib * GIB
-    tpot_s = times.tpot_s
+    model_flag = next((w for w in _after(command, ("-m", "--model"))), "MODEL.gguf")
+    est = estimate_cpu_only(command, model, workload, hw, read_inventory(gguf_path(model_flag, str(gguf))))
+    run, times, served = est.served.run, est.times, est.served
     row = {"program": run.tool, "model": run.model_path, "users": run.sequences, "threads": run.threads,
            "threads_batch": run.threads_batch, "n_batch": run.n_batch, "n_ubatch": run.n_ubatch, "repack": run.repack,
            "prompt_len": run.prompt_len, "gen_len": served.workload.gen_len, "decode_steps": run.gen_len,
-           "ttft_s": times.prefill_s,
-           "prefill_tok_s": times.prefill_tok_s, "decode_s": times.decode_s, "tpot_s": tpot_s,
-           "decode_tok_s": times.decode_tok_s, "memory_bytes": memory_bytes, "kv_tokens": served.kv_tokens,
-           "fits_memory": fits}
+           "ttft_s": times.prefill_s, "prefill_tok_s": times.prefill_tok_s, "decode_s": times.decode_s,
+           "tpot_s": times.tpot_s, "decode_tok_s": times.decode_tok_s, "memory_bytes": est.memory_bytes,
+           "kv_tokens": served.kv_tokens, "fits_memory": est.fits}
     if as_json:
         print(json.dumps({"source": "llama.cpp", "hardware": hw.name, "predicted_by": "cpu step model (hrm.cost.ggml_cpu)",
                           "run": row, "notes": list(served.notes)}, indent=2))
@@ -85,19 +70,31 @@ def cpu_only_main(command: str, hw, model, workload, gguf, as_json: bool) -> int
                 ("prompt tokens per user", str(run.prompt_len)),
                 ("TTFT (prefill)", f"{times.prefill_s:.3f} s ({times.prefill_tok_s:,.1f} tok/s)"),
                 ("generated tokens per user", f"{served.workload.gen_len} ({run.gen_len} decode steps after the first)"),
-                ("TPOT", f"{tpot_s * 1e3:.2f} ms"),
+                ("TPOT", f"{times.tpot_s * 1e3:.2f} ms"),
                 ("decode throughput", f"{times.decode_tok_s:,.1f} tok/s"),
-                ("memory: weights + KV cache", f"{memory_bytes / GIB:.2f} GiB of {hw.cpu.memory_gib:g} GiB "
+                ("memory: weights + KV cache", f"{est.memory_bytes / GIB:.2f} GiB of {hw.cpu.memory_gib:g} GiB "
                                                f"(KV {served.kv_tokens} tokens; compute buffers not counted)"),
-                ("fits", "yes" if fits else "NO")):
+                ("fits", "yes" if est.fits else "NO")):
             table.add_row(name, value)
         console().print(table)
         for note in served.notes:
             print(f"note: {note}", file=sys.stderr)
-    if not fits:
-        raise InfeasibleError(f"{run.tool}: the weights and the KV cache ({memory_bytes / GIB:.2f} GiB) exceed "
+    if not est.fits:
+        raise InfeasibleError(f"{run.tool}: the weights and the KV cache ({est.memory_bytes / GIB:.2f} GiB) exceed "
                               f"{hw.name}'s {hw.cpu.memory_gib:g} GiB of memory")
     return 0
+
+
+def _after(command: str, flags: tuple[str, ...]) -> list[str]:
+    """The words that follow any of ``flags`` in ``command`` (``--flag=value`` too)."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return []
+    out = [words[i + 1] for i, w in enumerate(words[:-1]) if w in flags]
+    return out + [w.split("=", 1)[1] for w in words if any(w.startswith(f"{f}=") for f in flags if f.startswith("--"))]
 
 
 def gpu_main(command: str, hw, model, as_json: bool) -> int:

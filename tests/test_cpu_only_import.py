@@ -108,3 +108,27 @@ def test_the_llama_completion_runs_in_one_window():
     assert stats["worst_factor"] <= 1.27 and stats["beyond_1_25x"] <= 1, stats
     prefill = [c.ratio("prefill_s") for c in runs]
     assert max(max(r, 1 / r) for r in prefill) <= 1.15, prefill
+
+
+def test_a_decode_warms_up_where_its_weights_fit_the_cache_and_the_step_model_does_not():
+    """§1.10's mechanism left, as measured (runs/decode-steps.json): llama-bench's per-token decode
+    over 1 token vs over 128, from an empty cache. gt-qwen3moe Q4_K_M (a step's ~35 MB repeat
+    0.67 of their experts) is 1.4x+ slower at one token; the f16 files (130-250 MB a step) are not;
+    the step model prices every step alike."""
+    import statistics
+    from collections import defaultdict
+
+    data = json.loads((RUNS_DIR / "decode-steps.json").read_text())
+    per_token = defaultdict(dict)
+    for r in data["runs"]:
+        per_token[(r["gguf"], r["load_mode"])][r["n_gen"]] = statistics.median(r["samples_s"]) / r["n_gen"]
+    for mode in ("none", "mmap"):
+        q4 = per_token[("gt-qwen3moe-q4_k_m.gguf", mode)]
+        assert q4[1] / q4[128] >= 1.4, (mode, q4)
+        for f16 in ("gt-mixtral-f16.gguf", "gt-qwen3moe-f16.gguf"):
+            t = per_token[(f16, mode)]
+            assert 0.9 <= t[1] / t[128] <= 1.1, (f16, mode, t)
+    hw = load_hardware(str(HW))
+    inv = read_inventory(TABLE)
+    one, many = (run_times(inv, hw.ggml_cpu, 2, 1, 0, n) for n in (1, 128))
+    assert one.tpot_s / many.tpot_s == pytest.approx(1.0, abs=0.05)

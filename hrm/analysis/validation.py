@@ -58,11 +58,11 @@ def load_runs_file(path: str | Path, hardware: Optional[HardwareProfile] = None)
     return RunsFile(p, hardware, tuple(runs))
 
 
-def served_run(run: dict, base: Path, hardware: HardwareProfile):
-    """A llama-server / llama-cli / llama-completion run as the CPU step model runs it
-    (:func:`hrm.export.llama_cpp.cpu_only_run`), on the workload the run records: the prompt's
+def served_estimate(run: dict, base: Path, hardware: HardwareProfile, inventory):
+    """A llama-server / llama-cli / llama-completion run on the CPU step model
+    (:func:`hrm.export.llama_cpp.estimate_cpu_only`), on the workload the run records: the prompt's
     tokens as the tool counted them and the tokens generated (``workload``: prompt_len, gen_len)."""
-    from ..export.llama_cpp import cpu_only_run
+    from ..export.llama_cpp import estimate_cpu_only
     from ..model.spec import load_model
     from ..workload import make_workload
 
@@ -70,10 +70,8 @@ def served_run(run: dict, base: Path, hardware: HardwareProfile):
     if not isinstance(w, dict) or not {"prompt_len", "gen_len"} <= set(w):
         raise HRMError(f"{run.get('name', 'a run')}: a {run['command'].split()[0]} run needs workload: "
                        "{prompt_len, gen_len} (the prompt's tokens and the tokens generated)")
-    model = load_model(str(base / run["model"]))
     workload = make_workload(None, prompt_len=int(w["prompt_len"]), gen_len=int(w["gen_len"]))
-    return cpu_only_run(run["command"], model, workload, hardware,
-                        hardware.ggml_cpu.default_threads or int(hardware.cpu.cores))
+    return estimate_cpu_only(run["command"], load_model(str(base / run["model"])), workload, hardware, inventory)
 
 
 def predict_llama_cpu(run: dict, base: Path, hardware: HardwareProfile) -> dict[str, float]:
@@ -84,7 +82,7 @@ def predict_llama_cpu(run: dict, base: Path, hardware: HardwareProfile) -> dict[
         raise HRMError(f"{hardware.name}: no ggml_cpu section (run hrm profile --llama-cpp DIR on the machine)")
     inventory = read_inventory(base / run["gguf"])
     if tool_of(run["command"]) is None:  # llama-server / llama-cli / llama-completion: the one run it serves
-        times = predict(served_run(run, base, hardware).run, inventory, hardware.ggml_cpu)
+        times = served_estimate(run, base, hardware, inventory).times
         return {"prefill_s": times.prefill_s, "decode_s": times.decode_s}
     tests, _ = bench_runs(run["command"], hardware.cpu.cores)
     # a llama-bench pp test has no decode and a tg test no prefill: the command's times are sums

@@ -575,3 +575,34 @@ def cpu_only_run(text: str, model, workload, hardware, default_threads: int) -> 
     run = ToolRun(program, values.get("-m", ["MODEL.gguf"])[0], threads, threads_batch, prompt, gen - 1, users, 0, b,
                   ub, unified, False, f"{users} x (pp{prompt} + {gen} generated)", repack="-nr" not in values)
     return CpuOnlyRun(run, n_ctx, served, tuple(notes))
+
+
+@dataclass(frozen=True)
+class CpuOnlyEstimate:
+    """A llama-server / llama-cli command on a machine without a GPU: the run it serves, its
+    predicted times (:class:`hrm.cost.ggml_cpu.RunTimes`), and the bytes llama.cpp holds in the
+    machine's memory for it (the weights, and the KV cache of ``kv_tokens``; compute buffers not
+    counted), against the machine's memory."""
+
+    served: CpuOnlyRun
+    times: object
+    memory_bytes: float
+    fits: bool
+
+
+def estimate_cpu_only(text: str, model, workload, hardware, inventory) -> CpuOnlyEstimate:
+    """:func:`cpu_only_run` on the CPU step model, from ``inventory`` (the GGUF's tensors) and the
+    profile's measured ggml kernels; llama.cpp's default threads are the profile's (its
+    ``ggml_cpu.default_threads``, else its cores)."""
+    from ..cost.ggml_cpu import kv_bytes_per_token
+    from ..units import GIB
+    from .llama_tools import predict
+
+    section = hardware.ggml_cpu
+    if section is None:
+        raise HRMError(f"--hw {hardware.name}: no ggml_cpu section: measure this machine's llama.cpp kernels with "
+                       "hrm profile --llama-cpp DIR")
+    served = cpu_only_run(text, model, workload, hardware, section.default_threads or int(hardware.cpu.cores))
+    memory = inventory.weight_bytes + kv_bytes_per_token(inventory) * served.kv_tokens
+    return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory,
+                           memory <= hardware.cpu.memory_gib * GIB)
