@@ -50,7 +50,8 @@ def build_parser() -> ArgumentParser:
         "Read another engine's flags (one shell string) as the HRM policy they run and print its estimate: "
         "what does my current command reach? The command's own workload flags (and the engine's defaults where "
         "absent) define the workload estimated; a workload flag given here that differs from them is an error. "
-        "Unknown or malformed flags are refused in one line (exit 2)."))
+        "Unknown or malformed flags are refused in one line (exit 2). On a --hw without a GPU, a llama-server / "
+        "llama-cli / llama-completion command is the run it serves on the CPU step model (its -m GGUF, or --gguf)."))
     parser.add_argument("--from", dest="source", required=True, choices=list(IMPORT_SOURCES),
                         help="the engine the flags are for (ollama: a Modelfile's PARAMETER lines, /set parameter lines or a "
                              "request's options JSON, read as the llama-server command ollama launches)")

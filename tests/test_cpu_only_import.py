@@ -132,3 +132,20 @@ def test_a_decode_warms_up_where_its_weights_fit_the_cache_and_the_step_model_do
     inv = read_inventory(TABLE)
     one, many = (run_times(inv, hw.ggml_cpu, 2, 1, 0, n) for n in (1, 128))
     assert one.tpot_s / many.tpot_s == pytest.approx(1.0, abs=0.05)
+
+
+def test_hrm_fits_command_imported_back_predicts_what_fit_printed():
+    """hrm fit's best CPU-only command, pasted into hrm import on the same machine, is the same run:
+    the same prefill rate and memory; the decode rate within 0.5% (fit prices the llama-bench -pg
+    way, N decode steps; a server's request of N tokens runs N - 1)."""
+    from hrm.analysis.fit import fit_cpu
+    from hrm.export.llama_cpp import estimate_cpu_only
+
+    hw = load_hardware(str(HW))
+    inv = read_inventory(TABLE)
+    best = fit_cpu(hw, inv, 1024, 64, users=4).best
+    command = f"llama-server -m gt-qwen3moe-q4_k_m.gguf {best.args()}"
+    est = estimate_cpu_only(command, load_model(str(CONFIG)), make_workload(None, prompt_len=960, gen_len=64), hw, inv)
+    assert est.times.prefill_tok_s == pytest.approx(best.prefill_tok_s, rel=1e-9)
+    assert est.memory_bytes == pytest.approx(best.memory_bytes["cpu"], rel=1e-9)
+    assert est.times.decode_tok_s == pytest.approx(best.decode_tok_s, rel=5e-3)
