@@ -244,6 +244,8 @@ def scratch() -> Path:
     shutil.copytree(ROOT / "docs" / "calibrate", folder / "docs" / "calibrate")
     # the committed real runs, profile and tensor tables the llama.cpp examples read
     shutil.copytree(ROOT / "docs" / "validation" / "runs", folder / "docs" / "validation" / "runs")
+    # the ground-truth models' config.json files (a llama-server example's --model; the runs name them)
+    shutil.copytree(ROOT / "benchmarks" / "ground_truth" / "configs", folder / "benchmarks" / "ground_truth" / "configs")
     (folder / "docs" / "figures").mkdir(parents=True)
     (folder / "help-grid.yaml").write_text(help_grid())
     bin_dir = folder / "bin"

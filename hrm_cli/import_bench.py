@@ -31,18 +31,18 @@ def command_gguf(command: str) -> Path | None:
     return None
 
 
-def cpu_only_main(command: str, hw, model, workload, gguf, as_json: bool) -> int:
-    """A llama-server / llama-cli command on a machine without a GPU: the run it serves on the
-    CPU step model (:func:`hrm.export.llama_cpp.estimate_cpu_only`), printed; exit 3 when the
-    weights and the KV cache it allocates do not fit the machine's memory."""
+def cpu_only_main(source: str, command: str, hw, model, workload, gguf, as_json: bool) -> int:
+    """A llama-server / llama-cli command (or ollama's settings) on a machine without a GPU: the run
+    it serves on the CPU step model (:func:`hrm.export.importing.estimate_without_gpu`), printed;
+    exit 3 when the weights and the KV cache it allocates do not fit the machine's memory."""
     import sys
 
     from hrm.errors import InfeasibleError
-    from hrm.export.llama_cpp import estimate_cpu_only
+    from hrm.export.importing import estimate_without_gpu
     from hrm.units import GIB
 
     model_flag = next((w for w in _after(command, ("-m", "--model"))), "MODEL.gguf")
-    est = estimate_cpu_only(command, model, workload, hw, read_inventory(gguf_path(model_flag, str(gguf))))
+    est = estimate_without_gpu(source, command, model, workload, hw, read_inventory(gguf_path(model_flag, str(gguf))))
     run, times, served = est.served.run, est.times, est.served
     row = {"program": run.tool, "model": run.model_path, "users": run.sequences, "threads": run.threads,
            "threads_batch": run.threads_batch, "n_batch": run.n_batch, "n_ubatch": run.n_ubatch, "repack": run.repack,
@@ -51,7 +51,7 @@ def cpu_only_main(command: str, hw, model, workload, gguf, as_json: bool) -> int
            "tpot_s": times.tpot_s, "decode_tok_s": times.decode_tok_s, "memory_bytes": est.memory_bytes,
            "kv_tokens": served.kv_tokens, "fits_memory": est.fits}
     if as_json:
-        print(json.dumps({"source": "llama.cpp", "hardware": hw.name, "predicted_by": "cpu step model (hrm.cost.ggml_cpu)",
+        print(json.dumps({"source": source, "hardware": hw.name, "predicted_by": "cpu step model (hrm.cost.ggml_cpu)",
                           "run": row, "notes": list(served.notes)}, indent=2))
     else:
         from rich.table import Table

@@ -123,11 +123,12 @@ def main(argv) -> int:
     args.workload = args.workload or DEFAULT_PRESET
     hw, model = machine_from_args(args)
     gguf = args.gguf or here
-    if (args.source == "llama.cpp" and hw.gpu is None and hw.ggml_cpu is not None and not hw.ggml_cpu.prior
-            and gguf is not None and args.engine is None):
+    if (args.source in ("llama.cpp", "ollama") and hw.gpu is None and hw.ggml_cpu is not None
+            and not hw.ggml_cpu.prior and gguf is not None and args.engine is None):
         # no GPU: llama.cpp runs every layer on the CPU backend, which the CPU step model prices from
         # the GGUF's own tensors and this machine's measured kernels (docs/validation/ground_truth.md)
-        return import_bench.cpu_only_main(args.flags, hw, model, workload_from_args(args), gguf, args.json)
+        return import_bench.cpu_only_main(args.source, args.flags, hw, model, workload_from_args(args), gguf,
+                                          args.json)
     model, named_note = _with_named_format(args, model)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)

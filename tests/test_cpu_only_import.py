@@ -13,7 +13,8 @@ import pytest
 from hrm.analysis.validation import compare_runs, load_runs_file, summary
 from hrm.cost.ggml_cpu import HOST_BUFFER, run_times
 from hrm.errors import HRMError, InfeasibleError
-from hrm.export.llama_cpp import cpu_only_run
+from hrm.export.importing import split_flags
+from hrm.export.llama_cpp import LLAMA_CPP, cpu_only_run
 from hrm.machine.hardware import load_hardware
 from hrm.model.gguf import read_inventory
 from hrm.model.spec import load_model
@@ -28,8 +29,8 @@ CONFIG = ROOT / "benchmarks/ground_truth/configs/gt-qwen3moe.json"
 
 
 def _served(command, prompt=100, gen=64):
-    return cpu_only_run(command, load_model(str(CONFIG)), make_workload(None, prompt_len=prompt, gen_len=gen),
-                        load_hardware(str(HW)), 2)
+    return cpu_only_run(split_flags(LLAMA_CPP, command), command.split()[0], load_model(str(CONFIG)),
+                        make_workload(None, prompt_len=prompt, gen_len=gen), load_hardware(str(HW)), 2)
 
 
 def test_a_server_command_is_the_run_it_serves():
@@ -76,7 +77,7 @@ def test_memory_beyond_the_machine_is_exit_3():
     hw = load_hardware(str(HW))
     small = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"memory_gib": 0.05})})
     with pytest.raises(InfeasibleError, match="exceed"):
-        cpu_only_main("llama-server -m gt-qwen3moe-q4_k_m.gguf -c 4096", small, load_model(str(CONFIG)),
+        cpu_only_main("llama.cpp", "llama-server -m gt-qwen3moe-q4_k_m.gguf -c 4096", small, load_model(str(CONFIG)),
                       make_workload(), TABLE, True)
 
 
@@ -139,13 +140,26 @@ def test_hrm_fits_command_imported_back_predicts_what_fit_printed():
     the same prefill rate and memory; the decode rate within 0.5% (fit prices the llama-bench -pg
     way, N decode steps; a server's request of N tokens runs N - 1)."""
     from hrm.analysis.fit import fit_cpu
-    from hrm.export.llama_cpp import estimate_cpu_only
+    from hrm.export.importing import estimate_without_gpu
 
     hw = load_hardware(str(HW))
     inv = read_inventory(TABLE)
     best = fit_cpu(hw, inv, 1024, 64, users=4).best
     command = f"llama-server -m gt-qwen3moe-q4_k_m.gguf {best.args()}"
-    est = estimate_cpu_only(command, load_model(str(CONFIG)), make_workload(None, prompt_len=960, gen_len=64), hw, inv)
+    est = estimate_without_gpu("llama.cpp", command, load_model(str(CONFIG)),
+                               make_workload(None, prompt_len=960, gen_len=64), hw, inv)
     assert est.times.prefill_tok_s == pytest.approx(best.prefill_tok_s, rel=1e-9)
     assert est.memory_bytes == pytest.approx(best.memory_bytes["cpu"], rel=1e-9)
     assert est.times.decode_tok_s == pytest.approx(best.decode_tok_s, rel=5e-3)
+
+
+def test_ollamas_settings_on_a_cpu_only_machine_are_the_llama_server_run_it_launches():
+    out = subprocess.run([sys.executable, "-m", "hrm_cli", "import", "--from", "ollama", "--hw", str(HW), "--model",
+                          str(CONFIG), "--gguf", str(TABLE), "--prompt-len", "100", "--gen-len", "64", "--json",
+                          "PARAMETER num_thread 1\nPARAMETER num_ctx 2048"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    # num_thread 1 is -t 1, num_ctx 2048 one slot's -c (ollama/ollama@fb307609 llm/llama_server.go:368-416)
+    assert (got["run"]["threads"], got["run"]["users"], got["run"]["kv_tokens"]) == (1, 1, 2048)
+    want = run_times(read_inventory(TABLE), load_hardware(str(HW)).ggml_cpu, 1, 1, 100, 63, 0, 2048, 512, 1)
+    assert got["run"]["decode_s"] == pytest.approx(want.decode_s) and any("ollama" in n for n in got["notes"])

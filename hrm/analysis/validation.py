@@ -60,9 +60,9 @@ def load_runs_file(path: str | Path, hardware: Optional[HardwareProfile] = None)
 
 def served_estimate(run: dict, base: Path, hardware: HardwareProfile, inventory):
     """A llama-server / llama-cli / llama-completion run on the CPU step model
-    (:func:`hrm.export.llama_cpp.estimate_cpu_only`), on the workload the run records: the prompt's
+    (:func:`hrm.export.importing.estimate_without_gpu`), on the workload the run records: the prompt's
     tokens as the tool counted them and the tokens generated (``workload``: prompt_len, gen_len)."""
-    from ..export.llama_cpp import estimate_cpu_only
+    from ..export.importing import estimate_without_gpu
     from ..model.spec import load_model
     from ..workload import make_workload
 
@@ -71,7 +71,8 @@ def served_estimate(run: dict, base: Path, hardware: HardwareProfile, inventory)
         raise HRMError(f"{run.get('name', 'a run')}: a {run['command'].split()[0]} run needs workload: "
                        "{prompt_len, gen_len} (the prompt's tokens and the tokens generated)")
     workload = make_workload(None, prompt_len=int(w["prompt_len"]), gen_len=int(w["gen_len"]))
-    return estimate_cpu_only(run["command"], load_model(str(base / run["model"])), workload, hardware, inventory)
+    return estimate_without_gpu("llama.cpp", run["command"], load_model(str(base / run["model"])), workload, hardware,
+                                inventory)
 
 
 def predict_llama_cpu(run: dict, base: Path, hardware: HardwareProfile) -> dict[str, float]:

@@ -286,3 +286,29 @@ def imported_engine(source: str, imported: Imported, engine_name: Optional[str] 
     if imported.engine_fields and engine.name in target.engines:
         engine = with_fields(engine, imported.engine_fields)
     return engine
+
+
+def estimate_without_gpu(engine_name: str, text: str, model, workload, hardware, inventory):
+    """A llama.cpp command (llama-server, llama-cli, llama-completion), or ollama's settings read
+    as the llama-server command ollama launches, on a machine without a GPU: the run it serves on
+    the CPU step model from ``inventory`` (the GGUF's tensors) and the profile's measured ggml
+    kernels (:func:`hrm.export.llama_cpp.estimate_cpu_only`), the frontend's notes first."""
+    from .llama_cpp import estimate_cpu_only
+
+    ctx = Context(model=model, workload=workload, hardware=hardware)
+    frontend, target, values, front_notes = _read_values(engine_name, text, ctx)
+    if target.name != "llama.cpp":
+        raise HRMError(f"{engine_name}: only llama.cpp's commands (and ollama's settings) are predicted on the CPU "
+                       "step model of a machine without a GPU")
+    if frontend is not None:
+        program = f"{frontend.name} (its llama-server)"
+    else:
+        first = (text.split() or ["llama-server"])[0].rsplit("/", 1)[-1]
+        program = first if first in target.programs + target.import_programs else "llama-server"
+    try:
+        est = estimate_cpu_only(values, program, model, workload, hardware, inventory)
+    except HRMError as exc:
+        raise _as_frontend(frontend, values, exc) from None
+    from dataclasses import replace
+
+    return replace(est, served=replace(est.served, notes=tuple(front_notes) + est.served.notes))

@@ -528,17 +528,18 @@ class CpuOnlyRun:
     notes: tuple[str, ...]
 
 
-def cpu_only_run(text: str, model, workload, hardware, default_threads: int) -> CpuOnlyRun:
+def cpu_only_run(values: dict[str, list[str]], program: str, model, workload, hardware,
+                 default_threads: int) -> CpuOnlyRun:
     """A llama-server / llama-cli command on a CPU-only machine: one step-model run of the
     workload's prompt then its generated tokens for each user (-np slots, else one user:
     :func:`_users`), on -t threads for one-token steps and -tb for larger ones (absent or -1:
     ``default_threads``; -tb defaults to -t, common/common.h cpuparams_batch), ubatches of
     min(-ub, -b, n_ctx) (:func:`prefill_pass_tokens`), a KV stream per slot unless unified
-    (:func:`_slots`), weights repacked unless -nr. The GPU placement flags place nothing here."""
-    from .importing import split_flags
+    (:func:`_slots`), weights repacked unless -nr. The GPU placement flags place nothing here.
+    ``values``: the command's flags as the llama.cpp target reads them (:func:`hrm.export.importing.split_flags`);
+    ``program``: the program that runs them (llama-server, llama-cli ...)."""
     from .llama_tools import ToolRun
 
-    values = split_flags(LLAMA_CPP, text)
     ctx = Context(model=model, workload=workload, hardware=hardware)
     _refuse_unmodelled(values, ctx)
     notes = _model_notes(values, ctx, priced_from_file=True)
@@ -567,8 +568,6 @@ def cpu_only_run(text: str, model, workload, hardware, default_threads: int) -> 
     if values.get("-fa", ["auto"])[0].lower() in ("off", "disabled", "false", "0"):
         notes.append("llama.cpp: -fa off: the CPU step model prices flash attention (llama.cpp's default -fa auto "
                      "runs it on the CPU backend)")
-    program = (text.split() or ["llama-server"])[0].rsplit("/", 1)[-1]
-    program = program if program.startswith(("llama-", "main", "server")) else "llama-server"
     prompt, gen = int(served.effective_prompt_len), int(served.gen_len)
     # the first token is sampled from the prompt's logits and the last is never decoded: a request
     # of N tokens runs N - 1 decode steps (tools/completion/completion.cpp:544,642-648,667-683)
@@ -590,7 +589,8 @@ class CpuOnlyEstimate:
     fits: bool
 
 
-def estimate_cpu_only(text: str, model, workload, hardware, inventory) -> CpuOnlyEstimate:
+def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workload, hardware,
+                      inventory) -> CpuOnlyEstimate:
     """:func:`cpu_only_run` on the CPU step model, from ``inventory`` (the GGUF's tensors) and the
     profile's measured ggml kernels; llama.cpp's default threads are the profile's (its
     ``ggml_cpu.default_threads``, else its cores)."""
@@ -602,7 +602,8 @@ def estimate_cpu_only(text: str, model, workload, hardware, inventory) -> CpuOnl
     if section is None:
         raise HRMError(f"--hw {hardware.name}: no ggml_cpu section: measure this machine's llama.cpp kernels with "
                        "hrm profile --llama-cpp DIR")
-    served = cpu_only_run(text, model, workload, hardware, section.default_threads or int(hardware.cpu.cores))
+    served = cpu_only_run(values, program, model, workload, hardware,
+                          section.default_threads or int(hardware.cpu.cores))
     memory = inventory.weight_bytes + kv_bytes_per_token(inventory) * served.kv_tokens
     return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory,
                            memory <= hardware.cpu.memory_gib * GIB)
