@@ -136,6 +136,12 @@ def main(argv) -> int:
     imported = read_command(args.source, args.flags, model, asked, hw, options.gpu_memory_utilization,
                             {field: getattr(asked, field) for field in fields})
     policy, notes, workload = imported.policy, list(imported.notes), imported.workload
+    if args.source in ("llama.cpp", "ollama") and hw.gpu is None and args.engine is None:
+        missing = ("a measured ggml_cpu section (hrm profile --llama-cpp DIR)"
+                   if hw.ggml_cpu is None or hw.ggml_cpu.prior else "the GGUF (-m a file here, or --gguf FILE)")
+        notes.append(f"no GPU in {hw.name}: with {missing} this command is predicted on the CPU step model that real "
+                     "llama.cpp runs hold (docs/validation/ground_truth.md §1.10); this estimate is HRM's llama.cpp "
+                     "engine with the host as its device")
     model = imported.model or model  # as the command stores it (SGLang's --kt-method: the CPU experts' format)
     if named_note is not None:
         notes.append(named_note)

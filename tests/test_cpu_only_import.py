@@ -163,3 +163,11 @@ def test_ollamas_settings_on_a_cpu_only_machine_are_the_llama_server_run_it_laun
     assert (got["run"]["threads"], got["run"]["users"], got["run"]["kv_tokens"]) == (1, 1, 2048)
     want = run_times(read_inventory(TABLE), load_hardware(str(HW)).ggml_cpu, 1, 1, 100, 63, 0, 2048, 512, 1)
     assert got["run"]["decode_s"] == pytest.approx(want.decode_s) and any("ollama" in n for n in got["notes"])
+
+
+def test_without_the_gguf_the_estimate_says_how_to_reach_the_step_model():
+    out = subprocess.run([sys.executable, "-m", "hrm_cli", "import", "--from", "llama.cpp", "--hw", str(HW), "--model",
+                          str(CONFIG), "llama-server -m gt-qwen3moe-q4_k_m.gguf -t 2"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "-m a file here, or --gguf FILE" in out.stderr and "host as its device" in out.stderr

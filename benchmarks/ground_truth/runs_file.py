@@ -118,18 +118,46 @@ def completion_run(point: dict) -> dict | None:
             "name": f"{k['model']} {k['format']} t{k['threads']} (llama-completion)"}
 
 
+def server_run(point: dict) -> dict | None:
+    """A llama-server point (server_runs.py): its users' prompts prefilled in one batch and decoded
+    together, so a request's prefill is its slowest task's prompt_ms and its decode the slowest
+    task's predicted_ms (the -n - 1 decode steps after each slot's first sampled token)."""
+    if not point["samples"]:
+        return None
+    tasks = [t for s in point["samples"] for t in s["tasks"]]
+    prompt_n, predicted_n = {t["prompt_n"] for t in tasks}, {t["predicted_n"] for t in tasks}
+    if len(prompt_n) != 1 or len(predicted_n) != 1:
+        raise SystemExit(f"{point['key']}: tasks of different prompt or generated lengths {prompt_n} {predicted_n}")
+    pre_all = [max(t["prompt_ms"] for t in s["tasks"]) / 1e3 for s in point["samples"]]
+    dec_all = [max(t["predicted_ms"] for t in s["tasks"]) / 1e3 for s in point["samples"]]
+    pre, dec = kept(pre_all), kept(dec_all)
+    k = point["key"]
+    n = predicted_n.pop()
+    return {"workload": {"prompt_len": prompt_n.pop(), "gen_len": n},
+            "measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
+                         "total_s": sig(statistics.median(pre) + statistics.median(dec)),
+                         "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / (n - 1))},
+            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all]},
+            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
+            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
+            "name": f"{k['model']} {k['format']} t{k['threads']} x{k['parallel']} (llama-server)"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("raw", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--profile", required=True, help="the profile path as the runs file names it (relative to it)")
     ap.add_argument("--only", action="append", metavar="NAME", help="keep only this run (repeatable)")
+    ap.add_argument("--points", default="points", help="the raw file's list of points to read (server_runs.py also "
+                    "writes completion_again: §1.10's commands in its window)")
     args = ap.parse_args()
     raw = json.loads(args.raw.read_text())
     runs = []
-    for point in raw["points"]:
+    for point in raw[args.points]:
         k = point["key"]
-        made = {"llama-batched-bench": batched_run, "llama-completion": completion_run}.get(k["tool"], bench_run)(point)
+        made = {"llama-batched-bench": batched_run, "llama-completion": completion_run,
+                "llama-server": server_run}.get(k["tool"], bench_run)(point)
         if made is None:
             continue
         run = {"name": made.pop("name"), "engine": "llama.cpp", "from": "llama.cpp",
