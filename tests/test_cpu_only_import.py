@@ -171,3 +171,15 @@ def test_without_the_gguf_the_estimate_says_how_to_reach_the_step_model():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "-m a file here, or --gguf FILE" in out.stderr and "host as its device" in out.stderr
+
+
+def test_four_users_on_llama_server():
+    """18 real llama-server runs, -np 4 with four prompts a request (§1.11), predicted by hrm import's
+    CPU-only path: median within 0.9-1.1, every time within 1.25x; and §1.10's commands measured
+    again in that window stay within the completion test's bounds but one (the warm-up)."""
+    runs = compare_runs(load_runs_file(RUNS_DIR / "llamacpp-cpu-server.yaml"))
+    stats = summary(runs)
+    assert len(runs) == 18 and 0.9 <= stats["median_ratio"] <= 1.1, stats
+    assert stats["worst_factor"] <= 1.25 and stats["beyond_1_25x"] == 0, stats
+    again = summary(compare_runs(load_runs_file(RUNS_DIR / "llamacpp-cpu-completion-again.yaml")))
+    assert 0.9 <= again["median_ratio"] <= 1.1 and again["beyond_1_25x"] <= 1, again

@@ -1,6 +1,7 @@
-"""docs/validation/ground_truth.md §1.10: the llama-completion runs (one user through llama-cli's
-path) against `hrm import`'s prediction now (the CPU step model, on a machine without a GPU) and
-before (HRM's llama.cpp engine on a profile whose "GPU" tier is the host: `--engine llama.cpp`).
+"""docs/validation/ground_truth.md §1.10-§1.11: the llama-completion runs (one user through
+llama-cli's path) or the llama-server runs (``-np`` users) against `hrm import`'s prediction now
+(the CPU step model, on a machine without a GPU) and before (HRM's llama.cpp engine on a profile
+whose "GPU" tier is the host: `--engine llama.cpp`).
 
     python benchmarks/ground_truth/completion_table.py [--runs docs/validation/runs/llamacpp-cpu-completion.yaml] \
         [--models .ground/models]
@@ -30,7 +31,10 @@ def before(run: dict, runs_dir: Path, hw: str, models: Path) -> tuple[float, flo
                           str(runs_dir / hw), "--prompt-len", str(w["prompt_len"]), "--engine", "llama.cpp", "--json"],
                          capture_output=True, text=True, check=True, cwd=ROOT)
     est = json.loads(out.stdout)["estimate"]
-    return est["prefill_latency_s"], (w["gen_len"] - 1) / est["decode_throughput_tok_s"]
+    words = run["command"].split()
+    users = int(words[words.index("-np") + 1]) if "-np" in words else 1
+    # the decode rate counts every user's tokens: N (gen - 1) / decode
+    return est["prefill_latency_s"], users * (w["gen_len"] - 1) / est["decode_throughput_tok_s"]
 
 
 def main() -> int:
@@ -40,7 +44,7 @@ def main() -> int:
     args = ap.parse_args()
     runs_file = load_runs_file(args.runs)
     raw = {r["name"]: r for r in runs_file.runs}
-    print("| run | prompt tok | measured prefill s | now | before | measured decode s (63 steps) | now | before |")
+    print("| run | prompt tok | measured prefill s | now | before | measured decode s | now | before |")
     print("|---|---|---|---|---|---|---|---|")
     now_r, old_r = [], []
     for c in compare_runs(runs_file):
@@ -52,7 +56,7 @@ def main() -> int:
             now_r.append(c.predicted[q] / m)
             old_r.append(o / m)
             cells += [f"{m:.3f}", f"{c.predicted[q] / m:.2f}", f"{o / m:.2f}"]
-        print(f"| {c.name.replace(' (llama-completion)', '')} | {run['workload']['prompt_len']} | " + " | ".join(cells) + " |")
+        print(f"| {c.name.replace(' (llama-completion)', '').replace(' (llama-server)', '')} | {run['workload']['prompt_len']} | " + " | ".join(cells) + " |")
     for label, rs in (("now", now_r), ("before", old_r)):
         print(f"{label}: median {statistics.median(rs):.3f}, worst {max(max(r, 1 / r) for r in rs):.2f}x, "
               f"beyond 1.25x: {sum(max(r, 1 / r) > 1.25 for r in rs)} of {len(rs)}")
