@@ -183,3 +183,22 @@ def test_four_users_on_llama_server():
     assert stats["worst_factor"] <= 1.25 and stats["beyond_1_25x"] == 0, stats
     again = summary(compare_runs(load_runs_file(RUNS_DIR / "llamacpp-cpu-completion-again.yaml")))
     assert 0.9 <= again["median_ratio"] <= 1.1 and again["beyond_1_25x"] <= 1, again
+
+
+def test_fit_shrinks_an_unset_context_to_the_machines_memory_as_llama_cpp_does():
+    """No -c on a 32 GiB machine: llama.cpp's --fit (on by default, common/fit.cpp:380-432) keeps the
+    largest context, in steps of 256, that leaves 1 GiB free; -c given or --fit off: as given."""
+    from hrm.export.llama_cpp import FIT_TARGET_BYTES, fitted_kv_tokens
+
+    run = _served("llama-server -m gt-qwen3moe-q4_k_m.gguf").run  # one user, unified (auto slots)
+    weights, per_token, memory = 18e9, 98304.0, 32 * 2**30  # a Qwen3-30B-A3B Q4_K_M's sizes
+    values = split_flags(LLAMA_CPP, "llama-server -m x.gguf")
+    n, notes = fitted_kv_tokens(values, run, 262144, weights, per_token, memory, 262144)
+    target = memory - FIT_TARGET_BYTES
+    assert n % 256 == 0 and weights + per_token * n <= target < weights + per_token * (n + 256), n
+    assert "shrinks the context from 262144" in notes[0]
+    for given in ("llama-server -m x.gguf -c 8192", "llama-server -m x.gguf --fit off"):
+        assert fitted_kv_tokens(split_flags(LLAMA_CPP, given), run, 262144, weights, per_token, memory, 8192)[0] == 8192
+    # room for the whole trained context: n_ctx_train per KV stream (4 slots without -kvu: 4 streams)
+    four = _served("llama-server -m gt-qwen3moe-q4_k_m.gguf -np 4").run
+    assert fitted_kv_tokens(values, four, 40960, 1e9, per_token, 128 * 2**30, 40960)[0] == 4 * 40960

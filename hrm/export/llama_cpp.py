@@ -7,7 +7,7 @@ is a fact of ``docs/engines/llama_cpp.md`` (file:line at the pinned commit); tes
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .. import bounds
@@ -589,6 +589,36 @@ class CpuOnlyEstimate:
     fits: bool
 
 
+#: --fit's free-memory target per device, the host's when there is no GPU (common/common.h:483:
+#: 1024 MiB; --fit-target overrides it)
+FIT_TARGET_BYTES = 1024 * 2**20
+_OFF = ("off", "disabled", "false", "0")
+
+
+def fitted_kv_tokens(values: dict[str, list[str]], run, n_ctx_train: int, weight_bytes: float,
+                     kv_bytes_per_token: float, memory_bytes: float, kv_tokens: int) -> tuple[int, list[str]]:
+    """The KV cache's tokens llama.cpp allocates on a machine without a GPU: ``kv_tokens`` (-c as
+    given); with no -c (or -c 0) and --fit on, its default, common/fit.cpp's host step instead:
+    n_ctx_train per KV stream (one when unified, else one per slot: :197, :267-272), shrunk when
+    the weights and that cache leave less than FIT_TARGET_BYTES of the host's memory, linearly
+    toward FIT_MIN_CTX per stream (:317-327, :393-432), in steps of 256 per stream. Compute
+    buffers are not counted here, as nowhere in this estimate."""
+    if int_value(values, "-c", CONTEXT, 0) != 0 or values.get("--fit", ["on"])[0].lower() in _OFF:
+        return kv_tokens, []
+    streams = 1 if run.kv_unified else run.sequences
+    n_max, n_min = n_ctx_train * streams, FIT_MIN_CTX * streams
+    target = memory_bytes - FIT_TARGET_BYTES
+    used_max, used_min = weight_bytes + kv_bytes_per_token * n_max, weight_bytes + kv_bytes_per_token * n_min
+    if used_max <= target or n_max <= n_min:
+        return n_max, [f"llama.cpp: no -c: --fit (on by default) gives each of {streams} KV stream(s) the model's "
+                       f"{n_ctx_train} tokens (common/fit.cpp:267-272)"]
+    n = n_min + int((n_max - n_min) * max(target - used_min, 0) / (used_max - used_min))
+    align = 256 * streams
+    n = max(n - n % align, n_min)
+    return n, [f"llama.cpp: no -c: --fit (on by default) shrinks the context from {n_max} to {n} tokens to leave "
+               f"{FIT_TARGET_BYTES // 2**20} MiB of the machine's memory (common/fit.cpp:380-432)"]
+
+
 def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workload, hardware,
                       inventory) -> CpuOnlyEstimate:
     """:func:`cpu_only_run` on the CPU step model, from ``inventory`` (the GGUF's tensors) and the
@@ -604,6 +634,10 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
                        "hrm profile --llama-cpp DIR")
     served = cpu_only_run(values, program, model, workload, hardware,
                           section.default_threads or int(hardware.cpu.cores))
-    memory = inventory.weight_bytes + kv_bytes_per_token(inventory) * served.kv_tokens
-    return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory,
-                           memory <= hardware.cpu.memory_gib * GIB)
+    per_token, host = kv_bytes_per_token(inventory), hardware.cpu.memory_gib * GIB
+    train = int(model.max_context_len or served.kv_tokens)
+    kv_tokens, fit_notes = fitted_kv_tokens(values, served.run, train, inventory.weight_bytes, per_token, host,
+                                            served.kv_tokens)
+    served = replace(served, kv_tokens=kv_tokens, notes=served.notes + tuple(fit_notes))
+    memory = inventory.weight_bytes + per_token * kv_tokens
+    return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory, memory <= host)
