@@ -25,14 +25,27 @@ def parse_args(argv):
                                         "efficiencies, dispatch) to your own measured runs, each within a physical\n"
                                         "range; print measured vs predicted before and after the fit, and the\n"
                                         "leave-one-out error. docs/calibrate.md says what, why and how.")
-    parser.add_argument("runs", metavar="RUNS.yaml",
+    parser.add_argument("runs", metavar="RUNS.yaml", nargs="?",
                         help="hardware, model and runs (engine, workload, policy, measured); docs/calibrate.md")
+    parser.add_argument("--llama-bench", metavar="OUT.json", action="append",
+                        help="instead of RUNS.yaml: llama-bench's own output (-o json or -o jsonl; repeatable), each "
+                             "pp or tg test one run of the CPU step model; with --hw and --gguf")
+    parser.add_argument("--hw", help="with --llama-bench: the profile measured on the machine that ran it "
+                                     "(hrm profile --llama-cpp DIR)")
+    parser.add_argument("--gguf", metavar="FILE", help="with --llama-bench: the GGUF it ran (or its hrm tensor table)")
     parser.add_argument("--out", metavar="PROFILE.yaml", help="write the calibrated profile here (atomically); "
                                                               "without it nothing is written")
     parser.add_argument("--fields", metavar="A,B",
                         help=f"fit only these fields (default: every one the runs identify): {', '.join(FIELDS)}")
     parser.add_argument("--name", help="name of the calibrated profile (default: <base>@calibrated)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.runs is None) == (args.llama_bench is None):
+        parser.error("give RUNS.yaml or --llama-bench OUT.json, one of the two")
+    if args.llama_bench and not (args.hw and args.gguf):
+        parser.error("--llama-bench needs --hw PROFILE.yaml and --gguf FILE (the machine and the model it ran)")
+    if args.runs is not None and (args.hw or args.gguf):
+        parser.error("--hw and --gguf go with --llama-bench (a runs file names its own)")
+    return args
 
 
 def field_list(text: str | None):
@@ -128,11 +141,15 @@ def render(calibration: Calibration, console) -> None:
 def main(argv) -> int:
     args = parse_args(argv)
     fields = field_list(args.fields)
-    out = check_out(args.out, args.runs)
+    out = check_out(args.out, args.runs or args.llama_bench[0])
     if args.name is not None and (not args.name.strip() or not args.name.isprintable()):
         raise HRMError(f"--name: must be a non-empty printable name, got {args.name!r}")
+    if args.llama_bench:
+        return _calibrate_llama_cpu(args, out, _llama_bench_runs(args))
     if _llama_cpu_runs(args.runs):
-        return _calibrate_llama_cpu(args, out)
+        from hrm.analysis.validation import load_runs_file
+
+        return _calibrate_llama_cpu(args, out, load_runs_file(args.runs))
     runs = load_runs(args.runs)
     try:
         hw = load_hardware(runs.hardware)
@@ -171,24 +188,43 @@ def _llama_cpu_runs(path: str) -> bool:
         isinstance(r, dict) and r.get("from") == "llama.cpp" and "command" in r and "gguf" in r for r in runs)
 
 
-def _calibrate_llama_cpu(args, out) -> int:
-    from hrm.analysis.validation import GGML_FIELDS, compare_runs, fit_ggml_scales, load_runs_file, with_scales
+def _llama_bench_runs(args):
+    """--llama-bench files as one runs file of the CPU step model (hrm.analysis.validation.runs_from_llama_bench)."""
+    from pathlib import Path
+
+    from hrm.analysis.validation import RunsFile, runs_from_llama_bench
+    from hrm_cli.common import check_input_file
+
+    check_input_file(args.gguf, "--gguf")
+    runs = []
+    for path in args.llama_bench:
+        check_input_file(path, "--llama-bench")
+        runs += runs_from_llama_bench(Path(path).read_text(errors="replace"), f"--llama-bench {path}", args.gguf)
+    return RunsFile(Path(args.llama_bench[0]), load_hardware(args.hw), tuple(runs))
+
+
+def _calibrate_llama_cpu(args, out, runs_file) -> int:
+    from dataclasses import replace
+
+    from hrm.analysis.validation import GGML_FIELDS, compare_runs, fit_ggml_scales, with_scales
 
     if args.fields is not None and set(field_list(args.fields)) - {f"ggml_cpu.{f}" for f in GGML_FIELDS}:
         raise HRMError(f"--fields: llama.cpp CPU runs fit {', '.join('ggml_cpu.' + f for f in GGML_FIELDS)} only")
-    runs_file = load_runs_file(args.runs)
+    if runs_file.hardware.ggml_cpu is None:
+        raise HRMError(f"{runs_file.hardware.name}: no ggml_cpu section (hrm profile --llama-cpp DIR on the machine)")
     cal = fit_ggml_scales(runs_file, tuple(range(len(runs_file.runs))))
     hw = with_scales(runs_file.hardware, cal.stream_scale, cal.compute_scale)
     name = args.name or f"{runs_file.hardware.name}@calibrated"
+    of = args.runs or ", ".join(args.llama_bench)
     methods = {**hw.source.methods,
-               "ggml_cpu.stream_scale": f"hrm calibrate on {len(runs_file.runs)} runs of {args.runs}",
-               "ggml_cpu.compute_scale": f"hrm calibrate on {len(runs_file.runs)} runs of {args.runs}"}
+               "ggml_cpu.stream_scale": f"hrm calibrate on {len(runs_file.runs)} runs of {of}",
+               "ggml_cpu.compute_scale": f"hrm calibrate on {len(runs_file.runs)} runs of {of}"}
     hw = hw.model_copy(update={"name": name, "source": hw.source.model_copy(update={"kind": "calibrated",
                                                                                     "methods": methods})})
     from hrm_cli.common import console as make_console
 
     console = make_console()
-    after = compare_runs(load_runs_file(args.runs, hw))
+    after = compare_runs(replace(runs_file, hardware=hw))
     console.print(f"ggml_cpu.stream_scale = {cal.stream_scale:.4g}, ggml_cpu.compute_scale = {cal.compute_scale:.4g} "
                   f"(RMS of log predicted/measured {cal.rms_log_before:.3f} -> {cal.rms_log_after:.3f})",
                   highlight=False)

@@ -202,3 +202,61 @@ def test_fit_shrinks_an_unset_context_to_the_machines_memory_as_llama_cpp_does()
     # room for the whole trained context: n_ctx_train per KV stream (4 slots without -kvu: 4 streams)
     four = _served("llama-server -m gt-qwen3moe-q4_k_m.gguf -np 4").run
     assert fitted_kv_tokens(values, four, 40960, 1e9, per_token, 128 * 2**30, 40960)[0] == 4 * 40960
+
+
+BENCH_OUT = ROOT / "docs/calibrate/llama-bench-gt-qwen3moe-q4_k_m.jsonl"
+
+
+def test_llama_benchs_own_output_is_runs_of_the_step_model():
+    """llama-bench -o jsonl output (committed as llama-bench printed it, 08:45 UTC): each pp or tg
+    test one run, its command rebuilt from the fields so that llama_tools reads back the same test,
+    its time the median of its samples_ns."""
+    import statistics
+
+    from hrm.analysis.validation import runs_from_llama_bench
+    from hrm.export.llama_tools import bench_runs
+
+    lines = [json.loads(line) for line in BENCH_OUT.read_text().splitlines()]
+    runs = runs_from_llama_bench(BENCH_OUT.read_text(), "out", TABLE)
+    assert len(runs) == len(lines) == 4
+    for run, t in zip(runs, lines):
+        (test,), _ = bench_runs(run["command"], 2)
+        assert (test.threads, test.prompt_len, test.gen_len, test.depth, test.n_batch, test.n_ubatch) == (
+            t["n_threads"], t["n_prompt"], t["n_gen"], t["n_depth"], t["n_batch"], t["n_ubatch"])
+        (q, value), = run["measured"].items()
+        assert q == ("prefill_s" if t["n_prompt"] else "decode_s")
+        assert value == pytest.approx(statistics.median(t["samples_ns"]) / 1e9)
+    # the same as a JSON array (-o json)
+    assert runs_from_llama_bench(json.dumps(lines), "out", TABLE) == runs
+
+
+def test_calibrate_reads_llama_bench_output(tmp_path):
+    out = tmp_path / "mine.yaml"
+    p = subprocess.run([sys.executable, "-m", "hrm_cli", "calibrate", "--llama-bench", str(BENCH_OUT), "--hw", str(HW),
+                        "--gguf", str(TABLE), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    cal = load_hardware(str(out)).ggml_cpu
+    assert 0.5 <= cal.stream_scale <= 2 and 0.5 <= cal.compute_scale <= 2
+    assert (cal.stream_scale, cal.compute_scale) != (1.0, 1.0)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("not json", "not llama-bench's -o json"),
+    ('{"model_filename": "m.gguf"}', "no n_threads"),
+    (json.dumps({"model_filename": "m.gguf", "n_threads": 2, "n_prompt": 64, "n_gen": 16, "n_depth": 0, "n_batch": 2048,
+                 "n_ubatch": 512, "samples_ns": [1000]}), "a pp or a tg test"),
+    (json.dumps({"model_filename": "m.gguf", "backends": "CUDA", "n_threads": 2, "n_prompt": 64, "n_gen": 0,
+                 "n_depth": 0, "n_batch": 2048, "n_ubatch": 512, "samples_ns": [1000]}), "CPU-backend runs only"),
+])
+def test_llama_bench_output_it_cannot_price_is_one_line(text, match):
+    from hrm.analysis.validation import runs_from_llama_bench
+
+    with pytest.raises(HRMError, match=match) as exc:
+        runs_from_llama_bench(text, "out.jsonl", TABLE)
+    assert "\n" not in str(exc.value) and "out.jsonl" in str(exc.value)
+
+
+def test_calibrate_llama_bench_needs_the_machine_and_the_model():
+    p = subprocess.run([sys.executable, "-m", "hrm_cli", "calibrate", "--llama-bench", str(BENCH_OUT)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "--hw" in p.stderr and "Traceback" not in p.stderr

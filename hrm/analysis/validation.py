@@ -44,6 +44,61 @@ class RunsFile:
     runs: tuple[dict, ...]
 
 
+#: llama-bench's JSON fields a CPU step model run is read from, and the values it must have
+#: (tools/llama-bench/llama-bench.cpp: test::to_json; a CPU-backend run with the default cache)
+_BENCH_REQUIRED = ("model_filename", "n_threads", "n_prompt", "n_gen", "n_depth", "n_batch", "n_ubatch", "samples_ns")
+
+
+def runs_from_llama_bench(text: str, where: str, gguf: str | Path) -> tuple[dict, ...]:
+    """llama-bench's own output (``-o json``: one array, or ``-o jsonl``: one object a line) as runs
+    of the CPU step model: each test its exact command (rebuilt from the fields llama-bench prints)
+    and its measured time (the median of its ``samples_ns``: a pp test's prefill, a tg test's
+    decode), the GGUF it ran being ``gguf`` (the file, or its tensor table). One-line HRMError,
+    naming ``where`` and the field, for a test this model does not price: a GPU backend, a K/V
+    type other than f16, an -ncmoe, a pp+tg (-pg) test."""
+    import json
+
+    text = text.strip()
+    try:
+        tests = json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines()
+                                                               if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise HRMError(f"{where}: not llama-bench's -o json or -o jsonl output ({exc.msg}, line {exc.lineno})") from None
+    if not tests:
+        raise HRMError(f"{where}: no tests")
+    runs = []
+    for i, t in enumerate(tests, 1):
+        at = f"{where}: test {i}"
+        if not isinstance(t, dict):
+            raise HRMError(f"{at}: not a JSON object")
+        missing = [k for k in _BENCH_REQUIRED if k not in t]
+        if missing:
+            raise HRMError(f"{at}: no {', '.join(missing)} (llama-bench's -o json / jsonl fields)")
+        if str(t.get("backends", "CPU")) != "CPU" or int(t.get("n_cpu_moe", 0) or 0) != 0:
+            raise HRMError(f"{at}: backends {t.get('backends')!r}, n_cpu_moe {t.get('n_cpu_moe')}: the CPU step model "
+                           "calibrates CPU-backend runs only")
+        if {str(t.get("type_k", "f16")), str(t.get("type_v", "f16"))} != {"f16"}:
+            raise HRMError(f"{at}: type_k/type_v {t.get('type_k')}/{t.get('type_v')}: the CPU step model prices an "
+                           "f16 K/V cache")
+        n_prompt, n_gen = int(t["n_prompt"]), int(t["n_gen"])
+        if (n_prompt > 0) == (n_gen > 0):
+            raise HRMError(f"{at}: n_prompt {n_prompt}, n_gen {n_gen}: a pp or a tg test (a -pg test's time is not "
+                           "split into its phases)")
+        samples = [float(x) for x in t["samples_ns"]]
+        if not samples or min(samples) <= 0:
+            raise HRMError(f"{at}: samples_ns: positive nanoseconds")
+        name = Path(str(t["model_filename"])).name
+        repack = "" if t.get("repack", True) in (True, 1, "1", "true") else " --repack 0"
+        command = (f"llama-bench -m {name} -t {int(t['n_threads'])} -p {n_prompt} -n {n_gen} -d {int(t['n_depth'])} "
+                   f"-b {int(t['n_batch'])} -ub {int(t['n_ubatch'])}{repack}")
+        phase = "prefill_s" if n_prompt else "decode_s"
+        label = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+        runs.append({"name": f"{name} t{int(t['n_threads'])} {label} d{int(t['n_depth'])}", "engine": "llama.cpp",
+                     "from": "llama.cpp", "command": command, "gguf": str(Path(gguf).resolve()),
+                     "measured": {phase: statistics.median(samples) / 1e9}})
+    return tuple(runs)
+
+
 def load_runs_file(path: str | Path, hardware: Optional[HardwareProfile] = None) -> RunsFile:
     p = Path(path)
     data = read_yaml_mapping(p, "runs file", "hardware, runs")
