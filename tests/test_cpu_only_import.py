@@ -260,3 +260,14 @@ def test_calibrate_llama_bench_needs_the_machine_and_the_model():
     p = subprocess.run([sys.executable, "-m", "hrm_cli", "calibrate", "--llama-bench", str(BENCH_OUT)],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "--hw" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_context_fit_shrinks_below_the_workload_is_infeasible():
+    from hrm.export.importing import estimate_without_gpu
+
+    hw = load_hardware(str(HW))
+    model = load_model(str(CONFIG)).model_copy(update={"max_context_len": 262144})
+    tight = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"memory_gib": 1.3})})
+    with pytest.raises(InfeasibleError, match="--fit shrinks the context"):
+        estimate_without_gpu("llama.cpp", "llama-server -m gt-qwen3moe-q4_k_m.gguf", model,
+                             make_workload(None, prompt_len=8000, gen_len=128), tight, read_inventory(TABLE))

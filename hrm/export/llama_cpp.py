@@ -511,6 +511,8 @@ LLAMA_CPP = EngineFlags(
 
 
 #: flags that place layers, tensors or the KV cache on a GPU: on a CPU-only machine nothing moves
+#: a switch's off values (common/arg.cpp:1334-1344)
+_OFF = ("off", "disabled", "false", "0")
 _GPU_PLACEMENT_FLAGS = ("-ngl", "--n-cpu-moe", "-cmoe", "-ot", "-nkvo", "-sm", "-ts", "--tensor-split", "-mg",
                         "--main-gpu", "-dev", "--device")
 
@@ -565,7 +567,7 @@ def cpu_only_run(values: dict[str, list[str]], program: str, model, workload, ha
     if kv_types - {"f16"}:
         notes.append(f"llama.cpp: a {'/'.join(sorted(kv_types))} KV cache: the CPU step model prices an f16 cache "
                      "(hrm.cost.ggml_cpu.KV_ELEMENT_TYPE), as measured")
-    if values.get("-fa", ["auto"])[0].lower() in ("off", "disabled", "false", "0"):
+    if values.get("-fa", ["auto"])[0].lower() in _OFF:
         notes.append("llama.cpp: -fa off: the CPU step model prices flash attention (llama.cpp's default -fa auto "
                      "runs it on the CPU backend)")
     prompt, gen = int(served.effective_prompt_len), int(served.gen_len)
@@ -592,7 +594,6 @@ class CpuOnlyEstimate:
 #: --fit's free-memory target per device, the host's when there is no GPU (common/common.h:483:
 #: 1024 MiB; --fit-target overrides it)
 FIT_TARGET_BYTES = 1024 * 2**20
-_OFF = ("off", "disabled", "false", "0")
 
 
 def fitted_kv_tokens(values: dict[str, list[str]], run, n_ctx_train: int, weight_bytes: float,
@@ -639,5 +640,13 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
     kv_tokens, fit_notes = fitted_kv_tokens(values, served.run, train, inventory.weight_bytes, per_token, host,
                                             served.kv_tokens)
     served = replace(served, kv_tokens=kv_tokens, notes=served.notes + tuple(fit_notes))
+    run, longest = served.run, context_tokens(Context(model=model, workload=served.workload))
+    # a stream per slot holds one sequence, a unified cache all of them: either way users x longest
+    if fit_notes and kv_tokens < run.sequences * longest:  # requests rejected (command_workload's -c check)
+        from ..errors import InfeasibleError
+
+        raise InfeasibleError(f"llama.cpp: --fit shrinks the context to {kv_tokens} tokens to fit {hardware.name}'s memory, "
+                       f"below the {run.sequences} user(s) x {longest} tokens of the workload's longest sequences: "
+                       "requests would fail; give a shorter workload or more memory")
     memory = inventory.weight_bytes + per_token * kv_tokens
     return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory, memory <= host)
