@@ -113,3 +113,13 @@ def test_repack_is_read_from_the_benchmarks_commands():
     assert [r.repack for r in runs] == [False]
     runs, _ = bench_runs("llama-batched-bench -m m.gguf -npp 32 -ntg 4 -npl 1", 2)
     assert [r.repack for r in runs] == [True]
+
+
+def test_no_c_gives_every_kv_stream_the_trained_context_under_fit():
+    """No -c and -np 64 (a KV stream per slot): llama.cpp's --fit, on by default, gives every stream
+    the model's trained context (common/fit.cpp:197,267-272), so 546-token sequences fit; with
+    --fit off the trained context is split among the slots (512 each) and the server rejects them."""
+    got = _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 28 -np 64")
+    assert got.policy.batch_size == 64 and any("each of the 64 slots' KV streams" in n for n in got.notes)
+    with pytest.raises(HRMError, match=r"no -c \(the model's 32768 tokens\) with 64 slots gives each 512"):
+        _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 28 -np 64 --fit off")

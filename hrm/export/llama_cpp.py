@@ -35,6 +35,8 @@ DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512
 AUTO_SLOTS = 4
 #: --fit (on by default, common/common.h:478) may shrink an unset -c, never below 4096 (:480)
 FIT_MIN_CTX = 4096
+#: a switch's off values (common/arg.cpp:1334-1344)
+_OFF = ("off", "disabled", "false", "0")
 #: flags llama-server no longer takes at the pinned commit (their value counts in older
 #: versions): read with a note (--mlock and --no-mmap became --load-mode, common/arg.cpp:2691)
 _LEGACY = {"--no-mmap": 0, "--mlock": 0}
@@ -200,6 +202,18 @@ def _ctx_size(values: dict[str, list[str]], ctx: Context) -> int:
     return int(ctx.model.max_context_len)
 
 
+def kv_context(values: dict[str, list[str]], ctx: Context) -> tuple[int, int]:
+    """(n_ctx, n_ctx_seq): the KV cache's tokens and each slot's context as llama.cpp sizes them
+    for the command (:func:`slot_context`): -c as given; with no -c (or -c 0) the model's trained
+    context, which --fit (on by default) gives to every KV stream — one when unified, else one per
+    slot (common/fit.cpp:197, 267-272; then shrunk to fit memory, not below FIT_MIN_CTX a stream) —
+    and --fit off gives once, split among the slots (src/llama-context.cpp:290-305)."""
+    slots, unified = _slots(values)
+    size = _ctx_size(values, ctx)
+    fit_auto = int_value(values, "-c", CONTEXT, 0) == 0 and values.get("--fit", ["on"])[0].lower() not in _OFF
+    return slot_context(size * slots if fit_auto and not unified else size, slots, unified)
+
+
 def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
     """The workload a command serves: the HRM workload when every slot's context holds its
     longest sequence (and, with a shared KV cache, all slots' together), else a one-line
@@ -213,12 +227,13 @@ def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
         ctx = ctx.model_copy(update={"workload": workload})
     slots, unified = _slots(values)
     size = _ctx_size(values, ctx)
-    total, per_slot = slot_context(size, slots, unified)
+    total, per_slot = kv_context(values, ctx)
     train = ctx.model.max_context_len
     limit = min(per_slot, int(train)) if train else per_slot  # capped at n_ctx_train (server-context.cpp:4007-4015)
     longest = context_tokens(ctx)
     if longest > limit:
-        raise HRMError(f"llama.cpp: -c {size} with {slots} slots gives each {limit} tokens of context "
+        given = f"-c {size}" if int_value(values, "-c", CONTEXT, 0) else f"no -c (the model's {size} tokens)"
+        raise HRMError(f"llama.cpp: {given} with {slots} slots gives each {limit} tokens of context "
                        f"({_CTX}:290-305), below the workload's longest sequence, --max-prompt-len + --gen-len = "
                        f"{longest}: the server rejects those requests; give -c {ctx_pad(slots * longest)} or a "
                        "shorter workload")
@@ -370,15 +385,19 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     _refuse_unmodelled(values, ctx)
     notes = _model_notes(values, ctx) + _check_all_layers_on_gpu(values, model)
     slots, unified = _slots(values)
-    n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
+    n_ctx, _ = kv_context(values, ctx)
     if "-np" not in values:
         notes.append(f"llama.cpp: no -np: one user at batch 1 (a server's {AUTO_SLOTS} auto slots share one KV cache, "
                      "tools/server/server.cpp:156-160, and wait for parallel requests; llama-cli decodes one sequence, "
                      "common/common.h:457); give -np N for N parallel users")
     slots = _users(values, slots)
     if int_value(values, "-c", CONTEXT, 0) == 0:
-        notes.append(f"llama.cpp: no -c (or -c 0): the model's context, {model.max_context_len} tokens; --fit (on by "
-                     f"default) may shrink it to fit memory, not below {FIT_MIN_CTX}")
+        fit_off = values.get("--fit", ["on"])[0].lower() in _OFF
+        per = ("" if fit_off or unified else
+               f" for each of the {_slots(values)[0]} slots' KV streams "
+               "(--fit, common/fit.cpp:197,267-272)")
+        notes.append(f"llama.cpp: no -c (or -c 0): the model's context, {model.max_context_len} tokens{per}" +
+                     ("" if fit_off else f"; --fit (on by default) may shrink it to fit memory, not below {FIT_MIN_CTX}"))
     mu, batch_notes = _batch_notes(values, slots, n_ctx)
     if slots % mu:
         raise HRMError(f"-np {slots} is not a multiple of -ub {mu}: HRM's batch is N = mu x n micro-batches")
@@ -406,7 +425,7 @@ def prefill_pass_tokens(values: dict[str, list[str]], ctx: Context) -> int:
     (common/common.h:454-455). A prompt runs in ceil(tokens / it) ubatches, each copying the
     used experts of the CPU layers to the GPU again (ggml/src/ggml-backend.cpp:1709-1775)."""
     slots, unified = _slots(values)
-    n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
+    n_ctx, _ = kv_context(values, ctx)
     b_run = min(int_value(values, "-b", bounds.SEQUENCES, DEFAULT_BATCH), n_ctx)
     return min(int_value(values, "-ub", bounds.SEQUENCES, DEFAULT_UBATCH), b_run)
 
@@ -511,8 +530,6 @@ LLAMA_CPP = EngineFlags(
 
 
 #: flags that place layers, tensors or the KV cache on a GPU: on a CPU-only machine nothing moves
-#: a switch's off values (common/arg.cpp:1334-1344)
-_OFF = ("off", "disabled", "false", "0")
 _GPU_PLACEMENT_FLAGS = ("-ngl", "--n-cpu-moe", "-cmoe", "-ot", "-nkvo", "-sm", "-ts", "--tensor-split", "-mg",
                         "--main-gpu", "-dev", "--device")
 
@@ -549,7 +566,7 @@ def cpu_only_run(values: dict[str, list[str]], program: str, model, workload, ha
     ctx = ctx.model_copy(update={"workload": served})
     slots, unified = _slots(values)
     users = _users(values, slots)
-    n_ctx, _ = slot_context(_ctx_size(values, ctx), slots, unified)
+    n_ctx, _ = kv_context(values, ctx)
     threads = cpu_threads_field(values, ctx).get("cpu_threads", default_threads)
     tb_text = (values.get("-tb") or values.get("--threads-batch") or ["-1"])[0]
     if not re.fullmatch(r"-?\d+", tb_text) or int(tb_text) == 0 or int(tb_text) < -1:
