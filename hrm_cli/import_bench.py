@@ -25,7 +25,9 @@ def gguf_path(model_flag: str, given: str | None) -> Path:
 
 def command_gguf(command: str) -> Path | None:
     """The GGUF file a llama.cpp command's -m names, when it is on this machine (else None)."""
-    for name in _after(command, ("-m", "--model")):
+    from hrm.export.llama_cpp import model_files
+
+    for name in model_files(command):
         if name.lower().endswith(".gguf") and Path(name).expanduser().is_file():
             return Path(name).expanduser()
     return None
@@ -41,8 +43,8 @@ def cpu_only_main(source: str, command: str, hw, model, workload, gguf, as_json:
     from hrm.export.importing import estimate_without_gpu
     from hrm.units import GIB
 
-    model_flag = next((w for w in _after(command, ("-m", "--model"))), "MODEL.gguf")
-    est = estimate_without_gpu(source, command, model, workload, hw, read_inventory(gguf_path(model_flag, str(gguf))))
+    # gguf: --gguf as given, or the command's -m file found here (command_gguf)
+    est = estimate_without_gpu(source, command, model, workload, hw, read_inventory(gguf_path("", str(gguf))))
     run, times, served = est.served.run, est.times, est.served
     row = {"program": run.tool, "model": run.model_path, "users": run.sequences, "threads": run.threads,
            "threads_batch": run.threads_batch, "n_batch": run.n_batch, "n_ubatch": run.n_ubatch, "repack": run.repack,
@@ -83,18 +85,6 @@ def cpu_only_main(source: str, command: str, hw, model, workload, gguf, as_json:
         raise InfeasibleError(f"{run.tool}: the weights and the KV cache ({est.memory_bytes / GIB:.2f} GiB) exceed "
                               f"{hw.name}'s {hw.cpu.memory_gib:g} GiB of memory")
     return 0
-
-
-def _after(command: str, flags: tuple[str, ...]) -> list[str]:
-    """The words that follow any of ``flags`` in ``command`` (``--flag=value`` too)."""
-    import shlex
-
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return []
-    out = [words[i + 1] for i, w in enumerate(words[:-1]) if w in flags]
-    return out + [w.split("=", 1)[1] for w in words if any(w.startswith(f"{f}=") for f in flags if f.startswith("--"))]
 
 
 def gpu_main(command: str, hw, model, as_json: bool) -> int:

@@ -193,15 +193,16 @@ def test_fit_shrinks_an_unset_context_to_the_machines_memory_as_llama_cpp_does()
     run = _served("llama-server -m gt-qwen3moe-q4_k_m.gguf").run  # one user, unified (auto slots)
     weights, per_token, memory = 18e9, 98304.0, 32 * 2**30  # a Qwen3-30B-A3B Q4_K_M's sizes
     values = split_flags(LLAMA_CPP, "llama-server -m x.gguf")
-    n, notes = fitted_kv_tokens(values, run, 262144, weights, per_token, memory, 262144)
+    n, notes = fitted_kv_tokens(values, run, weights, per_token, memory, 262144)
     target = memory - FIT_TARGET_BYTES
     assert n % 256 == 0 and weights + per_token * n <= target < weights + per_token * (n + 256), n
     assert "shrinks the context from 262144" in notes[0]
     for given in ("llama-server -m x.gguf -c 8192", "llama-server -m x.gguf --fit off"):
-        assert fitted_kv_tokens(split_flags(LLAMA_CPP, given), run, 262144, weights, per_token, memory, 8192)[0] == 8192
+        assert fitted_kv_tokens(split_flags(LLAMA_CPP, given), run, weights, per_token, memory, 8192)[0] == 8192
     # room for the whole trained context: n_ctx_train per KV stream (4 slots without -kvu: 4 streams)
-    four = _served("llama-server -m gt-qwen3moe-q4_k_m.gguf -np 4").run
-    assert fitted_kv_tokens(values, four, 40960, 1e9, per_token, 128 * 2**30, 40960)[0] == 4 * 40960
+    four = _served("llama-server -m gt-qwen3moe-q4_k_m.gguf -np 4")
+    train = int(load_model(str(CONFIG)).max_context_len)
+    assert fitted_kv_tokens(values, four.run, 1e9, per_token, 128 * 2**30, four.kv_tokens)[0] == 4 * train
 
 
 BENCH_OUT = ROOT / "docs/calibrate/llama-bench-gt-qwen3moe-q4_k_m.jsonl"

@@ -12,12 +12,12 @@ average. Both load modes (``LOAD_MODES``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import subprocess
 import time
-from pathlib import Path
+
+from llama_cpu_runs import measurement_parser
 
 FILES = ("gt-mixtral-q4_k_m", "gt-qwen3moe-q4_k_m", "gt-deepseekv2-q4_k_m", "gt-mixtral-f16", "gt-qwen3moe-f16")
 N_GEN, REPS, THREADS = "1,2,4,8,32,128", 5, 2
@@ -27,11 +27,7 @@ LOAD_MODES = ("none", "mmap")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-cpp", required=True, type=Path)
-    ap.add_argument("--models", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args()
+    args = measurement_parser(__doc__).parse_args()
     out = {"host": platform.node(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "engine": "ggml-org/llama.cpp@0c1e5709 (llama-cpp-python 0.3.36 sdist), CPU backend", "runs": []}
     for name, load_mode in ((n, m) for m in LOAD_MODES for n in FILES):

@@ -214,11 +214,17 @@ def run(cmd) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def measurement_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every measurement script here takes: the llama.cpp tree, the GGUFs, the raw output."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--llama-cpp", required=True, type=Path)
     ap.add_argument("--models", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
+    return ap
+
+
+def main() -> int:
+    ap = measurement_parser(__doc__)
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     bin_dir = args.llama_cpp / "build" / "bin"

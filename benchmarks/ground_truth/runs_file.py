@@ -70,6 +70,18 @@ def batched_run(point: dict) -> dict | None:
             "name": f"{k['model']} {k['format']} t{k['threads']} x{npl} (batched-bench)"}
 
 
+def phases(pre_all: list[float], dec_all: list[float], decode_steps: int) -> dict:
+    """A run's measured prefill and decode (medians of the kept samples), its total, TTFT and TPOT
+    (decode over ``decode_steps``), with every sample, the dropped count and the spread."""
+    pre, dec = kept(pre_all), kept(dec_all)
+    p, d = statistics.median(pre), statistics.median(dec)
+    return {"measured": {"prefill_s": sig(p), "decode_s": sig(d), "total_s": sig(p + d), "ttft_s": sig(p),
+                         "tpot_s": sig(d / decode_steps)},
+            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all]},
+            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
+            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)}}
+
+
 def bench_run(point: dict) -> dict | None:
     res = [s["result"] for s in point["samples"] if "result" in s]
     if not res:
@@ -78,15 +90,8 @@ def bench_run(point: dict) -> dict | None:
     tg = [t for r in res for t in r if t["n_gen"] > 0 and t["n_prompt"] == 0]
     pre_all = [x / 1e9 for t in pp for x in t["samples_ns"]]
     dec_all = [x / 1e9 for t in tg for x in t["samples_ns"]]
-    pre, dec = kept(pre_all), kept(dec_all)
     k = point["key"]
-    n_gen = tg[0]["n_gen"]
-    return {"measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
-                         "total_s": sig(statistics.median(pre) + statistics.median(dec)),
-                         "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / n_gen)},
-            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all]},
-            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
-            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
+    return {**phases(pre_all, dec_all, tg[0]["n_gen"]),
             "name": f"{k['model']} {k['format']} t{k['threads']} d{k['depth']} (llama-bench)"}
 
 
@@ -99,22 +104,15 @@ def completion_run(point: dict) -> dict | None:
         return None
     pre_all = [r["prompt_ms"] / 1e3 for r in res]
     dec_all = [r["eval_ms"] / 1e3 for r in res]
-    pre, dec = kept(pre_all), kept(dec_all)
     k = point["key"]
     cmd = point["command"]
     n_predict = int(cmd[cmd.index("-n") + 1])
     if any(r["eval_count"] != n_predict - 1 for r in res) or len({r["prompt_count"] for r in res}) != 1:
         raise SystemExit(f"{point['key']}: eval runs {[r['eval_count'] for r in res]} (expected {n_predict - 1}) or "
                          "prompt counts that differ between samples")
-    sampling = [r["sampling_ms"] / 1e3 for r in res]
-    return {"workload": {"prompt_len": res[0]["prompt_count"], "gen_len": n_predict},
-            "measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
-                         "total_s": sig(statistics.median(pre) + statistics.median(dec)),
-                         "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / (n_predict - 1))},
-            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all],
-                        "sampling_s": [sig(x) for x in sampling]},
-            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
-            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
+    made = phases(pre_all, dec_all, n_predict - 1)
+    made["samples"]["sampling_s"] = [sig(r["sampling_ms"] / 1e3) for r in res]
+    return {"workload": {"prompt_len": res[0]["prompt_count"], "gen_len": n_predict}, **made,
             "name": f"{k['model']} {k['format']} t{k['threads']} (llama-completion)"}
 
 
@@ -130,16 +128,9 @@ def server_run(point: dict) -> dict | None:
         raise SystemExit(f"{point['key']}: tasks of different prompt or generated lengths {prompt_n} {predicted_n}")
     pre_all = [max(t["prompt_ms"] for t in s["tasks"]) / 1e3 for s in point["samples"]]
     dec_all = [max(t["predicted_ms"] for t in s["tasks"]) / 1e3 for s in point["samples"]]
-    pre, dec = kept(pre_all), kept(dec_all)
     k = point["key"]
     n = predicted_n.pop()
-    return {"workload": {"prompt_len": prompt_n.pop(), "gen_len": n},
-            "measured": {"prefill_s": sig(statistics.median(pre)), "decode_s": sig(statistics.median(dec)),
-                         "total_s": sig(statistics.median(pre) + statistics.median(dec)),
-                         "ttft_s": sig(statistics.median(pre)), "tpot_s": sig(statistics.median(dec) / (n - 1))},
-            "samples": {"prefill_s": [sig(x) for x in pre_all], "decode_s": [sig(x) for x in dec_all]},
-            "dropped": {"prefill_s": len(pre_all) - len(pre), "decode_s": len(dec_all) - len(dec)},
-            "spread": {"prefill_s": spread(pre), "decode_s": spread(dec)},
+    return {"workload": {"prompt_len": prompt_n.pop(), "gen_len": n}, **phases(pre_all, dec_all, n - 1),
             "name": f"{k['model']} {k['format']} t{k['threads']} x{k['parallel']} (llama-server)"}
 
 

@@ -12,7 +12,6 @@ commands of §1.10 run again in the same window, so the drift since their profil
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import platform
@@ -21,7 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from llama_cpu_runs import COMPLETION_N, COMPLETION_PROMPT, FORMATS, MODELS, THREADS, Paused, completion_points, run
+from llama_cpu_runs import (COMPLETION_N, COMPLETION_PROMPT, FORMATS, MODELS, THREADS, Paused, completion_points,
+                            measurement_parser, run)
 
 USERS, REQUESTS, CTX, PORT = 4, 2, 4096, 18931
 #: the users' prompts: §1.10's prompt after a different first line each (distinct tokens, equal length)
@@ -71,11 +71,7 @@ def server_point(bin_dir: Path, models: Path, model: str, fmt: str, threads: int
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-cpp", required=True, type=Path)
-    ap.add_argument("--models", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args()
+    args = measurement_parser(__doc__).parse_args()
     bin_dir = args.llama_cpp / "build" / "bin"
     raw = {"host": platform.node(), "cpu": platform.processor(), "points": []}
     completion = [{"key": k, "command": c, "samples": []} for k, c in completion_points(bin_dir, args.models)]

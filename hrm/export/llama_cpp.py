@@ -210,8 +210,12 @@ def kv_context(values: dict[str, list[str]], ctx: Context) -> tuple[int, int]:
     and --fit off gives once, split among the slots (src/llama-context.cpp:290-305)."""
     slots, unified = _slots(values)
     size = _ctx_size(values, ctx)
-    fit_auto = int_value(values, "-c", CONTEXT, 0) == 0 and values.get("--fit", ["on"])[0].lower() not in _OFF
-    return slot_context(size * slots if fit_auto and not unified else size, slots, unified)
+    return slot_context(size * slots if fit_sizes_context(values) and not unified else size, slots, unified)
+
+
+def fit_sizes_context(values: dict[str, list[str]]) -> bool:
+    """No -c (or -c 0) and --fit on, its default (common/common.h:478): --fit sizes the context."""
+    return int_value(values, "-c", CONTEXT, 0) == 0 and values.get("--fit", ["on"])[0].lower() not in _OFF
 
 
 def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
@@ -282,26 +286,28 @@ GGUF_NAME_FORMATS = {
 }
 
 
-def gguf_name_format(command: str) -> tuple[str, str, str] | None:
-    """(tag, weight dtype, weight format) of the GGUF a command's -m names by its file name
-    (``Qwen3-30B-A3B-Q4_K_M.gguf``: Q4_K_M -> int4, q4_k_m); None without one."""
+def model_files(command: str) -> list[str]:
+    """The model files a command's -m / --model (or --model=) name, in order; none when it cannot
+    be split."""
     import shlex
 
     try:
         words = shlex.split(command)
     except ValueError:
-        return None
-    for i, word in enumerate(words):
-        name = None
-        if word in ("-m", "--model") and i + 1 < len(words):
-            name = words[i + 1]
-        elif word.startswith("--model="):
-            name = word.split("=", 1)[1]
-        if name:
-            base = name.rstrip("/").split("/")[-1].upper()
-            for tag in sorted(GGUF_NAME_FORMATS, key=len, reverse=True):
-                if re.search(rf"(?<![A-Z0-9]){tag}(?![A-Z0-9_])", base.replace(".GGUF", "")):
-                    return (tag, *GGUF_NAME_FORMATS[tag])
+        return []
+    return [words[i + 1] if word in ("-m", "--model") else word.split("=", 1)[1]
+            for i, word in enumerate(words)
+            if (word in ("-m", "--model") and i + 1 < len(words)) or word.startswith("--model=")]
+
+
+def gguf_name_format(command: str) -> tuple[str, str, str] | None:
+    """(tag, weight dtype, weight format) of the GGUF a command's -m names by its file name
+    (``Qwen3-30B-A3B-Q4_K_M.gguf``: Q4_K_M -> int4, q4_k_m); None without one."""
+    for name in model_files(command):
+        base = name.rstrip("/").split("/")[-1].upper()
+        for tag in sorted(GGUF_NAME_FORMATS, key=len, reverse=True):
+            if re.search(rf"(?<![A-Z0-9]){tag}(?![A-Z0-9_])", base.replace(".GGUF", "")):
+                return (tag, *GGUF_NAME_FORMATS[tag])
     return None
 
 
@@ -407,16 +413,23 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
     return policy, notes + batch_notes + _legacy_notes(values)
 
 
-def cpu_threads_field(values: dict[str, list[str]], ctx: Context) -> dict:
-    """-t N: the threads the CPU-kept experts run on (common/arg.cpp:1516; -1, the default,
-    leaves llama.cpp's own count: common/common.cpp:144-145)."""
-    for flag in ("-t", "--threads"):
+def thread_count(values: dict[str, list[str]], flags: tuple[str, ...]) -> Optional[int]:
+    """The thread count the first of ``flags`` given sets; None when none is, or -1 (llama.cpp's
+    own count: common/common.cpp:144-145). One line for anything but a positive count or -1."""
+    for flag in flags:
         if flag in values:
             text = values[flag][0]
             if not re.fullmatch(r"-?\d+", text) or int(text) == 0 or int(text) < -1:
                 raise HRMError(f"llama.cpp: {flag} {text}: a positive thread count (or -1)")
-            return {} if int(text) == -1 else {"cpu_threads": int(text)}
-    return {}
+            return None if int(text) == -1 else int(text)
+    return None
+
+
+def cpu_threads_field(values: dict[str, list[str]], ctx: Context) -> dict:
+    """-t N: the threads the CPU-kept experts run on (common/arg.cpp:1516; -1, the default,
+    leaves llama.cpp's own count)."""
+    threads = thread_count(values, ("-t", "--threads"))
+    return {} if threads is None else {"cpu_threads": threads}
 
 
 def prefill_pass_tokens(values: dict[str, list[str]], ctx: Context) -> int:
@@ -567,11 +580,8 @@ def cpu_only_run(values: dict[str, list[str]], program: str, model, workload, ha
     slots, unified = _slots(values)
     users = _users(values, slots)
     n_ctx, _ = kv_context(values, ctx)
-    threads = cpu_threads_field(values, ctx).get("cpu_threads", default_threads)
-    tb_text = (values.get("-tb") or values.get("--threads-batch") or ["-1"])[0]
-    if not re.fullmatch(r"-?\d+", tb_text) or int(tb_text) == 0 or int(tb_text) < -1:
-        raise HRMError(f"llama.cpp: -tb {tb_text}: a positive thread count (or -1)")
-    threads_batch = threads if int(tb_text) == -1 else int(tb_text)
+    threads = thread_count(values, ("-t", "--threads")) or default_threads
+    threads_batch = thread_count(values, ("-tb", "--threads-batch")) or threads
     ub = prefill_pass_tokens(values, ctx)
     b = max(min(int_value(values, "-b", bounds.SEQUENCES, DEFAULT_BATCH), n_ctx), ub)
     placed = [f for f in _GPU_PLACEMENT_FLAGS if f in values]
@@ -613,23 +623,23 @@ class CpuOnlyEstimate:
 FIT_TARGET_BYTES = 1024 * 2**20
 
 
-def fitted_kv_tokens(values: dict[str, list[str]], run, n_ctx_train: int, weight_bytes: float,
-                     kv_bytes_per_token: float, memory_bytes: float, kv_tokens: int) -> tuple[int, list[str]]:
-    """The KV cache's tokens llama.cpp allocates on a machine without a GPU: ``kv_tokens`` (-c as
-    given); with no -c (or -c 0) and --fit on, its default, common/fit.cpp's host step instead:
-    n_ctx_train per KV stream (one when unified, else one per slot: :197, :267-272), shrunk when
-    the weights and that cache leave less than FIT_TARGET_BYTES of the host's memory, linearly
-    toward FIT_MIN_CTX per stream (:317-327, :393-432), in steps of 256 per stream. Compute
-    buffers are not counted here, as nowhere in this estimate."""
-    if int_value(values, "-c", CONTEXT, 0) != 0 or values.get("--fit", ["on"])[0].lower() in _OFF:
+def fitted_kv_tokens(values: dict[str, list[str]], run, weight_bytes: float, kv_bytes_per_token: float,
+                     memory_bytes: float, kv_tokens: int) -> tuple[int, list[str]]:
+    """The KV cache's tokens llama.cpp allocates on a machine without a GPU, from ``kv_tokens``
+    (:func:`kv_context`: -c as given, or, where --fit sizes the context, the trained context per KV
+    stream): --fit's host step shrinks the latter when the weights and that cache leave less than
+    FIT_TARGET_BYTES of the host's memory, linearly toward FIT_MIN_CTX per stream
+    (common/fit.cpp:317-327, 393-432), in steps of 256 per stream. Compute buffers are not
+    counted here, as nowhere in this estimate."""
+    if not fit_sizes_context(values):
         return kv_tokens, []
     streams = 1 if run.kv_unified else run.sequences
-    n_max, n_min = n_ctx_train * streams, FIT_MIN_CTX * streams
+    n_max, n_min = kv_tokens, FIT_MIN_CTX * streams
     target = memory_bytes - FIT_TARGET_BYTES
     used_max, used_min = weight_bytes + kv_bytes_per_token * n_max, weight_bytes + kv_bytes_per_token * n_min
     if used_max <= target or n_max <= n_min:
         return n_max, [f"llama.cpp: no -c: --fit (on by default) gives each of {streams} KV stream(s) the model's "
-                       f"{n_ctx_train} tokens (common/fit.cpp:267-272)"]
+                       f"context, {n_max} tokens in all (common/fit.cpp:267-272)"]
     n = n_min + int((n_max - n_min) * max(target - used_min, 0) / (used_max - used_min))
     align = 256 * streams
     n = max(n - n % align, n_min)
@@ -653,8 +663,7 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
     served = cpu_only_run(values, program, model, workload, hardware,
                           section.default_threads or int(hardware.cpu.cores))
     per_token, host = kv_bytes_per_token(inventory), hardware.cpu.memory_gib * GIB
-    train = int(model.max_context_len or served.kv_tokens)
-    kv_tokens, fit_notes = fitted_kv_tokens(values, served.run, train, inventory.weight_bytes, per_token, host,
+    kv_tokens, fit_notes = fitted_kv_tokens(values, served.run, inventory.weight_bytes, per_token, host,
                                             served.kv_tokens)
     served = replace(served, kv_tokens=kv_tokens, notes=served.notes + tuple(fit_notes))
     run, longest = served.run, context_tokens(Context(model=model, workload=served.workload))
