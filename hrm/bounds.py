@@ -322,6 +322,11 @@ TOP = Range(0, MAX_TOP, integer=True)
 DPI = Range(1, MAX_DPI, integer=True)
 SCALE = Range(MIN_SCALE, MAX_SCALE)
 SEED = Range(0, MAX_SEED, integer=True)
+#: a simulated load's requests: each one's steps are priced, so a few thousand take seconds
+MAX_LOAD_REQUESTS = 10_000
+LOAD_REQUESTS = Range(1, MAX_LOAD_REQUESTS, integer=True, why="requests of one simulated load")
+#: arrivals per second of a load: above a few thousand a server is only ever saturated
+REQUEST_RATE_PER_S = Range(0.0, 10_000.0, "requests/s", lo_open=True)
 VALIDATE_PROMPT_TOKENS = Range(1, MAX_VALIDATE_PROMPT_TOKENS, "tokens", integer=True, why="a validation run")
 VALIDATE_GEN_TOKENS = Range(2, MAX_VALIDATE_GEN_TOKENS, "tokens", integer=True,
                             why="a validation run compares decode steps: at least one after the prefill")

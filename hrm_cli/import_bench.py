@@ -87,6 +87,64 @@ def cpu_only_main(source: str, command: str, hw, model, workload, gguf, as_json:
     return 0
 
 
+def load_main(source: str, command: str, hw, model, workload, gguf, args, as_json: bool) -> int:
+    """A llama-server command (or ollama's settings) on a machine without a GPU under a load of
+    requests (--rate-per-s/--requests, or --load FILE): each request's TTFT, TPOT and latency as
+    the server's continuous batching serves them (:func:`hrm.export.importing.serve_without_gpu`)."""
+    import sys
+
+    from hrm.export.importing import estimate_without_gpu, serve_without_gpu
+    from hrm_cli.import_flags import load_requests
+
+    inventory = read_inventory(gguf_path("", str(gguf)))
+    one = estimate_without_gpu(source, command, model, workload, hw, inventory)  # -n sets each request's tokens
+    requests = load_requests(args, one.served.workload)
+    served = serve_without_gpu(source, command, model, workload, hw, inventory, requests)
+    load, est = served.load, served.estimate
+    run = est.served.run
+    q = (50, 90, 99)
+    summary = {"program": run.tool, "model": run.model_path, "slots": est.served.slots,
+               "kv": "unified" if run.kv_unified else "a stream per slot", "threads": run.threads,
+               "threads_batch": run.threads_batch, "n_batch": run.n_batch, "n_ubatch": run.n_ubatch,
+               "requests": len(load.requests), "makespan_s": load.makespan_s, "generated_tok_s": load.generated_tok_s,
+               "batches": load.iterations, "graph_passes": load.passes,
+               **{f"ttft_p{p}_s": load.percentile("ttft_s", p) for p in q},
+               **{f"tpot_p{p}_s": load.percentile("tpot_s", p) for p in q},
+               **{f"latency_p{p}_s": load.percentile("latency_s", p) for p in q}}
+    if as_json:
+        rows = [{"arrival_s": r.request.arrival_s, "prompt_tokens": r.request.prompt_tokens,
+                 "gen_tokens": r.request.gen_tokens, "slot": r.slot, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s,
+                 "latency_s": r.latency_s, "prompt_s": r.prompt_s, "decode_s": r.decode_s} for r in load.requests]
+        print(json.dumps({"source": source, "hardware": hw.name, "predicted_by":
+                          "llama-server's loop (hrm.cost.ggml_server) on the cpu step model (hrm.cost.ggml_cpu)",
+                          "load": summary, "requests": rows, "notes": list(est.served.notes)}, indent=2))
+        return 0
+    from rich.table import Table
+
+    from hrm_cli.common import console
+
+    table = Table(title=f"{run.tool} on {hw.name} under {len(load.requests)} requests (no GPU: CPU step model, "
+                        f"llama-server's continuous batching), {model.name}")
+    table.add_column("quantity")
+    table.add_column("p50", justify="right")
+    table.add_column("p90", justify="right")
+    table.add_column("p99", justify="right")
+    for name, key, scale, unit in (("TTFT (arrival to first token)", "ttft", 1.0, "s"),
+                                   ("TPOT (per generated token)", "tpot", 1e3, "ms"),
+                                   ("latency (arrival to last token)", "latency", 1.0, "s")):
+        table.add_row(name, *(f"{summary[f'{key}_p{p}_s'] * scale:.3f} {unit}" for p in q))
+    console().print(table)
+    kv = "one unified KV cache" if run.kv_unified else "a KV stream per slot"
+    print(f"{est.served.slots} slots, {kv}, -t {run.threads} -tb {run.threads_batch}, -b {run.n_batch} "
+          f"-ub {run.n_ubatch}: {len(load.requests)} requests in {load.makespan_s:.2f} s, "
+          f"{load.generated_tok_s:,.1f} generated tok/s; {load.iterations} batches in {load.passes} graph passes"
+          + (" (a KV stream per slot: slots whose ids are not consecutive decode in separate passes)"
+             if load.passes > load.iterations else ""))
+    for note in est.served.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
 def gpu_main(command: str, hw, model, as_json: bool) -> int:
     """A llama-bench sweep on a machine with a GPU: every point by HRM's llama.cpp engine."""
     from hrm.export.llama_tools import gpu_estimate, tool_of

@@ -8,6 +8,7 @@ import sys
 from hrm_cli.parser import ArgumentParser
 from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
+from hrm import bounds
 from hrm.engines.engine import list_engines
 from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
@@ -69,6 +70,15 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--gguf", metavar="FILE", help="llama-bench / llama-batched-bench commands, and llama-server / "
                         "llama-cli on a --hw without a GPU: the GGUF (or an hrm tensor table) whose tensors the CPU "
                         "prediction reads, when the command's -m is not here")
+    load = parser.add_argument_group("a load of requests (a llama-server command on a --hw without a GPU)")
+    load.add_argument("--rate-per-s", type=bounds.REQUEST_RATE_PER_S.flag("--rate-per-s"),
+                      help="requests arriving per second, each of the workload's prompt and generated tokens; with --requests")
+    load.add_argument("--requests", type=bounds.LOAD_REQUESTS.flag("--requests"), help="how many requests arrive")
+    load.add_argument("--arrivals", choices=("poisson", "even"), default="poisson",
+                      help="Poisson arrivals (exponential gaps, as serving benchmarks send them; default) or evenly spaced")
+    load.add_argument("--seed", type=bounds.SEED.flag("--seed"), default=0, help="seed of the Poisson arrivals (default 0)")
+    load.add_argument("--load", metavar="FILE", help="the requests as a file: JSON Lines or CSV with arrival_s, "
+                      "prompt_tokens, gen_tokens per request")
     # --model is the catalog model the estimate plans; a llama-bench / llama-batched-bench
     # command is predicted from its GGUF's own tensors and needs none
     next(a for a in parser._actions if "--model" in a.option_strings).required = False
@@ -103,6 +113,34 @@ def _with_named_format(args, model):
             f"--weight-format {named_format[2]} (give either flag to override)")
 
 
+def load_requests(args, workload):
+    """The load ``hrm import`` was asked to serve (:class:`hrm.cost.ggml_server.Request` list), or
+    None: --load FILE, else --rate-per-s with --requests, each request of the workload's prompt and
+    generated tokens (the command's -n when it sets one)."""
+    from hrm.cost.ggml_server import evenly_spaced, poisson, requests_from_file
+
+    if args.load is not None:
+        return requests_from_file(args.load)
+    if args.rate_per_s is None:
+        return None
+    shape = (args.rate_per_s, args.requests, int(workload.effective_prompt_len), int(workload.gen_len))
+    return poisson(*shape, seed=args.seed) if args.arrivals == "poisson" else evenly_spaced(*shape)
+
+
+def _check_load_flags(parser, args) -> bool:
+    """Whether a load was asked for; the flags' combinations checked (exit 2)."""
+    if args.load is not None and (args.rate_per_s is not None or args.requests is not None):
+        parser.error("--load FILE gives the requests itself: drop --rate-per-s / --requests")
+    if (args.rate_per_s is None) != (args.requests is None) and args.load is None:
+        parser.error("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
+    return args.load is not None or args.rate_per_s is not None
+
+
+_LOAD_ONLY = ("--rate-per-s / --requests / --load: a load of requests is predicted for a llama-server command "
+              "(or ollama's) on a --hw without a GPU, on the CPU step model (a profile measured with hrm profile "
+              "--llama-cpp DIR and the command's GGUF)")
+
+
 def main(argv) -> int:
     """``hrm import``: the engine's flags as a policy, estimated and printed (or the benchmark
     tool's prediction); exit 3 when the policy does not fit physical memory."""
@@ -110,7 +148,10 @@ def main(argv) -> int:
     args = parse_args(parser, argv)
     from hrm.export.llama_tools import tool_of
 
+    load_asked = _check_load_flags(parser, args)
     if args.source == "llama.cpp" and tool_of(args.flags):  # a benchmark tool: the CPU step model
+        if load_asked:
+            parser.error(_LOAD_ONLY)
         return _bench_main(args)
     from hrm_cli import import_bench
 
@@ -127,8 +168,13 @@ def main(argv) -> int:
             and not hw.ggml_cpu.prior and gguf is not None and args.engine is None):
         # no GPU: llama.cpp runs every layer on the CPU backend, which the CPU step model prices from
         # the GGUF's own tensors and this machine's measured kernels (docs/validation/ground_truth.md)
+        if load_asked:
+            return import_bench.load_main(args.source, args.flags, hw, model, workload_from_args(args), gguf,
+                                          args, args.json)
         return import_bench.cpu_only_main(args.source, args.flags, hw, model, workload_from_args(args), gguf,
                                           args.json)
+    if load_asked:
+        parser.error(_LOAD_ONLY)
     model, named_note = _with_named_format(args, model)
     options = options_from_args(args)
     limits = limits_from_args(hw, options, args)

@@ -290,16 +290,32 @@ def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, quer
     cached tokens charged are the cells the kernel computes: a step of one token (``step_tokens``,
     default ``query_tokens``) costs :func:`split_kv_cells`, a step of one sequence on the tiled
     path :func:`tiled_cells`, any other step its used cells; the rate is read at ``kv_tokens``."""
-    arch = inventory.attention
     op = "fat" if query_tokens >= FA_TILE_QUERIES else "fa1"
-    heads = arch.kv_heads * arch.heads_per_kv
     one_token_step = (query_tokens if step_tokens is None else step_tokens) == 1
     one_sequence = step_tokens is None or step_tokens == query_tokens
     cost_tokens = (split_kv_cells(threads, kv_tokens) if one_token_step else
                    tiled_cells(query_tokens, kv_tokens) if op == "fat" and one_sequence else kv_tokens)
-    elems = arch.layers * query_tokens * heads * cost_tokens * (arch.k_width + arch.v_width)
+    return _flash_attention_s(inventory, section, threads, op, query_tokens * cost_tokens, kv_tokens)
+
+
+def _flash_attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, op: str, pairs: float,
+                       kv_tokens: float) -> float:
+    """``pairs`` (query row, cached cell) products of every head and layer, (d_k + d_v) elements
+    each, at the probe's ``op`` rate read at ``kv_tokens``."""
+    arch = inventory.attention
+    heads = arch.kv_heads * arch.heads_per_kv
     kernel = attention_kernel(section, op, threads, arch.k_width, arch.v_width, arch.kv_heads == 1)
-    return elems * curve_value(kernel, kv_tokens)
+    return arch.layers * heads * pairs * (arch.k_width + arch.v_width) * curve_value(kernel, kv_tokens)
+
+
+def shared_stream_tiled_s(inventory: TensorInventory, section: GgmlCpu, threads: int, pairs: float,
+                          tokens: int) -> float:
+    """A micro-batch of ``tokens`` >= FA_TILE_QUERIES rows in one KV stream that several sequences
+    share (a unified cache, ``-kvu``): the tiled kernel computes ``pairs`` (query row, cell)
+    products — every KV tile in which some row of a query tile sees a cell, whoever's rows they
+    are (ops.cpp flash_attn_ext_tiled skips a KV tile only when every row's mask is -inf), so
+    where the sequences' cells interleave each row pays for the others' cells too."""
+    return _flash_attention_s(inventory, section, threads, "fat", pairs, pairs / tokens)
 
 
 @dataclass(frozen=True)
@@ -361,13 +377,16 @@ def reuse_distances_mib(traffic: StepTraffic, expert: bool) -> tuple[np.ndarray,
 
 
 def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens: int, outputs: int,
-              sequences: list[tuple[int, float]], buffer: str | None = None, kv_unified: bool = False) -> StepTime:
+              sequences: list[tuple[int, float]], buffer: str | None = None, kv_unified: bool = False,
+              shared_tiled_pairs: float | None = None) -> StepTime:
     """One graph step of ``tokens`` tokens, ``outputs`` of them with logits, and attention per
     sequence ``(query tokens, cached tokens they attend over)``; the weights' matmuls in ``buffer``'s
     kernels (:func:`placed_kernels`: None, where a CPU-only llama.cpp places them; ``HOST_BUFFER``
     with ``--no-repack``). ``kv_unified``: one KV stream for all sequences (``-kvu``); else a stream
     per sequence (common/common.h:575 ``kv_unified = false``; src/llama-kv-cache.cpp:84), and the
-    per-stream weights (:attr:`GgufTensor.is_per_stream`) multiply each sequence's rows apart."""
+    per-stream weights (:attr:`GgufTensor.is_per_stream`) multiply each sequence's rows apart.
+    ``shared_tiled_pairs``: the step's attention is the tiled kernel over one shared stream
+    (:func:`shared_stream_tiled_s`), given the (row, cell) products its cell layout makes."""
     dense = experts = 0.0
     traffic = step_traffic(inventory, tokens, sequences)
     reuse = {"mm": reuse_distances_mib(traffic, False), "mmid": reuse_distances_mib(traffic, True)}
@@ -388,7 +407,9 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
             dense += sum(_dense_s(tensor, rate, q) for q, _ in sequences)
         else:
             dense += _dense_s(tensor, rate, rows)
-    attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
+    attn = (shared_stream_tiled_s(inventory, section, threads, shared_tiled_pairs, tokens)
+            if shared_tiled_pairs is not None else
+            sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences))
     node = section.node_s(threads)
     if node is None:
         raise HRMError(f"ggml_cpu: no node cost at {threads} threads in this profile; run hrm profile --llama-cpp DIR")
@@ -448,7 +469,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 __all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
            "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
-           "step_time", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
+           "step_time", "shared_stream_tiled_s", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 
 #: the ggml type an HRM weight format or dtype runs as (a Q4_K_M file is mostly q4_K)

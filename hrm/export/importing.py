@@ -288,14 +288,9 @@ def imported_engine(source: str, imported: Imported, engine_name: Optional[str] 
     return engine
 
 
-def estimate_without_gpu(engine_name: str, text: str, model, workload, hardware, inventory):
-    """A llama.cpp command (llama-server, llama-cli, llama-completion), or ollama's settings read
-    as the llama-server command ollama launches, on a machine without a GPU: the run it serves on
-    the CPU step model from ``inventory`` (the GGUF's tensors) and the profile's measured ggml
-    kernels (:func:`hrm.export.llama_cpp.estimate_cpu_only`), the frontend's notes first."""
-    from .llama_cpp import estimate_cpu_only
-
-    ctx = Context(model=model, workload=workload, hardware=hardware)
+def _cpu_only_command(engine_name: str, text: str, ctx: Context):
+    """(frontend, values, notes, program): a llama.cpp command, or ollama's settings read as the
+    llama-server command ollama launches, for the CPU step model of a machine without a GPU."""
     frontend, target, values, front_notes = _read_values(engine_name, text, ctx)
     if target.name != "llama.cpp":
         raise HRMError(f"{engine_name}: only llama.cpp's commands (and ollama's settings) are predicted on the CPU "
@@ -305,10 +300,40 @@ def estimate_without_gpu(engine_name: str, text: str, model, workload, hardware,
     else:
         first = (text.split() or ["llama-server"])[0].rsplit("/", 1)[-1]
         program = first if first in target.programs + target.import_programs else "llama-server"
+    return frontend, values, front_notes, program
+
+
+def estimate_without_gpu(engine_name: str, text: str, model, workload, hardware, inventory):
+    """A llama.cpp command (llama-server, llama-cli, llama-completion), or ollama's settings read
+    as the llama-server command ollama launches, on a machine without a GPU: the run it serves on
+    the CPU step model from ``inventory`` (the GGUF's tensors) and the profile's measured ggml
+    kernels (:func:`hrm.export.llama_cpp.estimate_cpu_only`), the frontend's notes first."""
+    from dataclasses import replace
+
+    from .llama_cpp import estimate_cpu_only
+
+    frontend, values, front_notes, program = _cpu_only_command(engine_name, text,
+                                                               Context(model=model, workload=workload, hardware=hardware))
     try:
         est = estimate_cpu_only(values, program, model, workload, hardware, inventory)
     except HRMError as exc:
         raise _as_frontend(frontend, values, exc) from None
+    return replace(est, served=replace(est.served, notes=tuple(front_notes) + est.served.notes))
+
+
+def serve_without_gpu(engine_name: str, text: str, model, workload, hardware, inventory, requests):
+    """:func:`estimate_without_gpu`'s command as a server under a load of ``requests``
+    (:class:`hrm.cost.ggml_server.Request`), through llama-server's continuous batching
+    (:func:`hrm.export.llama_cpp.serve_cpu_only`)."""
     from dataclasses import replace
 
-    return replace(est, served=replace(est.served, notes=tuple(front_notes) + est.served.notes))
+    from .llama_cpp import serve_cpu_only
+
+    frontend, values, front_notes, program = _cpu_only_command(engine_name, text,
+                                                               Context(model=model, workload=workload, hardware=hardware))
+    try:
+        served = serve_cpu_only(values, program, model, workload, hardware, inventory, requests)
+    except HRMError as exc:
+        raise _as_frontend(frontend, values, exc) from None
+    est = served.estimate
+    return replace(served, estimate=replace(est, served=replace(est.served, notes=tuple(front_notes) + est.served.notes)))

@@ -552,12 +552,15 @@ class CpuOnlyRun:
     """A llama-server / llama-cli command on a machine without a GPU, as the CPU step model
     (:mod:`hrm.cost.ggml_cpu`) runs it: ``run`` (its sequences, threads, batch sizes, buffer),
     the KV cache's tokens llama.cpp allocates (``kv_tokens``: -c as sized for the slots), the
-    workload the command serves, and notes on what it reads differently from a GPU machine."""
+    workload the command serves, and notes on what it reads differently from a GPU machine;
+    ``slots``: the server's slots (-np; 4 when absent, tools/server/server.cpp:156-160), which a
+    load's requests share (:func:`serve_cpu_only`)."""
 
     run: object
     kv_tokens: int
     workload: object
     notes: tuple[str, ...]
+    slots: int = 1
 
 
 def cpu_only_run(values: dict[str, list[str]], program: str, model, workload, hardware,
@@ -602,7 +605,7 @@ def cpu_only_run(values: dict[str, list[str]], program: str, model, workload, ha
     # of N tokens runs N - 1 decode steps (tools/completion/completion.cpp:544,642-648,667-683)
     run = ToolRun(program, values.get("-m", ["MODEL.gguf"])[0], threads, threads_batch, prompt, gen - 1, users, 0, b,
                   ub, unified, False, f"{users} x (pp{prompt} + {gen} generated)", repack="-nr" not in values)
-    return CpuOnlyRun(run, n_ctx, served, tuple(notes))
+    return CpuOnlyRun(run, n_ctx, served, tuple(notes), slots)
 
 
 @dataclass(frozen=True)
@@ -676,3 +679,44 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
                        "requests would fail; give a shorter workload or more memory")
     memory = inventory.weight_bytes + per_token * kv_tokens
     return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory, memory <= host)
+
+
+@dataclass(frozen=True)
+class CpuOnlyLoad:
+    """A llama-server command on a machine without a GPU under a load of requests: the command's
+    one-request estimate (its memory, KV cache and notes) and the load as the server's continuous
+    batching serves it (:func:`hrm.cost.ggml_server.serve`)."""
+
+    estimate: CpuOnlyEstimate
+    load: object
+
+
+def server_setup(served: CpuOnlyRun):
+    """The slots and batching a served command runs a load with (:class:`hrm.cost.ggml_server.ServerSetup`)."""
+    from ..cost.ggml_cpu import HOST_BUFFER
+    from ..cost.ggml_server import ServerSetup
+
+    run = served.run
+    return ServerSetup(slots=served.slots, kv_unified=run.kv_unified, n_batch=run.n_batch, n_ubatch=run.n_ubatch,
+                       threads=run.threads, threads_batch=run.threads_batch, kv_cells=served.kv_tokens,
+                       buffer=None if run.repack else HOST_BUFFER)
+
+
+def serve_cpu_only(values: dict[str, list[str]], program: str, model, workload, hardware, inventory,
+                   requests: list) -> CpuOnlyLoad:
+    """A llama-server command (or ollama's) on a CPU-only machine serving ``requests``
+    (:class:`hrm.cost.ggml_server.Request`): :func:`estimate_cpu_only` for its memory and context,
+    each request checked against a slot's context, then the load through the server's loop."""
+    from ..cost.ggml_server import serve
+
+    if program in ("llama-cli", "llama-completion"):
+        raise HRMError(f"{program} runs one prompt and exits: a load of requests needs llama-server")
+    est = estimate_cpu_only(values, program, model, workload, hardware, inventory)
+    per_slot = est.served.kv_tokens if est.served.run.kv_unified else est.served.kv_tokens // max(est.served.slots, 1)
+    train = model.max_context_len
+    limit = min(per_slot, int(train)) if train else per_slot  # server-context.cpp:4007-4015
+    for i, r in enumerate(requests):
+        if r.prompt_tokens + r.gen_tokens > limit:
+            raise HRMError(f"request {i + 1}: {r.prompt_tokens} prompt + {r.gen_tokens} generated tokens exceed a "
+                           f"slot's {limit}-token context: the server rejects it; raise -c or shorten it")
+    return CpuOnlyLoad(est, serve(requests, server_setup(est.served), inventory, hardware.ggml_cpu))
