@@ -77,8 +77,10 @@ def predicted(path: Path):
             run = estimate_without_gpu("llama.cpp", point["command"], model, workload, hw, inventory).served
             load = serve([Request(r[0], r[1], r[2]) for r in rows], server_setup(run), inventory, hw.ggml_cpu)
             buffer = None if run.run.repack else HOST_BUFFER
-            alone = [run_times(inventory, hw.ggml_cpu, run.run.threads, 1, r[1], r[2] - 1, 0, run.run.n_batch,
-                               run.run.n_ubatch, run.run.threads_batch, buffer).total_s for r in rows]
+            shapes = {(r[1], r[2]) for r in rows}  # one run per request shape
+            times = {(p, g): run_times(inventory, hw.ggml_cpu, run.run.threads, 1, p, g - 1, 0, run.run.n_batch,
+                                       run.run.n_ubatch, run.run.threads_batch, buffer).total_s for p, g in shapes}
+            alone = [times[(r[1], r[2])] for r in rows]
             yield point, rows, load, alone
 
 

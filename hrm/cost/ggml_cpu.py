@@ -339,8 +339,9 @@ def kv_bytes_per_token(inventory: TensorInventory) -> float:
     return arch.layers * arch.kv_heads * width * bits_per_element(KV_ELEMENT_TYPE.upper()) / 8
 
 
-def step_traffic(inventory: TensorInventory, tokens: int, sequences: list[tuple[int, float]]) -> StepTraffic:
-    """What a step of ``tokens`` tokens reads (uniform, independent routing, as the FFN times)."""
+@functools.lru_cache(maxsize=64)  # per inventory: every step of a run reads the same sums
+def _weight_bytes(inventory: TensorInventory) -> tuple[float, float]:
+    """(dense, routed experts) bytes of the weights a step multiplies by."""
     dense = expert = 0.0
     for tensor in inventory.matmul_tensors():
         b = tensor.elements * bits_per_element(tensor.ggml_type) / 8
@@ -348,6 +349,12 @@ def step_traffic(inventory: TensorInventory, tokens: int, sequences: list[tuple[
             expert += b
         else:
             dense += b
+    return dense, expert
+
+
+def step_traffic(inventory: TensorInventory, tokens: int, sequences: list[tuple[int, float]]) -> StepTraffic:
+    """What a step of ``tokens`` tokens reads (uniform, independent routing, as the FFN times)."""
+    dense, expert = _weight_bytes(inventory)
     e = inventory.num_experts
     touched = float(uniform_distinct_experts(e, inventory.top_k, tokens)) / e if e else 1.0
     kv = kv_bytes_per_token(inventory) * sum(kv for _, kv in sequences)

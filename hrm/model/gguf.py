@@ -7,6 +7,8 @@ file and reads only its header; or from a tensor table, the same facts as JSON
 
 from __future__ import annotations
 
+import functools
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,10 +92,14 @@ class TensorInventory:
     num_experts: int
     top_k: int
 
-    def matmul_tensors(self) -> list[GgufTensor]:
+    def matmul_tensors(self) -> tuple[GgufTensor, ...]:
         """The weights a step multiplies by: every tensor of 2+ dimensions but the token
         embedding (a row lookup), which stands in for the output head when the model ties them
         (llama.cpp uses tok_embd as output when there is no output.weight: src/llama-model.cpp)."""
+        return self._matmuls
+
+    @functools.cached_property  # every step of a run reads it; the inventory is frozen
+    def _matmuls(self) -> tuple[GgufTensor, ...]:
         mats = [t for t in self.tensors if len([d for d in t.shape if d > 1]) >= 2]
         has_output = any(t.is_output for t in mats)
         out = []
@@ -103,7 +109,7 @@ class TensorInventory:
                     out.append(GgufTensor("output.weight", t.ggml_type, t.shape))
                 continue
             out.append(t)
-        return out
+        return tuple(out)
 
     @property
     def weight_bytes(self) -> float:
