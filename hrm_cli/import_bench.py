@@ -87,6 +87,20 @@ def cpu_only_main(source: str, command: str, hw, model, workload, gguf, as_json:
     return 0
 
 
+def load_requests(args, workload):
+    """The load ``hrm import`` was asked to serve (:class:`hrm.cost.ggml_server.Request` list), or
+    None: --load FILE, else --rate-per-s with --requests, each request of the workload's prompt and
+    generated tokens (the command's -n when it sets one)."""
+    from hrm.cost.ggml_server import evenly_spaced, poisson, requests_from_file
+
+    if args.load is not None:
+        return requests_from_file(args.load)
+    if args.rate_per_s is None:
+        return None
+    shape = (args.rate_per_s, args.requests, int(workload.effective_prompt_len), int(workload.gen_len))
+    return poisson(*shape, seed=args.seed) if args.arrivals == "poisson" else evenly_spaced(*shape)
+
+
 def load_main(source: str, command: str, hw, model, workload, gguf, args, as_json: bool) -> int:
     """A llama-server command (or ollama's settings) on a machine without a GPU under a load of
     requests (--rate-per-s/--requests, or --load FILE): each request's TTFT, TPOT and latency as
@@ -94,7 +108,6 @@ def load_main(source: str, command: str, hw, model, workload, gguf, args, as_jso
     import sys
 
     from hrm.export.importing import estimate_without_gpu, serve_without_gpu
-    from hrm_cli.import_flags import load_requests
 
     inventory = read_inventory(gguf_path("", str(gguf)))
     one = estimate_without_gpu(source, command, model, workload, hw, inventory)  # -n sets each request's tokens

@@ -113,20 +113,6 @@ def _with_named_format(args, model):
             f"--weight-format {named_format[2]} (give either flag to override)")
 
 
-def load_requests(args, workload):
-    """The load ``hrm import`` was asked to serve (:class:`hrm.cost.ggml_server.Request` list), or
-    None: --load FILE, else --rate-per-s with --requests, each request of the workload's prompt and
-    generated tokens (the command's -n when it sets one)."""
-    from hrm.cost.ggml_server import evenly_spaced, poisson, requests_from_file
-
-    if args.load is not None:
-        return requests_from_file(args.load)
-    if args.rate_per_s is None:
-        return None
-    shape = (args.rate_per_s, args.requests, int(workload.effective_prompt_len), int(workload.gen_len))
-    return poisson(*shape, seed=args.seed) if args.arrivals == "poisson" else evenly_spaced(*shape)
-
-
 def _check_load_flags(parser, args) -> bool:
     """Whether a load was asked for; the flags' combinations checked (exit 2)."""
     if args.load is not None and (args.rate_per_s is not None or args.requests is not None):

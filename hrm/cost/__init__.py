@@ -5,6 +5,7 @@
 - :mod:`hrm.cost.latency`: per-layer latency of a schedule as affine lanes (paper §4.2), one module per concern;
 - :mod:`hrm.cost.ggml_cpu`: llama.cpp's CPU backend, from the host's measured ggml kernels;
 - :mod:`hrm.cost.ggml_elementwise`: the elementwise nodes of llama.cpp's CPU layer graphs;
+- :mod:`hrm.cost.ggml_server`: llama-server's loop under a load of requests, over the CPU step model;
 - :mod:`hrm.cost.memory`: GPU and CPU peak memory as affine forms (docs/model.md §4.5);
 - :mod:`hrm.cost.throughput`: end-to-end time and throughput of a batch.
 """
