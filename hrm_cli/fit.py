@@ -42,6 +42,14 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--objective", default="latency", choices=["latency", "decode", "prefill"],
                    help="latency (default): the requests finish first; decode or prefill: that phase's tok/s")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    load = p.add_argument_group("a server's load (CPU-only machines): the llama-server command that serves it best")
+    load.add_argument("--rate-per-s", type=bounds.REQUEST_RATE_PER_S.flag("--rate-per-s"),
+                      help="requests arriving per second (Poisson), each of --context - --gen prompt and --gen generated "
+                           "tokens; with --requests")
+    load.add_argument("--requests", type=bounds.LOAD_REQUESTS.flag("--requests"), help="how many requests arrive")
+    load.add_argument("--seed", type=bounds.SEED.flag("--seed"), default=0, help="seed of the Poisson arrivals (default 0)")
+    load.add_argument("--load-objective", default="p90", choices=["p90", "p50", "makespan"],
+                      help="p90 (default) or p50 request latency, or the makespan")
     return p
 
 
@@ -82,10 +90,42 @@ def run_fit(args):
     return hw, fit_gpu(hw, model, args.context, args.gen, args.users, args.objective)
 
 
+def load_main(args) -> int:
+    """--rate-per-s / --requests on a CPU-only machine: :func:`hrm.analysis.fit_load.fit_cpu_load`."""
+    from hrm.analysis.fit import MODEL_PLACEHOLDER
+    from hrm.analysis.fit_load import fit_cpu_load, load_fit_json, load_fit_lines
+    from hrm.cost.ggml_server import poisson
+    from hrm.model.gguf import read_inventory
+
+    hw = machine(args)
+    if hw.gpu is not None or not args.gguf:
+        raise HRMError("--rate-per-s / --requests: a load is fitted on a CPU-only machine with --gguf FILE (the "
+                       "llama-server loop runs on the CPU step model)")
+    if not Path(args.gguf).is_file():
+        raise HRMError(f"--gguf {args.gguf}: no such file")
+    if args.gen >= args.context:
+        raise HRMError(f"--gen {args.gen} must be below --context {args.context}: the prompt is the rest")
+    requests = poisson(args.rate_per_s, args.requests, args.context - args.gen, args.gen, seed=args.seed)
+    fit = fit_cpu_load(hw, read_inventory(args.gguf), requests, args.load_objective)
+    model_path = args.gguf or MODEL_PLACEHOLDER
+    if args.json:
+        print(json.dumps(load_fit_json(fit, hw.name, model_path), indent=2))
+        return 0
+    print("\n".join(load_fit_lines(fit, hw.name, model_path)))
+    for note in fit.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
 def main(argv) -> int:
     from hrm.analysis.fit import MODEL_PLACEHOLDER, fit_json, fit_report
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.rate_per_s is None) != (args.requests is None):
+        parser.error("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
+    if args.rate_per_s is not None:
+        return load_main(args)
     hw, result = run_fit(args)
     model_path = args.gguf or MODEL_PLACEHOLDER
     if args.json:

@@ -6,6 +6,7 @@
 - :mod:`hrm.analysis.calibration_fields`: the profile fields a calibration fits, their ranges and parameters;
 - :mod:`hrm.analysis.validation`: committed real runs against the model's predictions;
 - :mod:`hrm.analysis.fit`: the fastest llama.cpp command for a machine (``hrm fit``);
+- :mod:`hrm.analysis.fit_load`: the llama-server command that serves a load of requests best (``hrm fit --rate-per-s``);
 - :mod:`hrm.analysis.fit_ollama`: that command's ollama form (Modelfile), or the best ollama can express;
 - :mod:`hrm.analysis.fit_server`: the best command of a serving engine's export target for the same fit;
 - :mod:`hrm.analysis.fit_vllm`: vLLM's answer (``--cpu-offload-gb``), or why vLLM cannot run the model;

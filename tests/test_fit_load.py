@@ -1,0 +1,67 @@
+"""``hrm fit --rate-per-s R --requests N`` on a CPU-only machine: the llama-server command that
+serves a Poisson load best, searched over -np, -kvu and -t through llama-server's loop
+(hrm.analysis.fit_load), against llama.cpp's default server."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hrm.analysis.fit_load import AUTO_SLOTS, SLOTS, fit_cpu_load
+from hrm.cost.ggml_server import ServerSetup, poisson, serve
+from hrm.machine.hardware import load_hardware
+from hrm.model.gguf import read_inventory
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs/validation/runs"
+HW = RUNS / "this-host-load-poisson.yaml"
+TABLE = RUNS / "gguf/gt-qwen3moe-q4_k_m.tensors.json"
+
+
+def test_the_pick_is_the_best_p90_of_every_server_command():
+    hw, inv = load_hardware(str(HW)), read_inventory(TABLE)
+    requests = poisson(3.0, 12, 97, 32, seed=0)
+    fit = fit_cpu_load(hw, inv, requests)
+    threads = sorted({k.threads for k in hw.ggml_cpu.kernels})
+    p90 = {}
+    for slots in SLOTS:  # every command, served again here
+        for unified in ((True, False) if slots > 1 else (True,)):
+            for t in threads:
+                setup = ServerSetup(slots, unified, 2048, 512, t, t, 256 * slots)
+                p90[(slots, unified, t)] = serve(requests, setup, inv, hw.ggml_cpu).percentile("latency_s", 90)
+    best = min(p90, key=p90.get)
+    assert fit.best.load.percentile("latency_s", 90) == pytest.approx(p90[best])
+    assert (fit.default.slots, fit.default.kv_unified) == (AUTO_SLOTS, True)
+    assert fit.gain == pytest.approx(p90[(AUTO_SLOTS, True, fit.default.threads)] / p90[best])
+    assert fit.default.args(default=True) == "-c 1024" and "-np" in fit.best.args()
+
+
+def _fit(*extra, hw=HW):
+    return subprocess.run([sys.executable, "-m", "hrm_cli", "fit", "--hw", str(hw), "--gguf", str(TABLE), "--context",
+                           "129", "--gen", "32", *extra], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_hrm_fit_prints_the_load_answer():
+    out = _fit("--rate-per-s", "3", "--requests", "12", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["requests"] == 12 and got["objective"] == "p90" and got["gain"] >= 1.0
+    assert got["best"]["latency_p90_s"] <= got["llama_cpp_default"]["latency_p90_s"]
+    text = _fit("--rate-per-s", "3", "--requests", "12")
+    assert text.returncode == 0 and "gain over the default" in text.stdout
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--rate-per-s", "3"), "--rate-per-s and --requests go together"),
+    (("--rate-per-s", "3", "--requests", "4", "--load-objective", "p99"), "invalid choice"),
+])
+def test_bad_load_fit_flags_exit_2(extra, says):
+    out = _fit(*extra)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_load_fit_needs_a_cpu_only_machine():
+    out = _fit("--rate-per-s", "3", "--requests", "4", hw="l4")
+    assert out.returncode == 2 and "a load is fitted on a CPU-only machine" in out.stderr
