@@ -7,14 +7,19 @@ Each request's send and completion times and the server's timings are kept.
 
     python benchmarks/ground_truth/fit_load_runs.py --llama-cpp DIR --models DIR --out raw.json \
         --hw PROFILE.yaml --rate gt-qwen3moe-q4_k_m=3 [--rate NAME=R ...]
+    python benchmarks/ground_truth/fit_load_runs.py --write raw.json docs/validation/runs/fit-load.yaml
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+import numpy as np
+import yaml
 
 from llama_cpu_runs import Paused, measurement_parser
 from server_load import run_trace
@@ -45,7 +50,37 @@ def serve_once(bin_dir: Path, gguf: Path, args: str, trace: tuple) -> list[dict]
         proc.wait(timeout=30)
 
 
+def write(raw_path: Path, out: Path) -> None:
+    """The committed file: per GGUF, the two commands, what hrm fit predicted, and every run's
+    requests (sent s, prompt tokens, generated tokens, latency s) with its p90 latency."""
+    raw = json.loads(raw_path.read_text())
+    points = []
+    for p in raw["points"]:
+        runs = {}
+        for label, reps in p["runs"].items():
+            runs[label] = [{"latency_p90_s": round(float(np.percentile([r["done_s"] - r["sent_s"] for r in tr], 90)), 4),
+                            "requests": [[round(r["sent_s"], 4), r["timings"]["prompt_n"], r["timings"]["predicted_n"],
+                                          round(r["done_s"] - r["sent_s"], 4)] for r in tr]} for tr in reps]
+        pred = p["predicted"]
+        points.append({"gguf": f"gguf/{p['model']}.tensors.json", "rate_per_s": p["rate_per_s"],
+                       "commands": p["commands"],
+                       "predicted": {"hrm fit p90_s": round(pred["best"]["latency_p90_s"], 4),
+                                     "llama.cpp default p90_s": round(pred["llama_cpp_default"]["latency_p90_s"], 4),
+                                     "gain": round(pred["gain"], 4)},
+                       "runs": runs})
+    doc = {"hardware": Path(raw["hw"]).name, "requests": raw["requests"], "context": raw["context"], "gen": raw["gen"],
+           "measured_between": [raw["started"], raw["finished"]], "columns": ["sent_s", "prompt_tokens", "gen_tokens",
+                                                                              "latency_s"], "points": points}
+    out.write_text("# hrm fit --rate-per-s against llama.cpp's default server under the same Poisson load, measured\n"
+                   "# (benchmarks/ground_truth/fit_load_runs.py; docs/validation/fit.md; tests/test_fit_load.py)\n"
+                   + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
 def main() -> int:
+    if "--write" in sys.argv:
+        i = sys.argv.index("--write")
+        write(Path(sys.argv[i + 1]), Path(sys.argv[i + 2]))
+        return 0
     ap = measurement_parser(__doc__)
     ap.add_argument("--hw", required=True)
     ap.add_argument("--rate", action="append", required=True, help="NAME=RATE (a GGUF's name in --models)")
