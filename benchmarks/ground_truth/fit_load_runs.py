@@ -7,7 +7,7 @@ Each request's send and completion times and the server's timings are kept.
 
     python benchmarks/ground_truth/fit_load_runs.py --llama-cpp DIR --models DIR --out raw.json \
         --hw PROFILE.yaml --rate gt-qwen3moe-q4_k_m=3 [--rate NAME=R ...]
-    python benchmarks/ground_truth/fit_load_runs.py --write raw.json docs/validation/runs/fit-load.yaml
+    python benchmarks/ground_truth/fit_load_runs.py --write docs/validation/runs/fit-load.yaml raw.json [raw2.json ...]
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ def serve_once(bin_dir: Path, gguf: Path, args: str, trace: tuple) -> list[dict]
         proc.wait(timeout=30)
 
 
-def write(raw_path: Path, out: Path) -> None:
+def write(out: Path, raw_paths: list[Path]) -> None:
     """The committed file: per GGUF, the two commands, what hrm fit predicted, and every run's
-    requests (sent s, prompt tokens, generated tokens, latency s) with its p90 latency."""
-    raw = json.loads(raw_path.read_text())
+    requests (sent s, prompt tokens, generated tokens, latency s) with its p90 latency; several
+    raw files (windows on the same profile) in order."""
+    raws = [json.loads(p.read_text()) for p in raw_paths]
+    raw = {**raws[0], "finished": raws[-1]["finished"], "points": [p for r in raws for p in r["points"]]}
     points = []
     for p in raw["points"]:
         runs = {}
@@ -79,7 +81,7 @@ def write(raw_path: Path, out: Path) -> None:
 def main() -> int:
     if "--write" in sys.argv:
         i = sys.argv.index("--write")
-        write(Path(sys.argv[i + 1]), Path(sys.argv[i + 2]))
+        write(Path(sys.argv[i + 1]), [Path(a) for a in sys.argv[i + 2:]])
         return 0
     ap = measurement_parser(__doc__)
     ap.add_argument("--hw", required=True)
