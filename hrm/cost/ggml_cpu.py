@@ -36,7 +36,7 @@ import numpy as np
 from .costs import uniform_distinct_experts
 from .ggml_elementwise import elementwise_s
 from ..errors import HRMError
-from ..model.gguf import GgufTensor, TensorInventory, bits_per_element
+from ..model.gguf import MatmulGroup, TensorInventory, bits_per_element
 from ..machine.hardware import GgmlCpu, GgmlKernel
 
 #: assumption: compute nodes of one transformer layer of llama.cpp's MoE graphs, a count by
@@ -233,18 +233,18 @@ def attention_kernel(section: GgmlCpu, op: str, threads: int, k_width: int, v_wi
     return min(kernels, key=distance)
 
 
-def _dense_s(tensor: GgufTensor, rate: Callable[..., float], rows: float) -> float:
-    return tensor.elements * rate(tensor.ggml_type, "mm", rows, tensor.per_head_shape)
+def _dense_s(group: MatmulGroup, rate: Callable[..., float], rows: float) -> float:
+    return group.elements * rate(group.ggml_type, "mm", rows, group.per_head_shape)
 
 
-def _experts_s(tensor: GgufTensor, rate: Callable[[str, str, float], float], tokens: int, experts: int,
+def _experts_s(group: MatmulGroup, rate: Callable[[str, str, float], float], tokens: int, experts: int,
                top_k: int) -> float:
     if tokens <= 0:
         return 0.0
     touched = float(uniform_distinct_experts(experts, top_k, tokens))
     rows = tokens * top_k / touched
-    per_expert = tensor.elements / experts
-    return touched * per_expert * rate(tensor.ggml_type, "mmid", rows)
+    per_expert = group.elements / experts
+    return touched * per_expert * rate(group.ggml_type, "mmid", rows)
 
 
 def kv_cells(used_cells: float) -> int:
@@ -339,13 +339,12 @@ def kv_bytes_per_token(inventory: TensorInventory) -> float:
     return arch.layers * arch.kv_heads * width * bits_per_element(KV_ELEMENT_TYPE.upper()) / 8
 
 
-@functools.lru_cache(maxsize=64)  # per inventory: every step of a run reads the same sums
 def _weight_bytes(inventory: TensorInventory) -> tuple[float, float]:
     """(dense, routed experts) bytes of the weights a step multiplies by."""
     dense = expert = 0.0
-    for tensor in inventory.matmul_tensors():
-        b = tensor.elements * bits_per_element(tensor.ggml_type) / 8
-        if tensor.is_expert:
+    for group in inventory.matmul_groups:
+        b = group.elements * bits_per_element(group.ggml_type) / 8
+        if group.is_expert:
             expert += b
         else:
             dense += b
@@ -402,18 +401,15 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     def rate(ggml_type: str, op: str, rows: float, head_shape: str | None = None) -> float:
         return seconds_per_element(section, ggml_type, op, threads, rows, reuse[op], buffer, head_shape)
 
-    last_ffn = f"blk.{inventory.attention.layers - 1}.ffn_"
-    for tensor in inventory.matmul_tensors():
-        # the last layer's FFN runs on the output rows only (src/models/llama.cpp:174-177,
-        # qwen3moe.cpp:123-126, deepseek2.cpp:636-639: get_rows of inp_out_ids after attention)
-        rows = outputs if tensor.is_output or tensor.name.startswith(last_ffn) else tokens
-        if tensor.is_expert:
-            experts += _experts_s(tensor, rate, rows, inventory.num_experts, inventory.top_k)
-        elif tensor.is_per_stream and not kv_unified:
+    for group in inventory.matmul_groups:  # the last layer's FFN and the head: the output rows only
+        rows = outputs if group.output_rows else tokens
+        if group.is_expert:
+            experts += _experts_s(group, rate, rows, inventory.num_experts, inventory.top_k)
+        elif group.is_per_stream and not kv_unified:
             # a stream per sequence: one product per sequence, at its own tokens (its query rows)
-            dense += sum(_dense_s(tensor, rate, q) for q, _ in sequences)
+            dense += sum(_dense_s(group, rate, q) for q, _ in sequences)
         else:
-            dense += _dense_s(tensor, rate, rows)
+            dense += _dense_s(group, rate, rows)
     attn = (shared_stream_tiled_s(inventory, section, threads, shared_tiled_pairs, tokens)
             if shared_tiled_pairs is not None else
             sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences))

@@ -82,6 +82,20 @@ class AttentionShape:
 
 
 @dataclass(frozen=True)
+class MatmulGroup:
+    """Matmul weights a step prices alike, their elements summed: one ggml type and per-head
+    shape, routed experts or not, one product per KV stream or not, and whether they run on the
+    output rows only (the output head, and the last layer's FFN after the graph keeps those rows)."""
+
+    ggml_type: str
+    per_head_shape: str | None
+    is_expert: bool
+    is_per_stream: bool
+    output_rows: bool
+    elements: int
+
+
+@dataclass(frozen=True)
 class TensorInventory:
     """A model's tensors with the header facts the CPU step model needs."""
 
@@ -97,6 +111,19 @@ class TensorInventory:
         embedding (a row lookup), which stands in for the output head when the model ties them
         (llama.cpp uses tok_embd as output when there is no output.weight: src/llama-model.cpp)."""
         return self._matmuls
+
+    @functools.cached_property  # every step of a run reads it; the inventory is frozen
+    def matmul_groups(self) -> tuple[MatmulGroup, ...]:
+        """:meth:`matmul_tensors` summed into :class:`MatmulGroup` s (in first-seen order); the
+        last layer's FFN runs on the output rows only (src/models/llama.cpp:174-177,
+        qwen3moe.cpp:123-126, deepseek2.cpp:636-639: get_rows of inp_out_ids after attention)."""
+        last_ffn = f"blk.{self.attention.layers - 1}.ffn_"
+        sums: dict[tuple, int] = {}
+        for t in self.matmul_tensors():
+            key = (t.ggml_type, t.per_head_shape, t.is_expert, t.is_per_stream,
+                   t.is_output or t.name.startswith(last_ffn))
+            sums[key] = sums.get(key, 0) + t.elements
+        return tuple(MatmulGroup(*key, elements) for key, elements in sums.items())
 
     @functools.cached_property  # every step of a run reads it; the inventory is frozen
     def _matmuls(self) -> tuple[GgufTensor, ...]:
