@@ -222,3 +222,9 @@ def progress_bar(label: str):
         progress.update(task, completed=done, total=total)
 
     return progress, update
+
+
+def check_rate_and_requests(parser, args) -> None:
+    """--rate-per-s and --requests (hrm import, hrm fit) come together: how fast, and how many (exit 2)."""
+    if (args.rate_per_s is None) != (args.requests is None):
+        parser.error("--rate-per-s and --requests go together (how fast requests arrive, and how many)")

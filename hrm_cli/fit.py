@@ -122,8 +122,9 @@ def main(argv) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.rate_per_s is None) != (args.requests is None):
-        parser.error("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
+    from hrm_cli.common import check_rate_and_requests
+
+    check_rate_and_requests(parser, args)
     if args.rate_per_s is not None:
         return load_main(args)
     hw, result = run_fit(args)

@@ -6,7 +6,7 @@ import json
 import sys
 
 from hrm_cli.parser import ArgumentParser
-from hrm_cli.common import (add_machine_args, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
+from hrm_cli.common import (add_machine_args, check_rate_and_requests, add_memory_args, add_workload_args, limits_from_args, machine_from_args,
                             options_from_args, workload_from_args)
 from hrm import bounds
 from hrm.engines.engine import list_engines
@@ -117,8 +117,8 @@ def _check_load_flags(parser, args) -> bool:
     """Whether a load was asked for; the flags' combinations checked (exit 2)."""
     if args.load is not None and (args.rate_per_s is not None or args.requests is not None):
         parser.error("--load FILE gives the requests itself: drop --rate-per-s / --requests")
-    if (args.rate_per_s is None) != (args.requests is None) and args.load is None:
-        parser.error("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
+    if args.load is None:
+        check_rate_and_requests(parser, args)
     return args.load is not None or args.rate_per_s is not None
 
 

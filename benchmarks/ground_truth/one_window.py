@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--completion", action="store_true", help="the 18 llama-completion commands, the probe at 1 and 2 threads")
     args = ap.parse_args()
     from hrm.machine.hardware import load_hardware
-    from hrm_cli.profile import profile_yaml
+    from profile_patch import write_with_section
     from profiler.ggml_cpu import measure_ggml_cpu
 
     bin_dir = args.llama_cpp / "build" / "bin"
@@ -56,7 +56,7 @@ def main() -> int:
     probe_threads = THREADS if args.all or args.completion else (args.threads,)
     raw = {"host": platform.node(), "cpu": platform.processor(),
            "points": [{"key": k, "command": c, "samples": []} for k, c in todo]}
-    base = load_hardware(args.hw)
+    load_hardware(args.hw)  # a bad --hw fails before the window, not after it
     with Paused():
         raw["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for rep in range(2):
@@ -69,8 +69,7 @@ def main() -> int:
                 section, methods = measure_ggml_cpu(args.llama_cpp, probe_threads, TYPES)
                 print("probe done", flush=True)
         raw["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    source = base.source.model_copy(update={"methods": {**base.source.methods, **methods}})
-    args.profile.write_text(profile_yaml(base.model_copy(update={"ggml_cpu": section, "source": source})))
+    write_with_section(args.hw, section, methods, args.profile)
     args.raw.write_text(json.dumps(raw, indent=1))
     return 0
 

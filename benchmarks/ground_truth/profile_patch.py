@@ -31,3 +31,14 @@ def write_kernels(docs: dict[Path, dict], kernels: list[dict], methods: dict[str
         lines = path.read_text().splitlines(keepends=True)
         head = "".join(lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))])
         path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
+
+
+def write_with_section(base_path: str, section, methods: dict[str, str], out: Path) -> None:
+    """The profile at ``base_path`` with its ggml_cpu section replaced by a window's probe
+    (``section``, and the probe's ``source.methods`` lines added), written to ``out``."""
+    from hrm.machine.hardware import load_hardware
+    from hrm_cli.profile import profile_yaml
+
+    base = load_hardware(base_path)
+    source = base.source.model_copy(update={"methods": {**base.source.methods, **methods}})
+    out.write_text(profile_yaml(base.model_copy(update={"ggml_cpu": section, "source": source})))

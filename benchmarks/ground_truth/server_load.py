@@ -150,12 +150,9 @@ def main() -> int:
         raw["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     raw["completion_again"] = completion
     if windowed:
-        from hrm.machine.hardware import load_hardware
-        from hrm_cli.profile import profile_yaml
+        from profile_patch import write_with_section
 
-        base = load_hardware(args.hw)
-        source = base.source.model_copy(update={"methods": {**base.source.methods, **methods}})
-        args.profile.write_text(profile_yaml(base.model_copy(update={"ggml_cpu": section, "source": source})))
+        write_with_section(args.hw, section, methods, args.profile)
     args.out.write_text(json.dumps(raw, indent=1))
     return 0
 

@@ -362,7 +362,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     measured the plain buffer's kernels (:func:`plain_kernels_measured`): a prompt runs faster without
     repacking, a decode slower (docs/validation/ground_truth.md §1.8). A ``-ub`` past the measured
     rows (:func:`measured_ubatch`) is predicted and shown but not picked unless ``extrapolate``."""
-    from ..cost.ggml_cpu import HOST_BUFFER, kv_bytes_per_token, run_times
+    from ..cost.ggml_cpu import HOST_BUFFER, resident_bytes, run_times
 
     if hw.ggml_cpu is None:
         raise HRMError(f"hrm fit: {hw.name} has no ggml_cpu section: measure llama.cpp's kernels on this machine with "
@@ -378,7 +378,7 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
               for t in threads for buf in buffers}
     cands: list[Candidate] = []
     default = None
-    memory = {"cpu": inventory.weight_bytes + kv_bytes_per_token(inventory) * users * context}
+    memory = {"cpu": resident_bytes(inventory, users * context)}
     fits = memory["cpu"] <= hw.cpu.memory_gib * GIB
     for buf, tb in ((buf, tb) for buf in buffers for tb in threads):
         for ub in useful_ubatches(ubatches, users * prompt):

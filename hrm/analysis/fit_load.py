@@ -64,7 +64,7 @@ class LoadFit:
 def fit_cpu_load(hw, inventory, requests: list, objective: str = "p90") -> LoadFit:
     """Every (-np in SLOTS, unified or a stream per slot, -t = -tb over the measured threads) serving
     ``requests``; -c holds every slot's longest request (padded to 256)."""
-    from ..cost.ggml_cpu import kv_bytes_per_token
+    from ..cost.ggml_cpu import resident_bytes
     from ..cost.ggml_server import ServerSetup, serve
     from ..export.llama_cpp import ctx_pad
     from .fit import DEFAULT_BATCH, DEFAULT_UBATCH, linux_default_threads
@@ -82,7 +82,7 @@ def fit_cpu_load(hw, inventory, requests: list, objective: str = "p90") -> LoadF
     for slots in SLOTS:
         for unified in ((True, False) if slots > 1 else (True,)):
             ctx = longest * slots
-            memory = inventory.weight_bytes + kv_bytes_per_token(inventory) * ctx
+            memory = resident_bytes(inventory, ctx)
             for t in threads:
                 setup = ServerSetup(slots, unified, DEFAULT_BATCH, DEFAULT_UBATCH, t, t, ctx)
                 cands.append(LoadCandidate(slots, unified, t, ctx, serve(requests, setup, inventory, section), memory,

@@ -420,6 +420,24 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     return StepTime(tokens, dense, experts, attn, nodes, elementwise_s(inventory, section, threads, tokens, outputs))
 
 
+def causal_mean_tokens(cached: float, queries: int) -> float:
+    """The mean tokens ``queries`` consecutive queries attend after ``cached`` cached ones: the
+    query at cached + j sees cached + j tokens, j = 1 .. queries."""
+    return cached + (queries + 1) / 2.0
+
+
+def step_threads(tokens: int, threads: int, threads_batch: int) -> int:
+    """The threads a graph step runs on: ``threads`` for one token, ``threads_batch`` otherwise
+    (src/llama-context.cpp:2609, graph_compute's ``batched``)."""
+    return threads if tokens == 1 else threads_batch
+
+
+def resident_bytes(inventory: TensorInventory, kv_tokens: float) -> float:
+    """What llama.cpp holds in host memory for a CPU-only run: the weights and a KV cache of
+    ``kv_tokens`` (compute buffers not counted)."""
+    return inventory.weight_bytes + kv_bytes_per_token(inventory) * kv_tokens
+
+
 def prefill_steps(sequences: int, prompt_len: int, depth: int, n_batch: int, n_ubatch: int) -> list[tuple[int, int, list]]:
     """The prefill as llama.cpp splits it: every sequence's prompt in one batch, cut into
     logical batches of ``n_batch`` and those into micro-batches of ``n_ubatch`` tokens
@@ -436,7 +454,7 @@ def prefill_steps(sequences: int, prompt_len: int, depth: int, n_batch: int, n_u
         for s in range(start // prompt_len, (end - 1) // prompt_len + 1):
             lo, hi = max(start, s * prompt_len) - s * prompt_len, min(end, (s + 1) * prompt_len) - s * prompt_len
             # causal: the queries lo..hi-1 see depth + lo .. depth + hi - 1 tokens; their mean
-            seqs.append((hi - lo, depth + (lo + hi + 1) / 2.0))
+            seqs.append((hi - lo, causal_mean_tokens(depth + lo, hi - lo)))
             outputs += hi == prompt_len
         steps.append((end - start, outputs, seqs))
         start = end
@@ -457,13 +475,13 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
     steps, prefill = [], 0.0
     if prompt_len > 0:
         for tokens, outputs, seqs in prefill_steps(sequences, prompt_len, depth, n_batch, n_ubatch):
-            st = step_time(inventory, section, threads if tokens == 1 else tb, tokens, outputs, seqs, buffer)
+            st = step_time(inventory, section, step_threads(tokens, threads, tb), tokens, outputs, seqs, buffer)
             steps.append(st)
             prefill += st.total_s
     decode = 0.0
     for i in range(gen_len):
         kv = depth + prompt_len + i + 1
-        st = step_time(inventory, section, threads if sequences == 1 else tb, sequences, sequences,
+        st = step_time(inventory, section, step_threads(sequences, threads, tb), sequences, sequences,
                        [(1, kv)] * sequences, buffer)
         steps.append(st)
         decode += st.total_s
@@ -472,7 +490,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 __all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
            "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
-           "step_time", "shared_stream_tiled_s", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
+           "step_time", "shared_stream_tiled_s", "causal_mean_tokens", "step_threads", "resident_bytes", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 
 #: the ggml type an HRM weight format or dtype runs as (a Q4_K_M file is mostly q4_K)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ggml_cpu import FA_TILE_QUERIES, step_time
+from .ggml_cpu import FA_TILE_QUERIES, causal_mean_tokens, step_threads, step_time
 from ..errors import HRMError, InfeasibleError
 
 
@@ -257,15 +257,14 @@ def serve(requests: list[Request], setup: ServerSetup, inventory, section) -> Se
             tokens = sum(n for _, n in ub)
             seqs, rows = [], []
             for i, n in ub:
-                # causal: its queries at cached+1 .. cached+n attend that many tokens; their mean
-                seqs.append((n, cached[i] + (n + 1) / 2.0))
+                seqs.append((n, causal_mean_tokens(cached[i], n)))
                 if shared is not None:
                     shared.place(i, cached[i], n)
                     rows += [(i, p) for p in range(cached[i], cached[i] + n)]
                 cached[i] += n
             outputs = sum(1 for i, _ in ub if output_at.get(i) == cached[i])
             pairs = shared.tiled_pairs(rows) if shared is not None and tokens >= FA_TILE_QUERIES else None
-            st = step_time(inventory, section, setup.threads if tokens == 1 else setup.threads_batch, tokens,
+            st = step_time(inventory, section, step_threads(tokens, setup.threads, setup.threads_batch), tokens,
                            outputs, seqs, setup.buffer, setup.kv_unified, pairs)
             now += st.total_s
             passes += 1

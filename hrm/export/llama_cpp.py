@@ -218,6 +218,13 @@ def fit_sizes_context(values: dict[str, list[str]]) -> bool:
     return int_value(values, "-c", CONTEXT, 0) == 0 and values.get("--fit", ["on"])[0].lower() not in _OFF
 
 
+def slot_limit(per_slot: int, model) -> int:
+    """The tokens one request may hold: its slot's context, capped at the model's trained context
+    (server-context.cpp:4007-4015)."""
+    train = model.max_context_len
+    return min(per_slot, int(train)) if train else per_slot
+
+
 def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
     """The workload a command serves: the HRM workload when every slot's context holds its
     longest sequence (and, with a shared KV cache, all slots' together), else a one-line
@@ -232,8 +239,7 @@ def command_workload(values: Optional[dict[str, list[str]]], ctx: Context):
     slots, unified = _slots(values)
     size = _ctx_size(values, ctx)
     total, per_slot = kv_context(values, ctx)
-    train = ctx.model.max_context_len
-    limit = min(per_slot, int(train)) if train else per_slot  # capped at n_ctx_train (server-context.cpp:4007-4015)
+    limit = slot_limit(per_slot, ctx.model)
     longest = context_tokens(ctx)
     if longest > limit:
         given = f"-c {size}" if int_value(values, "-c", CONTEXT, 0) else f"no -c (the model's {size} tokens)"
@@ -655,7 +661,7 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
     """:func:`cpu_only_run` on the CPU step model, from ``inventory`` (the GGUF's tensors) and the
     profile's measured ggml kernels; llama.cpp's default threads are the profile's (its
     ``ggml_cpu.default_threads``, else its cores)."""
-    from ..cost.ggml_cpu import kv_bytes_per_token
+    from ..cost.ggml_cpu import kv_bytes_per_token, resident_bytes
     from ..units import GIB
     from .llama_tools import predict
 
@@ -677,7 +683,7 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
         raise InfeasibleError(f"llama.cpp: --fit shrinks the context to {kv_tokens} tokens to fit {hardware.name}'s memory, "
                        f"below the {run.sequences} user(s) x {longest} tokens of the workload's longest sequences: "
                        "requests would fail; give a shorter workload or more memory")
-    memory = inventory.weight_bytes + per_token * kv_tokens
+    memory = resident_bytes(inventory, kv_tokens)
     return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory, memory <= host)
 
 
@@ -713,8 +719,7 @@ def serve_cpu_only(values: dict[str, list[str]], program: str, model, workload, 
         raise HRMError(f"{program} runs one prompt and exits: a load of requests needs llama-server")
     est = estimate_cpu_only(values, program, model, workload, hardware, inventory)
     per_slot = est.served.kv_tokens if est.served.run.kv_unified else est.served.kv_tokens // max(est.served.slots, 1)
-    train = model.max_context_len
-    limit = min(per_slot, int(train)) if train else per_slot  # server-context.cpp:4007-4015
+    limit = slot_limit(per_slot, model)
     for i, r in enumerate(requests):
         if r.prompt_tokens + r.gen_tokens > limit:
             raise HRMError(f"request {i + 1}: {r.prompt_tokens} prompt + {r.gen_tokens} generated tokens exceed a "
