@@ -102,13 +102,14 @@ def test_the_llama_completion_runs_in_one_window():
     tokens, 64 generated), twice, with the probe between the passes (§1.10): median within
     0.9-1.1, one time past 1.25x — gt-qwen3moe Q8_0's 2-thread decode, 1.26x too slow, a 63-step
     decode whose experts the cache keeps (the sticky routing §1.7 measured, which the step model
-    does not follow)."""
+    does not follow). Every prefill within 1.10x (0.93-1.08; 0.89-1.06 before a short query tile
+    cost a whole one, ground_truth.md §1.13)."""
     runs = compare_runs(load_runs_file(COMPLETION))
     stats = summary(runs)
     assert len(runs) == 18 and 0.9 <= stats["median_ratio"] <= 1.1, stats
     assert stats["worst_factor"] <= 1.27 and stats["beyond_1_25x"] <= 1, stats
     prefill = [c.ratio("prefill_s") for c in runs]
-    assert max(max(r, 1 / r) for r in prefill) <= 1.15, prefill
+    assert max(max(r, 1 / r) for r in prefill) <= 1.10, prefill
 
 
 def test_a_decode_warms_up_where_its_weights_fit_the_cache_and_the_step_model_does_not():
@@ -176,11 +177,15 @@ def test_without_the_gguf_the_estimate_says_how_to_reach_the_step_model():
 def test_four_users_on_llama_server():
     """18 real llama-server runs, -np 4 with four prompts a request (§1.11), predicted by hrm import's
     CPU-only path: median within 0.9-1.1, every time within 1.25x; and §1.10's commands measured
-    again in that window stay within the completion test's bounds but one (the warm-up)."""
+    again in that window stay within the completion test's bounds but one (the warm-up). Every
+    prefill (four streams of 97-99 rows, the tiled kernel's padded query tiles, §1.13) within
+    1.10x: 0.91-1.06 (0.88-1.04 while the streams' tiles were not counted)."""
     runs = compare_runs(load_runs_file(RUNS_DIR / "llamacpp-cpu-server.yaml"))
     stats = summary(runs)
     assert len(runs) == 18 and 0.9 <= stats["median_ratio"] <= 1.1, stats
     assert stats["worst_factor"] <= 1.25 and stats["beyond_1_25x"] == 0, stats
+    prefill = [c.ratio("prefill_s") for c in runs]
+    assert max(max(r, 1 / r) for r in prefill) <= 1.10, prefill
     again = summary(compare_runs(load_runs_file(RUNS_DIR / "llamacpp-cpu-completion-again.yaml")))
     assert 0.9 <= again["median_ratio"] <= 1.1 and again["beyond_1_25x"] <= 1, again
 

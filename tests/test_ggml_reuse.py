@@ -144,9 +144,27 @@ def test_a_causal_tile_computes_every_kv_tile_its_last_query_sees():
     # at depth 1024: (64 x 1088 + 64 x 1152) / 128 = 1120
     (_, _, [(q, kv)]), = prefill_steps(1, 128, 1024, 2048, 512)
     assert tiled_cells(q, kv) == 1120
-    # a partial last tile: 100 queries at depth 0 -> (64 x 64 + 36 x 128) / 100
+    # a partial last tile costs a whole one (its Q tile zero padded): 100 queries at depth 0 ->
+    # (64 x 64 + 64 x 128) / 100, not (64 x 64 + 36 x 128) / 100
     (_, _, [(q, kv)]), = prefill_steps(1, 100, 0, 2048, 512)
-    assert tiled_cells(q, kv) == pytest.approx((64 * 64 + 36 * 128) / 100)
+    assert tiled_cells(q, kv) == pytest.approx((64 * 64 + 64 * 128) / 100)
+
+
+def test_query_tiles_follow_the_kernels_chunks_per_thread():
+    """ops.cpp flash_attn_ext_f16: rows x heads cut into 4 chunks a thread, tiles end at a chunk's or
+    a head's end; hand-cut."""
+    from hrm.cost.ggml_cpu import causal_tiled_pairs, query_tiles
+    # 97 rows x 16 heads on 2 threads: 8 chunks of 194 = two heads each -> a 64- and a 33-row tile a head
+    assert query_tiles(97, 16, 2) == {(0, 0, 64): 16, (0, 64, 33): 16}
+    # one head of 100 rows on 2 threads: 8 chunks of 13 rows (the last 9), each its own padded tile
+    assert query_tiles(100, 1, 2) == {(0, s, 13): 1 for s in range(0, 91, 13)} | {(0, 91, 9): 1}
+    # ... so the causal prompt at depth 0 (first query sees 1 token) computes 4 tiles over one KV tile
+    # and 4 over two, 64 rows each
+    assert causal_tiled_pairs(100, [1], 1, 2) == 64 * 64 * (4 * 1 + 4 * 2)
+    # one thread: one chunk; two streams of 64 rows, 2 heads: every (stream, head) one tile
+    assert query_tiles(64, 2, 1, streams=2) == {(0, 0, 64): 2, (1, 0, 64): 2}
+    # stream 1's queries come after 64 cached tokens: two KV tiles, per head
+    assert causal_tiled_pairs(64, [1, 65], 2, 1) == 64 * 64 * (1 + 2)
 
 
 def test_padded_cache_attention_brings_the_depth_decodes_onto_their_window_runs():

@@ -157,9 +157,10 @@ def _predicted(name):
 @pytest.mark.parametrize("name", ["llamacpp-cpu-load-poisson.yaml", "llamacpp-cpu-load-trace.yaml"])
 def test_real_server_loads_are_predicted(name):
     """Every pass of the committed real loads (each with its window's probe): the median request's
-    latency within 0.68-1.10 of the measured one (deepseekv2 Q4_K_M at 0.74-0.76 and deepseekv2 f16
-    under Poisson at 0.70-0.77 are the worst), the 90th percentile within 0.84-1.10, the makespan
-    within 0.92-1.03; over all requests the median ratio within 0.88-1.02. The one-request estimate
+    latency within 0.72-1.10 of the measured one (deepseekv2 f16 under Poisson at 0.74-0.84 and
+    deepseekv2 Q4_K_M on the trace at 0.79-0.90 are the worst; 0.70 before the padded query tiles,
+    ground_truth.md §1.13), the 90th percentile within 0.86-1.10, the makespan within 0.94-1.03;
+    over all requests the median ratio within 0.90-1.02. The one-request estimate
     these commands got before (no queue, no other slot) is 0.2-0.53 of the measured median."""
     doc = yaml.safe_load((RUNS / name).read_text())
     assert doc["columns"] == ["arrival_s", "prompt_tokens", "gen_tokens", "latency_s", "prompt_s", "decode_s"]
@@ -168,12 +169,12 @@ def test_real_server_loads_are_predicted(name):
         measured = np.array([r[3] for r in rows])
         model = np.array([s.latency_s for s in load.requests])
         span = max(r[0] + r[3] for r in rows) - min(r[0] for r in rows)
-        assert 0.68 <= np.median(model) / np.median(measured) <= 1.10, point["name"]
-        assert 0.84 <= np.percentile(model, 90) / np.percentile(measured, 90) <= 1.10, point["name"]
-        assert 0.92 <= load.makespan_s / span <= 1.03, point["name"]
+        assert 0.72 <= np.median(model) / np.median(measured) <= 1.10, point["name"]
+        assert 0.86 <= np.percentile(model, 90) / np.percentile(measured, 90) <= 1.10, point["name"]
+        assert 0.94 <= load.makespan_s / span <= 1.03, point["name"]
         assert np.median(alone) / np.median(measured) < 0.6, point["name"]
         ratios += list(model / measured)
-    assert 0.88 <= np.median(ratios) <= 1.02
+    assert 0.90 <= np.median(ratios) <= 1.02
 
 
 def _cli(*extra, command="llama-server -m gt-mixtral-f16.gguf -t 2 -np 4 -c 4096", hw=HW):

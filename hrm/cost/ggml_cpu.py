@@ -265,20 +265,61 @@ def split_kv_cells(threads: int, kv_tokens: float) -> float:
     return threads * min(float(np.ceil(cells / threads)), float(kv_tokens))
 
 
-def tiled_cells(query_tokens: int, kv_tokens: float) -> float:
-    """The cached tokens a causal run of ``query_tokens`` queries of one sequence costs in the
-    tiled kernel, per query, counted as the probe counts them: the queries attend to
-    consecutive counts of tokens (mean ``kv_tokens``), and each tile of FA_TILE_QUERIES
-    queries computes every tile of FA_TILE_QUERIES cached tokens that one of its queries
-    sees, the partly masked last one whole (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile
-    is skipped only when every row's mask is -inf)."""
-    first = round(kv_tokens - (query_tokens - 1) / 2.0)  # a whole count of tokens
-    cells = 0
-    for start in range(0, query_tokens, FA_TILE_QUERIES):
-        rows = min(FA_TILE_QUERIES, query_tokens - start)
-        last = first + start + rows - 1
-        cells += rows * -(-last // FA_TILE_QUERIES) * FA_TILE_QUERIES
-    return cells / query_tokens
+#: the CPU flash attention's query rows are cut into this many chunks per thread, taken by the
+#: threads in turn (ggml/src/ggml-cpu/ops.cpp:9530 ``nth_scaled = nth * 4`` at ggml-org/llama.cpp@0c1e5709)
+FA_CHUNKS_PER_THREAD = 4
+
+
+def query_tiles(rows: int, heads: int, threads: int, streams: int = 1) -> dict[tuple[int, int, int], int]:
+    """The query tiles the tiled flash-attention kernel runs for ``rows`` query rows in each of
+    ``streams`` KV streams, ``heads`` query heads, on ``threads`` threads: {(stream, first row,
+    rows in the tile): how many}. The kernel cuts the rows x heads x streams into
+    FA_CHUNKS_PER_THREAD chunks a thread (one a thread on one thread), and each chunk into tiles
+    of at most FA_TILE_QUERIES rows that never cross a chunk's or a head's end
+    (ggml-cpu/ops.cpp:9528-9545 the chunking, :9169 tile_rows). A tile of fewer rows costs a
+    whole one: its Q tile is zero padded (:9216-9218) and both products run on FA_TILE_QUERIES
+    rows (:9266, :9329 ``simd_gemm(..., Q_TILE_SZ, ...)``)."""
+    total = rows * heads * streams
+    chunk = -(-total // (threads * FA_CHUNKS_PER_THREAD))
+    chunks = -(-total // chunk)
+    if threads == 1 or chunks < threads:
+        chunks = threads
+    per_chunk = -(-total // chunks)
+    tiles: dict[tuple[int, int, int], int] = {}
+    for c in range(chunks):
+        at, end = per_chunk * c, min(per_chunk * (c + 1), total)
+        while at < end:
+            first = at % rows
+            n = min(FA_TILE_QUERIES, end - at, rows - first)
+            key = (at // rows // heads, first, n)
+            tiles[key] = tiles.get(key, 0) + 1
+            at += n
+    return tiles
+
+
+def causal_tiled_pairs(query_tokens: int, first_tokens: list[int], heads: int, threads: int) -> float:
+    """The (query row, cached token) products per head the tiled kernel computes for causal runs
+    of ``query_tokens`` queries in each of ``len(first_tokens)`` KV streams (a stream's first query
+    attends ``first_tokens[s]`` tokens, each next query one more), counted as the probe counts
+    them (64 query rows a tile, every cell): each query tile (:func:`query_tiles`) computes
+    FA_TILE_QUERIES rows times every tile of FA_TILE_QUERIES cached tokens its last query sees,
+    the partly masked last one whole (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile is
+    skipped only when every row's mask is -inf)."""
+    return sum(count * FA_TILE_QUERIES * -(-(first_tokens[stream] + start + n - 1) // FA_TILE_QUERIES) * FA_TILE_QUERIES
+               for (stream, start, n), count in query_tiles(query_tokens, heads, threads, len(first_tokens)).items()
+               ) / heads
+
+
+def first_query_tokens(query_tokens: int, kv_tokens: float) -> int:
+    """The tokens the first of ``query_tokens`` consecutive queries attends when they attend
+    ``kv_tokens`` on average (:func:`causal_mean_tokens`' inverse)."""
+    return round(kv_tokens - (query_tokens - 1) / 2.0)
+
+
+def tiled_cells(query_tokens: int, kv_tokens: float, heads: int = 1, threads: int = 1) -> float:
+    """The cached tokens a causal run of ``query_tokens`` queries of one sequence (mean
+    ``kv_tokens`` attended) costs a query in the tiled kernel (:func:`causal_tiled_pairs`)."""
+    return causal_tiled_pairs(query_tokens, [first_query_tokens(query_tokens, kv_tokens)], heads, threads) / query_tokens
 
 
 def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, query_tokens: int,
@@ -294,8 +335,14 @@ def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, quer
     one_token_step = (query_tokens if step_tokens is None else step_tokens) == 1
     one_sequence = step_tokens is None or step_tokens == query_tokens
     cost_tokens = (split_kv_cells(threads, kv_tokens) if one_token_step else
-                   tiled_cells(query_tokens, kv_tokens) if op == "fat" and one_sequence else kv_tokens)
+                   tiled_cells(query_tokens, kv_tokens, _query_heads(inventory), threads)
+                   if op == "fat" and one_sequence else kv_tokens)
     return _flash_attention_s(inventory, section, threads, op, query_tokens * cost_tokens, kv_tokens)
+
+
+def _query_heads(inventory: TensorInventory) -> int:
+    arch = inventory.attention
+    return arch.kv_heads * arch.heads_per_kv
 
 
 def _flash_attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, op: str, pairs: float,
@@ -303,9 +350,8 @@ def _flash_attention_s(inventory: TensorInventory, section: GgmlCpu, threads: in
     """``pairs`` (query row, cached cell) products of every head and layer, (d_k + d_v) elements
     each, at the probe's ``op`` rate read at ``kv_tokens``."""
     arch = inventory.attention
-    heads = arch.kv_heads * arch.heads_per_kv
     kernel = attention_kernel(section, op, threads, arch.k_width, arch.v_width, arch.kv_heads == 1)
-    return arch.layers * heads * pairs * (arch.k_width + arch.v_width) * curve_value(kernel, kv_tokens)
+    return arch.layers * _query_heads(inventory) * pairs * (arch.k_width + arch.v_width) * curve_value(kernel, kv_tokens)
 
 
 def shared_stream_tiled_s(inventory: TensorInventory, section: GgmlCpu, threads: int, pairs: float,
@@ -410,9 +456,16 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
             dense += sum(_dense_s(group, rate, q) for q, _ in sequences)
         else:
             dense += _dense_s(group, rate, rows)
-    attn = (shared_stream_tiled_s(inventory, section, threads, shared_tiled_pairs, tokens)
-            if shared_tiled_pairs is not None else
-            sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences))
+    queries = {q for q, _ in sequences}
+    if shared_tiled_pairs is not None:
+        attn = shared_stream_tiled_s(inventory, section, threads, shared_tiled_pairs, tokens)
+    elif len(sequences) > 1 and not kv_unified and len(queries) == 1 and min(queries) >= FA_TILE_QUERIES:
+        # a stream per sequence, each bringing the same rows (split_equal): one tiled op over all
+        q = min(queries)
+        pairs = causal_tiled_pairs(q, [first_query_tokens(q, kv) for _, kv in sequences], _query_heads(inventory), threads)
+        attn = _flash_attention_s(inventory, section, threads, "fat", pairs, float(np.mean([kv for _, kv in sequences])))
+    else:
+        attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
     node = section.node_s(threads)
     if node is None:
         raise HRMError(f"ggml_cpu: no node cost at {threads} threads in this profile; run hrm profile --llama-cpp DIR")
@@ -489,7 +542,7 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
 
 
 __all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
-           "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
+           "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "query_tiles", "causal_tiled_pairs", "first_query_tokens", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
            "step_time", "shared_stream_tiled_s", "causal_mean_tokens", "step_threads", "resident_bytes", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 

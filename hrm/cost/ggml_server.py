@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ggml_cpu import FA_TILE_QUERIES, causal_mean_tokens, step_threads, step_time
+from .ggml_cpu import FA_TILE_QUERIES, causal_mean_tokens, query_tiles, step_threads, step_time
 from ..errors import HRMError, InfeasibleError
 
 
@@ -178,23 +178,24 @@ class SharedCells:
         self.owner[free] = slot
         self.pos[free] = np.arange(first_pos, first_pos + n)
 
-    def tiled_pairs(self, rows: list[tuple[int, int]]) -> float:
-        """The (query row, cell) products of the tiled kernel for ``rows`` — (slot, position) per
-        query in micro-batch order: each tile of FA_TILE_QUERIES rows computes every tile of
-        FA_TILE_QUERIES cells holding a cell of one of its rows' slots at or before that row's
-        position (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile is skipped only when fully masked)."""
+    def tiled_pairs(self, rows: list[tuple[int, int]], heads: int = 1, threads: int = 1) -> float:
+        """The (query row, cell) products per head of the tiled kernel for ``rows`` — (slot,
+        position) per query in micro-batch order — with ``heads`` query heads on ``threads``
+        threads: each query tile (:func:`hrm.cost.ggml_cpu.query_tiles`) computes FA_TILE_QUERIES
+        rows times every tile of FA_TILE_QUERIES cells holding a cell of one of its rows' slots at
+        or before that row's position (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile is
+        skipped only when fully masked; a tile of fewer rows is zero padded)."""
         pairs = 0.0
-        for start in range(0, len(rows), FA_TILE_QUERIES):
-            tile = rows[start:start + FA_TILE_QUERIES]
+        for (_, start, n), count in query_tiles(len(rows), heads, threads).items():
             last: dict[int, int] = {}
-            for slot, p in tile:
+            for slot, p in rows[start:start + n]:
                 last[slot] = max(p, last.get(slot, p))
             seen = np.zeros(len(self.owner), dtype=bool)
             for slot, p in last.items():
                 seen |= (self.owner == slot) & (self.pos <= p)
             kv_tiles = np.unique(np.flatnonzero(seen) // FA_TILE_QUERIES)
-            pairs += len(tile) * len(kv_tiles) * FA_TILE_QUERIES
-        return pairs
+            pairs += count * FA_TILE_QUERIES * len(kv_tiles) * FA_TILE_QUERIES
+        return pairs / heads
 
 
 @dataclass
@@ -263,8 +264,11 @@ def serve(requests: list[Request], setup: ServerSetup, inventory, section) -> Se
                     rows += [(i, p) for p in range(cached[i], cached[i] + n)]
                 cached[i] += n
             outputs = sum(1 for i, _ in ub if output_at.get(i) == cached[i])
-            pairs = shared.tiled_pairs(rows) if shared is not None and tokens >= FA_TILE_QUERIES else None
-            st = step_time(inventory, section, step_threads(tokens, setup.threads, setup.threads_batch), tokens,
+            threads = step_threads(tokens, setup.threads, setup.threads_batch)
+            heads = inventory.attention.kv_heads * inventory.attention.heads_per_kv
+            pairs = (shared.tiled_pairs(rows, heads, threads) if shared is not None and tokens >= FA_TILE_QUERIES
+                     else None)
+            st = step_time(inventory, section, threads, tokens,
                            outputs, seqs, setup.buffer, setup.kv_unified, pairs)
             now += st.total_s
             passes += 1
