@@ -153,6 +153,21 @@ def points(bin_dir: Path, models: Path):
             yield {"tool": "llama-bench", "model": m, "format": f, "threads": t, "parallel": 1, "depth": d}, cmd
 
 
+#: prompt lengths about the tiled flash-attention kernel's 64-row query tiles (ground_truth.md §1.13):
+#: 63 runs the one-row kernel, 64 one whole tile, 65 a whole tile and a 1-row one padded to 64,
+#: and so on at 128 and 192; one user, one generated token (llama-bench's tg test needs one)
+TILE_PROMPTS, TILE_FORMATS, TILE_REPS = (63, 64, 65, 127, 128, 129, 192, 193), ("f16", "q4_k_m"), 5
+
+
+def tile_points(bin_dir: Path, models: Path):
+    for m, f, t in itertools.product(MODELS, TILE_FORMATS, THREADS):
+        for n in TILE_PROMPTS:
+            cmd = [str(bin_dir / "llama-bench"), "-m", str(models / f"{m}-{f}.gguf"), "-t", str(t), "-p", str(n),
+                   "-n", "1", "-r", str(TILE_REPS), "-o", "json"]
+            yield {"tool": "llama-bench", "model": m, "format": f, "threads": t, "parallel": 1, "depth": 0,
+                   "prompt": n}, cmd
+
+
 #: llama-completion points (one user as llama-cli runs one, through common's threadpool and
 #: sampler): a fixed English prompt (its token count is the tool's own, read from its output),
 #: COMPLETION_N tokens generated whatever the random weights sample (--ignore-eos), seed fixed

@@ -91,8 +91,9 @@ def bench_run(point: dict) -> dict | None:
     pre_all = [x / 1e9 for t in pp for x in t["samples_ns"]]
     dec_all = [x / 1e9 for t in tg for x in t["samples_ns"]]
     k = point["key"]
+    shape = f"p{k['prompt']}" if "prompt" in k else f"d{k['depth']}"  # one_window.py --tiles: the prompt's length
     return {**phases(pre_all, dec_all, tg[0]["n_gen"]),
-            "name": f"{k['model']} {k['format']} t{k['threads']} d{k['depth']} (llama-bench)"}
+            "name": f"{k['model']} {k['format']} t{k['threads']} {shape} (llama-bench)"}
 
 
 def completion_run(point: dict) -> dict | None:
