@@ -55,7 +55,7 @@ def test_cpu_fit_is_the_enumerated_optimum(host, inventory):
     assert res.searched == 2 * 2 * 3
     # llama.cpp's defaults on 2 cores: -t 2, -ub 512 (common/common.h:454; common/common.cpp physical cores)
     assert res.default.knobs == {"threads": 2, "threads_batch": 2, "ubatch": 512, "batch": 2048, "measured_rows": True,
-                                 "repack": True}
+                                 "repack": True, "kv_unified": False}
     assert not any(c.flags[-1][0] == "-nr" for c in (res.best, *res.runners_up))  # no plain-buffer kernels here
     assert res.best.total_s <= res.default.total_s
     assert all(c.total_s >= res.best.total_s for c in res.runners_up)
@@ -285,3 +285,21 @@ def test_cpu_fit_says_when_it_could_not_search_no_repack():
     f16 = fit_cpu(hw, read_inventory(tables / "gt-qwen3moe-f16.tensors.json"), 1024, 32, ubatches=(512,))
     assert any(n.startswith("-nr (no repacking) not searched") for n in q4.notes)
     assert not any("-nr" in n for n in f16.notes) and not any(c.knobs["repack"] is False for c in (q4.best, *q4.runners_up))
+
+
+def test_cpu_fit_for_many_users_weighs_one_kv_stream_against_one_each(host, inventory):
+    """64 users decoding together: one unified stream (-kvu) makes every decode step's 64 rows the
+    tiled kernel over every user's cells (ground_truth.md §1.14, measured 1.3-1.6x on this file), so
+    hrm fit's -kvu candidates decode slower than their stream-per-user twins and its pick has no -kvu;
+    both are searched, -kvu printed only where priced."""
+    res = fit_cpu(host, inventory, 128, 4, users=64, ubatches=(512,))
+    cands = [res.best, *res.runners_up]
+    twins = {}
+    for c in cands:
+        twins.setdefault((c.knobs["threads_batch"], c.knobs["ubatch"], c.knobs["repack"]), {})[c.knobs["kv_unified"]] = c
+    paired = [pair for pair in twins.values() if len(pair) == 2]
+    assert paired
+    for pair in paired:
+        assert pair[True].decode_tok_s < pair[False].decode_tok_s
+        assert ("-kvu", "") in pair[True].flags and ("-kvu", "") not in pair[False].flags
+    assert not res.best.knobs["kv_unified"] and not res.default.knobs["kv_unified"]

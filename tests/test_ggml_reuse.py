@@ -153,7 +153,7 @@ def test_a_causal_tile_computes_every_kv_tile_its_last_query_sees():
 def test_query_tiles_follow_the_kernels_chunks_per_thread():
     """ops.cpp flash_attn_ext_f16: rows x heads cut into 4 chunks a thread, tiles end at a chunk's or
     a head's end; hand-cut."""
-    from hrm.cost.ggml_cpu import causal_tiled_pairs, query_tiles
+    from hrm.cost.ggml_cells import causal_tiled_pairs, query_tiles
     # 97 rows x 16 heads on 2 threads: 8 chunks of 194 = two heads each -> a 64- and a 33-row tile a head
     assert query_tiles(97, 16, 2) == {(0, 0, 64): 16, (0, 64, 33): 16}
     # one head of 100 rows on 2 threads: 8 chunks of 13 rows (the last 9), each its own padded tile

@@ -168,6 +168,21 @@ def tile_points(bin_dir: Path, models: Path):
                    "prompt": n}, cmd
 
 
+#: batched-bench points with and without one unified KV stream (``-kvu``, ground_truth.md §1.14): 16
+#: and 64 sequences (64 rows a decode step is the tiled kernel's threshold), 2 threads
+KVU_PARALLEL, KVU_THREADS = (16, 64), 2
+
+
+def kvu_points(bin_dir: Path, models: Path):
+    for m, f, b in itertools.product(MODELS, TILE_FORMATS, KVU_PARALLEL):
+        for unified in (False, True):
+            cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(models / f"{m}-{f}.gguf"), "-t", str(KVU_THREADS),
+                   "-tb", str(KVU_THREADS), "-c", "8192", "-b", "2048", "-ub", "512", "-npp", str(NPP), "-ntg",
+                   str(NTG), "-npl", str(b), *(["-kvu"] if unified else []), "--output-format", "jsonl"]
+            yield {"tool": "llama-batched-bench", "model": m, "format": f, "threads": KVU_THREADS, "parallel": b,
+                   "kv_unified": unified}, cmd
+
+
 #: llama-completion points (one user as llama-cli runs one, through common's threadpool and
 #: sampler): a fixed English prompt (its token count is the tool's own, read from its output),
 #: COMPLETION_N tokens generated whatever the random weights sample (--ignore-eos), seed fixed

@@ -67,7 +67,7 @@ def batched_run(point: dict) -> dict | None:
             "samples": {"prefill_s": [sig(x) for x in pp_all], "decode_s": [sig(x) for x in tg_all]},
             "dropped": {"prefill_s": len(pp_all) - len(pp), "decode_s": len(tg_all) - len(tg)},
             "spread": {"prefill_s": spread(pp), "decode_s": spread(tg)},
-            "name": f"{k['model']} {k['format']} t{k['threads']} x{npl} (batched-bench)"}
+            "name": f"{k['model']} {k['format']} t{k['threads']} x{npl}{' kvu' if k.get('kv_unified') else ''} (batched-bench)"}
 
 
 def phases(pre_all: list[float], dec_all: list[float], decode_steps: int) -> dict:

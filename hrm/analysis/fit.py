@@ -380,20 +380,24 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
     default = None
     memory = {"cpu": resident_bytes(inventory, users * context)}
     fits = memory["cpu"] <= hw.cpu.memory_gib * GIB
-    for buf, tb in ((buf, tb) for buf in buffers for tb in threads):
+    # several users: one KV stream for all (-kvu) or one each; at 64+ users decoding together one stream
+    # costs attention over every user's cells (docs/validation/ground_truth.md §1.14)
+    streams = (True, False) if users > 1 else (False,)
+    for buf, tb, unified in ((buf, tb, u) for buf in buffers for tb in threads for u in streams):
         for ub in useful_ubatches(ubatches, users * prompt):
             b = max(DEFAULT_BATCH, ub)
-            pre = run_times(inventory, section, tb, users, prompt, 0, 0, b, ub, tb, buffer=buf)
+            pre = run_times(inventory, section, tb, users, prompt, 0, 0, b, ub, tb, buffer=buf, kv_unified=unified)
             for t in threads:
                 # one user's decode steps run on -t; several users' on -tb (src/llama-context.cpp:
                 # n_threads for a one-token ubatch, n_threads_batch otherwise)
                 dec = (decode[(t, buf)] if users == 1 else
-                       run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=tb, buffer=buf))
+                       run_times(inventory, section, t, users, 0, gen, prompt, threads_batch=tb, buffer=buf,
+                                 kv_unified=unified))
                 if users > 1 and t != tb:
                     continue  # -t does not act on batched decode: one candidate per -tb
                 flags = [("-c", str(users * context)), ("-np", str(users)), ("-b", str(b)), ("-ub", str(ub)),
                          ("-t", str(t)), ("-tb", str(tb)), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
-                if users > 1:
+                if unified:
                     flags.append(("-kvu", ""))
                 if buf is not None:
                     flags.append(("-nr", ""))
@@ -401,10 +405,10 @@ def fit_cpu(hw, inventory, context: int, gen: int = 128, users: int = 1, objecti
                 c = Candidate(tuple(flags), pre.prefill_tok_s, dec.decode_tok_s, pre.prefill_s + dec.decode_s, memory,
                               fits and (within or extrapolate),
                               {"threads": t, "threads_batch": tb, "ubatch": ub, "batch": b, "measured_rows": within,
-                               "repack": buf is None},
+                               "repack": buf is None, "kv_unified": unified},
                               "cpu (ggml kernels)")
                 cands.append(c)
-                if t == default_t and tb == default_t and ub == DEFAULT_UBATCH and buf is None:
+                if t == default_t and tb == default_t and ub == DEFAULT_UBATCH and buf is None and not unified:
                     default = c
     notes = [f"CPU-only: every layer on the CPU (-ngl has nothing to place); KV cache {memory['cpu'] / GIB:.2f} GiB with "
              f"the weights, compute buffers not counted",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import uniform_distinct_experts
+from .ggml_cells import FA_TILE_QUERIES, SharedCells, causal_tiled_pairs
 from .ggml_elementwise import elementwise_s
 from ..errors import HRMError
 from ..model.gguf import MatmulGroup, TensorInventory, bits_per_element
@@ -50,9 +51,6 @@ NODES_PER_LAYER = 28
 DEFAULT_N_BATCH, DEFAULT_N_UBATCH = 2048, 512
 #: the cached K/V are f16 unless -ctk/-ctv say otherwise (common/common.h cache_type_k/v)
 KV_ELEMENT_TYPE = "f16"
-#: query rows of one sequence from which the CPU flash attention takes its tiled path
-#: (ggml/src/ggml-cpu/common.h:9 GGML_FA_TILE_Q; ops.cpp ggml_compute_forward_flash_attn_ext_f16)
-FA_TILE_QUERIES = 64
 #: a step's attention loops over the cache's used cells padded to this many
 #: (src/llama-kv-cache.cpp:1265-1270 get_n_kv: max(n_pad, 256), and at least that many)
 KV_CELL_PAD = 256
@@ -265,51 +263,6 @@ def split_kv_cells(threads: int, kv_tokens: float) -> float:
     return threads * min(float(np.ceil(cells / threads)), float(kv_tokens))
 
 
-#: the CPU flash attention's query rows are cut into this many chunks per thread, taken by the
-#: threads in turn (ggml/src/ggml-cpu/ops.cpp:9530 ``nth_scaled = nth * 4`` at ggml-org/llama.cpp@0c1e5709)
-FA_CHUNKS_PER_THREAD = 4
-
-
-def query_tiles(rows: int, heads: int, threads: int, streams: int = 1) -> dict[tuple[int, int, int], int]:
-    """The query tiles the tiled flash-attention kernel runs for ``rows`` query rows in each of
-    ``streams`` KV streams, ``heads`` query heads, on ``threads`` threads: {(stream, first row,
-    rows in the tile): how many}. The kernel cuts the rows x heads x streams into
-    FA_CHUNKS_PER_THREAD chunks a thread (one a thread on one thread), and each chunk into tiles
-    of at most FA_TILE_QUERIES rows that never cross a chunk's or a head's end
-    (ggml-cpu/ops.cpp:9528-9545 the chunking, :9169 tile_rows). A tile of fewer rows costs a
-    whole one: its Q tile is zero padded (:9216-9218) and both products run on FA_TILE_QUERIES
-    rows (:9266, :9329 ``simd_gemm(..., Q_TILE_SZ, ...)``)."""
-    total = rows * heads * streams
-    chunk = -(-total // (threads * FA_CHUNKS_PER_THREAD))
-    chunks = -(-total // chunk)
-    if threads == 1 or chunks < threads:
-        chunks = threads
-    per_chunk = -(-total // chunks)
-    tiles: dict[tuple[int, int, int], int] = {}
-    for c in range(chunks):
-        at, end = per_chunk * c, min(per_chunk * (c + 1), total)
-        while at < end:
-            first = at % rows
-            n = min(FA_TILE_QUERIES, end - at, rows - first)
-            key = (at // rows // heads, first, n)
-            tiles[key] = tiles.get(key, 0) + 1
-            at += n
-    return tiles
-
-
-def causal_tiled_pairs(query_tokens: int, first_tokens: list[int], heads: int, threads: int) -> float:
-    """The (query row, cached token) products per head the tiled kernel computes for causal runs
-    of ``query_tokens`` queries in each of ``len(first_tokens)`` KV streams (a stream's first query
-    attends ``first_tokens[s]`` tokens, each next query one more), counted as the probe counts
-    them (64 query rows a tile, every cell): each query tile (:func:`query_tiles`) computes
-    FA_TILE_QUERIES rows times every tile of FA_TILE_QUERIES cached tokens its last query sees,
-    the partly masked last one whole (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile is
-    skipped only when every row's mask is -inf)."""
-    return sum(count * FA_TILE_QUERIES * -(-(first_tokens[stream] + start + n - 1) // FA_TILE_QUERIES) * FA_TILE_QUERIES
-               for (stream, start, n), count in query_tiles(query_tokens, heads, threads, len(first_tokens)).items()
-               ) / heads
-
-
 def first_query_tokens(query_tokens: int, kv_tokens: float) -> int:
     """The tokens the first of ``query_tokens`` consecutive queries attends when they attend
     ``kv_tokens`` on average (:func:`causal_mean_tokens`' inverse)."""
@@ -516,33 +469,58 @@ def prefill_steps(sequences: int, prompt_len: int, depth: int, n_batch: int, n_u
 
 def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequences: int, prompt_len: int,
               gen_len: int, depth: int = 0, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-              threads_batch: int | None = None, buffer: str | None = None) -> RunTimes:
+              threads_batch: int | None = None, buffer: str | None = None, kv_unified: bool = False) -> RunTimes:
     """Prefill ``sequences`` prompts of ``prompt_len`` tokens (after ``depth`` cached tokens)
     and decode ``gen_len`` steps of one token per sequence. A step of one token runs on
     ``threads``, larger ones on ``threads_batch`` (src/llama-context.cpp: n_threads for a
-    one-token ubatch, n_threads_batch otherwise). ``buffer``: :func:`step_time`'s."""
+    one-token ubatch, n_threads_batch otherwise). ``buffer``: :func:`step_time`'s.
+    ``kv_unified`` (``-kvu``): the sequences share one KV stream, their cells laid out as
+    :class:`hrm.cost.ggml_cells.SharedCells` places them (each prompt in turn, then the decode
+    tokens interleaved), and a step of FA_TILE_QUERIES rows or more — a prompt micro-batch, or a
+    decode step of that many sequences — runs the tiled kernel over that one stream."""
     if section.prior:  # the prior holds the experts' kernels only (hrm.machine.ggml_prior)
         raise HRMError("ggml_cpu: this machine's llama.cpp kernels are a catalog prior (the CPU experts beside a GPU), "
                        "not a measurement; a CPU-only llama.cpp run needs hrm profile --llama-cpp DIR on the machine")
     tb = threads if threads_batch is None else threads_batch
-    steps, prefill = [], 0.0
+    shared = SharedCells(sequences * (depth + prompt_len + gen_len)) if kv_unified and sequences > 1 else None
+    cached = [depth] * sequences
+    if shared is not None and depth:
+        for s in range(sequences):
+            shared.place(s, 0, depth)
+
+    def step(tokens: int, outputs: int, seqs: list, placed: list[tuple[int, int]]) -> StepTime:
+        """``placed``: (sequence, query tokens) in the step's order."""
+        t = step_threads(tokens, threads, tb)
+        pairs, rows = None, []
+        if shared is not None:
+            for s, q in placed:
+                shared.place(s, cached[s], q)
+                rows += [(s, pos) for pos in range(cached[s], cached[s] + q)]
+            if tokens >= FA_TILE_QUERIES:
+                pairs = shared.tiled_pairs(rows, _query_heads(inventory), t)
+        for s, q in placed:
+            cached[s] += q
+        return step_time(inventory, section, t, tokens, outputs, seqs, buffer, kv_unified, pairs)
+
+    steps, prefill, start = [], 0.0, 0
     if prompt_len > 0:
         for tokens, outputs, seqs in prefill_steps(sequences, prompt_len, depth, n_batch, n_ubatch):
-            st = step_time(inventory, section, step_threads(tokens, threads, tb), tokens, outputs, seqs, buffer)
+            first = start // prompt_len
+            st = step(tokens, outputs, seqs, [(first + j, q) for j, (q, _) in enumerate(seqs)])
+            start += tokens
             steps.append(st)
             prefill += st.total_s
     decode = 0.0
     for i in range(gen_len):
         kv = depth + prompt_len + i + 1
-        st = step_time(inventory, section, step_threads(sequences, threads, tb), sequences, sequences,
-                       [(1, kv)] * sequences, buffer)
+        st = step(sequences, sequences, [(1, kv)] * sequences, [(s, 1) for s in range(sequences)])
         steps.append(st)
         decode += st.total_s
     return RunTimes(prefill, decode, sequences * prompt_len, gen_len, sequences, tuple(steps))
 
 
 __all__ = ["NODES_PER_LAYER", "REUSE_STEPS", "StepTraffic", "step_traffic", "reuse_distances_mib", "pool_weights", "kv_bytes_per_token", "StepTime", "RunTimes", "probe_type", "seconds_per_element", "attention_s",
-           "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "query_tiles", "causal_tiled_pairs", "first_query_tokens", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
+           "kv_cells", "split_kv_cells", "per_head_kernel", "tiled_cells", "first_query_tokens", "KV_CELL_PAD", "SPLIT_KV_MIN_CELLS",
            "step_time", "shared_stream_tiled_s", "causal_mean_tokens", "step_threads", "resident_bytes", "prefill_steps", "run_times", "calibration_factor", "ggml_type_of", "nearest_threads"]
 
 

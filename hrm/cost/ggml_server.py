@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ggml_cpu import FA_TILE_QUERIES, causal_mean_tokens, query_tiles, step_threads, step_time
-from ..errors import HRMError, InfeasibleError
+from .ggml_cells import FA_TILE_QUERIES, SharedCells
+from .ggml_cpu import causal_mean_tokens, step_threads, step_time
+from ..errors import HRMError
 
 
 @dataclass(frozen=True)
@@ -157,45 +158,6 @@ def micro_batches(batch: list[tuple[int, int]], n_ubatch: int, unified: bool) ->
         for run in chosen:
             run[1] -= k
     return out
-
-
-class SharedCells:
-    """A unified KV cache's cells: which slot holds each (-1: free) and at which position."""
-
-    def __init__(self, cells: int):
-        self.owner = np.full(cells, -1)
-        self.pos = np.zeros(cells, dtype=np.int64)
-
-    def free(self, slot: int) -> None:
-        self.owner[self.owner == slot] = -1
-
-    def place(self, slot: int, first_pos: int, n: int) -> None:
-        """``n`` tokens of ``slot`` from ``first_pos`` into the lowest free cells."""
-        free = np.flatnonzero(self.owner == -1)[:n]
-        if len(free) < n:
-            raise InfeasibleError(f"llama-server: the unified KV cache's {len(self.owner)} cells cannot hold the "
-                                  "requests in flight (raise -c or send fewer at once)")
-        self.owner[free] = slot
-        self.pos[free] = np.arange(first_pos, first_pos + n)
-
-    def tiled_pairs(self, rows: list[tuple[int, int]], heads: int = 1, threads: int = 1) -> float:
-        """The (query row, cell) products per head of the tiled kernel for ``rows`` — (slot,
-        position) per query in micro-batch order — with ``heads`` query heads on ``threads``
-        threads: each query tile (:func:`hrm.cost.ggml_cpu.query_tiles`) computes FA_TILE_QUERIES
-        rows times every tile of FA_TILE_QUERIES cells holding a cell of one of its rows' slots at
-        or before that row's position (ggml-cpu/ops.cpp flash_attn_ext_tiled: a KV tile is
-        skipped only when fully masked; a tile of fewer rows is zero padded)."""
-        pairs = 0.0
-        for (_, start, n), count in query_tiles(len(rows), heads, threads).items():
-            last: dict[int, int] = {}
-            for slot, p in rows[start:start + n]:
-                last[slot] = max(p, last.get(slot, p))
-            seen = np.zeros(len(self.owner), dtype=bool)
-            for slot, p in last.items():
-                seen |= (self.owner == slot) & (self.pos <= p)
-            kv_tiles = np.unique(np.flatnonzero(seen) // FA_TILE_QUERIES)
-            pairs += count * FA_TILE_QUERIES * len(kv_tiles) * FA_TILE_QUERIES
-        return pairs / heads
 
 
 @dataclass

@@ -234,8 +234,9 @@ def bench_runs(command: str, default_threads: int) -> tuple[list[ToolRun], list[
 
 
 def predict(run: ToolRun, inventory, section):
-    """The run's prefill and decode seconds on the CPU step model (:func:`hrm.cost.ggml_cpu.run_times`).
-    A shared prompt (-pps) is prefilled once for all sequences."""
+    """The run's prefill and decode seconds on the CPU step model (:func:`hrm.cost.ggml_cpu.run_times`),
+    in one KV stream where the run is unified (-kvu). A shared prompt (-pps) is prefilled once for all
+    sequences (its cells, which every sequence shares, priced as a stream per sequence)."""
     from ..cost.ggml_cpu import HOST_BUFFER, run_times
 
     buffer = None if run.repack else HOST_BUFFER
@@ -246,7 +247,7 @@ def predict(run: ToolRun, inventory, section):
                         run.n_batch, run.n_ubatch, run.threads_batch, buffer)
         return replace(dec, prefill_s=pre.prefill_s, prompt_tokens=pre.prompt_tokens)
     return run_times(inventory, section, run.threads, run.sequences, run.prompt_len, run.gen_len, run.depth,
-                     run.n_batch, run.n_ubatch, run.threads_batch, buffer)
+                     run.n_batch, run.n_ubatch, run.threads_batch, buffer, run.kv_unified)
 
 
 def gpu_estimate(run: ToolRun, hw, model):
