@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from hrm.errors import HRMError
-from hrm.export.llama_tools import bench_runs, predict
+from hrm.export.llama_tools import bench_runs, predict, unified_stream_note
 from hrm.model.gguf import read_inventory
 
 
@@ -200,6 +200,9 @@ def main(command: str, hw, gguf: str | None, as_json: bool) -> int:
         path = gguf_path(t.model_path, gguf)
         inv = inventories.setdefault(str(path), read_inventory(path))
         times = predict(t, inv, hw.ggml_cpu)
+        note = unified_stream_note(t, times, inv, hw.ggml_cpu)
+        if note and note not in notes:
+            notes.append(note)
         rows.append({"test": t.label, "model": t.model_path, "threads": t.threads, "sequences": t.sequences,
                      "prompt_len": t.prompt_len, "gen_len": t.gen_len, "depth": t.depth,
                      "prefill_s": times.prefill_s, "decode_s": times.decode_s,

@@ -277,3 +277,29 @@ def test_a_context_fit_shrinks_below_the_workload_is_infeasible():
     with pytest.raises(InfeasibleError, match="--fit shrinks the context"):
         estimate_without_gpu("llama.cpp", "llama-server -m gt-qwen3moe-q4_k_m.gguf", model,
                              make_workload(None, prompt_len=8000, gen_len=128), tight, read_inventory(TABLE))
+
+
+def test_a_unified_cache_of_64_users_says_what_it_costs():
+    """-kvu with 64 or more sequences decoding together is priced as one stream (ground_truth.md §1.14)
+    and hrm import says so in a note, with the decode a stream each would reach; the same command
+    without -kvu, or with 16 sequences (the one-row kernel), carries no such note."""
+    from hrm.export.importing import estimate_without_gpu
+
+    hw, inv, model = load_hardware(str(HW)), read_inventory(TABLE), load_model(str(CONFIG))
+    workload = make_workload(None, prompt_len=32, gen_len=8)
+
+    def estimate(flags):
+        return estimate_without_gpu("llama.cpp", f"llama-server -m gt-qwen3moe-q4_k_m.gguf -t 2 -c 4096 {flags}",
+                                    model, workload, hw, inv)
+
+    unified, apart = estimate("-np 64 -kvu"), estimate("-np 64")
+    said = [n for n in unified.served.notes if "-kvu with 64 sequences" in n]
+    assert len(said) == 1
+    slowdown = unified.times.decode_s / apart.times.decode_s
+    assert slowdown > 1.05 and f"{slowdown:.2f}x slower" in said[0]
+    assert not any("-kvu with" in n for n in apart.served.notes + estimate("-np 16 -kvu").served.notes)
+    out = subprocess.run([sys.executable, "-m", "hrm_cli", "import", "--from", "llama.cpp", "--hw", str(HW), "--gguf",
+                          str(TABLE), "llama-batched-bench -m gt-qwen3moe-q4_k_m.gguf -t 2 -npp 32 -ntg 8 -npl 16,64 -kvu"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("-kvu with 64 sequences") == 1 and "-kvu with 16" not in out.stderr

@@ -663,7 +663,7 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
     ``ggml_cpu.default_threads``, else its cores)."""
     from ..cost.ggml_cpu import kv_bytes_per_token, resident_bytes
     from ..units import GIB
-    from .llama_tools import predict
+    from .llama_tools import predict, unified_stream_note
 
     section = hardware.ggml_cpu
     if section is None:
@@ -684,7 +684,11 @@ def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workloa
                        f"below the {run.sequences} user(s) x {longest} tokens of the workload's longest sequences: "
                        "requests would fail; give a shorter workload or more memory")
     memory = resident_bytes(inventory, kv_tokens)
-    return CpuOnlyEstimate(served, predict(served.run, inventory, section), memory, memory <= host)
+    times = predict(served.run, inventory, section)
+    note = unified_stream_note(served.run, times, inventory, section)
+    if note:
+        served = replace(served, notes=served.notes + (note,))
+    return CpuOnlyEstimate(served, times, memory, memory <= host)
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,28 @@ def predict(run: ToolRun, inventory, section):
                      run.n_batch, run.n_ubatch, run.threads_batch, buffer, run.kv_unified)
 
 
+#: a -kvu run's decode slower than its stream-per-sequence twin by more than this is worth a note
+#: (the model's own resolution: ground_truth.md's one-window medians sit within ~5% of measured)
+UNIFIED_NOTE_SLOWDOWN = 1.05
+
+
+def unified_stream_note(run: ToolRun, times, inventory, section) -> str | None:
+    """A note where ``run`` keeps its sequences in one KV stream (-kvu) and that costs its decode:
+    FA_TILE_QUERIES or more sequences decode as one tiled-kernel op over every sequence's cells
+    (docs/validation/ground_truth.md §1.14); the same run with a stream each, for comparison."""
+    from ..cost.ggml_cells import FA_TILE_QUERIES
+
+    if not run.kv_unified or run.sequences < FA_TILE_QUERIES or not run.gen_len:
+        return None
+    apart = predict(replace(run, kv_unified=False), inventory, section)
+    slowdown = times.decode_s / apart.decode_s
+    if slowdown <= UNIFIED_NOTE_SLOWDOWN:
+        return None
+    return (f"llama.cpp: -kvu with {run.sequences} sequences: each decode step's {run.sequences} rows run the tiled "
+            f"flash-attention kernel over every sequence's cells (docs/validation/ground_truth.md §1.14): decode "
+            f"{slowdown:.2f}x slower than with a KV stream per sequence (drop -kvu: {apart.decode_tok_s:,.1f} tok/s)")
+
+
 def gpu_estimate(run: ToolRun, hw, model):
     """One llama-bench test on a machine with a GPU, by HRM's ``llama.cpp`` engine: one
     sequence (llama-bench runs one), ``-ncmoe`` blocks' experts on the CPU (the MoE layers among
