@@ -85,6 +85,17 @@ class SharedCells:
         self.owner[free] = slot
         self.pos[free] = np.arange(first_pos, first_pos + n)
 
+    def place_step(self, placed: list[tuple[int, int, int]], heads: int, threads: int) -> float | None:
+        """A micro-batch's tokens placed — (slot, first position, tokens) in its order — and the
+        (query row, cell) products per head the tiled kernel computes for them
+        (:meth:`tiled_pairs`); None below FA_TILE_QUERIES rows (the one-row kernel, which skips
+        masked cells: ops.cpp:8969)."""
+        rows = []
+        for slot, first, n in placed:
+            self.place(slot, first, n)
+            rows += [(slot, p) for p in range(first, first + n)]
+        return self.tiled_pairs(rows, heads, threads) if len(rows) >= FA_TILE_QUERIES else None
+
     def tiled_pairs(self, rows: list[tuple[int, int]], heads: int = 1, threads: int = 1) -> float:
         """The (query row, cell) products per head of the tiled kernel for ``rows`` — (slot,
         position) per query in micro-batch order — with ``heads`` query heads on ``threads``

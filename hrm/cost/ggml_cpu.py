@@ -288,14 +288,9 @@ def attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, quer
     one_token_step = (query_tokens if step_tokens is None else step_tokens) == 1
     one_sequence = step_tokens is None or step_tokens == query_tokens
     cost_tokens = (split_kv_cells(threads, kv_tokens) if one_token_step else
-                   tiled_cells(query_tokens, kv_tokens, _query_heads(inventory), threads)
+                   tiled_cells(query_tokens, kv_tokens, inventory.attention.query_heads, threads)
                    if op == "fat" and one_sequence else kv_tokens)
     return _flash_attention_s(inventory, section, threads, op, query_tokens * cost_tokens, kv_tokens)
-
-
-def _query_heads(inventory: TensorInventory) -> int:
-    arch = inventory.attention
-    return arch.kv_heads * arch.heads_per_kv
 
 
 def _flash_attention_s(inventory: TensorInventory, section: GgmlCpu, threads: int, op: str, pairs: float,
@@ -304,7 +299,7 @@ def _flash_attention_s(inventory: TensorInventory, section: GgmlCpu, threads: in
     each, at the probe's ``op`` rate read at ``kv_tokens``."""
     arch = inventory.attention
     kernel = attention_kernel(section, op, threads, arch.k_width, arch.v_width, arch.kv_heads == 1)
-    return arch.layers * _query_heads(inventory) * pairs * (arch.k_width + arch.v_width) * curve_value(kernel, kv_tokens)
+    return arch.layers * inventory.attention.query_heads * pairs * (arch.k_width + arch.v_width) * curve_value(kernel, kv_tokens)
 
 
 def shared_stream_tiled_s(inventory: TensorInventory, section: GgmlCpu, threads: int, pairs: float,
@@ -415,7 +410,7 @@ def step_time(inventory: TensorInventory, section: GgmlCpu, threads: int, tokens
     elif len(sequences) > 1 and not kv_unified and len(queries) == 1 and min(queries) >= FA_TILE_QUERIES:
         # a stream per sequence, each bringing the same rows (split_equal): one tiled op over all
         q = min(queries)
-        pairs = causal_tiled_pairs(q, [first_query_tokens(q, kv) for _, kv in sequences], _query_heads(inventory), threads)
+        pairs = causal_tiled_pairs(q, [first_query_tokens(q, kv) for _, kv in sequences], inventory.attention.query_heads, threads)
         attn = _flash_attention_s(inventory, section, threads, "fat", pairs, float(np.mean([kv for _, kv in sequences])))
     else:
         attn = sum(attention_s(inventory, section, threads, q, kv, tokens) for q, kv in sequences)
@@ -491,13 +486,8 @@ def run_times(inventory: TensorInventory, section: GgmlCpu, threads: int, sequen
     def step(tokens: int, outputs: int, seqs: list, placed: list[tuple[int, int]]) -> StepTime:
         """``placed``: (sequence, query tokens) in the step's order."""
         t = step_threads(tokens, threads, tb)
-        pairs, rows = None, []
-        if shared is not None:
-            for s, q in placed:
-                shared.place(s, cached[s], q)
-                rows += [(s, pos) for pos in range(cached[s], cached[s] + q)]
-            if tokens >= FA_TILE_QUERIES:
-                pairs = shared.tiled_pairs(rows, _query_heads(inventory), t)
+        pairs = (shared.place_step([(s, cached[s], q) for s, q in placed], inventory.attention.query_heads, t)
+                 if shared is not None else None)
         for s, q in placed:
             cached[s] += q
         return step_time(inventory, section, t, tokens, outputs, seqs, buffer, kv_unified, pairs)

@@ -54,7 +54,7 @@ def layer_elementwise(inventory: TensorInventory, layer: int) -> LayerElementwis
         return shapes.get(blk + name + ".weight")
 
     arch = inventory.attention
-    heads = arch.kv_heads * arch.heads_per_kv
+    heads = arch.query_heads
     norm = shape("attn_norm")
     n_embd = int(norm[0]) if norm else 0
     mla = arch.kv_heads == 1 and shape("attn_kv_a_mqa") is not None

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ggml_cells import FA_TILE_QUERIES, SharedCells
+from .ggml_cells import SharedCells
 from .ggml_cpu import causal_mean_tokens, step_threads, step_time
 from ..errors import HRMError
 
@@ -218,18 +218,14 @@ def serve(requests: list[Request], setup: ServerSetup, inventory, section) -> Se
         output_at = {i: slots[i].cached + n for i, n in batch if slots[i].prompt_left in (0, n)}
         for ub in micro_batches(batch, setup.n_ubatch, setup.kv_unified):
             tokens = sum(n for _, n in ub)
-            seqs, rows = [], []
+            threads = step_threads(tokens, setup.threads, setup.threads_batch)
+            pairs = (shared.place_step([(i, cached[i], n) for i, n in ub], inventory.attention.query_heads, threads)
+                     if shared is not None else None)
+            seqs = []
             for i, n in ub:
                 seqs.append((n, causal_mean_tokens(cached[i], n)))
-                if shared is not None:
-                    shared.place(i, cached[i], n)
-                    rows += [(i, p) for p in range(cached[i], cached[i] + n)]
                 cached[i] += n
             outputs = sum(1 for i, _ in ub if output_at.get(i) == cached[i])
-            threads = step_threads(tokens, setup.threads, setup.threads_batch)
-            heads = inventory.attention.kv_heads * inventory.attention.heads_per_kv
-            pairs = (shared.tiled_pairs(rows, heads, threads) if shared is not None and tokens >= FA_TILE_QUERIES
-                     else None)
             st = step_time(inventory, section, threads, tokens,
                            outputs, seqs, setup.buffer, setup.kv_unified, pairs)
             now += st.total_s

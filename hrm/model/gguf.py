@@ -80,6 +80,10 @@ class AttentionShape:
     k_width: int
     v_width: int
 
+    @property
+    def query_heads(self) -> int:
+        return self.kv_heads * self.heads_per_kv
+
 
 @dataclass(frozen=True)
 class MatmulGroup:
