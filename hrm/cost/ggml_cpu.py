@@ -198,7 +198,7 @@ def measured_seconds_per_element(section: GgmlCpu, ggml_type: str, op: str, thre
     if not kernels:
         raise _missing(section, ggml_type, op, threads)
     by_pool = sorted(kernels, key=lambda k: k.pool_mib or section.pool_mib)
-    usable = [k for k in by_pool if rows <= max(p.x for p in k.s_per_elem_vs_rows)] or by_pool[-1:]
+    usable = [k for k in by_pool if rows <= k.last_rows] or by_pool[-1:]
     if working_set_mib is None:
         return curve_value(usable[-1], rows)
     mib, prob = (working_set_mib if isinstance(working_set_mib, tuple)

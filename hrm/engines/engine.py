@@ -538,7 +538,19 @@ def load_engine(name_or_path: str | Engine | None) -> Engine:
     if name_or_path == "ideal":
         return IDEAL
     path = engine_path(str(name_or_path))
-    return validated(Engine, read_yaml_mapping(path, "an engine YAML file", "engine fields"), str(path))
+    try:
+        stat = path.stat()
+    except OSError:  # missing or unreadable: read_input_text names it
+        return _read_engine(str(path), None)
+    return _read_engine(str(path), (stat.st_mtime_ns, stat.st_size))
+
+
+@lru_cache(maxsize=64)
+def _read_engine(path: str, version: tuple[int, int] | None) -> Engine:
+    """The engine file ``path`` parsed and validated, once per ``version`` (its mtime and size):
+    a search or a fit reads the same few files thousands of times (a policy space per candidate),
+    and an Engine is frozen. A refusal is raised, not cached."""
+    return validated(Engine, read_yaml_mapping(path, "an engine YAML file", "engine fields"), path)
 
 
 def engine_path(text: str) -> Path:

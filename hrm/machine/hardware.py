@@ -322,6 +322,41 @@ class Emulation(_Strict):
 GgmlOp = Literal["mm", "mmid", "mmh", "fa1", "fat", "norm", "add", "mulw", "glu", "kv16", "rope", "softmax", "concat"]
 
 
+def derived(model: BaseModel, field: str, make):
+    """``make(model.<field>)``, kept on the frozen ``model`` while that field holds the same object
+    (the step model reads a kernel's curve and a section's kernels thousands of times a
+    prediction). Kept beside the fields, not in one: pydantic compares and dumps fields only, and
+    a ``model_copy(update=...)`` that replaces the field is seen and re-derived, not served stale."""
+    source = getattr(model, field)
+    key = f"_derived_{field}"
+    kept = model.__dict__.get(key)
+    if kept is None or kept.source is not source:
+        kept = model.__dict__[key] = _Kept(source, make(source))
+    return kept.value
+
+
+class _Kept:
+    """A derived value and the field object it came from; equal only to itself, so pydantic's
+    quick ``__dict__`` comparison falls back to the fields whenever two models keep different ones."""
+
+    __slots__ = ("source", "value")
+
+    def __init__(self, source, value):
+        self.source, self.value = source, value
+
+
+def _sorted_xy(curve) -> tuple[np.ndarray, np.ndarray]:
+    points = sorted(curve, key=lambda p: p.x)
+    return np.array([p.x for p in points], dtype=float), np.array([p.y for p in points], dtype=float)
+
+
+def _kernels_by_key(kernels) -> dict:
+    by_key: dict = {}
+    for k in kernels:
+        by_key.setdefault((k.type, k.op, k.threads), []).append(k)
+    return by_key
+
+
 class GgmlKernel(_Strict):
     """One ggml CPU matmul kernel as ``hrm profile --llama-cpp`` measured it on this host:
     seconds per weight element (``s_per_elem_vs_rows``: x = rows per weight matrix, y = s) for
@@ -344,13 +379,16 @@ class GgmlKernel(_Strict):
     def head_shape(self) -> Optional[tuple[int, int, int, int]]:
         return tuple(int(x) for x in self.shape.split(":")) if self.shape else None
 
+    @property
+    def last_rows(self) -> float:
+        """The most rows the curve was measured at."""
+        return float(derived(self, "s_per_elem_vs_rows", _sorted_xy)[0][-1])
+
     def value(self, rows: float) -> float:
         """Seconds per element at ``rows``: linear between the measured points; past the last, a
         matmul is compute-bound and grows linearly with its rows (the last two points' slope);
         below the first, the first point."""
-        points = sorted(self.s_per_elem_vs_rows, key=lambda p: p.x)
-        xs = np.array([p.x for p in points], dtype=float)
-        ys = np.array([p.y for p in points], dtype=float)
+        xs, ys = derived(self, "s_per_elem_vs_rows", _sorted_xy)
         if rows <= xs[-1] or len(xs) == 1:
             return float(np.interp(rows, xs, ys))
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
@@ -389,8 +427,9 @@ class GgmlCpu(_Strict):
         return self
 
     def kernels_of(self, ggml_type: str, op: str, threads: int) -> list[GgmlKernel]:
-        """Every measured kernel of ``ggml_type``/``op`` at ``threads`` (pools, head shapes)."""
-        return [k for k in self.kernels if (k.type, k.op, k.threads) == (ggml_type, op, threads)]
+        """Every measured kernel of ``ggml_type``/``op`` at ``threads`` (pools, head shapes), in
+        the section's order."""
+        return list(derived(self, "kernels", _kernels_by_key).get((ggml_type, op, threads), ()))
 
     def node_s(self, threads: int) -> Optional[float]:
         """Seconds of one graph node at ``threads`` threads (None if not measured)."""
