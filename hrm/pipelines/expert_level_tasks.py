@@ -46,7 +46,8 @@ Mechanisms of the engine, from the public implementation (mindspore-lab/models@2
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -60,7 +61,8 @@ from ..machine.launches import charged
 from ..model.spec import ModelSpec
 from ..machine.rates import Rates
 from ..model.routing import Routing, expected_misses, uniform
-from .list_scheduler import Task, TaskQueues, Timeline, layer_ends_s, list_schedule, scheduled_tasks
+from .list_scheduler import (Task, TaskQueues, TimedQueues, Timeline, layer_ends_s, layer_period_s, list_schedule,
+                             scheduled_tasks)
 
 #: the most batches per group :func:`klotski_batches` tries (the paper's planner caps n by memory)
 MAX_BATCH_GROUP = 512
@@ -427,55 +429,82 @@ def klotski_layer_tasks(num_batches: int, attention_s: float, gate_s: float,
     (one copy engine per direction): the first batch's cache with the attention weights
     during the layer before (line 6), then the gate and hot experts at the layer's start,
     then the other batches' caches one by one, then the cold experts."""
+    return _queue_layers(TaskQueues(KLOTSKI_RESOURCES), num_batches, attention_s, gate_s, hot_experts, cold_experts,
+                         layers=layers, order=order, prefetch_hot=prefetch_hot, gate_load_s=gate_load_s,
+                         attention_load_s=attention_load_s, expert_buffers=expert_buffers, kv_load_s=kv_load_s,
+                         kv_store_s=kv_store_s)
+
+
+#: the queues of Klotski's task graph: GPU compute, CPU→GPU and GPU→CPU copies
+KLOTSKI_RESOURCES = ("gpu", "h2d", "d2h")
+
+
+def _queue_layers(queues: TaskQueues | TimedQueues, num_batches, attention_s, gate_s, hot_experts, cold_experts, *,
+                  layers, order, prefetch_hot, gate_load_s, attention_load_s, expert_buffers, kv_load_s, kv_store_s):
+    """``queues`` with the tasks of :func:`klotski_layer_tasks` (same arguments) added."""
     _check_klotski(num_batches, (attention_s, gate_s, gate_load_s, attention_load_s, kv_load_s, kv_store_s),
                    [*hot_experts, *cold_experts], layers, order, expert_buffers)
-    builder = _KlotskiGraph(int(num_batches), attention_s, gate_s, hot_experts, cold_experts, order=order,
+    builder = _KlotskiGraph(queues, int(num_batches), attention_s, gate_s, hot_experts, cold_experts, order=order,
                             prefetch_hot=prefetch_hot, gate_load_s=gate_load_s, attention_load_s=attention_load_s,
                             expert_buffers=expert_buffers, kv_load_s=kv_load_s, kv_store_s=kv_store_s)
     for i in range(layers):
         builder.queue_layer(i)
-    return builder.graph
+    return queues
+
+
+#: a queued task as the graph's queues return it: a :class:`Task`, or its end (:class:`TimedQueues`)
+Queued = Task | float
 
 
 class _KlotskiGraph:
-    """The task graph of :func:`klotski_layer_tasks` while it is built (same arguments): the
-    queues, every attention so far (KV buffer reuse), and per layer its last GPU task (its
+    """The task graph of :func:`klotski_layer_tasks` while it is built (same arguments) on
+    ``queues``: :class:`TaskQueues` (tasks, named for drawing) or :class:`TimedQueues` (end
+    times only, for the search), both taking tasks as ``add(label, resource, seconds, deps,
+    layer, batch, kind)`` (batch -1: every batch) and returning what later tasks depend on.
+    Kept: every attention so far (KV buffer reuse), and per layer its last GPU task (its
     experts are then all computed) and its last attention; per batch its last expert of the
     layer before."""
 
-    def __init__(self, num_batches: int, attention_s: float, gate_s: float, hot_experts, cold_experts, *,
-                 order: str, prefetch_hot: bool, gate_load_s: float, attention_load_s: float, expert_buffers: int,
-                 kv_load_s: float, kv_store_s: float):
-        self.graph = TaskQueues(("gpu", "h2d", "d2h"))
+    def __init__(self, queues: TaskQueues | TimedQueues, num_batches: int, attention_s: float, gate_s: float,
+                 hot_experts, cold_experts, *, order: str, prefetch_hot: bool, gate_load_s: float,
+                 attention_load_s: float, expert_buffers: int, kv_load_s: float, kv_store_s: float):
+        self.queues = queues
+        # names are labels of a drawing: only tasks kept for one get them
+        self.add = self._add_named if isinstance(queues, TaskQueues) else queues.add
         self.n, self.attention_s, self.gate_s = num_batches, attention_s, gate_s
         self.hot_experts, self.cold_experts = hot_experts, cold_experts
         self.order, self.prefetch_hot, self.expert_buffers = order, prefetch_hot, expert_buffers
         self.gate_load_s, self.attention_load_s = gate_load_s, attention_load_s
         self.kv_load_s, self.kv_store_s = kv_load_s, kv_store_s
-        self.last_gpu: list[Task] = []
-        self.last_attention: list[Task] = []
-        self.batch_done: list[Task | None] = [None] * num_batches
-        self.attended: list[Task] = []
+        self.names = [f"Hot{e}" for e in range(len(hot_experts))] + [f"Cold{e}" for e in range(len(cold_experts))]
+        self.last_gpu: list[Queued] = []
+        self.last_attention: list[Queued] = []
+        self.batch_done: list[Queued | None] = [None] * num_batches
+        self.attended: list[Queued] = []
 
-    def load(self, name: str, i: int, seconds: float, deps) -> Task:
-        """The queued weight load ``name`` of layer i on the link."""
-        return self.graph.add(f"{name} L{i}", "h2d", seconds, deps, layer=i, micro_batch=-1, kind="weights")
+    def _add_named(self, label: str, resource: str, seconds: float, deps, layer: int, batch: int, kind: str) -> Task:
+        """A :class:`Task` named ``"{label} L{layer}"``, with `` b{batch}`` for one batch's."""
+        name = f"{label} L{layer}" if batch < 0 else f"{label} L{layer} b{batch}"
+        return self.queues.add(name, resource, seconds, deps, layer=layer, micro_batch=batch, kind=kind)
 
-    def kv_load(self, i: int, b: int) -> Task | None:
+    def load(self, label: str, i: int, seconds: float, deps) -> Queued:
+        """The queued weight load ``label`` of layer i on the link."""
+        return self.add(label, "h2d", seconds, deps, i, -1, "weights")
+
+    def kv_load(self, i: int, b: int) -> Queued | None:
         """The queued load of batch b's host-resident cache in layer i, into the buffer the
         attention two batches back frees (None without a host cache)."""
         if not self.kv_load_s:
             return None
         buffer_free = self.attended[-KV_BUFFERS] if len(self.attended) >= KV_BUFFERS else None
-        return self.graph.add(f"KV L{i} b{b}", "h2d", self.kv_load_s, [buffer_free], layer=i, micro_batch=b, kind="kv")
+        return self.add("KV", "h2d", self.kv_load_s, [buffer_free], i, b, "kv")
 
-    def attend(self, i: int, b: int, deps) -> Task:
+    def attend(self, i: int, b: int, deps) -> Queued:
         """The queued attention of batch b in layer i (and the store of its new KV entries)."""
-        task = self.graph.add(f"Attn L{i} b{b}", "gpu", self.attention_s, deps, layer=i, micro_batch=b,
-                              kind="attention")
+        task = self.add("Attn", "gpu", self.attention_s, deps, i, b, "attention")
         self.attended.append(task)
         if self.kv_store_s:
-            self.graph.add(f"KV→CPU L{i} b{b}", "d2h", self.kv_store_s, [task], layer=i, micro_batch=b, kind="kv")
+            self.add("KV→CPU", "d2h", self.kv_store_s, [task], i, b, "kv")
         return task
 
     def queue_layer(self, i: int) -> None:
@@ -486,61 +515,62 @@ class _KlotskiGraph:
         attention_w = self.load("AttnW", i, self.attention_load_s, [self.last_attention[i - 2] if i >= 2 else None])
         first_kv = self.kv_load(i, 0)
         gate_w = self.load("GateW", i, self.gate_load_s, [freed])
-        loads = [self.load(f"Hot{e}", i, self.hot_experts[e][0], [freed]) for e in range(hot)] \
+        loads = [self.load(self.names[e], i, self.hot_experts[e][0], [freed]) for e in range(hot)] \
             if self.prefetch_hot else []
         attention = []
         for b in range(n):
             kv = first_kv if b == 0 else self.kv_load(i, b)
             attention.append(self.attend(i, b, [attention_w, self.batch_done[b], kv]))
-        gates = [self.graph.add(f"Gate L{i} b{b}", "gpu", self.gate_s, [attention[b], gate_w], layer=i, micro_batch=b,
-                                kind="post_attn") for b in range(n)]
+        gates = [self.add("Gate", "gpu", self.gate_s, [attention[b], gate_w], i, b, "post_attn") for b in range(n)]
         if not self.prefetch_hot:
-            loads += [self.load(f"Hot{e}", i, self.hot_experts[e][0], [gates[0], freed]) for e in range(hot)]
-        loads += [self.load(f"Cold{e}", i, self.cold_experts[e][0], [gates[0], freed])
+            loads += [self.load(self.names[e], i, self.hot_experts[e][0], [gates[0], freed]) for e in range(hot)]
+        loads += [self.load(self.names[hot + e], i, self.cold_experts[e][0], [gates[0], freed])
                   for e in range(len(self.cold_experts))]
-        experts = [*self.hot_experts, *self.cold_experts]
-        self.batch_done = _queue_expert_compute(self.graph, i, experts, hot, loads, gates, self.order)
-        self.last_gpu.append(self.graph.queues["gpu"][-1])
+        self.batch_done = self.queue_expert_compute(i, loads, gates)
+        # the last batch's last task is the layer's last on the GPU (each order queues it last)
+        self.last_gpu.append(self.batch_done[-1])
         self.last_attention.append(attention[-1])
 
-
-def _queue_expert_compute(graph: TaskQueues, i: int, experts, hot: int, loads: list[Task], gates: list[Task],
-                          order: str) -> list[Task]:
-    """Queue layer ``i``'s expert calls on the GPU in ``order``; per batch, its last task (a
-    layer without experts ends with its gates)."""
-    n = len(gates)
-    names = [f"Hot{e}" for e in range(hot)] + [f"Cold{e}" for e in range(len(experts) - hot)]
-    batch_done = list(gates)
-    if order == "hot-first":
-        # expert by expert, hot ones first, each one call over every batch's tokens (its
-        # per-batch tasks would run back to back anyway: every gate precedes it on the GPU)
-        for e in range(len(experts)):
-            task = graph.add(f"{names[e]} L{i}", "gpu", n * experts[e][1], [loads[e], *gates], layer=i,
-                             micro_batch=-1, kind="post_attn")
-            batch_done = [task] * n
-    else:  # batch by batch, each batch's experts cold first
-        routed = [*range(hot, len(experts)), *range(hot)]
-        for b in range(n):
-            for e in routed:
-                batch_done[b] = graph.add(f"{names[e]} L{i} b{b}", "gpu", experts[e][1], [loads[e], gates[b]],
-                                          layer=i, micro_batch=b, kind="post_attn")
-    return batch_done
+    def queue_expert_compute(self, i: int, loads: list[Queued], gates: list[Queued]) -> list[Queued]:
+        """Queue layer ``i``'s expert calls on the GPU in the graph's order; per batch, its
+        last task (a layer without experts ends with its gates)."""
+        n, hot, names = len(gates), len(self.hot_experts), self.names
+        experts = [*self.hot_experts, *self.cold_experts]
+        batch_done = list(gates)
+        if self.order == "hot-first":
+            # expert by expert, hot ones first, each one call over every batch's tokens (its
+            # per-batch tasks would run back to back anyway: every gate precedes it on the GPU)
+            for e in range(len(experts)):
+                task = self.add(names[e], "gpu", n * experts[e][1], [loads[e], *gates], i, -1, "post_attn")
+                batch_done = [task] * n
+        else:  # batch by batch, each batch's experts cold first
+            routed = [*range(hot, len(experts)), *range(hot)]
+            for b in range(n):
+                for e in routed:
+                    batch_done[b] = self.add(names[e], "gpu", experts[e][1], [loads[e], gates[b]], i, b, "post_attn")
+        return batch_done
 
 
 @dataclass(frozen=True)
 class ExpertSchedule:
     """Steady-state layer of an expert-level schedule: the list-scheduled period against the
-    lane-max bound (each resource's busy time per layer, perfect overlap)."""
+    lane-max bound (each resource's busy time per layer, perfect overlap). ``graph``: the
+    arguments of :func:`klotski_layer_tasks` it was scheduled from, for :attr:`timeline`."""
 
     period_s: float
     lane_bound_s: float
     resource_busy_s: dict[str, float]
-    timeline: Timeline
+    graph: dict = field(repr=False)
 
     @property
     def bubble_s(self) -> float:
         """Idle time per layer that overlap cannot remove under this task order."""
         return self.period_s - self.lane_bound_s
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """The scheduled tasks, built on first use (a search reads only the times above)."""
+        return _drawn_timeline(self.graph)
 
 
 def expert_schedule(num_batches: int, attention_s: float, gate_s: float,
@@ -550,17 +580,27 @@ def expert_schedule(num_batches: int, attention_s: float, gate_s: float,
                     expert_buffers: int = 1, kv_load_s: float = 0.0, kv_store_s: float = 0.0) -> ExpertSchedule:
     """List-schedule :func:`klotski_layer_tasks` (same arguments) and return its steady-state
     layer period (the spacing of the ends of the two layers before the last, as
-    :attr:`Timeline.layer_period_s`), the lane bound of one layer and the bubble between."""
-    graph = klotski_layer_tasks(num_batches, attention_s, gate_s, hot_experts, cold_experts, layers=layers,
-                                order=order, prefetch_hot=prefetch_hot, gate_load_s=gate_load_s,
-                                attention_load_s=attention_load_s, expert_buffers=expert_buffers,
-                                kv_load_s=kv_load_s, kv_store_s=kv_store_s)
-    list_schedule(graph.queues)
-    busy = {r: sum(t.duration_s for t in q if t.layer == layers - 1) for r, q in graph.queues.items()}
-    bound = max(busy.values())
-    timeline = Timeline(f"klotski-{order}", scheduled_tasks(graph.queues), layer_ends_s(graph.queues, layers),
-                        bound, busy)
-    return ExpertSchedule(timeline.layer_period_s, bound, busy, timeline)
+    :attr:`Timeline.layer_period_s`), the lane bound of one layer and the bubble between.
+    The times come from :class:`TimedQueues` (the same as :func:`list_schedule`'s); the
+    tasks only when :attr:`ExpertSchedule.timeline` is read."""
+    # tuples: the timeline drawn later must see the experts as they are now
+    graph = dict(num_batches=num_batches, attention_s=attention_s, gate_s=gate_s, hot_experts=tuple(hot_experts),
+                 cold_experts=tuple(cold_experts), layers=layers, order=order, prefetch_hot=prefetch_hot,
+                 gate_load_s=gate_load_s, attention_load_s=attention_load_s, expert_buffers=expert_buffers,
+                 kv_load_s=kv_load_s, kv_store_s=kv_store_s)
+    timed = _queue_layers(TimedQueues(KLOTSKI_RESOURCES), **graph)
+    busy = timed.busy_s(layers - 1)
+    return ExpertSchedule(layer_period_s(timed.layer_ends_s(layers)), max(busy.values()), busy, graph)
+
+
+def _drawn_timeline(graph: dict) -> Timeline:
+    """The list-scheduled tasks of :func:`klotski_layer_tasks` (``graph``: its arguments)."""
+    layers = graph["layers"]
+    queues = klotski_layer_tasks(**graph).queues
+    list_schedule(queues)
+    busy = {r: sum(t.duration_s for t in q if t.layer == layers - 1) for r, q in queues.items()}
+    return Timeline(f"klotski-{graph['order']}", scheduled_tasks(queues), layer_ends_s(queues, layers),
+                    max(busy.values()), busy)
 
 
 def with_capacity_bounds(scheduled: ExpertSchedule, capacity_s: dict[str, float]) -> ExpertSchedule:

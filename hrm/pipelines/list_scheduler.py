@@ -1,8 +1,10 @@
 """The list scheduler every pipeline's task graph runs on: tasks on in-order resource queues
 with data dependencies (:class:`Task`, :class:`TaskQueues`), scheduled by
 :func:`list_schedule`; the result as a :class:`Timeline` of :class:`ScheduledTask` with its
-steady-state layer period. The lanes pipeline's task builder is :mod:`hrm.pipelines.lanes_timeline`, the
-expert-level pipeline's is :func:`hrm.pipelines.expert_level_tasks.klotski_layer_tasks`."""
+steady-state layer period. :class:`TimedQueues` gives the same times without tasks, for a
+graph built front to back that is timed, not drawn (the Klotski search). The lanes
+pipeline's task builder is :mod:`hrm.pipelines.lanes_timeline`, the expert-level pipeline's
+is :func:`hrm.pipelines.expert_level_tasks.klotski_layer_tasks`."""
 
 from __future__ import annotations
 
@@ -20,6 +22,16 @@ class ScheduledTask:
     end_s: float
 
 
+def layer_period_s(layer_end_s: list[float]) -> float:
+    """Steady-state time per layer from the layers' ends: the spacing of the ends of the two
+    layers before the last (the last layer has no next layer to launch ahead into, the
+    first no previous one to overlap with)."""
+    ends = layer_end_s
+    if len(ends) >= 3:
+        return ends[-2] - ends[-3]
+    return ends[-1] - ends[-2] if len(ends) == 2 else ends[-1]
+
+
 @dataclass(frozen=True)
 class Timeline:
     """List-scheduled tasks of ``layers`` consecutive decode layers."""
@@ -32,13 +44,8 @@ class Timeline:
 
     @property
     def layer_period_s(self) -> float:
-        """Steady-state time per layer: the spacing of the ends of the two layers before the
-        last (the last layer has no next layer to launch ahead into, the first no previous
-        one to overlap with)."""
-        ends = self.layer_end_s
-        if len(ends) >= 3:
-            return ends[-2] - ends[-3]
-        return ends[-1] - ends[-2] if len(ends) == 2 else ends[-1]
+        """Steady-state time per layer (:func:`layer_period_s`)."""
+        return layer_period_s(self.layer_end_s)
 
     def window(self, layer: int) -> tuple[float, float]:
         """(start, end) of one layer: from the previous layer's end to its own."""
@@ -51,7 +58,7 @@ class Timeline:
         return pd.DataFrame([t.__dict__ for t in self.tasks])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     """One task of a list schedule: it runs ``duration_s`` on ``resource`` once every task of
     ``deps`` has ended and the tasks queued before it on ``resource`` have ended. ``layer``,
@@ -90,6 +97,44 @@ class TaskQueues:
         return task
 
 
+class TimedQueues:
+    """In-order resource queues whose tasks are scheduled as they are added, for a graph
+    built front to back (every input of a task added before it); a task is only its end
+    time. A task starts at the later of its resource's last end and its inputs' ends: the
+    start :func:`list_schedule` gives it (in whatever order that picks resources), so these
+    are its times, without the :class:`Task` objects a search would never read. Kept: each
+    layer's last end and each resource's durations per layer, in queue order."""
+
+    def __init__(self, resources=()):
+        self.free = dict.fromkeys(resources, 0.0)
+        self.ends: dict[int, float] = {}
+        self.durations: dict[tuple[str, int], list[float]] = {}
+
+    def add(self, name: str, resource: str, duration_s: float, deps=(), layer: int = 0, micro_batch: int = 0,
+            kind: str = "other") -> float:
+        """Schedule a task behind the ones already on ``resource`` and return its end (what
+        later tasks pass in ``deps``; ``None`` deps are dropped). ``name``, ``micro_batch``
+        and ``kind`` label a :class:`Task`; unused here."""
+        duration_s = float(duration_s)
+        start = self.free.get(resource, 0.0)
+        for end in deps:
+            if end is not None and end > start:
+                start = end
+        end = self.free[resource] = start + duration_s
+        if end > self.ends.get(layer, 0.0):
+            self.ends[layer] = end
+        self.durations.setdefault((resource, layer), []).append(duration_s)
+        return end
+
+    def layer_ends_s(self, layers: int) -> list[float]:
+        """When the last task of each layer ends (as :func:`layer_ends_s`)."""
+        return [self.ends.get(i, 0.0) for i in range(layers)]
+
+    def busy_s(self, layer: int) -> dict[str, float]:
+        """Each resource's busy seconds in ``layer`` (its durations summed in queue order)."""
+        return {r: sum(self.durations.get((r, layer), ())) for r in self.free}
+
+
 def list_schedule(queues: dict[str, list[Task]]) -> float:
     """Set every task's start and end and return the makespan. Each resource runs its queue
     in order; a task starts when its resource is free and its inputs are done; of the
@@ -110,35 +155,31 @@ def list_schedule(queues: dict[str, list[Task]]) -> float:
             for d in task.deps:
                 if d.end_s is None:
                     d.dependents.append(task)
-    lanes = [(r, q) for r, q in queues.items() if q]
-    heads = dict.fromkeys(queues, 0)
-    free = dict.fromkeys(queues, 0.0)
-    remaining = sum(len(q) for _, q in lanes)
+    lanes = [q for q in queues.values() if q]
+    heads = [0] * len(lanes)      # per lane, its next task
+    free = [0.0] * len(lanes)     # per lane, the end of its last task
+    remaining = sum(map(len, lanes))
     while remaining:
-        best = None
-        for r, q in lanes:
-            head = heads[r]
-            if head >= len(q):
-                continue
-            task = q[head]
-            if task.pending:
-                continue
-            start = free[r] if free[r] > task.ready_s else task.ready_s
-            if best is None or start < best[0]:
-                best = (start, r, task)
-        if best is None:
+        best, best_start, best_task = -1, 0.0, None
+        for k, q in enumerate(lanes):
+            if heads[k] < len(q):
+                task = q[heads[k]]
+                if not task.pending:
+                    start = free[k] if free[k] > task.ready_s else task.ready_s
+                    if best < 0 or start < best_start:
+                        best, best_start, best_task = k, start, task
+        if best < 0:
             raise RuntimeError("timeline: dependency cycle in the task order")
-        start, r, task = best
-        task.start_s = start
-        end = task.end_s = start + task.duration_s
-        for waiting in task.dependents:
+        best_task.start_s = best_start
+        end = best_task.end_s = best_start + best_task.duration_s
+        for waiting in best_task.dependents:
             waiting.pending -= 1
             if end > waiting.ready_s:
                 waiting.ready_s = end
-        free[r] = end
-        heads[r] += 1
+        free[best] = end
+        heads[best] += 1
         remaining -= 1
-    return max(free.values(), default=0.0)
+    return max(free, default=0.0)
 
 
 def scheduled_tasks(queues: dict[str, list[Task]]) -> list[ScheduledTask]:
