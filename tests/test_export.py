@@ -661,16 +661,44 @@ def test_exported_policies_lie_in_the_engine_files_space(engine):
 
 
 @pytest.mark.parametrize("name,full_layers", [("gpt-oss-20b", 12), ("mixtral-8x7b", 32)])
-def test_llama_cpp_nkvo_padding_counts_only_full_layers(name, full_layers):
-    """-nkvo without -kvu pads each slot's context to 256 tokens; a sliding-window layer (gpt-oss: 12 of 24,
-    window 128) keeps at most its window either way, so only the full layers' KV grows (the estimate's
-    KV function, hrm.cost.memory.kv_cache_bytes). 4 slots of 1000 + 100 tokens: -c 4400 -> 4608 ->
-    1152 a slot -> 1280, 180 tokens more a slot than the plan's."""
+def test_llama_cpp_slot_padding_counts_only_full_layers(name, full_layers):
+    """A KV stream per slot pads each slot's context to 256 tokens, and the llama.cpp engines' memory
+    counts it (memory.kv_tokens_multiple); a sliding-window layer (gpt-oss: 12 of 24, window 128) keeps
+    at most its window either way, so only the full layers' KV grows (the estimate's KV function,
+    hrm.cost.memory.kv_cache_bytes). 4 slots of 1000 + 100 tokens: -c 4400 -> 4608 -> 1152 a slot ->
+    1280, 180 tokens more a slot than the plan's; the export's note says so."""
+    from hrm.cost.memory import kv_bytes_per_sequence
+    from hrm.engines.engine import load_engine
     from hrm.export.llama_cpp import _notes
 
     model = load_model(name)
-    ctx = Context(model=model, workload=make_workload(prompt_len=1000, gen_len=100))
-    notes = _notes(parse_policy("N=4,mu=4,n=1,attn=cpu,ffn=gpu,rw=1,rc=0"), ctx)
+    workload = make_workload(prompt_len=1000, gen_len=100)
     per_token = 2 * model.num_kv_heads * model.head_dim * 2  # K and V, fp16, one layer
-    extra_gib = 4 * full_layers * 180 * per_token / 2**30
-    assert f"{extra_gib:.3g} GiB more host memory" in notes[0], notes
+    for engine in ("llama.cpp", "llama.cpp-nkvo"):
+        grown = kv_bytes_per_sequence(model, workload, load_engine(engine)) - kv_bytes_per_sequence(model, workload)
+        assert grown == pytest.approx(full_layers * 180 * per_token, rel=1e-12), engine
+    notes = _notes(parse_policy("N=4,mu=4,n=1,attn=cpu,ffn=gpu,rw=1,rc=0"), Context(model=model, workload=workload))
+    assert "padded to 1280 tokens" in notes[0] and "holds 5120 tokens, 1.16x the plan's 4 x 1100" in notes[0]
+
+
+def test_llama_cpp_import_pads_each_slot_unless_the_slots_share_one_stream():
+    """hrm import: -np N alone is a KV stream per slot, padded to 256 (memory.kv_tokens_multiple 256,
+    src/llama-context.cpp:295-305); -kvu (or no -np: auto slots, unified) is one stream, unpadded per
+    sequence (1); the estimate's GPU memory differs by the padding, N x the full layers' extra cells."""
+    from hrm.cost.memory import kv_bytes_per_sequence
+    from hrm.estimate import estimate
+    from hrm.export.importing import imported_engine, read_command
+
+    hw, model = load_hardware("l4"), load_model("mixtral")
+    workload = make_workload(prompt_len=1000, gen_len=100)
+    peaks = {}
+    for extra, multiple in (("", 256), (" -kvu", 1)):
+        imported = read_command("llama.cpp", f"-ngl 99 -np 4 -c 4400 -ub 4 --n-cpu-moe 32{extra}", model, workload, hw)
+        engine = imported_engine("llama.cpp", imported)
+        assert engine.memory.kv_tokens_multiple == multiple, extra
+        peaks[extra] = estimate(hw, model, imported.workload, imported.policy, engine=engine).gpu_peak_bytes
+    per_token = 2 * model.num_kv_heads * model.head_dim * 2 * model.num_layers
+    assert kv_bytes_per_sequence(model, workload) == 1100 * per_token
+    assert peaks[""] - peaks[" -kvu"] == pytest.approx(4 * 180 * per_token, rel=1e-9)
+    auto = read_command("llama.cpp", "-ngl 99 -c 4400 --n-cpu-moe 32", model, workload, hw)
+    assert imported_engine("llama.cpp", auto).memory.kv_tokens_multiple == 1

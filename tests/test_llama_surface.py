@@ -49,9 +49,12 @@ def test_numa():
 
 
 def test_threads_are_read():
-    # -t 12; the prompt in passes of the default -ub 512 (common/common.h:455)
+    # -t 12; the prompt in passes of the default -ub 512 (common/common.h:455); no -np: the auto
+    # slots share one KV stream (tools/server/server.cpp:156-160), no per-slot padding
     assert _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 -t 12").engine_fields == \
-        {"cpu_threads": 12, "prefill.max_tokens_per_pass": 512}
+        {"cpu_threads": 12, "prefill.max_tokens_per_pass": 512, "memory.kv_tokens_multiple": 1}
+    assert "memory.kv_tokens_multiple" not in _read(
+        "llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 20 -c 4096 -t 12 -np 2 -ub 2").engine_fields
 
 
 def test_llama_bench_sweep_on_a_gpu_machine():

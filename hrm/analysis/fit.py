@@ -197,8 +197,8 @@ def _gpu_flags(model, users: int, context: int, knobs: dict) -> tuple[tuple[str,
     flags = [("-ngl", str(int(model.num_layers) + 1)), ("--n-cpu-moe", str(knobs["n_cpu_moe"])),
              ("-c", str(users * context)), ("-np", str(users)), ("-b", str(max(DEFAULT_BATCH, ub))),
              ("-ub", str(ub)), ("-t", str(knobs["threads"])), ("-fa", "on"), ("-ctk", KV_TYPE), ("-ctv", KV_TYPE)]
-    if users > 1:
-        flags.append(("-kvu", ""))
+    # a KV stream per user, never -kvu (a shared stream's masked compute is not priced on the GPU);
+    # the llama.cpp engines count each stream's padding to 256 (memory.kv_tokens_multiple)
     if knobs["kv"] == "host":
         flags.append(("-nkvo", ""))
     flags.append(("--fit", "off"))

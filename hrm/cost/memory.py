@@ -12,6 +12,7 @@ explicit option (``ModelOptions.*_memory_utilization``), applied to the capacity
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,9 +50,11 @@ def kv_cache_bytes(model: ModelSpec, context_tokens) -> float:
     return float(costs.kept_context(model, context_tokens)) * costs.kv_bytes_per_token(model) * model.num_layers
 
 
-def kv_bytes_per_sequence(model: ModelSpec, workload: Workload) -> float:
-    """KV cache of one sequence at the end of generation (:func:`kv_cache_bytes` of its longest context)."""
-    return kv_cache_bytes(model, workload.max_context_len)
+def kv_bytes_per_sequence(model: ModelSpec, workload: Workload, engine: Engine = IDEAL) -> float:
+    """KV cache of one sequence at the end of generation: :func:`kv_cache_bytes` of its longest
+    context, rounded up to the engine's ``memory.kv_tokens_multiple`` (the cells it allocates a sequence)."""
+    tokens, multiple = workload.max_context_len, engine.memory.kv_tokens_multiple
+    return kv_cache_bytes(model, tokens if multiple == 1 else math.ceil(tokens / multiple) * multiple)
 
 
 def prefill_tokens(workload: Workload, micro_batch, max_tokens_per_pass=None):
@@ -104,10 +107,10 @@ def gpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
         const=static + buffer + work,
         per_sequence=hidden,
         per_weights_ratio=total - buffer,
-        per_gpu_kv_sequence=kv_bytes_per_sequence(model, workload),
+        per_gpu_kv_sequence=kv_bytes_per_sequence(model, workload, engine),
         components={"static_weights": static, "expert_weights_at_rw1": total, "weight_buffer_at_rw0": buffer,
                     "workspace": work, "hidden_per_sequence": hidden,
-                    "kv_per_sequence": kv_bytes_per_sequence(model, workload)},
+                    "kv_per_sequence": kv_bytes_per_sequence(model, workload, engine)},
     )
 
 
@@ -123,7 +126,7 @@ def cpu_memory_form(model: ModelSpec, workload: Workload, micro_batch, attn_on_g
     total, layer = offloadable_weight_bytes(model, engine)
     pinned = engine.memory.pinned_staging_layers * layer * ffn
     offloaded_per_rw = 0.0 if engine.memory.cpu_holds_all_experts else -total
-    kv_seq = kv_bytes_per_sequence(model, workload)
+    kv_seq = kv_bytes_per_sequence(model, workload, engine)
     staging = (costs.qkv_width(model) + model.hidden_size) * dtype_bytes(model.activation_dtype)
     work = ((1 - attn) * mu * model.num_heads * workload.max_context_len * FP32_BYTES
             + (1 - ffn) * mu * model.top_k * 2 * model.expert_intermediate_size * FP32_BYTES)

@@ -282,7 +282,10 @@ class Memory(_Frozen):
     - ``gpu_reserved_gib`` / ``host_reserved_gib``: memory the engine's process holds beside
       its tensors (the CUDA context per GPU; the process's host footprint). The search's
       planning caps (``--gpu-util``/``--cpu-util``) leave room for them; a pinned policy is
-      checked against physical memory less them (:func:`hrm.cost.memory.physical_limits`)."""
+      checked against physical memory less them (:func:`hrm.cost.memory.physical_limits`);
+    - ``kv_tokens_multiple``: the KV cache a sequence holds is its longest context rounded up to
+      a multiple of this many tokens (llama.cpp: a KV stream per slot, each padded to 256;
+      ideal: 1, exactly the context)."""
 
     gpu_weight_buffer_layers: bounds.BUFFER_LAYERS.type = 2.0
     pinned_staging_layers: bounds.BUFFER_LAYERS.type = 2.0
@@ -290,6 +293,7 @@ class Memory(_Frozen):
     disk_weights: bounds.Flag = False
     gpu_reserved_gib: bounds.RESERVED_GIB.type = 0.0
     host_reserved_gib: bounds.RESERVED_GIB.type = 0.0
+    kv_tokens_multiple: int = Field(default=1, ge=1, le=1 << 16)
 
 
 #: canonical words of a flag's value (str2bool's spellings read as these, a bare switch as true)

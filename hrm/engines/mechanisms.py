@@ -51,6 +51,7 @@ MECHANISMS: dict[str, str] = {
     "memory.cpu_holds_all_experts": "CPU tensor holds every expert",
     "launches": "per-op launch and Python dispatch on the host",
     "memory.disk_weights": "weights beyond host memory read from disk",
+    "memory.kv_tokens_multiple": "each sequence's KV cache padded to the engine's slot size (llama.cpp: 256)",
 }
 
 

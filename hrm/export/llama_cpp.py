@@ -125,31 +125,25 @@ def _render(policy: Policy, ctx: Context) -> dict[str, list[str]]:
            "-b": [str(max(DEFAULT_BATCH, mu))],
            "-ub": [str(mu)],
            "--fit": ["off"]}  # keep these values (--fit on would adjust unset ones to memory)
-    if policy.attn_on_gpu:
-        out["-kvu"] = []  # one KV cache the slots share: its size is the plan's, not 256-padded per slot
-    else:
+    # a KV stream per slot, never -kvu: one stream the slots share makes each query tile compute
+    # every slot's cells (measured on the CPU, ground_truth.md §1.14; fattn-common.cuh:671-723 on
+    # CUDA), which HRM's GPU engines do not price; a stream per slot costs its padding, which the
+    # engines' memory counts (memory.kv_tokens_multiple)
+    if not policy.attn_on_gpu:
         out["-nkvo"] = []
     return out
 
 
 def _notes(policy: Policy, ctx: Context) -> list[str]:
-    """What an export's KV cache is: -kvu (GPU) the plan's, padded to 256 tokens; -nkvo (host)
-    each slot padded to 256 tokens; the extra memory is the estimate's KV cache (sliding-window and
-    chunked layers keep at most their window: :func:`hrm.cost.costs.kept_context`) of the padded
-    slot over the plan's."""
-    from ..cost.memory import kv_cache_bytes
-
+    """What an export's KV cache is: a stream per slot, each padded to 256 tokens (the
+    estimate's KV cache counts the padding: ``memory.kv_tokens_multiple`` of the llama.cpp engines)."""
     n, longest = policy.batch_size, context_tokens(ctx)
-    unified = policy.attn_on_gpu
-    total, per_slot = slot_context(n * longest, n, unified)
-    if unified:
-        return [f"llama.cpp: -kvu: the {n} slots share one KV cache of {total} tokens (-c {n * longest} padded to a "
-                f"multiple of 256, {_CTX}:290-293), the plan's {n} x {longest}; each ubatch's attention spans the "
-                "cells of every slot (other slots' masked), GPU compute HRM's engine does not count"]
-    extra_gib = n * (kv_cache_bytes(ctx.model, per_slot) - kv_cache_bytes(ctx.model, longest)) / 2**30
-    return [f"llama.cpp: -nkvo without -kvu: each slot's context is padded to {per_slot} tokens ({_CTX}:295-305), "
-            f"the KV cache in host memory holds {total} tokens, {total / (n * longest):.3g}x the plan's {n} x "
-            f"{longest}: {extra_gib:.3g} GiB more host memory than the estimate counts"]
+    total, per_slot = slot_context(n * longest, n, False)
+    where = "in host memory (-nkvo)" if not policy.attn_on_gpu else "on the GPU"
+    return [f"llama.cpp: a KV stream per slot (no -kvu: one stream the slots share would make every decode step's "
+            f"attention compute every slot's cells, not priced on the GPU): each slot's context is padded to "
+            f"{per_slot} tokens ({_CTX}:295-305), the KV cache {where} holds {total} tokens, "
+            f"{total / (n * longest):.3g}x the plan's {n} x {longest}; the estimate counts the padding"]
 
 
 # --- import --------------------------------------------------------------------------------
@@ -464,8 +458,9 @@ def command_engine_fields(values: dict[str, list[str]], ctx: Context) -> dict:
     """The engine fields a llama-server / llama-cli command sets: -t (:func:`cpu_threads_field`),
     the prompt's pass (-ub, -b: ``prefill.max_tokens_per_pass``, :func:`prefill_pass_tokens`)
     and the GPU split (-sm: :func:`gpu_split_fields`)."""
+    unified = {"memory.kv_tokens_multiple": 1} if _slots(values)[1] else {}  # one stream: no per-slot padding
     return {**cpu_threads_field(values, ctx), "prefill.max_tokens_per_pass": prefill_pass_tokens(values, ctx),
-            **gpu_split_fields(values, ctx)}
+            **gpu_split_fields(values, ctx), **unified}
 
 
 def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> FlagSpec:
