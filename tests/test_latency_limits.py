@@ -42,7 +42,7 @@ def unconstrained():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fraction", [1.0, 0.25, 0.08])
+@pytest.mark.parametrize("fraction", [1.0, 0.08])  # the unconstrained optimum, and a limit that binds hard
 def test_tpot_limit_met_exact_and_monotone(unconstrained, fraction):
     hw, model = load_hardware("l4"), load_model("mixtral")
     free = unconstrained.best.estimate
