@@ -555,6 +555,29 @@ def test_fit_refuses_a_file_that_is_not_a_gguf_head_or_too_long(client):
     assert "not UTF-8" in one_line_error(client.post("/api/fit", files=files, data={"hw": "l4", "context": "64"}))
 
 
+def test_fit_for_parallel_users_is_the_clis(client, capsys):
+    """The fit page's parallel users and generated tokens are hrm fit's --users and --gen: the same
+    pick and JSON (a KV stream per user, never -kvu), and the page prefills them from its URL."""
+    from hrm.analysis.fit import fit_gpu, fit_json
+    from hrm.machine.parts import compose_profile
+    from hrm.model.spec import load_model
+
+    response = client.post("/api/fit", json={**FIT_PARTS, "users": 4, "gen": 64})
+    assert response.status_code == 200, response.text
+    got = response.json()
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    want = fit_gpu(hw, load_model("mixtral", weight_dtype="int4").with_weight_format("q4_k_m"), 1024, 64, 4)
+    assert {k: v for k, v in got.items() if k not in ("report", "uploads")} == fit_json(want, hw.name)
+    assert "-np 4" in got["command"] and "-kvu" not in got["command"]
+    code, out, _ = cli_fit(capsys, *FIT_PARTS_ARGV, "--users", "4", "--gen", "64")
+    assert code == 0 and out.splitlines()[1] == f"  {got['report']['command']}"
+    page = client.get("/fit", params={"hw": "t4", "model": "mixtral", "context": "2048", "users": "8", "gen": "32"}).text
+    assert 'id="users" inputmode="numeric" placeholder="1" value="8"' in page
+    assert 'id="gen" inputmode="numeric" placeholder="128" value="32"' in page
+    bad = client.post("/api/fit", json={**FIT_PARTS, "users": 0})
+    assert bad.status_code == 400 and "--users" in bad.json()["error"]
+
+
 def test_the_fit_page_is_prefilled_from_its_url_and_linked_from_the_planner(client):
     page = client.get("/fit")
     assert page.status_code == 200 and 'data-autorun="no"' in page.text

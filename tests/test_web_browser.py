@@ -296,3 +296,13 @@ def test_fit_page_shows_the_clis_command_and_clears_on_an_error(server, browser)
     assert browser.find_element("id", "fit-command").get_attribute("textContent") == ""
     assert browser.find_element("id", "fit-predicted").get_attribute("data-decode") is None
     assert not browser.find_elements("css selector", "#fit-why li, #fit-runners li, #fit-servers li")
+    # parallel users: hrm fit --users 2 (a KV stream each), and the URL holds them
+    context.clear()
+    context.send_keys("2048")
+    browser.find_element("id", "users").send_keys("2")
+    browser.find_element("id", "run").click()
+    assert wait_for_plan(browser).startswith("fitted in")
+    two = fit_report(fit_gpu(hw, load_model("deepseek-v2-lite"), 2048, users=2), hw.name)
+    assert browser.find_element("id", "fit-command").text == two.command and "-np 2" in two.command
+    assert browser.find_element("id", "share-url").get_attribute("href").endswith(
+        "/fit?hw=l4&model=deepseek-v2-lite&context=2048&users=2")

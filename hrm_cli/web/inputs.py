@@ -71,6 +71,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "ram": ("--ram", "number"),
     "weight_format": ("--weight-format", "text"),
     "context": ("--context", "number"),
+    "gen": ("--gen", "number"),
+    "users": ("--users", "number"),
 }
 #: the web planner's own fields: uploads (the file's text, and a name for it) and what-ifs
 #: of the profile (hrm.machine.whatif), applied before the search
@@ -90,9 +92,9 @@ ENDPOINT_FIELDS: dict[str, tuple[str, ...]] = {
     "export": (*_SEARCH, "export"),
     "estimate": (*_MACHINE, "engine", "schedule", "policy", "explain"),
     # hrm fit: a machine (a profile, or parts), a model (the catalog, a config.json or a GGUF's
-    # head) and a context
-    "fit": ("hw", "gpu", "cpu", "ram", "model", "weight_dtype", "weight_format", "context", "hw_yaml", "hw_name",
-            "model_config", "model_gguf", "model_name"),
+    # head), a context, and optionally the tokens generated and the parallel users
+    "fit": ("hw", "gpu", "cpu", "ram", "model", "weight_dtype", "weight_format", "context", "gen", "users", "hw_yaml",
+            "hw_name", "model_config", "model_gguf", "model_name"),
 }
 #: which CLI parser reads an endpoint's fields
 PARSERS = {"estimate": "estimate", "fit": "fit"}

@@ -1,5 +1,6 @@
-// HRM web planner, hrm fit's page: the machine, the model and the context -> /api/fit -> the
-// lines hrm fit prints (the server's hrm.analysis.fit.fit_report: none is formatted here).
+// HRM web planner, hrm fit's page: the machine, the model, the context (the tokens generated and the
+// parallel users if given) -> /api/fit -> the lines hrm fit prints (the server's
+// hrm.analysis.fit.fit_report: none is formatted here).
 // requests.js, loaded before it, keeps only the latest Fit's answer.
 "use strict";
 
@@ -9,7 +10,7 @@ const MACHINE = {profile: ["hw"], parts: ["gpu", "cpu", "ram"]};
 function fitFields() {
   const kind = document.querySelector('input[name="machine"]:checked').value;
   const out = {};
-  for (const name of [...MACHINE[kind], "model", "weight_dtype", "weight_format", "context"]) {
+  for (const name of [...MACHINE[kind], "model", "weight_dtype", "weight_format", "context", "gen", "users"]) {
     const value = $(name).value.trim();
     if (value !== "") out[name] = value;
   }
