@@ -696,6 +696,8 @@ def test_llama_cpp_import_pads_each_slot_unless_the_slots_share_one_stream():
         imported = read_command("llama.cpp", f"-ngl 99 -np 4 -c 4400 -ub 4 --n-cpu-moe 32{extra}", model, workload, hw)
         engine = imported_engine("llama.cpp", imported)
         assert engine.memory.kv_tokens_multiple == multiple, extra
+        # a shared stream's masked attention is noted, not priced (the GPU engines do not count it)
+        assert any("-kvu with 4 slots" in n and "not priced" in n for n in imported.notes) == (extra == " -kvu")
         peaks[extra] = estimate(hw, model, imported.workload, imported.policy, engine=engine).gpu_peak_bytes
     per_token = 2 * model.num_kv_heads * model.head_dim * 2 * model.num_layers
     assert kv_bytes_per_sequence(model, workload) == 1100 * per_token

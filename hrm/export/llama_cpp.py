@@ -397,6 +397,13 @@ def _parse(values: dict[str, list[str]], ctx: Context) -> tuple[Policy, list[str
                      "tools/server/server.cpp:156-160, and wait for parallel requests; llama-cli decodes one sequence, "
                      "common/common.h:457); give -np N for N parallel users")
     slots = _users(values, slots)
+    if unified and slots > 1:
+        where = "the CPU's (-nkvo)" if "-nkvo" in values else "the GPU's"
+        notes.append(f"llama.cpp: -kvu with {slots} slots: one KV stream, each decode step's tokens interleaved in it, so "
+                     f"{where} flash attention computes every slot's cells for each token (measured on the CPU: 1.2-2.9x "
+                     "the decode of a stream per sequence at 64, docs/validation/ground_truth.md §1.14; CUDA: "
+                     "ggml-cuda/fattn-common.cuh:671-723); not priced here: drop -kvu for a stream per slot, whose "
+                     "256-token padding the estimate counts")
     if int_value(values, "-c", CONTEXT, 0) == 0:
         fit_off = values.get("--fit", ["on"])[0].lower() in _OFF
         per = ("" if fit_off or unified else
