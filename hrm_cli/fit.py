@@ -90,13 +90,15 @@ def run_fit(args):
     return hw, fit_gpu(hw, model, args.context, args.gen, args.users, args.objective)
 
 
-def load_main(args) -> int:
-    """--rate-per-s / --requests on a CPU-only machine: :func:`hrm.analysis.fit_load.fit_cpu_load`."""
-    from hrm.analysis.fit import MODEL_PLACEHOLDER
-    from hrm.analysis.fit_load import fit_cpu_load, load_fit_json, load_fit_lines
+def run_load_fit(args):
+    """(machine, :class:`hrm.analysis.fit_load.LoadFit`) of --rate-per-s / --requests on a CPU-only
+    machine (:func:`hrm.analysis.fit_load.fit_cpu_load`): the CLI's and the web page's."""
+    from hrm.analysis.fit_load import fit_cpu_load
     from hrm.cost.ggml_server import poisson
     from hrm.model.gguf import read_inventory
 
+    if (args.rate_per_s is None) != (args.requests is None):
+        raise HRMError("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
     hw = machine(args)
     if hw.gpu is not None or not args.gguf:
         raise HRMError("--rate-per-s / --requests: a load is fitted on a CPU-only machine with --gguf FILE (the "
@@ -106,7 +108,15 @@ def load_main(args) -> int:
     if args.gen >= args.context:
         raise HRMError(f"--gen {args.gen} must be below --context {args.context}: the prompt is the rest")
     requests = poisson(args.rate_per_s, args.requests, args.context - args.gen, args.gen, seed=args.seed)
-    fit = fit_cpu_load(hw, read_inventory(args.gguf), requests, args.load_objective)
+    return hw, fit_cpu_load(hw, read_inventory(args.gguf), requests, args.load_objective)
+
+
+def load_main(args) -> int:
+    """--rate-per-s / --requests on a CPU-only machine: :func:`run_load_fit`, printed."""
+    from hrm.analysis.fit import MODEL_PLACEHOLDER
+    from hrm.analysis.fit_load import load_fit_json, load_fit_lines
+
+    hw, fit = run_load_fit(args)
     model_path = args.gguf or MODEL_PLACEHOLDER
     if args.json:
         print(json.dumps(load_fit_json(fit, hw.name, model_path), indent=2))

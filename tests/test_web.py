@@ -578,6 +578,38 @@ def test_fit_for_parallel_users_is_the_clis(client, capsys):
     assert bad.status_code == 400 and "--users" in bad.json()["error"]
 
 
+def test_fit_for_a_servers_load_is_the_clis(client, tmp_path, capsys):
+    """A CPU-only profile and a GGUF's head uploaded, a load (requests per second, how many): the
+    llama-server command hrm fit --rate-per-s picks (hrm_cli.fit.run_load_fit), its JSON and its lines;
+    the rate without the count is the CLI's refusal."""
+    from hrm.analysis.fit_load import fit_cpu_load, load_fit_json, load_fit_lines
+    from hrm.cost.ggml_server import poisson
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.gguf import read_inventory
+    from test_gguf_types import _tiny_moe
+
+    gguf = tmp_path / "tiny.gguf"
+    _tiny_moe(gguf)
+    profile = ROOT / "docs" / "validation" / "runs" / "this-host-load-poisson.yaml"
+    files = {"hw_file": ("host.yaml", profile.read_bytes(), "application/x-yaml"),
+             "model_file": (gguf.name, gguf.read_bytes(), "application/octet-stream")}
+    load = {"context": "129", "gen": "32", "rate_per_s": "3", "requests": "24"}
+    response = client.post("/api/fit", files=files, data=load)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    hw = load_hardware(str(profile))
+    want = fit_cpu_load(hw, read_inventory(str(gguf)), poisson(3, 24, 129 - 32, 32, seed=0))
+    assert {k: v for k, v in got.items() if k not in ("report", "uploads")} == load_fit_json(want, hw.name, "tiny.gguf")
+    assert got["report"]["lines"] == load_fit_lines(want, hw.name, "tiny.gguf")
+    assert got["best"]["command"].startswith("llama-server -m tiny.gguf ")
+    code, out, _ = cli_fit(capsys, "--hw", str(profile), "--gguf", str(gguf), "--context", "129", "--gen", "32",
+                           "--rate-per-s", "3", "--requests", "24")
+    assert code == 0 and out.splitlines() == load_fit_lines(want, hw.name, str(gguf))
+    half = dict(load, requests="")
+    message = one_line_error(client.post("/api/fit", files=files, data={k: v for k, v in half.items() if v}))
+    assert message == "--rate-per-s and --requests go together (how fast requests arrive, and how many)"
+
+
 def test_the_fit_page_is_prefilled_from_its_url_and_linked_from_the_planner(client):
     page = client.get("/fit")
     assert page.status_code == 200 and 'data-autorun="no"' in page.text

@@ -306,3 +306,37 @@ def test_fit_page_shows_the_clis_command_and_clears_on_an_error(server, browser)
     assert browser.find_element("id", "fit-command").text == two.command and "-np 2" in two.command
     assert browser.find_element("id", "share-url").get_attribute("href").endswith(
         "/fit?hw=l4&model=deepseek-v2-lite&context=2048&users=2")
+
+
+def test_fit_page_fits_a_servers_load(server, browser, tmp_path):
+    """/fit with a CPU-only profile and a GGUF uploaded and a load (requests per second, how many):
+    the page shows hrm fit --rate-per-s's command and lines (hrm.analysis.fit_load.load_fit_lines)."""
+    from pathlib import Path
+
+    from hrm.analysis.fit_load import fit_cpu_load, load_fit_lines
+    from hrm.cost.ggml_server import poisson
+    from hrm.machine.hardware import load_hardware
+    from hrm.model.gguf import read_inventory
+    from test_gguf_types import _tiny_moe
+
+    gguf = tmp_path / "tiny.gguf"
+    _tiny_moe(gguf)
+    profile = Path(__file__).resolve().parents[1] / "docs" / "validation" / "runs" / "this-host-load-poisson.yaml"
+    browser.get(f"{server}/fit")
+    browser.find_element("id", "hw_file").send_keys(str(profile))  # an upload picks the profile radio
+    assert browser.find_element("id", "machine-profile").is_selected()
+    browser.find_element("id", "model_file").send_keys(str(gguf))
+    for name, value in (("context", "129"), ("gen", "32"), ("rate_per_s", "3"), ("requests", "24")):
+        field = browser.find_element("id", name)
+        field.clear()
+        field.send_keys(value)
+    browser.find_element("id", "run").click()
+    assert wait_for_plan(browser).startswith("fitted in")
+    hw = load_hardware(str(profile))
+    want = fit_cpu_load(hw, read_inventory(str(gguf)), poisson(3, 24, 97, 32, seed=0))
+    lines = load_fit_lines(want, hw.name, "tiny.gguf")
+    assert browser.find_element("id", "fit-heading").text == lines[0]
+    command = browser.find_element("id", "fit-command").text
+    assert command.startswith("llama-server -m tiny.gguf ") and lines[1].strip().startswith(command + ": ")
+    runners = [li.get_attribute("textContent") for li in browser.find_elements("css selector", "#fit-runners li")]
+    assert runners == [line.strip() for line in lines[lines.index("runners-up:") + 1:]]

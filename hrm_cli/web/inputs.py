@@ -73,6 +73,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "context": ("--context", "number"),
     "gen": ("--gen", "number"),
     "users": ("--users", "number"),
+    "rate_per_s": ("--rate-per-s", "number"),
+    "requests": ("--requests", "number"),
 }
 #: the web planner's own fields: uploads (the file's text, and a name for it) and what-ifs
 #: of the profile (hrm.machine.whatif), applied before the search
@@ -92,9 +94,10 @@ ENDPOINT_FIELDS: dict[str, tuple[str, ...]] = {
     "export": (*_SEARCH, "export"),
     "estimate": (*_MACHINE, "engine", "schedule", "policy", "explain"),
     # hrm fit: a machine (a profile, or parts), a model (the catalog, a config.json or a GGUF's
-    # head), a context, and optionally the tokens generated and the parallel users
-    "fit": ("hw", "gpu", "cpu", "ram", "model", "weight_dtype", "weight_format", "context", "gen", "users", "hw_yaml",
-            "hw_name", "model_config", "model_gguf", "model_name"),
+    # head), a context, and optionally the tokens generated and the parallel users, or a server's
+    # load (CPU-only: requests per second and how many)
+    "fit": ("hw", "gpu", "cpu", "ram", "model", "weight_dtype", "weight_format", "context", "gen", "users",
+            "rate_per_s", "requests", "hw_yaml", "hw_name", "model_config", "model_gguf", "model_name"),
 }
 #: which CLI parser reads an endpoint's fields
 PARSERS = {"estimate": "estimate", "fit": "fit"}

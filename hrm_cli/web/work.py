@@ -148,13 +148,22 @@ def _fit_inputs(request: Request):
 def fit(args, model: tuple[str, dict]) -> dict:
     """``hrm fit --json`` (:func:`hrm.analysis.fit.fit_json`), the lines ``hrm fit`` prints
     (``report``: :func:`hrm.analysis.fit.fit_report`) and the upload the URL names; ``model``:
-    what :func:`_fit_inputs` yields."""
+    what :func:`_fit_inputs` yields. With a load (``rate_per_s``, ``requests``): the load fit's JSON
+    (:func:`hrm.analysis.fit_load.load_fit_json`) and its lines (``report.lines``)."""
     from dataclasses import asdict
 
     from hrm.analysis.fit import fit_json, fit_report
     from hrm_cli.fit import run_fit
 
     model_path, uploads = model
+    if args.rate_per_s is not None or args.requests is not None:  # a server's load: hrm fit --rate-per-s
+        from hrm.analysis.fit_load import load_fit_json, load_fit_lines
+        from hrm_cli.fit import run_load_fit
+
+        hw, load = run_load_fit(args)
+        return {**load_fit_json(load, hw.name, model_path),
+                "report": {"lines": load_fit_lines(load, hw.name, model_path), "notes": list(load.notes)},
+                "uploads": uploads}
     hw, result = run_fit(args)
     return {**fit_json(result, hw.name, model_path), "report": asdict(fit_report(result, hw.name, model_path)),
             "uploads": uploads}

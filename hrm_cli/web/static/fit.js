@@ -1,6 +1,6 @@
-// HRM web planner, hrm fit's page: the machine, the model, the context (the tokens generated and the
-// parallel users if given) -> /api/fit -> the lines hrm fit prints (the server's
-// hrm.analysis.fit.fit_report: none is formatted here).
+// HRM web planner, hrm fit's page: the machine, the model, the context (the tokens generated, the
+// parallel users or a server's load if given) -> /api/fit -> the lines hrm fit prints (the server's
+// hrm.analysis.fit.fit_report and hrm.analysis.fit_load.load_fit_lines: none is formatted here).
 // requests.js, loaded before it, keeps only the latest Fit's answer.
 "use strict";
 
@@ -10,7 +10,8 @@ const MACHINE = {profile: ["hw"], parts: ["gpu", "cpu", "ram"]};
 function fitFields() {
   const kind = document.querySelector('input[name="machine"]:checked').value;
   const out = {};
-  for (const name of [...MACHINE[kind], "model", "weight_dtype", "weight_format", "context", "gen", "users"]) {
+  for (const name of [...MACHINE[kind], "model", "weight_dtype", "weight_format", "context", "gen", "users",
+                      "rate_per_s", "requests"]) {
     const value = $(name).value.trim();
     if (value !== "") out[name] = value;
   }
@@ -38,7 +39,7 @@ function list(id, lines) {
 
 function clearFit() {
   for (const id of ["fit-heading", "fit-command", "fit-predicted", "fit-memory"]) text($(id), "");
-  for (const key of ["decode", "prefill"]) delete $("fit-predicted").dataset[key];
+  for (const key of ["decode", "prefill", "p90"]) delete $("fit-predicted").dataset[key];
   for (const id of ["fit-why", "fit-runners", "fit-ollama", "fit-servers", "fit-notes"]) $(id).replaceChildren();
   const share = $("share-url");
   share.href = "#";
@@ -46,7 +47,23 @@ function clearFit() {
   delete document.body.dataset.fitted;
 }
 
+// a server's load (hrm fit --rate-per-s): the lines hrm fit prints, in the same places
+function showLoadFit(answer) {
+  const lines = answer.report.lines;
+  const command = answer.best.command;
+  text($("fit-heading"), lines[0]);
+  text($("fit-command"), command);
+  text($("fit-predicted"), lines[1].trim().slice(command.length + 2)).dataset.p90 = answer.best.latency_p90_s;
+  const runners = lines.indexOf("runners-up:");
+  list("fit-why", [lines[2], lines[3].trim(), lines[4]]);
+  list("fit-runners", runners < 0 ? [] : lines.slice(runners + 1).map((line) => line.trim()));
+  list("fit-ollama", ["-"]);
+  list("fit-servers", ["-"]);
+  list("fit-notes", answer.report.notes.length ? answer.report.notes : ["-"]);
+}
+
 function showFit(answer) {
+  if (answer.report.lines) return showLoadFit(answer);
   const report = answer.report;
   text($("fit-heading"), report.heading);
   text($("fit-command"), report.command);
