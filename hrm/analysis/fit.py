@@ -241,13 +241,16 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
     default = None
     for attn_gpu in (True, False):
         base = load_engine("llama.cpp" if attn_gpu else "llama.cpp-nkvo")
+        # one validated engine per (-t, -ub), shared by every --n-cpu-moe
+        engines = {(t, ub): with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
+                   for t in threads for ub in useful_ubatches(ubatches, prompt * users)}
         for cpu_layers in range(layers + 1):
             rw = (layers - cpu_layers) / layers
             policy = Policy(batch_size=users, micro_batch_size=users, num_micro_batches=1, attn_on_gpu=attn_gpu,
                             ffn_on_gpu=True, weights_gpu_ratio=rw, kv_gpu_ratio=1.0 if attn_gpu else 0.0)
             for t in threads:
                 for ub in useful_ubatches(ubatches, prompt * users):
-                    engine = with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
+                    engine = engines[(t, ub)]
                     knobs = {"n_cpu_moe": cpu_layers + int(model.first_dense_layers) if cpu_layers else 0,
                              "cpu_layers": cpu_layers, "kv": "gpu" if attn_gpu else "host", "ubatch": ub, "threads": t}
                     c = _gpu_candidate(hw, model, workload, policy, engine, users * prompt,
