@@ -17,6 +17,7 @@ places, the shares the search may use, and the smallest ``--percent`` for a want
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -244,10 +245,13 @@ def cache_gpu_rows(model: ModelSpec, micro_batch: int, cache_gpu_percent: int) -
     … cg cc …``: all for cg = 100, none for cc = 100 (flex_moe.py:352-357), else
     int(rows·cg/100) rounded down to a multiple of the *query* head count
     (TorchMixedDevice.init_cache_one_gpu_batch, moe_pytorch_backend.py:783-794)."""
-    rows = micro_batch * model.num_kv_heads
+    return _rows_on_gpu(micro_batch * model.num_kv_heads, model.num_heads, cache_gpu_percent)
+
+
+def _rows_on_gpu(rows: int, heads: int, cache_gpu_percent: int) -> int:
     if cache_gpu_percent >= 100:
         return rows
-    return int(rows * cache_gpu_percent / 100) // model.num_heads * model.num_heads
+    return int(rows * cache_gpu_percent / 100) // heads * heads
 
 
 def cache_gpu_share(model: ModelSpec, micro_batch: int, cache_gpu_percent: int) -> float:
@@ -272,7 +276,14 @@ def realisable_cache_shares(model: ModelSpec, micro_batch: int) -> tuple[float, 
     """The GPU shares of one micro-batch's KV cache (HRM's r_c) that some ``--percent … cg``
     realises: int(rows·cg/100) rounded down to a multiple of the query heads, every cg of
     0..100 (:func:`cache_gpu_share`), increasing."""
-    return tuple(sorted({cache_gpu_share(model, int(micro_batch), cg) for cg in range(101)}))
+    return _realisable_shares(int(model.num_kv_heads), int(model.num_heads), int(micro_batch))
+
+
+@functools.lru_cache(maxsize=4096)
+def _realisable_shares(kv_heads: int, heads: int, micro_batch: int) -> tuple[float, ...]:
+    # a search asks for the same (heads, μ) tens of thousands of times: each is 101 divisions
+    rows = micro_batch * kv_heads
+    return tuple(sorted({_rows_on_gpu(rows, heads, cg) / rows for cg in range(101)}))
 
 
 def padded_workload(workload):
