@@ -224,7 +224,16 @@ def progress_bar(label: str):
     return progress, update
 
 
-def check_rate_and_requests(parser, args) -> None:
-    """--rate-per-s and --requests (hrm import, hrm fit) come together: how fast, and how many (exit 2)."""
+def rate_and_requests_refusal(args) -> str | None:
+    """Why a load's --rate-per-s and --requests (hrm import, hrm fit) cannot be read: one without
+    the other (how fast, and how many); None when both or neither are given."""
     if (args.rate_per_s is None) != (args.requests is None):
-        parser.error("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
+        return "--rate-per-s and --requests go together (how fast requests arrive, and how many)"
+    return None
+
+
+def check_rate_and_requests(parser, args) -> None:
+    """:func:`rate_and_requests_refusal` as a usage error (exit 2)."""
+    refusal = rate_and_requests_refusal(args)
+    if refusal:
+        parser.error(refusal)

@@ -97,8 +97,11 @@ def run_load_fit(args):
     from hrm.cost.ggml_server import poisson
     from hrm.model.gguf import read_inventory
 
-    if (args.rate_per_s is None) != (args.requests is None):
-        raise HRMError("--rate-per-s and --requests go together (how fast requests arrive, and how many)")
+    from hrm_cli.common import rate_and_requests_refusal
+
+    refusal = rate_and_requests_refusal(args)
+    if refusal:  # the web page's form; the CLI refused it already as a usage error
+        raise HRMError(refusal)
     hw = machine(args)
     if hw.gpu is not None or not args.gguf:
         raise HRMError("--rate-per-s / --requests: a load is fitted on a CPU-only machine with --gguf FILE (the "

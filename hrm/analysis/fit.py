@@ -326,7 +326,7 @@ def measured_ubatch(section, inventory, threads: int, ubatch: int) -> bool:
     from ..cost.costs import uniform_distinct_experts
 
     def reach(op):
-        xs = [max(p.x for p in k.s_per_elem_vs_rows) for k in section.kernels if k.op == op and k.threads == threads]
+        xs = [k.last_rows for k in section.kernels if k.op == op and k.threads == threads]
         return max(xs) if xs else 0.0
     touched = float(uniform_distinct_experts(inventory.num_experts, inventory.top_k, ubatch))
     expert_rows = ubatch * inventory.top_k / touched if inventory.num_experts > 1 else 0.0
