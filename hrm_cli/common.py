@@ -17,8 +17,8 @@ def add_machine_args(parser, hw_required: bool = True) -> None:
     parser.add_argument("--weight-dtype", choices=list(DTYPES), help="override the weight dtype")
     parser.add_argument("--kv-dtype", choices=list(DTYPES), help="override the KV-cache dtype")
     parser.add_argument("--weight-format", choices=list(WEIGHT_FORMATS),
-                        help="how int4/int8 weights are stored (GGUF type or int4-g128): their bits per weight with "
-                             "scales (default: the packed payload only)")
+                        help="how the weights are stored (a GGUF type or int4-g128): their bits per weight with scales; "
+                             "alone it also sets the weight dtype its bits imply (default: the dtype's packed payload)")
     add_routing_arg(parser)
 
 
@@ -94,9 +94,22 @@ def add_memory_args(parser) -> None:
 def machine_from_args(args):
     hw = load_hardware(args.hw)
     model = load_model(args.model, getattr(args, "weight_dtype", None), getattr(args, "kv_dtype", None))
-    fmt = getattr(args, "weight_format", None)
-    model = model.with_weight_format(fmt) if fmt else model
+    model = with_format_args(model, getattr(args, "weight_format", None), getattr(args, "weight_dtype", None))
     return hw, routed_model(model, getattr(args, "routing", None))
+
+
+def with_format_args(model, weight_format: str | None, weight_dtype: str | None):
+    """``model`` with ``--weight-format``: alone, it also sets the dtype its bits imply (q4_k_m:
+    int4, q8_0: int8; :func:`hrm.model.quantized.quantized_dtype`); beside ``--weight-dtype``,
+    that dtype stands (and a float one is refused)."""
+    if not weight_format:
+        return model
+    if weight_dtype is None:
+        from hrm.model.quantized import is_weight_format, quantized_dtype
+
+        if is_weight_format(weight_format):  # an unknown one is refused by with_weight_format
+            model = model.with_dtypes(quantized_dtype(weight_format))
+    return model.with_weight_format(weight_format)
 
 
 def workload_from_args(args):

@@ -32,7 +32,8 @@ def build_parser() -> ArgumentParser:
                    help="override the platform class's achieved/datasheet DRAM prior (0-1)")
     p.add_argument("--model", help="catalog name/alias or a config.json path (machines with a GPU)")
     p.add_argument("--weight-dtype", help="override the model's weight dtype (e.g. int4 for a Q4 GGUF)")
-    p.add_argument("--weight-format", help="GGUF type of int4/int8 weights (e.g. q4_k_m)")
+    p.add_argument("--weight-format", help="how the weights are stored: a GGUF type (q4_k_m, q6_k, iq1_s, mxfp4, ...); "
+                   "alone it also sets the weight dtype its bits imply")
     p.add_argument("--gguf", help="a GGUF file (or hrm tensor table): CPU-only machines are predicted from its tensors")
     p.add_argument("--context", type=bounds.TOKENS.flag("--context"), required=True,
                    help="tokens each user's context holds (prompt + generated)")
@@ -84,9 +85,10 @@ def run_fit(args):
         raise HRMError("hrm fit: --model is required on a machine with a GPU (catalog name or config.json)")
     from hrm.model.spec import load_model
 
-    model = load_model(args.model, weight_dtype=args.weight_dtype)
-    if args.weight_format:
-        model = model.with_weight_format(args.weight_format)
+    from hrm_cli.common import with_format_args
+
+    model = with_format_args(load_model(args.model, weight_dtype=args.weight_dtype), args.weight_format,
+                             args.weight_dtype)
     return hw, fit_gpu(hw, model, args.context, args.gen, args.users, args.objective)
 
 

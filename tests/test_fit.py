@@ -303,3 +303,51 @@ def test_cpu_fit_for_many_users_weighs_one_kv_stream_against_one_each(host, inve
         assert pair[True].decode_tok_s < pair[False].decode_tok_s
         assert ("-kvu", "") in pair[True].flags and ("-kvu", "") not in pair[False].flags
     assert not res.best.knobs["kv_unified"] and not res.default.knobs["kv_unified"]
+
+
+# --- what the answer prints: ties, runners-up, the weight format alone -----------------------
+
+@pytest.fixture(scope="module")
+def all_gpu_fit():
+    """Qwen3-30B-A3B at ~4.9 bits on a 24 GiB card: every layer fits the GPU, so -t (no CPU
+    layers) and -ub (no experts re-read per pass) change nothing the estimate prices."""
+    hw = compose_profile("rtx-4090", "ryzen-9-7950x", 64)
+    model = load_model("qwen3-30b-a3b", weight_dtype="int4").with_weight_format("q4_k_m")
+    return fit_gpu(hw, model, 8192, 128, ubatches=(256, 512, 1024))
+
+
+def test_a_tie_goes_to_llama_cpps_defaults_and_is_named(all_gpu_fit):
+    from hrm.analysis.fit import _prediction
+
+    res = all_gpu_fit
+    best = res.best
+    assert best.knobs["cpu_layers"] == 0 and best.knobs["kv"] == "gpu"
+    tied = [c for c in (*res.runners_up,) if _prediction(c) == _prediction(best)]
+    assert not tied  # a runner-up has a prediction of its own
+    # the default -ub and -t predict the same as the other -ub and -t: the default is printed
+    assert best.knobs["ubatch"] == 512 and best.knobs["threads"] == 16
+    assert best is res.default
+    line = next(w for w in res.why if w.startswith("the same prediction with"))
+    assert "-ub 256/1024" in line and "-t 1/2/4/8" in line
+    # every runner-up differs from every other in what is printed
+    assert len({_prediction(c) for c in res.runners_up}) == len(res.runners_up)
+
+
+def test_weight_format_alone_sets_the_dtype_its_bits_imply(capsys):
+    import json
+
+    from hrm.model.quantized import quantized_dtype
+    from hrm_cli import main
+
+    machine = ["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "qwen3-30b-a3b",
+               "--context", "4096", "--json"]
+    assert main(["fit", *machine, "--weight-format", "q4_k_m"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["fit", *machine, "--weight-dtype", "int4", "--weight-format", "q4_k_m"]) == 0
+    assert alone == json.loads(capsys.readouterr().out)
+    # a float dtype given beside a GGUF type is still a contradiction (one line, exit 2)
+    assert main(["fit", *machine, "--weight-dtype", "fp16", "--weight-format", "q4_k_m"]) == 2
+    assert "needs quantized weights" in capsys.readouterr().err
+    # the rule: 8 bits per weight or more is int8 (q8_0: 34 bytes per 32 weights), anything less int4
+    assert [quantized_dtype(f) for f in ("q8_0", "q6_k", "q4_k_m", "iq1_s", "mxfp4")] == \
+        ["int8", "int4", "int4", "int4", "int4"]

@@ -30,3 +30,15 @@ def test_import_estimates_the_files_weights_and_says_so():
     if out16.returncode == 0:
         est16 = json.loads(out16.stdout)["estimate"]
         assert est16 != data["estimate"]
+
+
+def test_a_files_name_gives_the_dtype_its_header_would():
+    """Every ggml type by its own name (IQ1_S, MXFP4, Q6_K, ...), with the dtype a GGUF header
+    read gives the same type (hrm.model.gguf: one rule, hrm.model.quantized.quantized_dtype)."""
+    from hrm.model.gguf import _dtypes
+
+    for name, fmt in (("DeepSeek-R1-UD-IQ1_S", "iq1_s"), ("gpt-oss-120b-mxfp4-00001-of-00003", "mxfp4"),
+                      ("Qwen3-30B-A3B-128K-Q6_K", "q6_k"), ("m.IQ4_XS", "iq4_xs"), ("x.Q8_0", "q8_0")):
+        tag, dtype, got = gguf_name_format(f"-m {name}.gguf")
+        assert got == fmt and dtype == _dtypes(fmt, None)["weight_dtype"]
+    assert gguf_name_format("-m Qwen3-UD-Q2_K_XL.gguf") is None  # an Unsloth dynamic mix: read its header

@@ -135,14 +135,57 @@ def useful_ubatches(ubatches: tuple[int, ...], tokens: int) -> list[int]:
     return sorted(out)
 
 
-def _ranked(cands: list[Candidate], objective: str, default_threads: int | None = None) -> list[Candidate]:
-    """Fitting candidates, best first; among equals the -t nearest llama.cpp's default (threads the
-    estimate does not use, e.g. with no CPU layers, are not a reason to change it), then by flags."""
-    def near_default(c: Candidate) -> int:
-        t = c.knobs.get("threads")
-        return abs(t - default_threads) if t is not None and default_threads is not None else 0
+#: relative difference below which two candidates' scores are the same prediction (float noise)
+SAME_SCORE_RTOL = 1e-9
 
-    return sorted((c for c in cands if c.fits), key=lambda c: (_score(c, objective), near_default(c), c.args()))
+
+def _same_score(c: Candidate, objective: str) -> float:
+    """The score at :data:`SAME_SCORE_RTOL`: equal for commands the estimate does not tell apart."""
+    return float(f"{_score(c, objective):.9g}")
+
+
+def _from_default(c: Candidate, default_threads: int | None) -> tuple:
+    """How far a command is from llama.cpp's own defaults, for ties: -t and -tb from the default
+    threads, -ub from 512 (in powers of two), then each non-default switch (KV in host memory,
+    -kvu, -nr), then its memory. A knob the estimate does not price is no reason to change it."""
+    k = c.knobs
+    threads = sum(abs(k[key] - default_threads) for key in ("threads", "threads_batch")
+                  if k.get(key) is not None and default_threads is not None)
+    ub = abs(math.log2(k["ubatch"] / DEFAULT_UBATCH)) if k.get("ubatch") else 0.0
+    switches = (k.get("kv") == "host") + bool(k.get("kv_unified")) + (k.get("repack") is False)
+    return threads, ub, switches, sum(c.memory_bytes.values())
+
+
+def _ranked(cands: list[Candidate], objective: str, default_threads: int | None = None) -> list[Candidate]:
+    """Fitting candidates, best first; among commands predicted the same, the one nearest
+    llama.cpp's defaults (:func:`_from_default`), then by flags."""
+    return sorted((c for c in cands if c.fits),
+                  key=lambda c: (_same_score(c, objective), _from_default(c, default_threads), c.args()))
+
+
+def _prediction(c: Candidate) -> tuple[str, str, str]:
+    """A command's rates as printed: two commands with the same are one answer to the user."""
+    return f"{c.prefill_tok_s:,.1f}", f"{c.decode_tok_s:,.2f}", f"{c.total_s:.2f}"
+
+
+def differing_flags(a: Candidate, b: Candidate) -> list[tuple[str, str]]:
+    """``b``'s flags that ``a`` lacks or sets otherwise, as (flag, value)."""
+    mine = dict(a.flags)
+    return [(k, v) for k, v in b.flags if k not in mine or mine[k] != v]
+
+
+def tied_flags(best: Candidate, ties: list[Candidate]) -> str:
+    """The other values of each flag among commands predicted the same as ``best``
+    (``-ub 128/256/1024, -t 2/4/8, -nkvo``), in the best's flag order."""
+    values: dict[str, list[str]] = {}
+    for c in ties:
+        for k, v in differing_flags(best, c):
+            if v not in values.setdefault(k, []):
+                values[k].append(v)
+
+    def order(v: str):
+        return (0, int(v)) if v.isdigit() else (1, v)
+    return ", ".join(f"{k} {'/'.join(sorted(vs, key=order))}".strip() for k, vs in values.items())
 
 
 def _pct(new: float, old: float) -> str:
@@ -158,12 +201,20 @@ def _result(cands: list[Candidate], default: Candidate | None, objective: str, u
         raise InfeasibleError(f"hrm fit: none of the {len(cands)} llama.cpp commands searched fits this machine's "
                               f"memory at context {context} for {users} user(s); lower --context or pick more memory")
     best = ranked[0]
-    runners = []
+    # runners-up: the next commands with a prediction of their own; one that prints the same rates
+    # as the best or a listed one is another spelling of that answer (the best's are named in why)
+    shown, runners, ties = {_prediction(best)}, [], []
     for c in ranked[1:]:
-        if len(runners) >= RUNNERS_UP:
-            break
-        runners.append(c)
+        p = _prediction(c)
+        if p == _prediction(best):
+            ties.append(c)
+        elif p not in shown and len(runners) < RUNNERS_UP:
+            shown.add(p)
+            runners.append(c)
     why = why_of(best, ranked, default)
+    if ties:
+        why = [*why, f"the same prediction with {tied_flags(best, ties)}: the estimate does not tell these apart, so "
+                     "the command nearest llama.cpp's defaults is printed"]
     return FitResult(best, tuple(runners), default, tuple(why), tuple(notes), len(cands),
                      sum(not c.fits for c in cands), objective, users, context, gen, path)
 
@@ -301,8 +352,8 @@ def _why_gpu(layers: int):
                 and c.knobs["threads"] == k["threads"] and c.knobs["ubatch"] == DEFAULT_UBATCH]
         if same and k["ubatch"] != DEFAULT_UBATCH:
             out.append(f"-ub {k['ubatch']}: prefill {best.prefill_tok_s:,.0f} tok/s vs {same[0].prefill_tok_s:,.0f} at the "
-                       f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes, each "
-                       "re-reading the CPU layers' experts over PCIe")
+                       f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes"
+                       + (", each re-reading the CPU layers' experts over PCIe" if k["cpu_layers"] else ""))
         if default is not None and default is not best:
             out.append(f"vs llama.cpp's own fit (fewest CPU layers, -ub 512): {default.args()}: decode "
                        f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "

@@ -13,6 +13,7 @@ from typing import Optional
 from .. import bounds
 from ..errors import HRMError
 from ..policy import Policy
+from ..model.quantized import GGML_BLOCKS, WEIGHT_FORMATS, quantized_dtype
 from .llama_overrides import cpu_blocks
 from .target import Context, EngineFlags, FlagSpec
 from .values import (CONTEXT, HTTP_SERVER_FLAGS, LAYERS, context_tokens, int_value, make_policy, moe_layers,
@@ -278,11 +279,13 @@ def _legacy_notes(values: dict[str, list[str]]) -> list[str]:
 GENERIC_GGUF_NAME = re.compile(r"(?i)^(ggml-)?model([-_.][^/]*)?\.gguf$")
 
 
-#: GGUF file-name quant tags (llama.cpp's llama-quantize type names, tools/quantize/quantize.cpp)
-#: HRM has a weight format for: the (weight dtype, weight format) a file so named holds
+#: GGUF file-name quant tags: llama-quantize's mixture names (tools/quantize/quantize.cpp) as the
+#: weight format of their main type, and every ggml type HRM has a weight format for by its own
+#: name (Q6_K, IQ1_S, MXFP4, ...); the weight dtype follows the format
+#: (:func:`hrm.model.quantized.quantized_dtype`, as a GGUF header read would give)
 GGUF_NAME_FORMATS = {
-    "Q4_K_M": ("int4", "q4_k_m"), "Q4_K_S": ("int4", "q4_k"), "Q4_K": ("int4", "q4_k"), "Q4_0": ("int4", "q4_0"),
-    "Q5_K_M": ("int4", "q5_k"), "Q5_K_S": ("int4", "q5_k"), "Q6_K": ("int8", "q6_k"), "Q8_0": ("int8", "q8_0"),
+    "Q4_K_M": "q4_k_m", "Q4_K_S": "q4_k", "Q5_K_M": "q5_k", "Q5_K_S": "q5_k",
+    **{name.upper(): name for name in WEIGHT_FORMATS if name.upper() in GGML_BLOCKS or name == "mxfp4"},
 }
 
 
@@ -307,7 +310,7 @@ def gguf_name_format(command: str) -> tuple[str, str, str] | None:
         base = name.rstrip("/").split("/")[-1].upper()
         for tag in sorted(GGUF_NAME_FORMATS, key=len, reverse=True):
             if re.search(rf"(?<![A-Z0-9]){tag}(?![A-Z0-9_])", base.replace(".GGUF", "")):
-                return (tag, *GGUF_NAME_FORMATS[tag])
+                return tag, quantized_dtype(GGUF_NAME_FORMATS[tag]), GGUF_NAME_FORMATS[tag]
     return None
 
 

@@ -288,14 +288,14 @@ def _format_of(tensors: list[GgufTensor]) -> str | None:
 
 def _dtypes(expert_format: str | None, static_format: str | None) -> dict:
     """ModelSpec dtype fields for the experts' and the other weights' ggml formats."""
-    from .quantized import bits_per_weight
+    from .quantized import quantized_dtype
 
     floats = {"f16": "fp16", "bf16": "fp16", "f32": "fp32"}
     out: dict = {"activation_dtype": "fp16"}
     if expert_format in floats:
         out["weight_dtype"] = floats[expert_format]
     else:
-        out["weight_dtype"] = "int8" if bits_per_weight(expert_format) >= 8 else "int4"
+        out["weight_dtype"] = quantized_dtype(expert_format)
         out["weight_format"] = expert_format
     if static_format is not None and static_format != expert_format:
         out["static_weight_format"] = floats.get(static_format, static_format)

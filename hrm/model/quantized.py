@@ -225,6 +225,13 @@ def bits_per_weight(name: str) -> float:
     return weight_format(name).bits_per_weight
 
 
+def quantized_dtype(name: str) -> str:
+    """The quantized weight dtype a stored format implies: ``int8`` from 8 bits per weight up
+    (q8_0, fp8 blocks), else ``int4`` (q4_K, q6_K, mxfp4, IQ types, mixes): the same for a GGUF's
+    header, a file's name and ``--weight-format`` alone."""
+    return "int8" if bits_per_weight(name) >= 8 else "int4"
+
+
 class QuantKernel(_Frozen):
     """A dequantizing GEMM family: per GPU architecture (``default`` for the rest) the
     fraction of the fp16 kernel's memory rate (small M) and FLOP rate (large M) it reaches,
