@@ -79,8 +79,11 @@ def test_the_weight_format_flag():
     _, model = machine_from_args(args)
     assert model.weight_format == "q4_k_m"
     assert costs.expert_bytes(model) == 3 * 4096 * 14336 * 4.84375 / 8
+    # alone, the format sets the dtype its bits imply (4.84 bits: int4), the same model as both flags
+    _, alone = machine_from_args(Namespace(**{**vars(args), "weight_dtype": None}))
+    assert alone == model and alone.weight_dtype == "int4"
     with pytest.raises(HRMError, match="^--weight-format: .*needs quantized weights"):
-        machine_from_args(Namespace(**{**vars(args), "weight_dtype": None}))
+        machine_from_args(Namespace(**{**vars(args), "weight_dtype": "fp16"}))
 
 
 def test_another_dtype_drops_the_format():
