@@ -6,6 +6,7 @@ the profile's measured ggml kernels (its ``ggml_cpu`` section: ``hrm profile --l
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from hrm.errors import HRMError
@@ -37,7 +38,6 @@ def cpu_only_main(source: str, command: str, hw, model, workload, gguf, as_json:
     """A llama-server / llama-cli command (or ollama's settings) on a machine without a GPU: the run
     it serves on the CPU step model (:func:`hrm.export.importing.estimate_without_gpu`), printed;
     exit 3 when the weights and the KV cache it allocates do not fit the machine's memory."""
-    import sys
 
     from hrm.errors import InfeasibleError
     from hrm.export.importing import estimate_without_gpu
@@ -105,7 +105,6 @@ def load_main(source: str, command: str, hw, model, workload, gguf, args, as_jso
     """A llama-server command (or ollama's settings) on a machine without a GPU under a load of
     requests (--rate-per-s/--requests, or --load FILE): each request's TTFT, TPOT and latency as
     the server's continuous batching serves them (:func:`hrm.export.importing.serve_without_gpu`)."""
-    import sys
 
     from hrm.export.importing import estimate_without_gpu, serve_without_gpu
 
@@ -158,13 +157,15 @@ def load_main(source: str, command: str, hw, model, workload, gguf, args, as_jso
     return 0
 
 
-def gpu_main(command: str, hw, model, as_json: bool) -> int:
-    """A llama-bench sweep on a machine with a GPU: every point by HRM's llama.cpp engine."""
+def gpu_main(command: str, hw, model, as_json: bool, model_notes: tuple[str, ...] = ()) -> int:
+    """A llama-bench sweep on a machine with a GPU: every point by HRM's llama.cpp engine
+    (``model_notes``: how the model was read, e.g. its weights from the file's name)."""
     from hrm.export.llama_tools import gpu_estimate, tool_of
 
     if tool_of(command) != "llama-bench":
         raise HRMError("llama-batched-bench on a GPU profile: only llama-bench sweeps are predicted there")
     tests, notes = bench_runs(command, hw.cpu.cores)
+    notes = [*model_notes, *notes]
     rows = []
     for t in tests:
         prefill, decode, fits = gpu_estimate(t, hw, model)
@@ -186,6 +187,8 @@ def gpu_main(command: str, hw, model, as_json: bool) -> int:
                       f"{r['prefill_tok_s']:,.1f}" if r["prefill_tok_s"] else "-",
                       f"{r['decode_tok_s']:,.2f}" if r["decode_tok_s"] else "-", "yes" if r["fits_memory"] else "NO")
     console().print(table)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -226,7 +229,6 @@ def main(command: str, hw, gguf: str | None, as_json: bool) -> int:
                       f"{r['decode_s']:.3f}" if r["gen_len"] else "-",
                       f"{r['decode_tok_s']:,.1f}" if r["gen_len"] else "-")
     console().print(table)
-    import sys
 
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

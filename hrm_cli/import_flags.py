@@ -94,7 +94,8 @@ def _bench_main(args) -> int:
     hw = load_hardware(args.hw)
     if hw.gpu is not None and args.model is not None:  # a GPU machine: HRM's llama.cpp engine per point
         _, model = machine_from_args(args)
-        return import_bench.gpu_main(args.flags, hw, model, args.json)
+        model, named_note = _with_named_format(args, model)  # -m ...-Q4_K_M.gguf: its weights
+        return import_bench.gpu_main(args.flags, hw, model, args.json, (named_note,) if named_note else ())
     return import_bench.main(args.flags, hw, args.gguf, args.json)
 
 

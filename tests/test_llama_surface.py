@@ -83,6 +83,23 @@ def test_llama_bench_sweep_on_a_gpu_machine():
         gpu_estimate(bench_runs("llama-bench -m m.gguf -ngl 10", 8)[0][0], hw, model)
 
 
+def test_llama_bench_on_a_gpu_machine_reads_the_files_named_weights(capsys):
+    """llama-bench -m ...-Q4_K_M.gguf is predicted with Q4_K_M weights, as the llama-server path
+    reads the same name (and says so), not the catalog model's 16-bit ones."""
+    import json
+
+    from hrm_cli import main
+
+    sweep = "llama-bench -m Qwen3-30B-A3B-Q4_K_M.gguf -ngl 99 -ncmoe 20 -p 512 -n 128"
+    base = ["import", "--from", "llama.cpp", "--hw", "l4", "--model", "qwen3-30b-a3b", "--json"]
+    assert main([*base, sweep]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert main([*base, "--weight-format", "q4_k_m", sweep.replace("-Q4_K_M", "")]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert named["tests"] == given["tests"] and all(t["fits_memory"] for t in named["tests"])
+    assert any("the model file's name says Q4_K_M" in n for n in named["notes"])
+
+
 def test_a_local_gguf_is_matched_by_its_header(tmp_path):
     """-m FILE that is here: its header decides, not its name (issue 34: a renamed or oddly named
     file of the right model is read, one of another model refused in one line)."""
