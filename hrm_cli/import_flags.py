@@ -14,7 +14,7 @@ from hrm.errors import InfeasibleError
 from hrm.estimate import estimate
 from hrm.cost.memory import physical_limits
 from hrm.export import read_command
-from hrm.export.importing import imported_engine
+from hrm.export.importing import fitted_policy, imported_engine
 from hrm.export.registry import IMPORT_SOURCES, import_source
 from hrm.export.importing import WORKLOAD_FLAGS
 from hrm.workload import DEFAULT_PRESET, PRESETS
@@ -179,10 +179,15 @@ def main(argv) -> int:
     if named_note is not None:
         notes.append(named_note)
     engine = imported_engine(args.source, imported, args.engine)
-    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     # a command's policy is pinned: it must fit physical memory less the engine's fixed costs
     # (hrm.cost.memory.physical_limits), as hrm estimate checks; above the planning caps it is said
     physical = physical_limits(hw, engine, args.gpu_mem, args.cpu_mem)
+    # -ngl auto: llama.cpp's --fit moves experts to the CPU until the rest fits; that placement is estimated
+    fitted, _ = fitted_policy(imported, hw, model, engine, physical,
+                              lambda p: estimate(hw, model, workload, p, options=options, limits=limits, engine=engine))
+    if fitted is not imported:
+        policy, notes = fitted.policy, notes + [fitted.notes[-1]]
+    result = estimate(hw, model, workload, policy, options=options, limits=limits, engine=engine)
     fits_physical = result.fits(physical)
     if args.json:
         print(json.dumps({"source": args.source, "policy": result.policy.model_dump(), "policy_short": policy.short(),

@@ -143,3 +143,38 @@ def test_no_c_gives_every_kv_stream_the_trained_context_under_fit():
     assert got.policy.batch_size == 64 and any("each of the 64 slots' KV streams" in n for n in got.notes)
     with pytest.raises(HRMError, match=r"no -c \(the model's 32768 tokens\) with 64 slots gives each 512"):
         _read("llama-server -m mixtral.gguf -ngl 99 --n-cpu-moe 28 -np 64 --fit off")
+
+
+def test_ngl_auto_is_estimated_where_fit_places_the_experts(capsys):
+    """No -ngl (auto) and no tensor placement: llama.cpp's --fit moves the first layers' experts to
+    the CPU until each GPU keeps its 1 GiB margin (common/fit.cpp); hrm import estimates that
+    placement. By hand: the fewest CPU layers whose GPU memory is within the physical limit less
+    1 GiB, one fewer is not. -ngl given, or --fit off, keeps every layer on the GPU (exit 3)."""
+    import json
+
+    from hrm.cost.memory import physical_limits
+    from hrm.engines.engine import load_engine
+    from hrm.estimate import estimate
+    from hrm.policy import Policy
+    from hrm_cli import main
+
+    base = ["import", "--from", "llama.cpp", "--hw", "rtx3090", "--model", "qwen3-30b-a3b", "--json"]
+    assert main([*base, "llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    hw, model = load_hardware("rtx3090"), load_model("qwen3-30b-a3b")
+    layers = model.num_moe_layers
+    engine = load_engine("llama.cpp")
+    room = physical_limits(hw, engine).gpu_bytes - 2**30
+    workload = make_workload(None, prompt_len=out["workload"]["prompt_len"], gen_len=out["workload"]["gen_len"])
+
+    def gpu_bytes(cpu_layers):
+        p = Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True, ffn_on_gpu=True,
+                   weights_gpu_ratio=(layers - cpu_layers) / layers, kv_gpu_ratio=1.0)
+        return estimate(hw, model, workload, p, engine=engine).gpu_peak_bytes
+
+    k = round((1 - out["policy"]["weights_gpu_ratio"]) * layers)
+    assert 0 < k < layers and gpu_bytes(k) <= room < gpu_bytes(k - 1)
+    assert any(f"--n-cpu-moe {k}," in n for n in out["notes"])
+    for pinned in ("llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096 -ngl 99", "llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096 --fit off"):
+        assert main([*base, pinned]) == 3
+        capsys.readouterr()

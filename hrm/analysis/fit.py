@@ -262,9 +262,13 @@ def _gpu_candidate(hw, model, workload, policy, engine, prefill_tokens: int, fla
     from ..estimate import estimate
     from ..model.options import DEFAULT_OPTIONS
 
+    from ..export.llama_cpp import fit_target_limits
+
     limits = physical_limits(hw, engine)
     r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
     prefill_tok_s = prefill_tokens / r.prefill_latency_s if r.prefill_latency_s else 0.0
+    # what llama.cpp's own --fit accepts: each GPU's margin left free (hrm.export.llama_cpp.fitted_cpu_layers)
+    knobs = {**knobs, "within_fit_target": r.fits(fit_target_limits(limits, hw.gpu.count))}
     return Candidate(flags, prefill_tok_s, r.decode_throughput_tok_s, r.total_time_s,
                      {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(limits), knobs, r.bottleneck)
 
@@ -309,9 +313,11 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
                     cands.append(c)
                     if attn_gpu and ub == DEFAULT_UBATCH and t == (default_t if default_t in threads else threads[0]):
                         # llama.cpp's own memory fit keeps the KV on the GPU and moves whole
-                        # layers' experts to the CPU until the rest fits (tools/fit-params):
-                        # the fewest CPU layers that fit, at the default -ub and -t
-                        if c.fits and (default is None or cpu_layers < default.knobs["cpu_layers"]):
+                        # layers' experts to the CPU until the rest leaves each GPU its margin
+                        # (hrm.export.llama_cpp.fitted_cpu_layers, as hrm import reads -ngl auto):
+                        # the fewest such CPU layers, at the default -ub and -t
+                        if c.knobs["within_fit_target"] and (default is None or
+                                                             cpu_layers < default.knobs["cpu_layers"]):
                             default = c
     result = _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
     return with_servers(with_ollama(result, cands, model), hw, model, workload)
@@ -355,7 +361,7 @@ def _why_gpu(layers: int):
                        f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes"
                        + (", each re-reading the CPU layers' experts over PCIe" if k["cpu_layers"] else ""))
         if default is not None and default is not best:
-            out.append(f"vs llama.cpp's own fit (fewest CPU layers, -ub 512): {default.args()}: decode "
+            out.append(f"vs llama.cpp's own fit (fewest CPU layers leaving each GPU 1 GiB, -ub 512): {default.args()}: decode "
                        f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "
                        f"{_pct(best.prefill_tok_s, default.prefill_tok_s)}, request {_pct(default.total_s, best.total_s)} "
                        "faster")

@@ -134,7 +134,7 @@ def command_rates(report: PublicReport, hw, model) -> tuple[float, float, bool, 
 def _server_rates(report: PublicReport, hw, model) -> tuple[float, float, bool, str]:
     from ..cost.memory import physical_limits
     from ..estimate import estimate
-    from ..export.importing import imported_engine, read_command
+    from ..export.importing import fitted_policy, imported_engine, read_command
     from ..workload import make_workload
 
     asked = make_workload(None, prompt_len=report.prompt_tokens, gen_len=report.gen_tokens)
@@ -142,6 +142,9 @@ def _server_rates(report: PublicReport, hw, model) -> tuple[float, float, bool, 
                             given={"prompt_len": report.prompt_tokens, "gen_len": report.gen_tokens})
     engine = imported_engine("llama.cpp", imported)
     limits = physical_limits(hw, engine)
+    # -ngl auto: the placement llama.cpp's --fit reaches, as hrm import estimates it
+    imported, _ = fitted_policy(imported, hw, model, engine, limits,
+                                lambda p: estimate(hw, model, imported.workload, p, limits=limits, engine=engine))
     r = estimate(hw, model, imported.workload, imported.policy, limits=limits, engine=engine)
     prefill = imported.workload.effective_prompt_len / r.prefill_latency_s if r.prefill_latency_s else 0.0
     return prefill, r.decode_throughput_tok_s, r.fits(limits), imported.policy.short()

@@ -153,8 +153,8 @@ def _check_all_layers_on_gpu(values: dict[str, list[str]], model) -> list[str]:
     """-ngl below the layer count puts whole layers on the CPU: outside HRM's policy space."""
     text = values.get("-ngl", ["auto"])[0]
     if text == "auto":
-        return [f"llama.cpp: -ngl auto (the default, {_ARG}:2787-2801): --fit picks the GPU layers; read as every "
-                "layer on the GPU (give -ngl all to be sure)"]
+        return [f"llama.cpp: -ngl auto (the default, {_ARG}:2787-2801): every layer on the GPU where it fits, else "
+                "--fit (on by default) moves the first layers' experts to the CPU (hrm import estimates that placement)"]
     if text != "all":
         ngl = int_value(values, "-ngl", LAYERS)
         if ngl < model.num_layers:
@@ -477,6 +477,38 @@ def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> Flag
     return FlagSpec(flag=flag, aliases=aliases, policy_field=field, values=0, source=f"{_ARG}:{lines}")
 
 
+def fit_places_layers(values: dict[str, list[str]], ctx: Context) -> bool:
+    """Whether llama.cpp's --fit (on by default, common/common.h:478) places the weights: -ngl
+    left at auto and no tensor placement given (common/fit.cpp:463-485 aborts the fit where the
+    user set -ngl, -ts or a tensor override: -ot, --n-cpu-moe, --cpu-moe)."""
+    if values.get("--fit", ["on"])[0].lower() in _OFF or values.get("-ngl", ["auto"])[0] != "auto":
+        return False
+    return not any(flag in values for flag in ("--n-cpu-moe", "-cmoe", "-ot", "-ts", "--tensor-split"))
+
+
+def fit_target_limits(limits, gpus: int):
+    """The memory --fit fills: each GPU's less its free-memory margin, FIT_TARGET_BYTES
+    (common/fit.cpp:648-652 targets = free - margins; common/common.h:483)."""
+    from ..cost.memory import MemoryLimits
+
+    return MemoryLimits(limits.gpu_bytes - gpus * FIT_TARGET_BYTES, limits.cpu_bytes, limits.shared)
+
+
+def fitted_cpu_layers(estimate_with, layers: int, limits, gpus: int) -> Optional[int]:
+    """The experts of how many MoE layers --fit leaves on the CPU: the fewest whole layers (the
+    first ones, as --n-cpu-moe places them) that leave each GPU its margin (:func:`fit_target_limits`).
+    The fit fills the GPUs back to front with the dense weights, then with the experts
+    (common/fit.cpp:664-760), so the GPU keeps the last layers' experts; a partly placed layer
+    (its overflow) is counted whole. ``estimate_with(cpu_layers)`` is the estimate of that
+    placement. None: even every layer's experts on the CPU leave too little (the fit would move
+    dense weights too, outside HRM's policy space)."""
+    target = fit_target_limits(limits, gpus)
+    for cpu_layers in range(layers + 1):
+        if estimate_with(cpu_layers).fits(target):
+            return cpu_layers
+    return None
+
+
 LLAMA_CPP = EngineFlags(
     name="llama.cpp", version=LLAMA_CPP_VERSION, programs=("llama-server",),
     # "server" was llama-server's name before ggml-org/llama.cpp PR #7809 (June 2024), with the
@@ -549,7 +581,7 @@ LLAMA_CPP = EngineFlags(
              "the batch; several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
     workload=command_workload, notes=_notes, nearest=_nearest, render=_render, parse=_parse,
-    engine_fields=command_engine_fields,
+    engine_fields=command_engine_fields, fit_places_layers=fit_places_layers,
 )
 
 
