@@ -334,18 +334,16 @@ def test_a_tie_goes_to_llama_cpps_defaults_and_is_named(all_gpu_fit):
 
 
 def test_weight_format_alone_sets_the_dtype_its_bits_imply(capsys):
-    import json
-
     from hrm.model.quantized import quantized_dtype
     from hrm_cli import main
+    from hrm_cli.common import with_format_args
 
-    machine = ["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "qwen3-30b-a3b",
-               "--context", "4096", "--json"]
-    assert main(["fit", *machine, "--weight-format", "q4_k_m"]) == 0
-    alone = json.loads(capsys.readouterr().out)
-    assert main(["fit", *machine, "--weight-dtype", "int4", "--weight-format", "q4_k_m"]) == 0
-    assert alone == json.loads(capsys.readouterr().out)
+    # what hrm fit (and every --weight-format flag) builds: alone = with the dtype its bits imply
+    alone = with_format_args(load_model("qwen3-30b-a3b"), "q4_k_m", None)
+    assert alone == load_model("qwen3-30b-a3b", weight_dtype="int4").with_weight_format("q4_k_m")
     # a float dtype given beside a GGUF type is still a contradiction (one line, exit 2)
+    machine = ["--gpu", "rtx-4090", "--cpu", "ryzen-9-7950x", "--ram", "64", "--model", "qwen3-30b-a3b",
+               "--context", "4096"]
     assert main(["fit", *machine, "--weight-dtype", "fp16", "--weight-format", "q4_k_m"]) == 2
     assert "needs quantized weights" in capsys.readouterr().err
     # the rule: 8 bits per weight or more is int8 (q8_0: 34 bytes per 32 weights), anything less int4
