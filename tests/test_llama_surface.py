@@ -178,3 +178,30 @@ def test_ngl_auto_is_estimated_where_fit_places_the_experts(capsys):
     for pinned in ("llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096 -ngl 99", "llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096 --fit off"):
         assert main([*base, pinned]) == 3
         capsys.readouterr()
+
+
+def test_fit_margins_and_ngl_words_as_llama_cpp_reads_them():
+    """-ngl -1 is auto and -2 or below all (common/arg.cpp:2787-2801); --fit-target's MiB, one
+    for every device or one each (:2895-2919), is the margin --fit leaves; 1 GiB by default."""
+    from hrm.export.llama_cpp import fit_margins_bytes, ngl_word
+
+    assert [ngl_word({"-ngl": [v]}) for v in ("-1", "auto", "-2", "-7", "all", "0", "99")] == \
+        ["auto", "auto", "all", "all", "all", "0", "99"]
+    assert ngl_word({}) == "auto"
+    assert fit_margins_bytes(None, 2) == 2 * 1024 * 2**20
+    assert fit_margins_bytes({"--fit-target": ["4096"]}, 2) == 2 * 4096 * 2**20
+    assert fit_margins_bytes({"--fit-target": ["4096,2048"]}, 2) == 6144 * 2**20
+
+
+def test_a_larger_fit_target_leaves_more_experts_on_the_cpu(capsys):
+    import json
+
+    from hrm_cli import main
+
+    base = ["import", "--from", "llama.cpp", "--hw", "l4", "--model", "qwen3-30b-a3b", "--json"]
+    rw = {}
+    for extra in ("", " -ngl -1", " --fit-target 4096"):
+        assert main([*base, "llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096" + extra]) == 0
+        rw[extra] = json.loads(capsys.readouterr().out)["policy"]["weights_gpu_ratio"]
+    assert rw[""] == rw[" -ngl -1"] > rw[" --fit-target 4096"]
+    assert main([*base, "llama-server -m Qwen3-30B-A3B-BF16.gguf -c 4096 -ngl -2"]) == 3  # all: no fit

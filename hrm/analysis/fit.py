@@ -262,13 +262,13 @@ def _gpu_candidate(hw, model, workload, policy, engine, prefill_tokens: int, fla
     from ..estimate import estimate
     from ..model.options import DEFAULT_OPTIONS
 
-    from ..export.llama_cpp import fit_target_limits
+    from ..export.llama_cpp import fit_margins_bytes, fit_target_limits
 
     limits = physical_limits(hw, engine)
     r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
     prefill_tok_s = prefill_tokens / r.prefill_latency_s if r.prefill_latency_s else 0.0
     # what llama.cpp's own --fit accepts: each GPU's margin left free (hrm.export.llama_cpp.fitted_cpu_layers)
-    knobs = {**knobs, "within_fit_target": r.fits(fit_target_limits(limits, hw.gpu.count))}
+    knobs = {**knobs, "within_fit_target": r.fits(fit_target_limits(limits, fit_margins_bytes(None, hw.gpu.count)))}
     return Candidate(flags, prefill_tok_s, r.decode_throughput_tok_s, r.total_time_s,
                      {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(limits), knobs, r.bottleneck)
 

@@ -191,9 +191,10 @@ class Imported(Frozen):
     #: the model as the command stores its weights (the target's ``stored_model`` hook): the
     #: estimate is for it; None: the model given
     model: Optional[object] = None
-    #: the engine's own memory fit places the weights (the target's ``fit_places_layers`` hook:
-    #: llama.cpp's --fit with -ngl auto); :func:`fitted_policy` gives the placement it reaches
-    fit_places_layers: bool = False
+    #: the free GPU memory the engine's own memory fit leaves when it places the weights (the
+    #: target's ``fit_margins`` hook: llama.cpp's --fit with -ngl auto), None when the command
+    #: places them; :func:`fitted_policy` gives the placement that fit reaches
+    fit_margins_bytes: Optional[float] = None
 
 
 #: ``hrm import``'s workload flags, by the :class:`~hrm.workload.Workload` field each sets
@@ -259,9 +260,9 @@ def read_command(engine_name: str, text: str, model, workload, hardware=None, gp
     if _shown(run) != _shown(workload):
         notes = [*notes, f"{target.name}: the command runs {_shown(run)}: the estimate is for that workload"]
     fields = target.engine_fields(values, ctx.model_copy(update={"workload": run})) if target.engine_fields else {}
-    fits = bool(target.fit_places_layers(values, ctx)) if target.fit_places_layers else False
+    margins = target.fit_margins(values, ctx) if target.fit_margins else None
     return Imported(policy=policy, notes=tuple(notes), workload=run, engine_fields=fields,
-                    model=None if stored is model else stored, fit_places_layers=fits)
+                    model=None if stored is model else stored, fit_margins_bytes=margins)
 
 
 def fitted_policy(imported: Imported, hardware, model, engine, limits, estimate_fn) -> tuple[Imported, Optional[int]]:
@@ -270,9 +271,9 @@ def fitted_policy(imported: Imported, hardware, model, engine, limits, estimate_
     the GPU as read (``-ngl auto``: all layers); the experts of the fewest first MoE layers that
     leave each GPU --fit's margin (:func:`hrm.export.llama_cpp.fitted_cpu_layers`), as
     ``--n-cpu-moe`` would place them. None layers: not even every expert on the CPU makes room."""
-    from .llama_cpp import FIT_TARGET_BYTES, fitted_cpu_layers
+    from .llama_cpp import fitted_cpu_layers
 
-    if not imported.fit_places_layers or hardware.gpu is None:
+    if imported.fit_margins_bytes is None or hardware.gpu is None:
         return imported, 0
     layers = max(int(model.num_moe_layers), 1)
 
@@ -280,13 +281,14 @@ def fitted_policy(imported: Imported, hardware, model, engine, limits, estimate_
         policy = imported.policy.model_copy(update={"weights_gpu_ratio": (layers - cpu_layers) / layers})
         return estimate_fn(policy)
 
-    cpu_layers = fitted_cpu_layers(estimate_with, layers, limits, hardware.gpu.count)
+    cpu_layers = fitted_cpu_layers(estimate_with, layers, limits, imported.fit_margins_bytes)
     if not cpu_layers:
         return imported, cpu_layers
     policy = imported.policy.model_copy(update={"weights_gpu_ratio": (layers - cpu_layers) / layers})
     n_cpu_moe = cpu_layers + int(model.first_dense_layers)
-    note = (f"llama.cpp: --fit (on by default; -ngl, -ot and --n-cpu-moe unset) leaves {hardware.gpu.count} x "
-            f"{FIT_TARGET_BYTES // 2**20} MiB free and moves the experts of the first layers to the CPU until the rest fits "
+    note = (f"llama.cpp: --fit (on by default; -ngl, -ot and --n-cpu-moe unset) leaves "
+            f"{imported.fit_margins_bytes / 2**20:,.0f} MiB of the GPU memory free and moves the experts of the first "
+            "layers to the CPU until the rest fits "
             f"(common/fit.cpp:463-485, 615-760): estimated as --n-cpu-moe {n_cpu_moe}, {cpu_layers} of {layers} MoE "
             "layers' experts on the CPU (a partly moved layer counted whole)")
     return imported.model_copy(update={"policy": policy, "notes": (*imported.notes, note)}), cpu_layers

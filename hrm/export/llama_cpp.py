@@ -149,9 +149,20 @@ def _notes(policy: Policy, ctx: Context) -> list[str]:
 
 # --- import --------------------------------------------------------------------------------
 
+def ngl_word(values: dict[str, list[str]]) -> str:
+    """-ngl as llama.cpp reads it: ``auto`` (absent, ``auto`` or -1), ``all`` (``all`` or -2 and
+    below), else the number as given (common/arg.cpp:2787-2801; common/common.h:475)."""
+    text = values.get("-ngl", ["auto"])[0].strip()
+    try:
+        number = int(text)
+    except ValueError:
+        return text
+    return "auto" if number == -1 else "all" if number <= -2 else text
+
+
 def _check_all_layers_on_gpu(values: dict[str, list[str]], model) -> list[str]:
     """-ngl below the layer count puts whole layers on the CPU: outside HRM's policy space."""
-    text = values.get("-ngl", ["auto"])[0]
+    text = ngl_word(values)
     if text == "auto":
         return [f"llama.cpp: -ngl auto (the default, {_ARG}:2787-2801): every layer on the GPU where it fits, else "
                 "--fit (on by default) moves the first layers' experts to the CPU (hrm import estimates that placement)"]
@@ -477,24 +488,39 @@ def _switch(flag: str, aliases: tuple[str, ...], field: str, lines: str) -> Flag
     return FlagSpec(flag=flag, aliases=aliases, policy_field=field, values=0, source=f"{_ARG}:{lines}")
 
 
-def fit_places_layers(values: dict[str, list[str]], ctx: Context) -> bool:
-    """Whether llama.cpp's --fit (on by default, common/common.h:478) places the weights: -ngl
-    left at auto and no tensor placement given (common/fit.cpp:463-485 aborts the fit where the
-    user set -ngl, -ts or a tensor override: -ot, --n-cpu-moe, --cpu-moe)."""
-    if values.get("--fit", ["on"])[0].lower() in _OFF or values.get("-ngl", ["auto"])[0] != "auto":
-        return False
-    return not any(flag in values for flag in ("--n-cpu-moe", "-cmoe", "-ot", "-ts", "--tensor-split"))
+def fit_margins(values: dict[str, list[str]], ctx: Context) -> Optional[float]:
+    """The free memory llama.cpp's --fit (on by default, common/common.h:478) leaves on the GPUs
+    when it places the weights (:func:`fit_margins_bytes`), None when the command places them:
+    -ngl given (not auto) or a tensor placement (-ts, -ot, --n-cpu-moe, --cpu-moe), where
+    common/fit.cpp:463-485 aborts the fit."""
+    if values.get("--fit", ["on"])[0].lower() in _OFF or ngl_word(values) != "auto":
+        return None
+    if any(flag in values for flag in ("--n-cpu-moe", "-cmoe", "-ot", "-ts", "--tensor-split")):
+        return None
+    gpus = ctx.hardware.gpu.count if ctx.hardware is not None and ctx.hardware.gpu is not None else 1
+    return fit_margins_bytes(values, gpus)
 
 
-def fit_target_limits(limits, gpus: int):
-    """The memory --fit fills: each GPU's less its free-memory margin, FIT_TARGET_BYTES
-    (common/fit.cpp:648-652 targets = free - margins; common/common.h:483)."""
+def fit_margins_bytes(values: dict[str, list[str]] | None, gpus: int) -> float:
+    """The free memory --fit leaves on the GPUs together: FIT_TARGET_BYTES each, or --fit-target's
+    MiB (one value for every device, or one per device: common/arg.cpp:2895-2919)."""
+    text = (values or {}).get("--fit-target")
+    if not text:
+        return gpus * FIT_TARGET_BYTES
+    mib = [int(v) for v in re.split(r"[,/]+", text[0]) if v]
+    per_gpu = mib * gpus if len(mib) == 1 else (mib + [FIT_TARGET_BYTES // 2**20] * gpus)[:gpus]
+    return sum(per_gpu) * 2**20
+
+
+def fit_target_limits(limits, margins_bytes: float):
+    """The memory --fit fills: the GPUs' less their free-memory margins (:func:`fit_margins_bytes`;
+    common/fit.cpp:648-652 targets = free - margins)."""
     from ..cost.memory import MemoryLimits
 
-    return MemoryLimits(limits.gpu_bytes - gpus * FIT_TARGET_BYTES, limits.cpu_bytes, limits.shared)
+    return MemoryLimits(limits.gpu_bytes - margins_bytes, limits.cpu_bytes, limits.shared)
 
 
-def fitted_cpu_layers(estimate_with, layers: int, limits, gpus: int) -> Optional[int]:
+def fitted_cpu_layers(estimate_with, layers: int, limits, margins_bytes: float) -> Optional[int]:
     """The experts of how many MoE layers --fit leaves on the CPU: the fewest whole layers (the
     first ones, as --n-cpu-moe places them) that leave each GPU its margin (:func:`fit_target_limits`).
     The fit fills the GPUs back to front with the dense weights, then with the experts
@@ -502,7 +528,7 @@ def fitted_cpu_layers(estimate_with, layers: int, limits, gpus: int) -> Optional
     (its overflow) is counted whole. ``estimate_with(cpu_layers)`` is the estimate of that
     placement. None: even every layer's experts on the CPU leave too little (the fit would move
     dense weights too, outside HRM's policy space)."""
-    target = fit_target_limits(limits, gpus)
+    target = fit_target_limits(limits, margins_bytes)
     for cpu_layers in range(layers + 1):
         if estimate_with(cpu_layers).fits(target):
             return cpu_layers
@@ -551,6 +577,10 @@ LLAMA_CPP = EngineFlags(
                  value_form=r"-?\d+", source=f"{_ARG}:1657-1667"),
         FlagSpec(flag="--fit", aliases=("-fit",), policy_field="(off: keep the given values)",
                  value_form=r"on|off|enabled|disabled|true|false|1|0", source=f"{_ARG}:2867-2880,1334-1340"),
+        FlagSpec(flag="--fit-target", aliases=("-fitt",), policy_field="(--fit's free margin per GPU, MiB)",
+                 value_form=r"\d+([,/]\d+)*", source=f"{_ARG}:2895-2919"),
+        FlagSpec(flag="--fit-ctx", aliases=("-fitc",), policy_field="(the least context --fit sets)",
+                 value_form=r"\d+", source=f"{_ARG}:2920-2926"),
         FlagSpec(flag="-fa", aliases=("--flash-attn",), policy_field="(none: flash attention)",
                  value_form=r"on|off|auto|enabled|disabled|true|false|1|0", until_next_flag=True,
                  source=f"{_ARG}:1754-1765"),
@@ -581,7 +611,7 @@ LLAMA_CPP = EngineFlags(
              "the batch; several ubatches are estimated with the plan's engine",
              "-ub is also the prefill chunk: a small micro-batch slows the prompt phase"),
     workload=command_workload, notes=_notes, nearest=_nearest, render=_render, parse=_parse,
-    engine_fields=command_engine_fields, fit_places_layers=fit_places_layers,
+    engine_fields=command_engine_fields, fit_margins=fit_margins,
 )
 
 
@@ -669,19 +699,26 @@ class CpuOnlyEstimate:
 FIT_TARGET_BYTES = 1024 * 2**20
 
 
+def fit_min_ctx(values: dict[str, list[str]]) -> int:
+    """The least context --fit sets a KV stream: --fit-ctx, else FIT_MIN_CTX (common/arg.cpp:2920-2926)."""
+    text = values.get("--fit-ctx")
+    return int(text[0]) if text else FIT_MIN_CTX
+
+
 def fitted_kv_tokens(values: dict[str, list[str]], run, weight_bytes: float, kv_bytes_per_token: float,
                      memory_bytes: float, kv_tokens: int) -> tuple[int, list[str]]:
     """The KV cache's tokens llama.cpp allocates on a machine without a GPU, from ``kv_tokens``
     (:func:`kv_context`: -c as given, or, where --fit sizes the context, the trained context per KV
     stream): --fit's host step shrinks the latter when the weights and that cache leave less than
-    FIT_TARGET_BYTES of the host's memory, linearly toward FIT_MIN_CTX per stream
+    its margin of the host's memory (:func:`fit_margins_bytes`), linearly toward --fit-ctx per stream
     (common/fit.cpp:317-327, 393-432), in steps of 256 per stream. Compute buffers are not
     counted here, as nowhere in this estimate."""
     if not fit_sizes_context(values):
         return kv_tokens, []
     streams = 1 if run.kv_unified else run.sequences
-    n_max, n_min = kv_tokens, FIT_MIN_CTX * streams
-    target = memory_bytes - FIT_TARGET_BYTES
+    n_max, n_min = kv_tokens, fit_min_ctx(values) * streams
+    margin = fit_margins_bytes(values, 1)
+    target = memory_bytes - margin
     used_max, used_min = weight_bytes + kv_bytes_per_token * n_max, weight_bytes + kv_bytes_per_token * n_min
     if used_max <= target or n_max <= n_min:
         return n_max, [f"llama.cpp: no -c: --fit (on by default) gives each of {streams} KV stream(s) the model's "
@@ -690,7 +727,7 @@ def fitted_kv_tokens(values: dict[str, list[str]], run, weight_bytes: float, kv_
     align = 256 * streams
     n = max(n - n % align, n_min)
     return n, [f"llama.cpp: no -c: --fit (on by default) shrinks the context from {n_max} to {n} tokens to leave "
-               f"{FIT_TARGET_BYTES // 2**20} MiB of the machine's memory (common/fit.cpp:380-432)"]
+               f"{margin / 2**20:,.0f} MiB of the machine's memory (common/fit.cpp:380-432)"]
 
 
 def estimate_cpu_only(values: dict[str, list[str]], program: str, model, workload, hardware,

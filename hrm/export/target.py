@@ -111,9 +111,10 @@ class EngineFlags(Frozen):
     #: the model as the command stores its weights, with notes (SGLang's --kt-method: the CPU
     #: experts in a converted file of the same model); None: the model given
     stored_model: Optional[Callable[[dict[str, list[str]], Context], tuple[object, list[str]]]] = None
-    #: whether the engine's own memory fit places the weights for this command (llama.cpp's --fit
-    #: with -ngl auto): hrm import then estimates the placement that fit reaches; None: never
-    fit_places_layers: Optional[Callable[[dict[str, list[str]], Context], bool]] = None
+    #: the free GPU memory (bytes, all GPUs) the engine's own memory fit leaves when it places the
+    #: weights for this command (llama.cpp's --fit with -ngl auto), None when the command places
+    #: them: hrm import then estimates the placement that fit reaches; None hook: never
+    fit_margins: Optional[Callable[[dict[str, list[str]], Context], Optional[float]]] = None
     #: the target's policy space where its HRM engines' files cannot say it: pin sets (``--fix``
     #: values) the re-plan searches one by one, keeping the best (FlexGen: r_w only at the
     #: shares its midpoint rule places, the cache on the CPU); None: one unpinned search
