@@ -131,10 +131,12 @@ def test_gpu_fit_fewest_cpu_layers_that_fit(gpu_fit):
     assert best.fits and best.knobs["kv"] == "gpu"
     k = best.knobs["cpu_layers"]
     assert 0 < k < 32  # mixtral at ~4.5 bits is ~26 GB: some layers must leave a 24 GiB card
-    # one CPU layer fewer, same -ub, estimated here: over the GPU's physical memory
+    # one CPU layer fewer, same -ub, estimated here: over the GPU's physical memory less llama.cpp's
+    # --fit margin (1 GiB a GPU, common/common.h:483): what the pick leaves free, as the fit does
     engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": best.knobs["threads"],
                                                     "prefill.max_tokens_per_pass": best.knobs["ubatch"]})
-    limits = physical_limits(hw, engine)
+    physical = physical_limits(hw, engine)
+    limits = type(physical)(physical.gpu_bytes - 2**30, physical.cpu_bytes, physical.shared)
     work = make_workload(None, prompt_len=4096 - 64, gen_len=64)
     fewer = estimate(hw, model, work, Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True,
                                              ffn_on_gpu=True, weights_gpu_ratio=(32 - k + 1) / 32, kv_gpu_ratio=1.0),

@@ -267,10 +267,12 @@ def _gpu_candidate(hw, model, workload, policy, engine, prefill_tokens: int, fla
     limits = physical_limits(hw, engine)
     r = estimate(hw, model, workload, policy, options=DEFAULT_OPTIONS, limits=limits, engine=engine)
     prefill_tok_s = prefill_tokens / r.prefill_latency_s if r.prefill_latency_s else 0.0
-    # what llama.cpp's own --fit accepts: each GPU's margin left free (hrm.export.llama_cpp.fitted_cpu_layers)
-    knobs = {**knobs, "within_fit_target": r.fits(fit_target_limits(limits, fit_margins_bytes(None, hw.gpu.count)))}
+    # a command fits where llama.cpp's own --fit would place it: each GPU keeps --fit's margin free
+    # (1 GiB: the compute buffers and allocations an estimate can miss), so the pick is never more
+    # aggressive with memory than llama.cpp's fit, and a gain over it is not one of memory
+    target = fit_target_limits(limits, fit_margins_bytes(None, hw.gpu.count))
     return Candidate(flags, prefill_tok_s, r.decode_throughput_tok_s, r.total_time_s,
-                     {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(limits), knobs, r.bottleneck)
+                     {"gpu": r.gpu_peak_bytes, "cpu": r.cpu_peak_bytes}, r.fits(target), knobs, r.bottleneck)
 
 
 def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: str = "latency",
@@ -316,8 +318,7 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
                         # layers' experts to the CPU until the rest leaves each GPU its margin
                         # (hrm.export.llama_cpp.fitted_cpu_layers, as hrm import reads -ngl auto):
                         # the fewest such CPU layers, at the default -ub and -t
-                        if c.knobs["within_fit_target"] and (default is None or
-                                                             cpu_layers < default.knobs["cpu_layers"]):
+                        if c.fits and (default is None or cpu_layers < default.knobs["cpu_layers"]):
                             default = c
     result = _result(cands, default, objective, users, context, gen, "gpu", _why_gpu(layers), notes)
     return with_servers(with_ollama(result, cands, model), hw, model, workload)
@@ -353,7 +354,8 @@ def _why_gpu(layers: int):
                f"bottleneck: {best.bottleneck}"]
         fewer = [c for c in ranked if c.knobs["cpu_layers"] < k["cpu_layers"] and c.knobs["kv"] == k["kv"]]
         if k["cpu_layers"] and not fewer:
-            out.append(f"{k['cpu_layers'] - 1} CPU layers or fewer do not fit the GPU with this KV cache and -ub")
+            out.append(f"{k['cpu_layers'] - 1} CPU layers or fewer do not fit the GPU with this KV cache and -ub "
+                       "(leaving llama.cpp's --fit margin, 1 GiB a GPU)")
         same = [c for c in ranked if c.knobs["cpu_layers"] == k["cpu_layers"] and c.knobs["kv"] == k["kv"]
                 and c.knobs["threads"] == k["threads"] and c.knobs["ubatch"] == DEFAULT_UBATCH]
         if same and k["ubatch"] != DEFAULT_UBATCH:
@@ -361,7 +363,7 @@ def _why_gpu(layers: int):
                        f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes"
                        + (", each re-reading the CPU layers' experts over PCIe" if k["cpu_layers"] else ""))
         if default is not None and default is not best:
-            out.append(f"vs llama.cpp's own fit (fewest CPU layers leaving each GPU 1 GiB, -ub 512): {default.args()}: decode "
+            out.append(f"vs llama.cpp's own fit (fewest CPU layers that fit, -ub 512): {default.args()}: decode "
                        f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "
                        f"{_pct(best.prefill_tok_s, default.prefill_tok_s)}, request {_pct(default.total_s, best.total_s)} "
                        "faster")
