@@ -104,12 +104,7 @@ def with_format_args(model, weight_format: str | None, weight_dtype: str | None)
     that dtype stands (and a float one is refused)."""
     if not weight_format:
         return model
-    if weight_dtype is None:
-        from hrm.model.quantized import is_weight_format, quantized_dtype
-
-        if is_weight_format(weight_format):  # an unknown one is refused by with_weight_format
-            model = model.with_dtypes(quantized_dtype(weight_format))
-    return model.with_weight_format(weight_format)
+    return model.with_stored_format(weight_format) if weight_dtype is None else model.with_weight_format(weight_format)
 
 
 def workload_from_args(args):

@@ -109,7 +109,7 @@ def _with_named_format(args, model):
     named_format = gguf_name_format(args.flags)
     if named_format is None:
         return model, None
-    return (model.with_dtypes(named_format[1]).with_weight_format(named_format[2]),
+    return (model.with_stored_format(named_format[2]),
             f"the model file's name says {named_format[0]}: estimated as --weight-dtype {named_format[1]} "
             f"--weight-format {named_format[2]} (give either flag to override)")
 

@@ -135,13 +135,13 @@ def useful_ubatches(ubatches: tuple[int, ...], tokens: int) -> list[int]:
     return sorted(out)
 
 
-#: relative difference below which two candidates' scores are the same prediction (float noise)
-SAME_SCORE_RTOL = 1e-9
+#: significant digits at which two candidates' scores are the same prediction (below them: float noise)
+SAME_SCORE_DIGITS = 9
 
 
 def _same_score(c: Candidate, objective: str) -> float:
-    """The score at :data:`SAME_SCORE_RTOL`: equal for commands the estimate does not tell apart."""
-    return float(f"{_score(c, objective):.9g}")
+    """The score to :data:`SAME_SCORE_DIGITS` digits: equal for commands the estimate does not tell apart."""
+    return float(f"{_score(c, objective):.{SAME_SCORE_DIGITS}g}")
 
 
 def _from_default(c: Candidate, default_threads: int | None) -> tuple:
@@ -281,6 +281,7 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
     from ..engines.engine import load_engine
     from ..engines.mechanisms import with_fields
     from ..policy import Policy
+    from ..export.llama_cpp import experts_gpu_ratio, n_cpu_moe_value
     from ..workload import make_workload
 
     if hw.gpu is None:
@@ -302,13 +303,13 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
         engines = {(t, ub): with_fields(base, {"cpu_threads": t, "prefill.max_tokens_per_pass": ub})
                    for t in threads for ub in useful_ubatches(ubatches, prompt * users)}
         for cpu_layers in range(layers + 1):
-            rw = (layers - cpu_layers) / layers
+            rw = experts_gpu_ratio(cpu_layers, layers)
             policy = Policy(batch_size=users, micro_batch_size=users, num_micro_batches=1, attn_on_gpu=attn_gpu,
                             ffn_on_gpu=True, weights_gpu_ratio=rw, kv_gpu_ratio=1.0 if attn_gpu else 0.0)
             for t in threads:
                 for ub in useful_ubatches(ubatches, prompt * users):
                     engine = engines[(t, ub)]
-                    knobs = {"n_cpu_moe": cpu_layers + int(model.first_dense_layers) if cpu_layers else 0,
+                    knobs = {"n_cpu_moe": n_cpu_moe_value(cpu_layers, model),
                              "cpu_layers": cpu_layers, "kv": "gpu" if attn_gpu else "host", "ubatch": ub, "threads": t}
                     c = _gpu_candidate(hw, model, workload, policy, engine, users * prompt,
                                        _gpu_flags(model, users, context, knobs), knobs)

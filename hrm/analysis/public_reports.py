@@ -112,7 +112,7 @@ def report_model(report: PublicReport):
 
     model = load_model(report.model)
     named = gguf_name_format(report.hrm_command)
-    return model if named is None else model.with_dtypes(named[1]).with_weight_format(named[2])
+    return model if named is None else model.with_stored_format(named[2])
 
 
 def command_rates(report: PublicReport, hw, model) -> tuple[float, float, bool, str]:

@@ -271,21 +271,19 @@ def fitted_policy(imported: Imported, hardware, model, engine, limits, estimate_
     the GPU as read (``-ngl auto``: all layers); the experts of the fewest first MoE layers that
     leave each GPU --fit's margin (:func:`hrm.export.llama_cpp.fitted_cpu_layers`), as
     ``--n-cpu-moe`` would place them. None layers: not even every expert on the CPU makes room."""
-    from .llama_cpp import fitted_cpu_layers
+    from .llama_cpp import experts_gpu_ratio, fitted_cpu_layers, n_cpu_moe_value
 
     if imported.fit_margins_bytes is None or hardware.gpu is None:
         return imported, 0
     layers = max(int(model.num_moe_layers), 1)
 
-    def estimate_with(cpu_layers: int):
-        policy = imported.policy.model_copy(update={"weights_gpu_ratio": (layers - cpu_layers) / layers})
-        return estimate_fn(policy)
+    def placed(cpu_layers: int) -> Policy:
+        return imported.policy.model_copy(update={"weights_gpu_ratio": experts_gpu_ratio(cpu_layers, layers)})
 
-    cpu_layers = fitted_cpu_layers(estimate_with, layers, limits, imported.fit_margins_bytes)
+    cpu_layers = fitted_cpu_layers(lambda c: estimate_fn(placed(c)), layers, limits, imported.fit_margins_bytes)
     if not cpu_layers:
         return imported, cpu_layers
-    policy = imported.policy.model_copy(update={"weights_gpu_ratio": (layers - cpu_layers) / layers})
-    n_cpu_moe = cpu_layers + int(model.first_dense_layers)
+    policy, n_cpu_moe = placed(cpu_layers), n_cpu_moe_value(cpu_layers, model)
     note = (f"llama.cpp: --fit (on by default; -ngl, -ot and --n-cpu-moe unset) leaves "
             f"{imported.fit_margins_bytes / 2**20:,.0f} MiB of the GPU memory free and moves the experts of the first "
             "layers to the CPU until the rest fits "

@@ -79,9 +79,21 @@ def _hrm_engine(policy: Policy) -> str | None:
     return "llama.cpp" if policy.attn_on_gpu else "llama.cpp-nkvo"
 
 
+def experts_gpu_ratio(cpu_layers: int, layers: int) -> float:
+    """r_w of ``cpu_layers`` of ``layers`` MoE layers' experts on the CPU (--n-cpu-moe): the share
+    whose experts stay on the GPU."""
+    return (layers - cpu_layers) / layers
+
+
+def n_cpu_moe_value(cpu_layers: int, model) -> int:
+    """--n-cpu-moe's value for the experts of the first ``cpu_layers`` MoE layers: it counts
+    blocks from 0, the dense first blocks included (common/common.h:1198-1217); 0 for none."""
+    return cpu_layers + int(model.first_dense_layers) if cpu_layers else 0
+
+
 def _layers_policy(policy: Policy, ctx: Context, cpu_layers: int, attn_gpu: bool) -> Policy | None:
     layers = moe_layers(ctx)
-    rw = (layers - cpu_layers) / layers
+    rw = experts_gpu_ratio(cpu_layers, layers)
     fields = with_fields(policy, attn_on_gpu=attn_gpu, kv_gpu_ratio=1.0 if attn_gpu else 0.0, weights_gpu_ratio=rw)
     # the llama.cpp engine's ffn=gpu with r_w = share of GPU layers (r_w = 0: every layer's
     # experts computed on the CPU); elsewhere every layer on the CPU is ffn=cpu
@@ -296,7 +308,7 @@ GENERIC_GGUF_NAME = re.compile(r"(?i)^(ggml-)?model([-_.][^/]*)?\.gguf$")
 #: (:func:`hrm.model.quantized.quantized_dtype`, as a GGUF header read would give)
 GGUF_NAME_FORMATS = {
     "Q4_K_M": "q4_k_m", "Q4_K_S": "q4_k", "Q5_K_M": "q5_k", "Q5_K_S": "q5_k",
-    **{name.upper(): name for name in WEIGHT_FORMATS if name.upper() in GGML_BLOCKS or name == "mxfp4"},
+    **{name.upper(): name for name in WEIGHT_FORMATS if name.upper() in GGML_BLOCKS},
 }
 
 

@@ -284,6 +284,7 @@ def gpu_estimate(run: ToolRun, hw, model):
     from ..estimate import estimate
     from ..cost.memory import physical_limits
     from ..policy import Policy
+    from .llama_cpp import experts_gpu_ratio
     from ..workload import make_workload
 
     total = int(model.num_layers) + 1
@@ -294,7 +295,7 @@ def gpu_estimate(run: ToolRun, hw, model):
     layers = max(int(model.num_moe_layers), 1)
     cpu_layers = min(max(run.n_cpu_moe - int(model.first_dense_layers), 0), layers)
     policy = Policy(batch_size=1, micro_batch_size=1, num_micro_batches=1, attn_on_gpu=True, ffn_on_gpu=True,
-                    weights_gpu_ratio=(layers - cpu_layers) / layers, kv_gpu_ratio=1.0)
+                    weights_gpu_ratio=experts_gpu_ratio(cpu_layers, layers), kv_gpu_ratio=1.0)
     engine = with_fields(load_engine("llama.cpp"), {"cpu_threads": run.threads,
                                                     "prefill.max_tokens_per_pass": min(run.n_ubatch, run.n_batch)})
     limits = physical_limits(hw, engine)

@@ -229,6 +229,16 @@ class ModelSpec(BaseModel):
             update["weight_format"] = None  # another dtype: the format named for the old one no longer holds
         return self.model_copy(update=update) if update else self
 
+    def with_stored_format(self, weight_format: str) -> "ModelSpec":
+        """The spec with its weights stored as ``weight_format`` and the quantized dtype its bits
+        imply (:func:`hrm.model.quantized.quantized_dtype`): what a GGUF type alone says, whether a
+        file's name or ``--weight-format`` names it; HRMError (one line) for an unknown format."""
+        from .quantized import is_weight_format, quantized_dtype
+
+        if not is_weight_format(weight_format):
+            return self.with_weight_format(weight_format)  # its one-line refusal
+        return self.with_dtypes(quantized_dtype(weight_format)).with_weight_format(weight_format)
+
     def with_weight_format(self, weight_format: Optional[str]) -> "ModelSpec":
         """The spec with its quantized weights stored as ``weight_format`` (a name in
         :data:`hrm.model.quantized.WEIGHT_FORMATS`; None: the dtype's payload only); HRMError (one
