@@ -281,7 +281,7 @@ def fit_gpu(hw, model, context: int, gen: int = 128, users: int = 1, objective: 
     from ..engines.engine import load_engine
     from ..engines.mechanisms import with_fields
     from ..policy import Policy
-    from ..export.llama_cpp import experts_gpu_ratio, n_cpu_moe_value
+    from ..export.llama_overrides import experts_gpu_ratio, n_cpu_moe_value
     from ..workload import make_workload
 
     if hw.gpu is None:

@@ -271,7 +271,8 @@ def fitted_policy(imported: Imported, hardware, model, engine, limits, estimate_
     the GPU as read (``-ngl auto``: all layers); the experts of the fewest first MoE layers that
     leave each GPU --fit's margin (:func:`hrm.export.llama_cpp.fitted_cpu_layers`), as
     ``--n-cpu-moe`` would place them. None layers: not even every expert on the CPU makes room."""
-    from .llama_cpp import experts_gpu_ratio, fitted_cpu_layers, n_cpu_moe_value
+    from .llama_cpp import fitted_cpu_layers
+    from .llama_overrides import experts_gpu_ratio, n_cpu_moe_value
 
     if imported.fit_margins_bytes is None or hardware.gpu is None:
         return imported, 0

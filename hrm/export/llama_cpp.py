@@ -14,7 +14,7 @@ from .. import bounds
 from ..errors import HRMError
 from ..policy import Policy
 from ..model.quantized import GGML_BLOCKS, WEIGHT_FORMATS, quantized_dtype
-from .llama_overrides import cpu_blocks
+from .llama_overrides import cpu_blocks, experts_gpu_ratio
 from .target import Context, EngineFlags, FlagSpec
 from .values import (CONTEXT, HTTP_SERVER_FLAGS, LAYERS, context_tokens, int_value, make_policy, moe_layers,
                      nearest_counts, served_model_notes, shown_word, with_fields)
@@ -77,18 +77,6 @@ def _hrm_engine(policy: Policy) -> str | None:
     if not _engine_runs(policy.num_micro_batches):
         return None
     return "llama.cpp" if policy.attn_on_gpu else "llama.cpp-nkvo"
-
-
-def experts_gpu_ratio(cpu_layers: int, layers: int) -> float:
-    """r_w of ``cpu_layers`` of ``layers`` MoE layers' experts on the CPU (--n-cpu-moe): the share
-    whose experts stay on the GPU."""
-    return (layers - cpu_layers) / layers
-
-
-def n_cpu_moe_value(cpu_layers: int, model) -> int:
-    """--n-cpu-moe's value for the experts of the first ``cpu_layers`` MoE layers: it counts
-    blocks from 0, the dense first blocks included (common/common.h:1198-1217); 0 for none."""
-    return cpu_layers + int(model.first_dense_layers) if cpu_layers else 0
 
 
 def _layers_policy(policy: Policy, ctx: Context, cpu_layers: int, attn_gpu: bool) -> Policy | None:

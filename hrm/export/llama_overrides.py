@@ -186,3 +186,15 @@ def cpu_blocks(values: dict[str, list[str]], ctx: Context) -> set[int]:
         if experts and on_cpu:
             cpu.add(block)
     return cpu
+
+
+def experts_gpu_ratio(cpu_layers: int, layers: int) -> float:
+    """r_w of ``cpu_layers`` of ``layers`` MoE layers' experts on the CPU (--n-cpu-moe): the share
+    whose experts stay on the GPU."""
+    return (layers - cpu_layers) / layers
+
+
+def n_cpu_moe_value(cpu_layers: int, model) -> int:
+    """--n-cpu-moe's value for the experts of the first ``cpu_layers`` MoE layers: it counts
+    blocks from 0, the dense first blocks included (common/common.h:1198-1217); 0 for none."""
+    return cpu_layers + int(model.first_dense_layers) if cpu_layers else 0

@@ -284,7 +284,7 @@ def gpu_estimate(run: ToolRun, hw, model):
     from ..estimate import estimate
     from ..cost.memory import physical_limits
     from ..policy import Policy
-    from .llama_cpp import experts_gpu_ratio
+    from .llama_overrides import experts_gpu_ratio
     from ..workload import make_workload
 
     total = int(model.num_layers) + 1
