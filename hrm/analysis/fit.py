@@ -5,7 +5,8 @@ estimators (no second model):
 - a machine with a GPU (a profile, or parts composed by :mod:`hrm.machine.parts`) and a model spec:
   every ``--n-cpu-moe`` (0 .. the MoE layers), the KV cache on the GPU or in host memory
   (``-nkvo``), ``-ub`` (the prefill's pass: the engine's ``prefill.max_tokens_per_pass``, each
-  pass re-reads the CPU layers' experts) and, where the profile measured llama.cpp's CPU kernels,
+  pass reads the layers' weights again, from GPU memory and the CPU layers' experts over PCIe)
+  and, where the profile measured llama.cpp's CPU kernels,
   ``-t``; each candidate estimated by :func:`hrm.estimate.estimate` under the shipped
   ``llama.cpp`` / ``llama.cpp-nkvo`` engines, within the machine's physical memory less the
   engine's reserve (:func:`hrm.cost.memory.physical_limits`);
@@ -361,8 +362,9 @@ def _why_gpu(layers: int):
                 and c.knobs["threads"] == k["threads"] and c.knobs["ubatch"] == DEFAULT_UBATCH]
         if same and k["ubatch"] != DEFAULT_UBATCH:
             out.append(f"-ub {k['ubatch']}: prefill {best.prefill_tok_s:,.0f} tok/s vs {same[0].prefill_tok_s:,.0f} at the "
-                       f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes"
-                       + (", each re-reading the CPU layers' experts over PCIe" if k["cpu_layers"] else ""))
+                       f"default -ub 512 ({_pct(best.prefill_tok_s, same[0].prefill_tok_s)}): fewer passes, each "
+                       "re-reading the layers' weights from GPU memory"
+                       + (" and the CPU layers' experts over PCIe" if k["cpu_layers"] else ""))
         if default is not None and default is not best:
             out.append(f"vs llama.cpp's own fit (fewest CPU layers that fit, -ub 512): {default.args()}: decode "
                        f"{_pct(best.decode_tok_s, default.decode_tok_s)}, prefill "

@@ -26,8 +26,12 @@ from .transfers import allreduce_s, dram_bytes_s, kv_cache_s, link_bytes_s, weig
 
 def prefill_passes(engine: Engine, tokens):
     """Forward passes of one micro-batch's prefill of ``tokens`` prompt tokens: one, or
-    ⌈tokens / prefill.max_tokens_per_pass⌉ under chunked prefill (each re-reads the layer's
-    offloaded weights: vLLM's UVA reads happen inside every pass's kernels)."""
+    ⌈tokens / prefill.max_tokens_per_pass⌉ under chunked prefill. Each pass is a whole graph
+    over its share of the tokens, so each reads the layer's weights again: the GPU-resident
+    ones from HBM, the offloaded ones over the link (llama.cpp evaluates one graph per
+    ubatch, src/llama-context.cpp:1870-2054 ``do { ... process_ubatch ... } while
+    (mctx->next())``; vLLM's chunked prefill runs one forward per chunk, its UVA reads inside
+    every pass's kernels)."""
     cap = engine.prefill.max_tokens_per_pass
     tokens = np.asarray(tokens, dtype=float)
     return np.ones(tokens.shape) if cap is None else np.ceil(tokens / cap)
@@ -35,14 +39,17 @@ def prefill_passes(engine: Engine, tokens):
 
 @dataclass(frozen=True)
 class PrefillLayerTerms:
-    """What a prefill layer's lanes are built from (arrays over μ): its tokens, operators and
-    expert rows, the GPU chain per micro-batch (``gpu_s``, with its MoE part ``moe_s``), the
+    """What a prefill layer's lanes are built from (arrays over μ): its tokens, its forward
+    passes (:func:`prefill_passes`), one pass's operators and expert rows, the GPU chain per
+    micro-batch over all its passes (``gpu_s``, with its MoE part ``moe_s``), the
     dispatch α and the engine's launch lanes, the KV write-back's and the weight path's
     seconds per resource, the share of offloaded experts computed on the CPU, and the bytes
     of the hidden states' round trips."""
 
     tokens: np.ndarray
     zero: np.ndarray
+    #: forward passes of the micro-batch's prompt; ``ops``, ``rows`` and ``crossing_bytes`` are one pass's
+    passes: np.ndarray
     ops: LayerOps
     rows: np.ndarray
     moe_s: np.ndarray
@@ -67,31 +74,36 @@ def prefill_layer_terms(model: ModelSpec, rates: Rates, micro_batch, prompt_len,
     """The :class:`PrefillLayerTerms` of a prefill layer as ``engine`` runs it."""
     mu = np.asarray(micro_batch, dtype=float)
     tokens = mu * prompt_len
-    ops = costs.prefill_layer_ops(model, mu, prompt_len, moe)
-    rows = expert_rows(model, tokens) if moe else tokens
+    # one pass holds 1/passes of the micro-batch's tokens (a fraction of a prompt under chunked
+    # prefill: its attention FLOPs are that share of the causal whole); each pass reads the
+    # layer's weights again, so the GPU chain is passes x one pass's roofline
+    passes = prefill_passes(engine, tokens)
+    pass_tokens = tokens / passes
+    ops = costs.prefill_layer_ops(model, mu / passes, prompt_len, moe)
+    rows = expert_rows(model, pass_tokens) if moe else pass_tokens
     ab = dtype_bytes(model.activation_dtype)
     zero = np.zeros(mu.shape)
     reduce = allreduce_s(model, rates, engine, tokens)
-    moe_s = gpu_time_s(ops.ffn, rates, rows, engine, kernel=moe)
+    moe_s = passes * gpu_time_s(ops.ffn, rates, rows, engine, kernel=moe)
     alpha = prefill_dispatch(model, rates, mu, prompt_len, moe)
     launch = launch_overhead_s(model, rates, engine, tokens, moe)
     bubbles = launch["gpu"] if launch else Lane("gpu")
-    gpu = (gpu_time_s(ops.pre_attn, rates, tokens, engine)
-           + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
-           + gpu_time_s(ops.post_attn, rates, tokens, engine) + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"]
-           + bubbles.per_micro_batch_s)
+    gpu = (passes * (gpu_time_s(ops.pre_attn, rates, pass_tokens, engine)
+                     + gpu_time_s(ops.attention, rates, attention_rows(model, prompt_len), engine)
+                     + gpu_time_s(ops.post_attn, rates, pass_tokens, engine))
+           + moe_s + reduce.get("gpu", 0.0) + alpha["gpu"] + bubbles.per_micro_batch_s)
     kv_tokens = mu * (prompt_len + gen_len) if engine.prefill.kv_reserved_gen_slots else tokens
     kv = kv_cache_s(rates, engine, engine.prefill.kv_cache, kv_tokens * costs.kv_bytes_per_token(model))
-    on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, tokens) if moe else zero
-    crossing = (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.prefill, tokens, moe)
+    # llama.cpp's op offload decides per ubatch: a pass below its minimum computes the CPU experts there
+    on_cpu = offloaded_experts_on_cpu(engine, engine.prefill, pass_tokens) if moe else zero
+    crossing = (1 - on_cpu) * crossing_layer_bytes(model, engine, engine.prefill, pass_tokens, moe)
     misses = cache_miss_pieces(model, engine.prefill, tokens, seconds_per_miss(model, rates, engine, engine.prefill,
                                                                                tokens, moe_s), zero) if moe else ()
     return PrefillLayerTerms(
-        tokens=tokens, zero=zero, ops=ops, rows=rows, moe_s=moe_s, gpu_s=gpu, allreduce_s=reduce, alpha_s=alpha,
-        launch=launch, kv_s=kv, kv_chain_s=kv["d2h"] if engine.prefill.kv_cache == "pageable" else 0.0,
+        tokens=tokens, zero=zero, passes=passes, ops=ops, rows=rows, moe_s=moe_s, gpu_s=gpu, allreduce_s=reduce,
+        alpha_s=alpha, launch=launch, kv_s=kv, kv_chain_s=kv["d2h"] if engine.prefill.kv_cache == "pageable" else 0.0,
         on_cpu=on_cpu, crossing_bytes=crossing,
-        weights_s=weight_transfer_s(rates, engine, engine.prefill.weight_path,
-                                    prefill_passes(engine, tokens) * crossing),
+        weights_s=weight_transfer_s(rates, engine, engine.prefill.weight_path, passes * crossing),
         hidden_bytes=tokens * model.hidden_size * ab if engine.prefill.hidden_round_trip else 0.0,
         cpu_hidden_bytes=on_cpu * tokens * model.hidden_size * ab,  # each way, for the layers' CPU experts
         miss_pieces=misses, attention_share=attention_block_share(model, engine, moe))
@@ -113,7 +125,7 @@ def prefill_task_lanes(model: ModelSpec, rates: Rates, engine: Engine, t: Prefil
         "d2h": Lane("d2h", alpha["d2h"] + t.hidden_bytes / d2h + reduce.get("d2h", 0.0) + zero,
                     (0.0 if blocking else t.kv_s["d2h"]) + zero, t.cpu_hidden_bytes / d2h + zero),
     }
-    cpu_weights = weights.get("cpu", 0.0) + (t.on_cpu * cpu_time_s(t.ops.ffn, rates, t.rows, engine, model)
+    cpu_weights = weights.get("cpu", 0.0) + (t.on_cpu * t.passes * cpu_time_s(t.ops.ffn, rates, t.rows, engine, model)
                                              if moe else 0.0)
     if "cpu" in weights or np.any(t.on_cpu):
         lanes["cpu"] = Lane("cpu", zero, zero, cpu_weights + zero)
