@@ -168,6 +168,19 @@ def tile_points(bin_dir: Path, models: Path):
                    "prompt": n}, cmd
 
 
+#: llama-bench points across -ub (ground_truth.md §1.15): one user's 512-token prompt in passes of 32,
+#: 128 and 512 tokens (16, 4 and 1 graphs, each reading every weight again), f16 and Q4_K_M, 2 threads
+UBATCH_PROMPT, UBATCHES, UBATCH_THREADS, UBATCH_REPS = 512, (32, 128, 512), 2, 3
+
+
+def ubatch_points(bin_dir: Path, models: Path):
+    for m, f, ub in itertools.product(MODELS, TILE_FORMATS, UBATCHES):
+        cmd = [str(bin_dir / "llama-bench"), "-m", str(models / f"{m}-{f}.gguf"), "-t", str(UBATCH_THREADS), "-p",
+               str(UBATCH_PROMPT), "-n", "1", "-ub", str(ub), "-r", str(UBATCH_REPS), "-o", "json"]
+        yield {"tool": "llama-bench", "model": m, "format": f, "threads": UBATCH_THREADS, "parallel": 1, "depth": 0,
+               "prompt": UBATCH_PROMPT, "ubatch": ub}, cmd
+
+
 #: batched-bench points with and without one unified KV stream (``-kvu``, ground_truth.md §1.14): 16
 #: and 64 sequences (64 rows a decode step is the tiled kernel's threshold), 2 threads
 KVU_PARALLEL, KVU_THREADS = (16, 64), 2

@@ -10,7 +10,9 @@ threads) in each pass, the probe at both thread counts between them. ``--tiles``
 lengths about the flash-attention kernel's 64-row query tiles (llama_cpu_runs.py TILE_PROMPTS; the 3 models in
 f16 and Q4_K_M, 1 and 2 threads), the probe at both thread counts between the passes. ``--kvu``: batched-bench
 with and without one unified KV stream (llama_cpu_runs.py KVU_PARALLEL sequences, 2 threads), the probe at 2
-threads between the passes.
+threads between the passes. ``--ubatch``: llama-bench's 512-token prompt at -ub 32, 128 and 512
+(llama_cpu_runs.py UBATCHES; the 3 models in f16 and Q4_K_M, 2 threads), the probe at 2 threads between
+the passes.
 
     python one_window.py --llama-cpp DIR --models DIR --hw PROFILE.yaml --raw OUT.json --profile OUT.yaml [--all]
 """
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 from llama_cpu_runs import (BENCH_N, BENCH_P, DEPTHS, FORMATS, MODELS, THREADS, Paused, completion_points, points, run,
-                             kvu_points, tile_points)
+                             kvu_points, tile_points, ubatch_points)
 
 #: the probe's types a ground-truth GGUF holds (make_models.py: f16, Q8_0, Q4_K_M files)
 TYPES = ("f16", "q8_0", "q4_K", "q5_K", "q6_K", "q5_0", "f32")
@@ -52,13 +54,14 @@ def main() -> int:
     ap.add_argument("--completion", action="store_true", help="the 18 llama-completion commands, the probe at 1 and 2 threads")
     ap.add_argument("--tiles", action="store_true", help="llama-bench about the 64-row query tiles, the probe at 1 and 2 threads")
     ap.add_argument("--kvu", action="store_true", help="batched-bench with and without -kvu, the probe at 2 threads")
+    ap.add_argument("--ubatch", action="store_true", help="llama-bench across -ub, the probe at 2 threads")
     args = ap.parse_args()
     from hrm.machine.hardware import load_hardware
     from profile_patch import write_with_section
     from profiler.ggml_cpu import measure_ggml_cpu
 
     bin_dir = args.llama_cpp / "build" / "bin"
-    todo = (kvu_points(bin_dir, args.models) if args.kvu else tile_points(bin_dir, args.models) if args.tiles else completion_points(bin_dir, args.models) if args.completion else
+    todo = (ubatch_points(bin_dir, args.models) if args.ubatch else kvu_points(bin_dir, args.models) if args.kvu else tile_points(bin_dir, args.models) if args.tiles else completion_points(bin_dir, args.models) if args.completion else
             points(bin_dir, args.models) if args.all else bench_points(bin_dir, args.models, args.threads))
     probe_threads = THREADS if args.all or args.completion or args.tiles else (args.threads,)
     raw = {"host": platform.node(), "cpu": platform.processor(),

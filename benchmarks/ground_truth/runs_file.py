@@ -92,6 +92,7 @@ def bench_run(point: dict) -> dict | None:
     dec_all = [x / 1e9 for t in tg for x in t["samples_ns"]]
     k = point["key"]
     shape = f"p{k['prompt']}" if "prompt" in k else f"d{k['depth']}"  # one_window.py --tiles: the prompt's length
+    shape += f" ub{k['ubatch']}" if "ubatch" in k else ""  # one_window.py --ubatch
     return {**phases(pre_all, dec_all, tg[0]["n_gen"]),
             "name": f"{k['model']} {k['format']} t{k['threads']} {shape} (llama-bench)"}
 
