@@ -8,9 +8,11 @@
 // Build against a llama.cpp tree (ground_truth.md §1.15 "Reproduce"):
 //   g++ -O2 -std=c++17 -I$LC/include -I$LC/ggml/include op_times.cpp -L$LC/build/bin \
 //       -lllama -lggml -lggml-base -Wl,-rpath,$LC/build/bin -o op_times
-// Run: op_times MODEL.gguf THREADS PROMPT_TOKENS UBATCH REPEATS
-// Prints one JSON line per repeat after the first (a warm-up): {"op": seconds, ...} by op kind,
-// MUL_MAT_ID and MUL_MAT split by the weight's name without its layer ("ffn_moe_up", ...).
+// Run: op_times MODEL.gguf THREADS PROMPT_TOKENS UBATCH REPEATS [GEN_TOKENS]
+// Prints one JSON line per repeat after the first (a warm-up): {"phase": "prefill", "total": s,
+// "op": seconds, ...} by op kind, MUL_MAT_ID and MUL_MAT split by the weight's name without its
+// layer ("ffn_moe_up", ...); with GEN_TOKENS, a second line per repeat for that many one-token
+// decode steps after the prompt ({"phase": "decode", ...}, summed over the steps).
 #include "ggml.h"
 #include "llama.h"
 
@@ -50,11 +52,12 @@ static bool observe(ggml_tensor * t, bool ask, void * user_data) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s MODEL.gguf THREADS PROMPT_TOKENS UBATCH REPEATS\n", argv[0]);
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: %s MODEL.gguf THREADS PROMPT_TOKENS UBATCH REPEATS [GEN_TOKENS]\n", argv[0]);
         return 2;
     }
     const int threads = atoi(argv[2]), prompt = atoi(argv[3]), ubatch = atoi(argv[4]), repeats = atoi(argv[5]);
+    const int gen = argc == 7 ? atoi(argv[6]) : 0;
     llama_backend_init();
     llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
     llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
@@ -70,18 +73,31 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(1);
     std::vector<llama_token> tokens(prompt);
     for (auto & tok : tokens) tok = (llama_token) (rng() % vocab);  // random ids, as llama-bench feeds them
-    for (int r = 0; r <= repeats; r++) {
-        llama_memory_clear(llama_get_memory(ctx), true);
-        times.seconds.clear();
-        const auto start = clock_type::now();
-        times.last = start;
-        if (llama_decode(ctx, llama_batch_get_one(tokens.data(), prompt)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
-        const double total = std::chrono::duration<double>(clock_type::now() - start).count();
-        if (r == 0) continue;  // warm-up
-        printf("{\"total\": %.6f", total);
+    auto report = [&](const char * phase, double total) {
+        printf("{\"phase\": \"%s\", \"total\": %.6f", phase, total);
         for (const auto & kv : times.seconds) printf(", \"%s\": %.6f", kv.first.c_str(), kv.second);
         printf("}\n");
         fflush(stdout);
+    };
+    for (int r = 0; r <= repeats; r++) {
+        llama_memory_clear(llama_get_memory(ctx), true);
+        times.seconds.clear();
+        auto start = clock_type::now();
+        times.last = start;
+        if (llama_decode(ctx, llama_batch_get_one(tokens.data(), prompt)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+        const double prefill = std::chrono::duration<double>(clock_type::now() - start).count();
+        if (r > 0) report("prefill", prefill);  // the first repeat is a warm-up
+        if (gen == 0) continue;
+        times.seconds.clear();
+        double decode = 0.0;
+        for (int i = 0; i < gen; i++) {
+            llama_token next = (llama_token) (rng() % vocab);  // one sequence's next token, random as llama-bench's tg
+            start = clock_type::now();
+            times.last = start;
+            if (llama_decode(ctx, llama_batch_get_one(&next, 1)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+            decode += std::chrono::duration<double>(clock_type::now() - start).count();
+        }
+        if (r > 0) report("decode", decode);
     }
     llama_free(ctx);
     llama_model_free(model);

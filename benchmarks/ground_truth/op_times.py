@@ -65,6 +65,7 @@ def measure(args) -> int:
                         done = subprocess.run([str(exe), str(gguf), str(THREADS), str(PROMPT), str(ub), str(REPEATS)],
                                               capture_output=True, text=True, check=True)
                         runs = [json.loads(l) for l in done.stdout.splitlines() if l.startswith("{")]
+                        runs = [r for r in runs if r.get("phase", "prefill") == "prefill"]
                         lines.append({"model": model, "format": fmt, "threads": THREADS, "prompt": PROMPT,
                                       "ubatch": ub, "runs": runs})
                         print(model, fmt, ub, f"{runs[-1]['total']:.3f} s", flush=True)
@@ -78,7 +79,7 @@ def measured_parts(line: dict) -> dict[str, float]:
     for run in line["runs"]:
         parts = dict.fromkeys(PARTS, 0.0)
         for kind, seconds in run.items():
-            if kind != "total":
+            if kind not in ("total", "phase"):
                 parts[part_of(kind)] += seconds
         parts["total"] = run["total"]
         per_run.append(parts)
