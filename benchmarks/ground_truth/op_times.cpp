@@ -12,7 +12,8 @@
 // Prints one JSON line per repeat after the first (a warm-up): {"phase": "prefill", "total": s,
 // "op": seconds, ...} by op kind, MUL_MAT_ID and MUL_MAT split by the weight's name without its
 // layer ("ffn_moe_up", ...); with GEN_TOKENS, a second line per repeat for that many one-token
-// decode steps after the prompt ({"phase": "decode", ...}, summed over the steps).
+// decode steps after the prompt ({"phase": "decode", ...}, summed over the steps); "nodes" counts
+// the nodes of each kind observed.
 #include "ggml.h"
 #include "llama.h"
 
@@ -29,6 +30,7 @@ using clock_type = std::chrono::steady_clock;
 struct Times {
     clock_type::time_point last;
     std::map<std::string, double> seconds;
+    std::map<std::string, int> nodes;
 };
 
 static std::string kind_of(const ggml_tensor * t) {
@@ -46,7 +48,9 @@ static bool observe(ggml_tensor * t, bool ask, void * user_data) {
     if (ask) return true;  // every node: computed alone, then reported here
     auto * times = static_cast<Times *>(user_data);
     const auto now = clock_type::now();
-    times->seconds[kind_of(t)] += std::chrono::duration<double>(now - times->last).count();
+    const std::string kind = kind_of(t);
+    times->seconds[kind] += std::chrono::duration<double>(now - times->last).count();
+    times->nodes[kind] += 1;
     times->last = now;
     return true;
 }
@@ -76,12 +80,16 @@ int main(int argc, char ** argv) {
     auto report = [&](const char * phase, double total) {
         printf("{\"phase\": \"%s\", \"total\": %.6f", phase, total);
         for (const auto & kv : times.seconds) printf(", \"%s\": %.6f", kv.first.c_str(), kv.second);
-        printf("}\n");
+        printf(", \"nodes\": {");
+        const char * sep = "";
+        for (const auto & kv : times.nodes) { printf("%s\"%s\": %d", sep, kv.first.c_str(), kv.second); sep = ", "; }
+        printf("}}\n");
         fflush(stdout);
     };
     for (int r = 0; r <= repeats; r++) {
         llama_memory_clear(llama_get_memory(ctx), true);
         times.seconds.clear();
+        times.nodes.clear();
         auto start = clock_type::now();
         times.last = start;
         if (llama_decode(ctx, llama_batch_get_one(tokens.data(), prompt)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
@@ -89,6 +97,7 @@ int main(int argc, char ** argv) {
         if (r > 0) report("prefill", prefill);  // the first repeat is a warm-up
         if (gen == 0) continue;
         times.seconds.clear();
+        times.nodes.clear();
         double decode = 0.0;
         for (int i = 0; i < gen; i++) {
             llama_token next = (llama_token) (rng() % vocab);  // one sequence's next token, random as llama-bench's tg

@@ -79,7 +79,7 @@ def measured_parts(line: dict) -> dict[str, float]:
     for run in line["runs"]:
         parts = dict.fromkeys(PARTS, 0.0)
         for kind, seconds in run.items():
-            if kind not in ("total", "phase"):
+            if kind not in ("total", "phase", "nodes"):
                 parts[part_of(kind)] += seconds
         parts["total"] = run["total"]
         per_run.append(parts)
