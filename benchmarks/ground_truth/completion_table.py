@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hrm.analysis.validation import compare_runs, load_runs_file
+from hrm.analysis.validation import compare_runs, load_runs_file, worst_factor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def main() -> int:
             cells += [f"{m:.3f}", f"{c.predicted[q] / m:.2f}", f"{o / m:.2f}"]
         print(f"| {c.name.replace(' (llama-completion)', '').replace(' (llama-server)', '')} | {run['workload']['prompt_len']} | " + " | ".join(cells) + " |")
     for label, rs in (("now", now_r), ("before", old_r)):
-        print(f"{label}: median {statistics.median(rs):.3f}, worst {max(max(r, 1 / r) for r in rs):.2f}x, "
+        print(f"{label}: median {statistics.median(rs):.3f}, worst {worst_factor(rs):.2f}x, "
               f"beyond 1.25x: {sum(max(r, 1 / r) > 1.25 for r in rs)} of {len(rs)}")
     return 0
 

@@ -257,13 +257,17 @@ def run(cmd) -> dict:
     return out
 
 
-def measurement_parser(doc: str) -> argparse.ArgumentParser:
+def add_measurement_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The arguments every measurement script here takes: the llama.cpp tree, the GGUFs, the raw output."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--llama-cpp", required=True, type=Path)
     ap.add_argument("--models", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     return ap
+
+
+def measurement_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser with :func:`add_measurement_args`."""
+    return add_measurement_args(argparse.ArgumentParser(description=doc.splitlines()[0]))
 
 
 def main() -> int:

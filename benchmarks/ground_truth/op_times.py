@@ -25,9 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llama_cpu_runs import MODELS, Paused, TILE_FORMATS  # noqa: E402
+from llama_cpu_runs import MODELS, Paused, TILE_FORMATS, add_measurement_args  # noqa: E402
 
+#: prompt tokens, threads (-t) and timed repeats after the warm-up of each run (the §1.15 runs' prompt and threads)
 PROMPT, THREADS, REPEATS = 512, 2, 3
+#: op_times.cpp's context: n_batch 2048 (llama.cpp's default, common/common.h:453), -ub per run
+N_BATCH = 2048
 #: the step model's parts (hrm.cost.ggml_cpu.StepTime) and the ggml op kinds each holds
 PARTS = ("experts", "attention", "dense", "rest")
 
@@ -87,16 +90,17 @@ def measured_parts(line: dict) -> dict[str, float]:
 
 
 def predicted_parts(line: dict, hw_path: str) -> dict[str, float]:
-    """The step model's parts for the same prompt (hrm.cost.ggml_cpu.step_time over prefill_steps)."""
-    from hrm.cost.ggml_cpu import prefill_steps, step_time
+    """The step model's parts for the same prompt: the prefill steps of hrm.cost.ggml_cpu.run_times
+    (one sequence, op_times.cpp's n_batch), each step's parts summed."""
+    from hrm.cost.ggml_cpu import run_times
     from hrm.machine.hardware import load_hardware
     from hrm.model.gguf import read_inventory
 
     section = load_hardware(hw_path).ggml_cpu
     inventory = read_inventory(str(ROOT / f"docs/validation/runs/gguf/{line['model']}-{line['format']}.tensors.json"))
     parts = dict.fromkeys(PARTS, 0.0)
-    for tokens, outputs, seqs in prefill_steps(1, line["prompt"], 0, 2048, line["ubatch"]):
-        step = step_time(inventory, section, line["threads"], tokens, outputs, seqs)
+    run = run_times(inventory, section, line["threads"], 1, line["prompt"], 0, n_batch=N_BATCH, n_ubatch=line["ubatch"])
+    for step in run.steps:
         parts["experts"] += step.experts_s
         parts["attention"] += step.attention_s
         parts["dense"] += step.dense_s
@@ -119,10 +123,7 @@ def table(args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure")
-    m.add_argument("--llama-cpp", required=True, type=Path)
-    m.add_argument("--models", required=True, type=Path)
-    m.add_argument("--out", required=True, type=Path)
+    m = add_measurement_args(sub.add_parser("measure"))
     m.add_argument("--ubatches", default="32,512")
     t = sub.add_parser("table")
     t.add_argument("runs", type=Path)

@@ -10,7 +10,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from hrm.analysis.validation import compare_runs, load_runs_file, ratios, summary
+from hrm.analysis.validation import compare_runs, load_runs_file, ratios, summary, worst_factor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,8 +53,8 @@ def main() -> int:
                   f"{h.worst_after:.3f}x |")
     after_all = [r for h in held for r in h.after]
     before_all = [r for h in held for r in h.before]
-    lo_summary = (f"Held out, all groups: worst {max(max(r, 1 / r) for r in before_all):.3f}x before, "
-                  f"{max(max(r, 1 / r) for r in after_all):.3f}x after; within 1.15x: "
+    lo_summary = (f"Held out, all groups: worst {worst_factor(before_all):.3f}x before, "
+                  f"{worst_factor(after_all):.3f}x after; within 1.15x: "
                   f"{sum(max(r, 1 / r) <= 1.15 for r in before_all)} of {len(before_all)} before, "
                   f"{sum(max(r, 1 / r) <= 1.15 for r in after_all)} after.")
     print("\n".join(lo))

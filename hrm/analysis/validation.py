@@ -163,11 +163,15 @@ def ratios(comparisons: list[RunComparison], quantity: Optional[str] = None) -> 
     return [c.ratio(q) for c in comparisons for q in c.measured if quantity in (None, q)]
 
 
+def worst_factor(ratios_: list[float]) -> float:
+    """The largest predicted/measured ratio either way: max of r and 1/r (0.8 and 1.25 are both 1.25)."""
+    return max(max(r, 1 / r) for r in ratios_)
+
+
 def summary(comparisons: list[RunComparison]) -> dict[str, float]:
-    """Median ratio, the worst factor either way (max of r and 1/r) and runs beyond 1.25x."""
+    """Median ratio, the worst factor either way (:func:`worst_factor`) and runs beyond 1.25x."""
     rs = ratios(comparisons)
-    worst = max(max(r, 1 / r) for r in rs)
-    return {"median_ratio": statistics.median(rs), "worst_factor": worst,
+    return {"median_ratio": statistics.median(rs), "worst_factor": worst_factor(rs),
             "beyond_1_25x": sum(1 for r in rs if max(r, 1 / r) > 1.25), "quantities": len(rs)}
 
 
@@ -233,11 +237,11 @@ class HeldOut:
 
     @property
     def worst_after(self) -> float:
-        return max(max(r, 1 / r) for r in self.after)
+        return worst_factor(self.after)
 
     @property
     def worst_before(self) -> float:
-        return max(max(r, 1 / r) for r in self.before)
+        return worst_factor(self.before)
 
 
 def held_out(runs_file: RunsFile, group_of, fitted_of) -> list[HeldOut]:
